@@ -1,0 +1,47 @@
+# `make demo` and `make test` work on a fresh machine: they create .venv and install into it.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is installed first, pinned, so that pip never resolves an unpinned `torch` on its own
+# (here that would pull a multi-GB CUDA build; the pinned CPU file is local). On a GPU machine
+# the same pin installs PyPI's CUDA build. Override for another build:
+#   make test TORCH_SPEC="torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124"
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install test test-slow lint demo bench clean help
+
+help:
+	@echo "make demo       # prepare Multi30k en-de, train, average, translate, score"
+	@echo "make test       # install and run the test suite (about 5 minutes on 2 cores)"
+	@echo "make test-slow  # the long system tests (learning tasks, demo pipeline, fault injection)"
+	@echo "make lint       # ruff + mypy"
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(BIN)/.installed
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check nmt tests scripts
+	$(BIN)/mypy nmt
+
+demo: install
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
+
+bench: install
+	$(BIN)/python scripts/bench_prepare.py
+	$(BIN)/python scripts/bench_train.py
+	$(BIN)/python scripts/bench_translate.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,343 @@
+"""Typed configuration: YAML files and `--set` overrides -> frozen dataclasses.
+
+Every key, its type, default and help text live here and nowhere else. Loading checks
+each key against the dataclass fields (unknown keys are errors with a close-match
+suggestion), each value against the field type, and each section's invariants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from nmt.errors import ConfigError
+
+
+def opt(default: Any, help: str) -> Any:
+    """A dataclass field with its help text attached (shown by `docs/config.md`)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dir: str = opt("data-bin/m30k", "Directory written by `nmt prepare-bpe`.")
+    source_lang: str = opt("", "Source language suffix; empty = the one in prepare.json.")
+    target_lang: str = opt("", "Target language suffix; empty = the one in prepare.json.")
+    train_split: str = opt("train", "Split used for training.")
+    valid_split: str = opt("valid", "Split used for validation loss and BLEU.")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    encoder_layers: int = opt(6, "Number of encoder layers.")
+    decoder_layers: int = opt(6, "Number of decoder layers.")
+    d_model: int = opt(512, "Model (embedding) dimension.")
+    ffn_dim: int = opt(2048, "Inner dimension of the position-wise feed-forward layers.")
+    heads: int = opt(8, "Attention heads; must divide d_model.")
+    dropout: float = opt(0.1, "Dropout on sub-layer outputs and on embeddings+positions.")
+    attention_dropout: float = opt(0.0, "Dropout on attention weights.")
+    activation_dropout: float = opt(0.0, "Dropout after the feed-forward ReLU.")
+    norm_first: bool = opt(False, "Pre-norm (true) instead of the paper's post-norm (false).")
+    share_embeddings: bool = opt(
+        True, "Tie source, target and output-projection embeddings (joint vocabulary)."
+    )
+    learned_positions: bool = opt(False, "Learned position embeddings instead of sinusoids.")
+    max_positions: int = opt(1024, "Longest source or target sequence the model accepts.")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_tokens: int = opt(4096, "Padded source+target tokens per batch (per GPU).")
+    update_freq: int = opt(1, "Gradient accumulation: batches per update.")
+    lr: float = opt(
+        7e-4,
+        "Peak learning rate (inverse_sqrt) or the scale factor of the paper's formula (noam).",
+    )
+    lr_schedule: Literal["inverse_sqrt", "noam"] = opt(
+        "inverse_sqrt",
+        "inverse_sqrt: linear warm-up to lr then lr*sqrt(warmup/step) (fairseq); "
+        "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (Vaswani et al.).",
+    )
+    warmup_updates: int = opt(4000, "Linear warm-up length in updates.")
+    warmup_init_lr: float = opt(1e-7, "Learning rate at update 0 (inverse_sqrt).")
+    adam_beta1: float = opt(0.9, "Adam beta1.")
+    adam_beta2: float = opt(0.98, "Adam beta2.")
+    adam_eps: float = opt(1e-9, "Adam epsilon.")
+    weight_decay: float = opt(0.0, "Decoupled weight decay (AdamW); 0 = plain Adam.")
+    label_smoothing: float = opt(0.1, "Label smoothing epsilon.")
+    clip_norm: float = opt(0.0, "Clip gradients to this global norm; 0 = no clipping.")
+    max_updates: int = opt(0, "Stop after this many updates; 0 = no limit.")
+    max_epochs: int = opt(0, "Stop after this many epochs; 0 = no limit.")
+    max_time: float = opt(0.0, "Stop after this many seconds of training; 0 = no limit.")
+    save_interval_updates: int = opt(
+        0, "Write checkpoint_<update>.pt every N updates; 0 = at epoch ends only."
+    )
+    keep_last: int = opt(5, "Keep this many checkpoint_<update>.pt files; 0 = keep all.")
+    validate_interval_updates: int = opt(0, "Validate every N updates; 0 = at epoch ends only.")
+    patience: int = opt(0, "Stop after N validations without improvement; 0 = never.")
+    best_metric: Literal["bleu", "loss"] = opt("bleu", "Metric that picks checkpoint_best.pt.")
+    valid_bleu: bool = opt(True, "Decode the valid set and compute BLEU at each validation.")
+    valid_beam: int = opt(1, "Beam size for validation BLEU (1 = greedy).")
+    seed: int = opt(1, "Random seed (parameters, dropout, batch order).")
+    precision: Literal["fp32", "bf16", "fp16"] = opt(
+        "fp32", "Autocast precision; fp16 is CUDA only and uses dynamic loss scaling."
+    )
+    fp16_init_scale: float = opt(128.0, "Initial loss scale for fp16.")
+    fp16_min_scale: float = opt(1e-4, "Stop with an error when the fp16 loss scale falls below.")
+    run_dir: str = opt("runs/default", "Run directory: config, checkpoints, logs, metrics.")
+    log_interval: int = opt(50, "Log training metrics every N updates.")
+    threads: int = opt(0, "CPU threads for torch; 0 = torch's default.")
+    device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    beam: int = opt(5, "Beam size.")
+    lenpen: float = opt(1.0, "Length penalty exponent alpha.")
+    lenpen_style: Literal["gnmt", "length", "none"] = opt(
+        "length",
+        "Score normalisation: gnmt divides log-prob by ((5+|Y|)/6)^alpha, length by "
+        "|Y|^alpha (fairseq/Marian), none leaves it unnormalised.",
+    )
+    max_len_a: float = opt(1.2, "Maximum output length is max_len_a * source_len + max_len_b.")
+    max_len_b: int = opt(10, "See max_len_a.")
+    min_len: int = opt(1, "EOS is blocked until the hypothesis has this many tokens.")
+    no_repeat_ngram_size: int = opt(0, "Forbid repeating n-grams of this size; 0 = off.")
+    allow_unk: bool = opt(False, "Allow the search to produce <unk>.")
+    batch_size: int = opt(128, "Sentences per translation batch.")
+    max_tokens: int = opt(0, "Source tokens per translation batch; 0 = use batch_size.")
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "decode": DecodeConfig,
+}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _all_keys() -> list[str]:
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)] + list(SECTIONS)
+
+
+def _unknown(key: str, where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(f"{where}: unknown key {key}{hint}")
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Check `value` against the field type `tp`; return it converted where lossless."""
+
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
+
+    if get_origin(tp) is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise bad("one of " + ", ".join(repr(c) for c in choices))
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad("true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad("an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise bad("a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad("a string")
+    raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any:
+    cls = SECTIONS[name]
+    types_ = _field_types(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        path = f"{name}.{key}"
+        if key not in types_:
+            raise _unknown(path, where.get(path, where["_file"]))
+        kwargs[key] = _coerce(value, types_[key], path, where.get(path, where["_file"]))
+    return cls(**kwargs)
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=7e-4")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    return key, value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read config ({e})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        loc = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}{loc}: malformed YAML: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, decode)")
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (or start from defaults), apply `--set` overrides, validate."""
+    raw: dict[str, Any] = {}
+    where: dict[str, str] = {"_file": str(path) if path else "defaults"}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+        for section, body in raw.items():
+            if section not in SECTIONS:
+                raise _unknown(str(section), str(path))
+            if body is None:
+                raw[section] = {}
+            elif not isinstance(body, dict):
+                raise ConfigError(f"{path}: section {section} must be a mapping of keys")
+    for item in overrides:
+        key, value = _parse_override(item)
+        section, _, name = key.partition(".")
+        if section not in SECTIONS or not name:
+            raise _unknown(key, "--set")
+        raw.setdefault(section, {})[name] = value
+        where[key] = "--set"
+    cfg = Config(**{name: _build_section(name, raw.get(name, {}), where) for name in SECTIONS})
+    validate(cfg, where)
+    return cfg
+
+
+def config_from_dict(raw: dict[str, Any], where: str = "checkpoint") -> Config:
+    """Rebuild a Config saved with `config_to_dict` (e.g. from a checkpoint)."""
+    w = {"_file": where}
+    for section in raw:
+        if section not in SECTIONS:
+            raise _unknown(section, where)
+    return Config(**{name: _build_section(name, dict(raw.get(name, {})), w) for name in SECTIONS})
+
+
+def replace(cfg: Config, **sections: dict[str, Any]) -> Config:
+    """A copy of `cfg` with some keys changed, e.g. replace(cfg, train={"lr": 1e-3})."""
+    new = {}
+    for name in SECTIONS:
+        part = getattr(cfg, name)
+        new[name] = dataclasses.replace(part, **sections.get(name, {}))
+    return Config(**new)
+
+
+def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    return {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
+    """Reject impossible values, naming the key."""
+    where = where or {"_file": "config"}
+
+    def need(ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where.get(key, where['_file'])}: {key} {msg}")
+
+    m, t, d = cfg.model, cfg.train, cfg.decode
+    for key in ("encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "max_positions"):
+        need(getattr(m, key) >= 1, f"model.{key}", "must be at least 1")
+    need(m.d_model % m.heads == 0, "model.heads", f"({m.heads}) must divide model.d_model ({m.d_model})")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        need(0.0 <= getattr(m, key) < 1.0, f"model.{key}", "must be in [0, 1)")
+    need(t.max_tokens >= 1, "train.max_tokens", "must be at least 1")
+    need(t.update_freq >= 1, "train.update_freq", "must be at least 1")
+    need(t.lr > 0, "train.lr", "must be positive")
+    need(t.warmup_updates >= 0, "train.warmup_updates", "must not be negative")
+    need(t.lr_schedule != "noam" or t.warmup_updates > 0, "train.warmup_updates",
+         "must be positive with lr_schedule noam")
+    need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+    for key in ("clip_norm", "max_time", "weight_decay", "warmup_init_lr"):
+        need(getattr(t, key) >= 0, f"train.{key}", "must not be negative")
+    for key in ("max_updates", "max_epochs", "save_interval_updates", "keep_last",
+                "validate_interval_updates", "patience", "threads"):
+        need(getattr(t, key) >= 0, f"train.{key}", "must not be negative")
+    need(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", "must be in [0, 1)")
+    need(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
+    need(t.adam_eps > 0, "train.adam_eps", "must be positive")
+    need(t.log_interval >= 1, "train.log_interval", "must be at least 1")
+    need(t.valid_beam >= 1, "train.valid_beam", "must be at least 1")
+    need(t.fp16_init_scale > 0 and t.fp16_min_scale > 0, "train.fp16_init_scale",
+         "and train.fp16_min_scale must be positive")
+    need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
+         "must be auto, cpu, cuda or cuda:N")
+    need(bool(t.run_dir), "train.run_dir", "must not be empty")
+    need(bool(cfg.data.dir), "data.dir", "must not be empty")
+    need(d.beam >= 1, "decode.beam", "must be at least 1")
+    need(d.max_len_a >= 0, "decode.max_len_a", "must not be negative")
+    need(d.max_len_b >= 1 or d.max_len_a > 0, "decode.max_len_b", "must allow at least one token")
+    need(d.min_len >= 0, "decode.min_len", "must not be negative")
+    need(d.no_repeat_ngram_size >= 0, "decode.no_repeat_ngram_size", "must not be negative")
+    need(d.batch_size >= 1, "decode.batch_size", "must be at least 1")
+    need(d.max_tokens >= 0, "decode.max_tokens", "must not be negative")
+
+
+def help_table() -> str:
+    """Markdown reference of every key (docs/config.md is generated from this)."""
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for section, cls in SECTIONS.items():
+        hints = _field_types(cls)
+        for f in fields(cls):
+            tp = hints[f.name]
+            tname = (
+                " \\| ".join(repr(a) for a in get_args(tp)) if get_origin(tp) is Literal
+                else getattr(tp, "__name__", str(tp))
+            )
+            lines.append(f"| `{section}.{f.name}` | {tname} | `{f.default!r}` | {f.metadata['help']} |")
+    return "\n".join(lines) + "\n"
+

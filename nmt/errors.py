@@ -1,0 +1,13 @@
+"""The one error type the library raises for user mistakes.
+
+The CLI turns an `NmtError` into a one-line message and a non-zero exit; anything
+else is a bug and keeps its traceback.
+"""
+
+
+class NmtError(Exception):
+    """A user-facing error: bad input, bad config, missing file. The message names it."""
+
+
+class ConfigError(NmtError):
+    """A config file or `--set` override that cannot be used; the message names the key."""
