@@ -1,0 +1,303 @@
+"""Checkpoint files: atomic writes, loading with clear errors, listing, pruning, averaging.
+
+The checkpoint format is described in `docs/architecture.md`. Checkpoints are loaded with
+`torch.load(weights_only=True)`: they hold only tensors, dicts, lists, tuples, str, bytes,
+int, float, bool and None (RNG states as torch ByteTensors, never numpy arrays), so loading
+one cannot run code from the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import shutil
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.errors import NmtError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS = (1,)
+REQUIRED_KEYS = ("format_version", "model", "config")
+# Keys of an averaged checkpoint taken from the newest input; everything else is dropped.
+KEPT_KEYS = ("format_version", "config", "vocab_size", "tokenizer", "update", "epoch")
+
+_UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
+# `.{name}.tmp-{pid}-{random hex}`: hidden, clearly temporary, and names its writer.
+_TEMPORARY = re.compile(r"\..+\.tmp-(\d+)-[0-9a-f]+")
+
+
+def _temporary_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc`: torch.save reports a failed write (ENOSPC) as a RuntimeError
+    whose context is the OSError raised by the file object."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms that cannot open a directory (Windows): nothing to sync
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """Yield a temporary for the caller to fill, then rename it over `path` and fsync the
+    directory. On failure the temporary goes away and `path` keeps its previous content."""
+    tmp = _temporary_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        os_error = _os_error(exc)
+        if isinstance(exc, Exception) and os_error is not None:
+            reason = os_error.strerror or str(os_error)
+            raise NmtError(f"{path}: cannot write checkpoint ({reason})") from exc
+        raise
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """torch.save `obj` so that `path` holds either its previous content or all of `obj`,
+    even if the process is killed or the disk fills up (fsync, rename, fsync the directory).
+    """
+    with _replacing(Path(path)) as tmp, open(tmp, "xb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """Make `dst` (e.g. checkpoint_last.pt) the same file as `src`, atomically.
+
+    A hard link costs no space; where links are impossible, a copy. Later writes to either
+    name go through `atomic_save`, which replaces the name, never the shared content.
+    """
+    with _replacing(Path(dst)) as tmp:
+        try:
+            os.link(src, tmp)
+        except OSError:  # filesystems without hard links
+            shutil.copyfile(src, tmp)
+            _fsync(tmp)
+
+
+def clean_temporaries(run_dir: str | Path) -> int:
+    """Remove temporaries left by killed `atomic_save` writers in `run_dir`; return how many.
+
+    A temporary whose writer process is still alive on this machine is left alone.
+    """
+    removed = 0
+    for entry in Path(run_dir).iterdir() if Path(run_dir).is_dir() else []:
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match is None or not entry.is_file() or _process_alive(int(match.group(1))):
+            continue
+        entry.unlink(missing_ok=True)
+        removed += 1
+    if removed:
+        log.info("removed %d leftover temporary file(s) from %s", removed, run_dir)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # alive, owned by someone else
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False
+) -> dict[str, Any]:
+    """Load and check a checkpoint. `mmap=True` pages tensors in lazily (cheap for
+    averaging when `train_state` is large)."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"{path}: checkpoint not found")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        if "Weights only load failed" in reason and zipfile.is_zipfile(path):
+            raise NmtError(
+                f"{path}: checkpoint holds objects that safe loading (weights_only) refuses; "
+                f"it was not written by nmt ({reason[:120]})"
+            ) from exc
+        raise NmtError(f"{path}: corrupt or truncated checkpoint ({reason})") from exc
+    if not isinstance(ckpt, dict):
+        raise NmtError(f"{path}: corrupt or truncated checkpoint (not a dict)")
+    missing = [key for key in REQUIRED_KEYS if key not in ckpt]
+    if missing:
+        raise NmtError(f"{path}: corrupt or truncated checkpoint (missing {', '.join(missing)})")
+    if ckpt["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
+        raise NmtError(
+            f"{path}: unsupported checkpoint format_version {ckpt['format_version']!r} "
+            f"(this nmt reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
+        )
+    return ckpt
+
+
+def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
+    """The training checkpoint to resume `run_dir` from, or None for a fresh run.
+
+    checkpoint_last.pt; without it (deleted by hand) the newest checkpoint_<update>.pt.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "checkpoint_last.pt"
+    if not path.is_file():
+        numbered = list_update_checkpoints(run_dir) if run_dir.is_dir() else []
+        if not numbered:
+            return None
+        path = numbered[-1][1]
+        log.warning("%s is missing; resuming from %s", run_dir / "checkpoint_last.pt", path)
+    state = load_checkpoint(path)
+    if "train_state" not in state:
+        raise NmtError(f"{path}: not a training checkpoint (no train_state); cannot resume from it")
+    return state
+
+
+def list_update_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """The `checkpoint_<update>.pt` files of `run_dir`, oldest first (numeric order)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise NmtError(f"{run_dir}: run directory not found")
+    found = []
+    for entry in run_dir.iterdir():
+        match = _UPDATE_CHECKPOINT.fullmatch(entry.name)
+        if match is not None and entry.is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the `keep_last` newest `checkpoint_<update>.pt` (0 = keep all).
+
+    checkpoint_best.pt, checkpoint_last.pt and averaged files never match the pattern.
+    Returns the deleted paths.
+    """
+    if keep_last <= 0:
+        return []
+    doomed = [path for _, path in list_update_checkpoints(run_dir)[:-keep_last]]
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    return doomed
+
+
+def select_for_average(run_dir: str | Path, last: int) -> list[Path]:
+    """The `last` newest `checkpoint_<update>.pt` of `run_dir`, oldest first."""
+    if last < 1:
+        raise NmtError(f"number of checkpoints to average must be at least 1, not {last}")
+    found = list_update_checkpoints(run_dir)
+    if len(found) < last:
+        raise NmtError(
+            f"{run_dir}: asked to average the last {last} checkpoints but only "
+            f"{len(found)} checkpoint_<update>.pt file(s) exist"
+        )
+    return [path for _, path in found[-last:]]
+
+
+def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
+    """Average the `model` weights of `paths` into a new checkpoint written to `out`.
+
+    fairseq's rules: identical key sets and shapes; floating-point tensors are averaged in
+    (at least) fp32 and stored back in their own dtype. Integer and bool buffers (counters,
+    masks) have no meaningful mean, so they must be identical in every input and are copied.
+    The mean is a running one (m += (x - m) / k): equal to sum / N up to rounding, it avoids
+    the overflow of a large sum, and averaging copies of one checkpoint returns it bit for bit. Metadata comes
+    from the newest (last) input; `train_state` is dropped and `averaged_from` records the
+    input file names. Only one input is in memory at a time (loaded with mmap).
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise NmtError("average: at least one checkpoint is needed")
+    for path in paths:
+        if not path.is_file():
+            raise NmtError(f"{path}: checkpoint not found")
+
+    first = paths[0]
+    first_tokenizer = None
+    mean: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    ckpt: dict[str, Any] = {}
+    for k, path in enumerate(paths, start=1):
+        ckpt = load_checkpoint(path, mmap=True)
+        state = ckpt["model"]
+        tokenizer = (ckpt.get("tokenizer") or {}).get("sha256")
+        if k == 1:
+            first_tokenizer = tokenizer
+            for key, tensor in state.items():
+                dtypes[key] = tensor.dtype
+                accumulate = torch.promote_types(tensor.dtype, torch.float32)
+                mean[key] = (
+                    tensor.to(accumulate, copy=True)
+                    if tensor.is_floating_point()
+                    else tensor.clone()
+                )
+            continue
+        if tokenizer != first_tokenizer:
+            raise NmtError(f"average: {path} and {first} use different tokenizers")
+        _check_compatible(mean, dtypes, state, first, path)
+        for key, tensor in state.items():
+            if tensor.is_floating_point():
+                mean[key] += (tensor.to(mean[key].dtype) - mean[key]) / k
+            elif not torch.equal(tensor, mean[key]):
+                raise NmtError(
+                    f"{path}: integer buffer {key} differs from {first}; "
+                    "integer and bool buffers cannot be averaged and must be identical"
+                )
+
+    result = {key: ckpt[key] for key in KEPT_KEYS if key in ckpt}
+    result["model"] = {key: mean[key].to(dtypes[key]) for key in mean}
+    result["averaged_from"] = [path.name for path in paths]
+    atomic_save(result, out)
+    log.info("averaged %d checkpoint(s) into %s", len(paths), out)
+    return result
+
+
+def _check_compatible(
+    mean: dict[str, torch.Tensor],
+    dtypes: dict[str, torch.dtype],
+    state: dict[str, torch.Tensor],
+    first: Path,
+    path: Path,
+) -> None:
+    for key in sorted(mean.keys() ^ state.keys()):
+        has, lacks = (first, path) if key in mean else (path, first)
+        raise NmtError(f"average: key {key} is in {has} but not in {lacks}")
+    for key, tensor in state.items():
+        if tensor.shape != mean[key].shape:
+            raise NmtError(
+                f"average: key {key} has shape {tuple(mean[key].shape)} in {first} "
+                f"but {tuple(tensor.shape)} in {path}"
+            )
+        if tensor.dtype != dtypes[key]:
+            raise NmtError(
+                f"average: key {key} has dtype {dtypes[key]} in {first} "
+                f"but {tensor.dtype} in {path}"
+            )

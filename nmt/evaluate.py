@@ -1,0 +1,204 @@
+"""Scoring with sacreBLEU (BLEU, chrF, TER, each with its signature) and named test sets.
+
+The only module that imports sacrebleu. Scores are sacreBLEU's own, on detokenized text,
+so they are comparable with published numbers; the signature says how they were computed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import json as jsonlib
+import os
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import sacrebleu
+from sacrebleu.metrics import BLEU, CHRF, TER
+
+from nmt.errors import NmtError
+
+METRICS = ("bleu", "chrf", "ter")
+DOWNLOAD_TIMEOUT_S = 60  # per socket operation; sacreBLEU's urlopen has none of its own
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    name: str  # "bleu", "chrf" or "ter"
+    score: float
+    signature: str  # e.g. "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    text: str  # sacreBLEU's line, e.g. "BLEU = 27.31 59.6/33.1/20.1/13.2 (BP = 1.000 ...)"
+
+
+def _metric(name: str, tokenize: str | None, lowercase: bool) -> BLEU | CHRF | TER:
+    if name == "bleu":
+        if tokenize is not None and tokenize not in BLEU.TOKENIZERS:
+            choices = ", ".join(sorted(BLEU.TOKENIZERS))
+            raise NmtError(f"unknown BLEU tokenizer {tokenize!r} (choices: {choices})")
+        try:
+            return BLEU(tokenize=tokenize, lowercase=lowercase)
+        except RuntimeError as exc:  # "ja-mecab" / "ko-mecab" without sacrebleu[ja] / [ko]
+            raise NmtError(f"BLEU tokenizer {tokenize}: {' '.join(str(exc).split())}") from exc
+    if name == "chrf":
+        return CHRF(lowercase=lowercase)
+    if name == "ter":  # sacreBLEU's TER is case-insensitive by default; we keep its default
+        return TER()
+    raise NmtError(f"unknown metric {name!r} (choices: {', '.join(METRICS)})")
+
+
+def score_corpus(
+    hyps: Sequence[str],
+    refs: Sequence[Sequence[str]],
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    *,
+    tokenize: str | None = None,
+    lowercase: bool = False,
+    names: Sequence[str] | None = None,
+    hyp_name: str = "hypotheses",
+) -> list[MetricResult]:
+    """Score detokenized hypotheses against one or more reference streams.
+
+    `refs[i]` is the i-th reference stream (one line per hypothesis), as in sacreBLEU.
+    `tokenize` is BLEU's tokenizer (None = sacreBLEU's default, 13a; e.g. "intl", "zh").
+    `names` (one per reference stream) and `hyp_name` make errors name the files.
+    """
+    if isinstance(refs, str) or any(
+        isinstance(stream, str) or (len(stream) and not isinstance(stream[0], str))
+        for stream in refs
+    ):
+        raise TypeError("refs must be a list of reference streams, each a list of lines")
+    metrics = [m.lower() for m in ([metrics] if isinstance(metrics, str) else metrics)]
+    metric_objects = [_metric(name, tokenize, lowercase) for name in metrics]
+    if not refs:
+        raise NmtError("scoring needs at least one reference stream")
+    if names is None:
+        names = [f"reference {i + 1}" for i in range(len(refs))]
+    if len(names) != len(refs):
+        raise ValueError(f"{len(names)} names for {len(refs)} reference streams")
+    if not hyps:
+        raise NmtError(f"{hyp_name}: nothing to score (0 lines)")
+    for ref_name, stream in zip(names, refs, strict=True):
+        if len(stream) != len(hyps):
+            raise NmtError(f"{hyp_name} has {len(hyps)} lines but {ref_name} has {len(stream)}")
+    results = []
+    for name, metric in zip(metrics, metric_objects, strict=True):
+        score = metric.corpus_score(list(hyps), [list(stream) for stream in refs])
+        signature = metric.get_signature().format()
+        results.append(MetricResult(name, float(score.score), signature, score.format()))
+    return results
+
+
+def corpus_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
+    """BLEU with sacreBLEU's defaults, e.g. for validation; `refs` is a list of streams
+    (`corpus_bleu(hyps, [refs])` for one reference), as in `sacrebleu.corpus_bleu`."""
+    return score_corpus(hyps, refs, ("bleu",))[0].score
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 text file (plain or .gz) without their line ends.
+
+    Splits on "\\n" only, so a stray "\\r" or U+2028 inside a line keeps line counts right.
+    """
+    path = Path(path)
+    lines = []
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                end = 2 if raw.endswith(b"\r\n") else 1 if raw.endswith(b"\n") else 0
+                try:
+                    lines.append(raw[: len(raw) - end].decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise NmtError(
+                        f"{path}: line {number} is not valid UTF-8 ({exc.reason})"
+                    ) from exc
+    except FileNotFoundError as exc:
+        raise NmtError(f"{path}: file not found") from exc
+    except (OSError, EOFError) as exc:
+        raise NmtError(f"{path}: cannot read ({exc})") from exc
+    return lines
+
+
+def score_files(
+    hyp_path: str | Path,
+    ref_paths: Sequence[str | Path],
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    *,
+    tokenize: str | None = None,
+    lowercase: bool = False,
+) -> list[MetricResult]:
+    """`score_corpus` on files; errors name the files."""
+    if not ref_paths:
+        raise NmtError("scoring needs at least one reference file")
+    hyps = read_lines(hyp_path)
+    refs = [read_lines(path) for path in ref_paths]
+    return score_corpus(
+        hyps,
+        refs,
+        metrics,
+        tokenize=tokenize,
+        lowercase=lowercase,
+        names=[str(p) for p in ref_paths],
+        hyp_name=str(hyp_path),
+    )
+
+
+def format_results(results: Sequence[MetricResult], json: bool = False) -> str:
+    """`nmt score` output: sacreBLEU's line and the signature per metric, or a JSON list."""
+    if json:
+        return jsonlib.dumps([asdict(r) for r in results], indent=2, ensure_ascii=False)
+    return "\n".join(f"{r.text}\n  signature: {r.signature}" for r in results)
+
+
+# ------------------------------------------------------------------ named test sets
+
+
+def load_test_set(name: str, langpair: str) -> tuple[list[str], list[list[str]]]:
+    """Sources and reference streams of a sacreBLEU test set, e.g. ("wmt14", "en-de").
+
+    sacreBLEU downloads the set into $SACREBLEU (default ~/.sacrebleu) on first use; when
+    that fails (offline), the error says which files to put where.
+    """
+    dataset = sacrebleu.DATASETS.get(name)
+    if dataset is None:
+        close = difflib.get_close_matches(name, sacrebleu.DATASETS, n=6, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else "see `sacrebleu --list`"
+        raise NmtError(f"unknown test set {name!r} ({hint})")
+    if langpair not in dataset.langpairs:
+        raise NmtError(
+            f"test set {name} has no language pair {langpair!r} "
+            f"(choices: {', '.join(sorted(dataset.langpairs))})"
+        )
+    previous_timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        source_file = dataset.get_source_file(langpair)
+        ref_files = dataset.get_reference_files(langpair)
+    except (Exception, SystemExit) as exc:  # sacreBLEU calls sys.exit on a bad download
+        raise NmtError(_placement_hint(dataset, langpair, exc)) from exc
+    finally:
+        socket.setdefaulttimeout(previous_timeout)
+    return read_lines(source_file), [read_lines(path) for path in ref_files]
+
+
+def _placement_hint(dataset, langpair: str, exc: BaseException) -> str:
+    """Where sacreBLEU looks for the raw files of `dataset`, from its own metadata."""
+    raw_dir = Path(dataset._rawdir)  # $SACREBLEU/<name>/raw, fixed when sacrebleu is imported
+    archives = [f"{url} to {raw_dir / dataset._get_tarball_filename(url)}" for url in dataset.data]
+    entries = dataset.langpairs[langpair]
+    entries = [entries["path"]] if isinstance(entries, dict) else entries
+    # TSV sets prefix a column number ("2:MTNT/test.tsv")
+    files = dict.fromkeys(re.sub(r"^\d+:", "", entry) for entry in entries)
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, SystemExit):
+        reason = "download failed; sacreBLEU logged why"
+    paths = ", ".join(str(raw_dir / f) for f in files)
+    return (
+        f"{dataset.name}/{langpair}: sacreBLEU could not get the test set ({reason}); "
+        f"to install it by hand, download {' and '.join(archives)}, then unpack "
+        f"{'them' if len(archives) > 1 else 'it'} in {raw_dir} so that {paths} "
+        f"{'exists' if len(files) == 1 else 'exist'}; the SACREBLEU environment variable "
+        f"moves the test-set directory (now {os.path.dirname(dataset._outdir)})"
+    )

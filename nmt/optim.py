@@ -1,0 +1,101 @@
+"""Optimisation pieces: the learning-rate schedule, label-smoothed loss, fp16 loss scaling.
+
+Each is small and pure enough to be tested on its own (tests/test_optim.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from nmt.config import TrainConfig
+from nmt.errors import NmtError
+
+
+def lr_at(update: int, cfg: TrainConfig, d_model: int) -> float:
+    """Learning rate for the given update number (1-based: the update about to be made).
+
+    noam (Vaswani et al. 2017, eq. 3): lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+    inverse_sqrt (fairseq): linear warm-up from warmup_init_lr to lr over warmup_updates,
+    then lr * sqrt(warmup_updates / step).
+    """
+    step = max(update, 1)
+    warmup = cfg.warmup_updates
+    if cfg.lr_schedule == "noam":
+        return cfg.lr * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    if warmup > 0 and step < warmup:
+        return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / warmup
+    return cfg.lr * math.sqrt(max(warmup, 1) / step) if warmup > 0 else cfg.lr
+
+
+def label_smoothed_nll_loss(
+    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed label-smoothed cross-entropy and summed NLL over non-padding targets.
+
+    logits (N, V) in any dtype, target (N,). Computed in fp32. The smoothed target puts
+    1 - epsilon on the gold token and epsilon / (V - 1) on every other token (as fairseq),
+    so loss = (1 - epsilon - eps_i) * nll + eps_i * sum_v(-log p_v), eps_i = epsilon / (V-1).
+    """
+    lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) fp32
+    keep = target != ignore_index
+    lprobs, target = lprobs[keep], target[keep]
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (N,)
+    if epsilon == 0.0:
+        nll_sum = nll.sum()
+        return nll_sum, nll_sum.detach()
+    smooth = -lprobs.sum(dim=-1)  # (N,)
+    eps_i = epsilon / (lprobs.size(-1) - 1)
+    loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+    return loss.sum(), nll.sum().detach()
+
+
+class DynamicLossScaler:
+    """fp16 loss scaling: multiply the loss by `scale` before backward.
+
+    An update whose gradients overflow (inf/NaN) is skipped, not counted, and the scale
+    halves; after `growth_interval` clean updates in a row the scale doubles. Falling
+    below `min_scale` means fp16 cannot represent this model's gradients: stop and say so.
+    """
+
+    def __init__(self, init_scale: float = 128.0, min_scale: float = 1e-4, growth_interval: int = 2000):
+        self.scale = float(init_scale)
+        self.min_scale = min_scale
+        self.growth_interval = growth_interval
+        self.clean_updates = 0
+
+    def update(self, overflow: bool, at_update: int) -> None:
+        if overflow:
+            self.scale /= 2.0
+            self.clean_updates = 0
+            if self.scale < self.min_scale:
+                raise NmtError(
+                    f"fp16 loss scale fell below train.fp16_min_scale ({self.min_scale:g}) at update "
+                    f"{at_update}: gradients keep overflowing. Try train.precision=bf16, a lower "
+                    "train.lr, longer train.warmup_updates, or train.clip_norm"
+                )
+        else:
+            self.clean_updates += 1
+            if self.clean_updates % self.growth_interval == 0:
+                self.scale *= 2.0
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {"scale": self.scale, "clean_updates": self.clean_updates}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.scale = float(state["scale"])
+        self.clean_updates = int(state["clean_updates"])
+
+
+def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam (beta 0.9/0.98, eps 1e-9 in the paper); AdamW when weight_decay > 0."""
+    cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
+    return cls(
+        params,
+        lr=cfg.lr,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+    )

@@ -1,0 +1,255 @@
+"""Greedy and beam search over the model protocol of docs/architecture.md.
+
+The search knows the model only through `encode(src) -> state`,
+`decode_step(tokens (N,), state) -> (log_probs (N, V), state)` and `reorder(state, index)`.
+Rows are sentence-major: row `b * beam + k` is hypothesis k of sentence b.
+
+Beam search follows fairseq: each step takes the top 2*beam candidates of each sentence so
+that candidates ending in EOS (moved to the finished list) never shrink the live beam;
+candidates are ranked by their raw log-probability, finished hypotheses by the normalised
+score; sentences that are done leave the batch (`model.reorder`), so a step costs less as
+sentences finish. Scores are accumulated in fp32 whatever the model computed in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from nmt.config import DecodeConfig
+
+LENPEN_HELP = (
+    "Hypotheses are ranked by log P(Y|X) / lp(|Y|), |Y| = output tokens including the final "
+    "EOS. gnmt: lp = ((5 + |Y|) / 6)^alpha (Wu et al. 2016; the Transformer paper uses "
+    "alpha = 0.6); length: lp = |Y|^alpha (fairseq, Marian; alpha = 1 ranks by mean token "
+    "log-prob); none: lp = 1 (raw log-prob, favours short outputs). A larger alpha favours "
+    "longer outputs."
+)
+
+
+class SearchModel(Protocol):
+    def encode(self, src: Tensor) -> Any: ...
+    def decode_step(self, tokens: Tensor, state: Any) -> tuple[Tensor, Any]: ...
+    def reorder(self, state: Any, index: Tensor) -> Any: ...
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output tokens, without the final EOS
+    score: float  # logprob / length_penalty(len(tokens) + 1): what hypotheses are ranked by
+    logprob: float  # sum of the token log-probs, EOS included
+    positional_scores: list[float]  # log-prob of each token, EOS included (len(tokens) + 1)
+
+
+def length_penalty(length: int, alpha: float, style: str) -> float:
+    """The divisor of a hypothesis' log-prob: see `LENPEN_HELP`.
+
+    `length` counts the output tokens including the final EOS (as fairseq), so it is at
+    least 1. "gnmt": ((5 + length) / 6)^alpha (Wu et al. 2016); "length": length^alpha
+    (fairseq / Marian normalisation); "none": 1.
+    """
+    if style == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if style == "length":
+        return float(length) ** alpha
+    if style == "none":
+        return 1.0
+    raise ValueError(f"unknown length penalty style {style!r} (gnmt, length or none)")
+
+
+def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | None) -> Tensor:
+    """src (B, S) -> (B,) CPU: the most tokens each output may have before its EOS.
+
+    int(max_len_a * src_len + max_len_b), src_len counting the non-pad source tokens (its
+    EOS included); capped at max_len - 1 so that BOS + output fit in `max_len` positions.
+    """
+    src_len = (src != pad).sum(1).cpu().double()
+    out = (cfg.max_len_a * src_len + cfg.max_len_b).long()  # truncates like int()
+    if max_len is not None:
+        out = out.clamp(max=max_len - 1)
+    return out.clamp(min=0)
+
+
+def _block_(scores: Tensor, step: int, history: Tensor, at_max: Tensor | None,
+            cfg: DecodeConfig, pad: int, unk: int, bos: int, eos: int) -> None:
+    """Set to -inf, in place, the scores of the next tokens the search may not produce.
+
+    scores (N, V) of the next token of N hypotheses of `step` tokens each, history (N, step)
+    their tokens, at_max (N,) bool: rows at their maximum length (None: no row), where
+    only EOS is allowed, with its model score, whatever min_len says.
+    """
+    model_eos = scores[:, eos].clone()  # (N,)
+    scores[:, pad] = -math.inf
+    scores[:, bos] = -math.inf
+    if not cfg.allow_unk:
+        scores[:, unk] = -math.inf
+    if step < cfg.min_len:
+        scores[:, eos] = -math.inf
+    n = cfg.no_repeat_ngram_size
+    if n and step >= n:
+        grams = history.unfold(1, n, 1)  # (N, step - n + 1, n)
+        prefix = history[:, step - n + 1:].unsqueeze(1)  # (N, 1, n - 1): the n-gram to come
+        seen = (grams[:, :, :-1] == prefix).all(2)  # (N, step - n + 1)
+        vocab = scores.size(1)
+        banned = torch.where(seen, grams[:, :, -1], vocab)  # index V: a spare column
+        mask = scores.new_zeros(scores.size(0), vocab + 1, dtype=torch.bool)
+        scores.masked_fill_(mask.scatter_(1, banned, True)[:, :vocab], -math.inf)
+    if at_max is not None:
+        scores.masked_fill_(at_max.unsqueeze(1), -math.inf)
+        scores[:, eos] = torch.where(at_max, model_eos, scores[:, eos])
+
+
+def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: int = 0,
+                  unk: int = 1, bos: int = 2, eos: int = 3,
+                  max_len: int | None = None) -> list[list[int]]:
+    """src (B, S) -> for each sentence the argmax output tokens, without EOS.
+
+    Same length limits and token rules as `beam_search` (which it equals with beam 1).
+    `max_len` is the model's number of positions; see `max_output_lengths`.
+    """
+    bsz, device = src.size(0), src.device
+    max_out = max_output_lengths(src, cfg, pad, max_len)  # (N,) CPU, N = live rows
+    out: list[list[int]] = [[] for _ in range(bsz)]
+    sent_ids = torch.arange(bsz)  # (N,) CPU: sentence of each live row
+    tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (N, step)
+    last = torch.full((bsz,), bos, dtype=torch.long, device=device)
+    if not bsz:
+        return out
+    state = model.encode(src)
+    for step in itertools.count():
+        lprobs, state = model.decode_step(last, state)
+        scores = lprobs.to(torch.float32, copy=True)  # (N, V), masked in place below
+        ending = max_out <= step
+        at_max = ending.to(device) if ending.any() else None
+        _block_(scores, step, tokens, at_max, cfg, pad, unk, bos, eos)
+        best_score, best = scores.max(1)  # (N,)
+        # a row ends with EOS, or when every token is blocked (no finite continuation)
+        done = ((best == eos) | best_score.isneginf()).cpu() | ending
+        if done.any():
+            for i, toks in zip(sent_ids[done].tolist(), tokens[done.to(device)].tolist(),
+                               strict=True):
+                out[i] = toks
+            keep = (~done).nonzero().view(-1)
+            if not keep.numel():
+                break
+            sent_ids, max_out = sent_ids[keep], max_out[keep]
+            keep = keep.to(device)
+            tokens, best = tokens[keep], best[keep]
+            state = model.reorder(state, keep)
+        tokens = torch.cat([tokens, best.unsqueeze(1)], 1)
+        last = best
+    return out
+
+
+def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
+                pad: int = 0, unk: int = 1, bos: int = 2, eos: int = 3,
+                max_len: int | None = None) -> list[list[Hypothesis]]:
+    """src (B, S) -> for each sentence its `nbest` best hypotheses, best first, distinct.
+
+    An output has at most int(max_len_a * src_len + max_len_b) tokens before its EOS (EOS
+    is forced there), at most `max_len` - 1 when the model has `max_len` positions, and at
+    least `cfg.min_len`. Fewer than `nbest` come back only when the token rules leave no
+    finite-probability continuation.
+
+    Stopping rule for a sentence: it is done at its maximum length, or once it has `beam`
+    finished hypotheses and
+    - style "none" or alpha <= 0 (exact): no live hypothesis can beat the beam-th best
+      finished score. Here the normalised score of a hypothesis can only fall as it grows,
+      so the bound is the best live log-prob divided by the penalty of one more token;
+    - alpha > 0 with "gnmt" or "length" (as fairseq): at once. A live hypothesis might still
+      overtake after normalisation, but its only bound (its log-prob over the penalty at
+      maximum length) is so loose that the exact rule would decode every sentence to its
+      maximum length.
+    """
+    beam = cfg.beam
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({beam})")
+    bsz, device = src.size(0), src.device
+    if not bsz:
+        return []
+    exact = cfg.lenpen_style == "none" or cfg.lenpen <= 0
+
+    def lenpen(length: int) -> float:
+        return length_penalty(length, cfg.lenpen, cfg.lenpen_style)
+
+    max_out = max_output_lengths(src, cfg, pad, max_len)  # (Bn,) CPU, Bn = live sentences
+    sent_ids = torch.arange(bsz)  # (Bn,) CPU: original index of each live sentence
+    worst = torch.full((bsz,), -math.inf, dtype=torch.float64)  # (Bn,) beam-th finished score
+    finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
+
+    state = model.encode(src)
+    state = model.reorder(state, torch.arange(bsz, device=device).repeat_interleave(beam))
+    # (Bn, beam) log-probs of the live rows; at step 0 only row 0 is live (the others would
+    # duplicate its candidates)
+    scores = torch.full((bsz, beam), -math.inf, device=device)
+    scores[:, 0] = 0.0
+    tokens = torch.empty(bsz * beam, 0, dtype=torch.long, device=device)  # (Bn*beam, step)
+    pos_scores = torch.empty(bsz * beam, 0, device=device)  # (Bn*beam, step)
+    last = torch.full((bsz * beam,), bos, dtype=torch.long, device=device)
+    ncand = 2 * beam
+    for step in itertools.count():
+        n_sent = sent_ids.numel()
+        lprobs, state = model.decode_step(last, state)
+        lprobs = lprobs.float()  # (Bn*beam, V)
+        vocab = lprobs.size(1)
+        cand = scores.view(-1, 1) + lprobs  # (Bn*beam, V) log-prob of each continuation
+        ending = max_out <= step
+        at_max = ending.repeat_interleave(beam).to(device) if ending.any() else None
+        _block_(cand, step, tokens, at_max, cfg, pad, unk, bos, eos)
+
+        top_scores, top_idx = cand.view(n_sent, beam * vocab).topk(min(ncand, beam * vocab))
+        top_rows = top_idx // vocab + torch.arange(n_sent, device=device).unsqueeze(1) * beam
+        top_tok = top_idx % vocab  # (Bn, 2*beam), and top_rows: the row each extends
+        top_lp = lprobs.reshape(n_sent, -1).gather(1, top_idx)  # the new token's log-prob
+        is_eos = top_tok == eos
+
+        # EOS among the top `beam` candidates finishes a hypothesis (fairseq)
+        ends = is_eos[:, :beam] & top_scores[:, :beam].isfinite()
+        if ends.any():
+            b, c = ends.nonzero(as_tuple=True)
+            rows = top_rows[b, c]
+            penalty = lenpen(step + 1)
+            hyp_pos = torch.cat([pos_scores[rows], top_lp[b, c].unsqueeze(1)], 1).tolist()
+            ids = sent_ids.tolist()
+            for i, toks, pos, logprob in zip(b.tolist(), tokens[rows].tolist(), hyp_pos,
+                                             top_scores[b, c].tolist(), strict=True):
+                finished[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos))
+            for i in set(b.tolist()):
+                hyps = finished[ids[i]]
+                hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
+                del hyps[beam:]
+                if len(hyps) == beam:
+                    worst[i] = hyps[-1].score
+
+        # the live beam: the best `beam` candidates that do not end in EOS, in score order
+        # (at most `beam` of the 2*beam end in EOS, one per row)
+        order = (is_eos.long() * ncand + torch.arange(is_eos.size(1), device=device))
+        order = order.topk(beam, largest=False).indices  # (Bn, beam)
+        rows = top_rows.gather(1, order)
+        scores, new_tok, new_lp = (t.gather(1, order) for t in (top_scores, top_tok, top_lp))
+
+        bound = scores.max(1).values.double().cpu()  # (Bn,) best live log-prob
+        if exact:
+            bound = bound / lenpen(step + 2)
+        done = ending | (bound <= worst)  # (bound is -inf when no live row is finite)
+        if not exact:
+            done |= worst > -math.inf
+        if done.all():
+            break
+        if done.any():
+            keep = (~done).nonzero().view(-1)
+            sent_ids, max_out, worst = sent_ids[keep], max_out[keep], worst[keep]
+            keep = keep.to(device)
+            rows, scores, new_tok, new_lp = (t[keep] for t in (rows, scores, new_tok, new_lp))
+        rows = rows.view(-1)  # (Bn'*beam,) rows of the old beam, sentence-major
+        tokens = torch.cat([tokens[rows], new_tok.view(-1, 1)], 1)
+        pos_scores = torch.cat([pos_scores[rows], new_lp.view(-1, 1)], 1)
+        state = model.reorder(state, rows)
+        last = new_tok.view(-1)
+    return [hyps[:nbest] for hyps in finished]

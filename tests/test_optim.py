@@ -1,0 +1,79 @@
+"""LR schedule values, label smoothing against a hand computation, fp16 loss scaling."""
+
+import math
+
+import pytest
+import torch
+
+from nmt.config import TrainConfig
+from nmt.errors import NmtError
+from nmt.optim import DynamicLossScaler, label_smoothed_nll_loss, lr_at
+
+
+def test_noam_schedule_matches_the_paper_formula():
+    cfg = TrainConfig(lr_schedule="noam", lr=1.0, warmup_updates=4000)
+    for step in (1, 100, 3999, 4000, 4001, 10_000, 100_000):
+        expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        assert lr_at(step, cfg, 512) == pytest.approx(expected, rel=1e-12)
+    # peak at the end of warm-up: 512^-0.5 * 4000^-0.5 ~ 7.0e-4
+    assert lr_at(4000, cfg, 512) == pytest.approx(6.988e-4, rel=1e-3)
+
+
+def test_inverse_sqrt_schedule_warms_up_linearly_then_decays():
+    cfg = TrainConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=100, warmup_init_lr=0.0)
+    assert lr_at(50, cfg, 512) == pytest.approx(5e-4)
+    assert lr_at(100, cfg, 512) == pytest.approx(1e-3)
+    assert lr_at(400, cfg, 512) == pytest.approx(1e-3 * math.sqrt(100 / 400))
+    rates = [lr_at(s, cfg, 512) for s in range(1, 1000)]
+    peak = rates.index(max(rates))
+    assert peak == 99 and all(a <= b for a, b in zip(rates[:peak], rates[1 : peak + 1]))
+    assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))
+
+
+def test_label_smoothing_against_hand_computation():
+    logits = torch.tensor([[1.0, 2.0, 0.5, -1.0], [0.0, 0.0, 3.0, 1.0], [5.0, 5.0, 5.0, 5.0]])
+    target = torch.tensor([1, 2, 0])  # the last row is padding (pad id 0)
+    eps, V = 0.1, 4
+    loss, nll = label_smoothed_nll_loss(logits, target, eps, ignore_index=0)
+    exp_loss = exp_nll = 0.0
+    for row, t in ((0, 1), (1, 2)):
+        z = logits[row].tolist()
+        logz = math.log(sum(math.exp(v) for v in z))
+        lp = [v - logz for v in z]
+        q = [eps / (V - 1)] * V
+        q[t] = 1 - eps
+        exp_loss += -sum(qi * li for qi, li in zip(q, lp))
+        exp_nll += -lp[t]
+    assert loss.item() == pytest.approx(exp_loss, rel=1e-6)
+    assert nll.item() == pytest.approx(exp_nll, rel=1e-6)
+
+
+def test_no_smoothing_is_plain_cross_entropy():
+    torch.manual_seed(0)
+    logits, target = torch.randn(7, 11), torch.randint(1, 11, (7,))
+    loss, nll = label_smoothed_nll_loss(logits, target, 0.0, ignore_index=0)
+    ref = torch.nn.functional.cross_entropy(logits, target, ignore_index=0, reduction="sum")
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6) and nll.item() == pytest.approx(
+        ref.item(), rel=1e-6
+    )
+
+
+def test_loss_scaler_halves_on_overflow_and_grows_after_clean_updates():
+    s = DynamicLossScaler(init_scale=128.0, min_scale=1.0, growth_interval=3)
+    s.update(overflow=True, at_update=1)
+    assert s.scale == 64.0
+    for _ in range(3):
+        s.update(overflow=False, at_update=1)
+    assert s.scale == 128.0
+    state = s.state_dict()
+    t = DynamicLossScaler()
+    t.load_state_dict(state)
+    assert t.scale == 128.0 and t.clean_updates == s.clean_updates
+
+
+def test_loss_scaler_floor_gives_an_actionable_error():
+    s = DynamicLossScaler(init_scale=4.0, min_scale=1.0)
+    s.update(True, 7)
+    s.update(True, 7)
+    with pytest.raises(NmtError, match="update 7.*bf16"):
+        s.update(True, 7)
