@@ -1,0 +1,360 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017) and its incremental-decoding cache.
+
+This module owns the network: embeddings and positions, attention, encoder and decoder
+layers, the output projection, initialisation (as fairseq), and the search protocol of
+docs/architecture.md: `encode` -> `DecoderState`, `decode_step` (one target position per call,
+with a self-attention key/value cache), `reorder` (expand / reorder / prune rows).
+It knows nothing of files, tokenizers or losses; `forward` returns logits.
+
+Shapes: B sentences, S source / T target positions, D = d_model, H heads, Dh = D / H,
+V vocabulary, N decoder rows during search (e.g. B * beam).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.config import ModelConfig
+
+KV = tuple[Tensor, Tensor]  # keys and values, each (B, H, L, Dh)
+
+
+def sinusoids(length: int, dim: int) -> Tensor:
+    """(length, dim) positions table: sin in the first half, cos in the second (fairseq, t2t)."""
+    half = dim // 2
+    freqs = torch.exp(torch.arange(half) * -(math.log(10000.0) / max(half - 1, 1)))
+    args = torch.arange(length).unsqueeze(1) * freqs.unsqueeze(0)  # (length, half)
+    table = torch.cat([torch.sin(args), torch.cos(args)], dim=1)
+    return F.pad(table, (0, dim % 2))  # odd dim: a zero last column
+
+
+def linear(d_in: int, d_out: int, parts: int = 1, gain: float = 1.0) -> nn.Linear:
+    """Linear layer initialised as fairseq: xavier-uniform weights (per fused part), zero bias."""
+    layer = nn.Linear(d_in, d_out)
+    for w in layer.weight.chunk(parts):
+        nn.init.xavier_uniform_(w, gain=gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def token_embedding(vocab_size: int, d_model: int, pad_id: int) -> nn.Embedding:
+    """(V, D) token embedding, normal(0, D^-0.5) with a zero padding row (fairseq)."""
+    emb = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+    nn.init.normal_(emb.weight, std=d_model**-0.5)
+    nn.init.zeros_(emb.weight[pad_id])
+    return emb
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(D) plus positions, then dropout: (B, T) -> (B, T, D).
+
+    Positions are 0 .. T-1 (padding is at the right end, so it needs no offset), sinusoidal or
+    learned (`cfg.learned_positions`). `tokens` may be shared with the other side.
+    """
+
+    sinusoids: Tensor
+
+    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig):
+        super().__init__()
+        self.tokens, self.scale = tokens, math.sqrt(cfg.d_model)
+        self.max_positions = cfg.max_positions
+        self.learned = cfg.learned_positions
+        if self.learned:
+            self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
+            nn.init.normal_(self.positions.weight, std=cfg.d_model**-0.5)
+        else:  # a buffer, not saved in checkpoints: rebuilt from the config
+            table = sinusoids(cfg.max_positions, cfg.d_model)
+            self.register_buffer("sinusoids", table, persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """tokens (B, T) at positions start .. start+T-1 -> (B, T, D)."""
+        end = start + tokens.size(1)
+        if end > self.max_positions:
+            raise ValueError(f"a sequence of {end} positions exceeds model.max_positions="
+                             f"{self.max_positions}; truncate it first")
+        table = self.positions.weight if self.learned else self.sinusoids
+        return self.dropout(self.tokens(tokens) * self.scale + table[start:end])
+
+
+def append(cache: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
+    """Rows `rows` (N,) of cache (N0, H, L, Dh) (all if None) followed by new (N, H, T, Dh).
+
+    Returns (N, H, L+T, Dh) with one copy of the cache: on CPU 2-3x faster than
+    index_select followed by torch.cat.
+    """
+    L = cache.size(2)
+    out = new.new_empty(new.size(0), new.size(1), L + new.size(2), new.size(3))
+    if rows is None:
+        out[:, :, :L] = cache
+    else:
+        torch.index_select(cache, 0, rows, out=out[:, :, :L])
+    out[:, :, L:] = new
+    return out
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection and an optional key/value cache."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        # fairseq: xavier on each of q, k, v with gain 1/sqrt(2), on the output with gain 1
+        self.qkv = linear(d_model, 3 * d_model, parts=3, gain=2**-0.5)
+        self.out = linear(d_model, d_model)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+                cache: KV | None = None, cache_rows: Tensor | None = None) -> tuple[Tensor, KV]:
+        """x (B, T, D) -> (B, T, D), and keys/values (B, H, L, Dh) including the cached ones.
+
+        mask (B, 1, 1, L) bool is True where a key may be attended. With a cache (rows
+        `cache_rows` of it, see `append`), the T new positions attend to all L = cached + T keys
+        (search feeds T = 1, so no causal mask).
+        """
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
+        if cache is not None:
+            k, v = append(cache[0], k, cache_rows), append(cache[1], v, cache_rows)  # (B, H, L, Dh)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, D)), (k, v)  # (B, T, D)
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention of decoder positions over the encoder output (fused KV projection)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.q = linear(d_model, d_model, gain=2**-0.5)
+        self.kv = linear(d_model, 2 * d_model, parts=2, gain=2**-0.5)
+        self.out = linear(d_model, d_model)
+
+    def keys_values(self, memory: Tensor) -> KV:
+        """memory (B, S, D) -> keys, values (B, H, S, Dh); computed once per sentence in search."""
+        B, S, D = memory.shape
+        k, v = self.kv(memory).view(B, S, 2, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, Dh)
+        return k, v
+
+    def forward(self, x: Tensor, kv: KV, mask: Tensor) -> Tensor:
+        """x (B, T, D), kv from `keys_values`, mask (B, 1, 1, S) True at real source: -> (B, T, D)"""
+        B, T, D = x.shape
+        q = self.q(x).view(B, T, self.heads, D // self.heads).transpose(1, 2)  # (B, H, T, Dh)
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
+
+
+class FeedForward(nn.Module):
+    """Position-wise ReLU feed-forward: (..., D) -> (..., D)."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation_dropout: float):
+        super().__init__()
+        self.fc1, self.fc2 = linear(d_model, ffn_dim), linear(ffn_dim, d_model)
+        self.dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+class Layer(nn.Module):
+    """Residual + LayerNorm plumbing shared by encoder and decoder layers.
+
+    Post-norm (paper): x = norm(x + dropout(f(x))). Pre-norm: x = x + dropout(f(norm(x))).
+    """
+
+    def __init__(self, cfg: ModelConfig, sublayers: int):
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model) for _ in range(sublayers))
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout)
+
+    def pre(self, x: Tensor, i: int) -> Tensor:
+        return self.norms[i](x) if self.norm_first else x
+
+    def add(self, x: Tensor, y: Tensor, i: int) -> Tensor:
+        x = x + self.dropout(y)
+        return x if self.norm_first else self.norms[i](x)
+
+
+class EncoderLayer(Layer):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, sublayers=2)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, D), mask (B, 1, 1, S) True at real tokens -> (B, S, D)."""
+        x = self.add(x, self.self_attn(self.pre(x, 0), mask=mask)[0], 0)
+        return self.add(x, self.ffn(self.pre(x, 1)), 1)
+
+
+class DecoderLayer(Layer):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, sublayers=3)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+
+    def forward(self, x: Tensor, memory_kv: KV, src_mask: Tensor,
+                cache: KV | None = None, cache_rows: Tensor | None = None) -> tuple[Tensor, KV]:
+        """x (R, T, D) -> (R, T, D) and this layer's self-attention keys/values (R, H, L, Dh).
+
+        Without `cache` the T positions attend causally (training, or search step 0); with it,
+        the new position attends to every cached one. `memory_kv` / `src_mask` have B <= R rows:
+        decoder rows r*g .. r*g+g-1 (g = R / B, e.g. the beams of a sentence) read source r.
+        """
+        h, cache = self.self_attn(self.pre(x, 0), causal=cache is None, cache=cache,
+                                  cache_rows=cache_rows)
+        x = self.add(x, h, 0)
+        # the g rows sharing a source act as g*T query positions of one row: (B, g*T, D)
+        B = src_mask.size(0)
+        h = self.cross_attn(self.pre(x, 1).reshape(B, -1, x.size(-1)), memory_kv, src_mask)
+        x = self.add(x, h.view_as(x), 1)
+        return self.add(x, self.ffn(self.pre(x, 2)), 2), cache
+
+
+@dataclass
+class DecoderState:
+    """What `decode_step` needs for N decoder rows of B source sentences (N = B * group).
+
+    Rows r*group .. r*group+group-1 (e.g. the beams of sentence r) share source r's encoder
+    keys/values, so expanding to a beam or reordering within a beam copies no encoder state.
+    """
+
+    src_mask: Tensor  # (B, 1, 1, S) bool, True at real source tokens
+    cross_kv: list[KV]  # per decoder layer: keys, values (B, H, S, Dh)
+    group: int = 1  # decoder rows per source row
+    self_kv: list[KV] = field(default_factory=list)  # per decoder layer: (N0, H, step, Dh)
+    # reorders not yet applied to self_kv: row i is self_kv row self_kv_rows[i] (None: same rows).
+    # decode_step applies them while appending, so the cache is copied once per step, not twice.
+    self_kv_rows: Tensor | None = None  # (N,)
+    step: int = 0  # target position of the next token fed to decode_step
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer; `forward(src, prev_output)` -> logits for training.
+
+    Embeddings: with `cfg.share_embeddings` one (V, D) matrix is the encoder input, decoder input
+    and output projection (three-way tying, joint vocabulary). Without it the encoder gets its
+    own matrix, and the decoder input and output projection still share one (fairseq's
+    share_decoder_input_output_embed). The output projection has no bias.
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0):
+        super().__init__()
+        self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
+        tgt_tokens = token_embedding(vocab_size, cfg.d_model, pad_id)
+        src_tokens = (tgt_tokens if cfg.share_embeddings
+                      else token_embedding(vocab_size, cfg.d_model, pad_id))
+        self.src_embed, self.tgt_embed = Embedding(src_tokens, cfg), Embedding(tgt_tokens, cfg)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # pre-norm leaves the residual stream un-normalised: one final LayerNorm on each side
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+
+    def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> encoder output (B, S, D) and src_mask (B, 1, 1, S), True at real tokens."""
+        mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+        x = self.src_embed(src)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        return self.encoder_norm(x), mask
+
+    def cross_keys_values(self, memory: Tensor) -> list[KV]:
+        """Encoder output (B, S, D) -> each decoder layer's cross-attention K/V (B, H, S, Dh)."""
+        return [cast(DecoderLayer, layer).cross_attn.keys_values(memory) for layer in self.decoder]
+
+    def output(self, x: Tensor) -> Tensor:
+        """Decoder states (..., D) -> logits (..., V) through the tied output projection."""
+        return F.linear(self.decoder_norm(x), self.tgt_embed.tokens.weight)
+
+    def forward(self, src: Tensor, prev_output: Tensor) -> Tensor:
+        """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V).
+
+        Padding must be at the right end of each row. Under autocast the logits stay in the
+        autocast dtype (no fp32 copy of the (B, T, V) tensor); the caller's loss upcasts.
+        """
+        memory, mask = self.run_encoder(src)
+        x = self.tgt_embed(prev_output)
+        for layer, memory_kv in zip(self.decoder, self.cross_keys_values(memory), strict=True):
+            x, _ = layer(x, memory_kv, mask)
+        return self.output(x)
+
+    # ------------------------------------------------------------------ search protocol
+    # No gradients here (the search never needs them, and `append` writes into a buffer);
+    # run all three under the same autocast, if any.
+
+    @torch.no_grad()
+    def encode(self, src: Tensor) -> DecoderState:
+        """src (N, S) -> state with one row per sentence and each decoder layer's source K/V."""
+        memory, mask = self.run_encoder(src)
+        return DecoderState(mask, self.cross_keys_values(memory))
+
+    @torch.no_grad()
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
+        """tokens (N,) at position state.step -> fp32 log-probs (N, V) of the next token, state."""
+        x = self.tgt_embed(tokens.unsqueeze(1), start=state.step)  # (N, 1, D)
+        self_kv = []
+        for i, layer in enumerate(self.decoder):
+            cache = state.self_kv[i] if state.self_kv else None
+            x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows)
+            self_kv.append(kv)
+        logits = self.output(x.squeeze(1))  # (N, V)
+        new = replace(state, self_kv=self_kv, self_kv_rows=None, step=state.step + 1)
+        return torch.log_softmax(logits.float(), dim=-1), new
+
+    @torch.no_grad()
+    def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:
+        """New row i = old row index[i], index (N',): expands to beams, reorders, prunes.
+
+        Source K/V are shared by rows of a sentence as long as the new rows stay grouped
+        (sentence-major, same count per sentence); otherwise each row gets its own copy.
+        """
+        B = state.src_mask.size(0)
+        source = torch.arange(B, device=index.device).repeat_interleave(state.group)[index]  # (N',)
+        used, source = torch.unique(source, return_inverse=True)  # sources still read, renumbered
+        n, b = index.numel(), used.numel()
+        grouped = b > 0 and n % b == 0 and torch.equal(
+            source, torch.arange(b, device=index.device).repeat_interleave(n // b))
+        take = used if grouped else used[source]  # source rows of the new state
+        src_mask, cross_kv = state.src_mask, state.cross_kv
+        if not (grouped and b == B):  # else the source rows are unchanged: no copy
+            src_mask = src_mask.index_select(0, take)
+            cross_kv = [(k.index_select(0, take), v.index_select(0, take)) for k, v in cross_kv]
+        rows = index if state.self_kv_rows is None else state.self_kv_rows[index]
+        return replace(state, src_mask=src_mask, cross_kv=cross_kv, group=n // b if grouped else 1,
+                       self_kv_rows=rows if state.self_kv else None)
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters: a tied matrix counts once (parameters() de-duplicates)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def summary(model: Transformer) -> str:
+    """A few lines: the architecture, parameters per top-level module, the total."""
+    c = model.cfg
+    lines = [
+        f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, "
+        f"{c.heads} heads, ffn {c.ffn_dim}, {'pre' if c.norm_first else 'post'}-norm, "
+        f"{'learned' if c.learned_positions else 'sinusoidal'} positions, "
+        f"vocab {model.vocab_size}, "
+        f"{'all embeddings tied' if c.share_embeddings else 'decoder input/output tied'}"
+    ]
+    seen: set[int] = set()
+    for name, child in model.named_children():
+        params = [p for p in child.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in params)
+        if params:
+            lines.append(f"  {name:<14} {sum(p.numel() for p in params):>12,}")
+        elif any(True for _ in child.parameters()):
+            lines.append(f"  {name:<14} {'(tied)':>12}")
+    lines.append(f"parameters: {num_parameters(model)}")
+    return "\n".join(lines)

@@ -1,0 +1,396 @@
+"""`nmt prepare-bpe`: learn (or reuse) a joint sentencepiece model, filter, binarize, report.
+
+Input: fairseq-style prefixes (`--trainpref D/train` means `D/train.en` and `D/train.de`,
+or their `.gz`). Output in `destdir`, with split names train, valid, test, test1, ...:
+`spm.model`/`spm.vocab`, the binarized splits (format in `nmt.data`), `{split}.raw.{lang}`
+for valid/test splits, and `prepare.json` (the report, also returned).
+
+Only the train split is filtered; valid and test keep one sentence per input line. The
+whole output is written to a temporary sibling directory that replaces `destdir` at the
+end, so a failed run never leaves a mix of old and new files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import chain, compress, islice
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+from tqdm import tqdm
+
+from nmt import __version__
+from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
+from nmt.errors import NmtError
+from nmt.textio import TextStats, count_lines, find_text, read_lines
+from nmt.tokenizer import Tokenizer, train_sentencepiece
+
+logger = logging.getLogger(__name__)
+
+CHUNK_PAIRS = 20_000  # pairs encoded per sentencepiece call (spread over `workers` threads)
+DROP_REASONS = ("empty", "too_short", "too_long", "ratio")  # checked in this order
+
+
+def _default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass
+class PrepareOptions:
+    source_lang: str
+    target_lang: str
+    trainpref: str
+    destdir: str
+    validpref: str | None = None
+    testpref: str | None = None  # comma-separated prefixes -> splits test, test1, test2, ...
+    vocab_size: int = 8000
+    model_type: str = "bpe"  # or "unigram"
+    character_coverage: float = 1.0
+    byte_fallback: bool = True
+    input_sentence_size: int = 2_000_000  # sentences sampled to learn spm (0 = all)
+    spm_model: str | None = None  # reuse this model instead of learning one
+    max_len: int = 250  # train pairs with a side longer than this (tokens) are dropped
+    max_ratio: float = 3.0  # ... or with token length ratio above this (0 = no limit)
+    min_len: int = 1  # ... or with a side shorter than this
+    workers: int = field(default_factory=_default_workers)  # sentencepiece threads
+    force: bool = False
+    seed: int = 1
+
+
+@dataclass
+class _Split:
+    name: str
+    prefix: str
+    files: dict[str, Path]  # lang -> input file
+    lines: int
+    filtered: bool
+
+
+def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
+    """Run prepare-bpe; returns the report also written to `destdir/prepare.json`."""
+    start = time.time()
+    _check_options(opts)
+    dest = Path(opts.destdir)
+    _check_destdir(dest, opts.force)
+    reused = Tokenizer.from_file(opts.spm_model) if opts.spm_model else None
+    splits = _find_splits(opts)  # reads every file once: after the cheap checks
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    work.mkdir()
+    try:
+        tok = _tokenizer(opts, splits[0], reused, work)
+        dtype = token_dtype(tok.vocab_size)
+        reports, hashes = {}, {}
+        for split in splits:
+            reports[split.name], file_hashes = _binarize(split, tok, dtype, opts, work, progress)
+            hashes.update(file_hashes)
+        train_files = sorted(name for name in hashes if name.startswith("train."))
+        fingerprint = hashlib.sha256(
+            "".join([tok.sha256] + [f"{name}:{hashes[name]}" for name in train_files]).encode()
+        ).hexdigest()
+        report = {
+            "format_version": 1,
+            "nmt_version": __version__,
+            "source_lang": opts.source_lang,
+            "target_lang": opts.target_lang,
+            "vocab_size": tok.vocab_size,
+            "dtype": dtype.name,
+            "spm": {
+                "model": "spm.model",
+                "sha256": tok.sha256,
+                "source": str(opts.spm_model) if reused else "trained",
+            },
+            "splits": reports,
+            "sha256": hashes,
+            "fingerprint": fingerprint,
+            "options": dataclasses.asdict(opts),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.time() - start, 3),
+        }
+        (work / META_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        _replace_dir(work, dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    logger.info(
+        "wrote %s in %.1f s (vocab %d, fingerprint %s)",
+        dest,
+        report["seconds"],
+        tok.vocab_size,
+        fingerprint[:12],
+    )
+    return report
+
+
+def _check_options(opts: PrepareOptions) -> None:
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise NmtError(msg)
+
+    need(
+        bool(opts.source_lang) and bool(opts.target_lang),
+        "--source-lang and --target-lang are required",
+    )
+    need(opts.source_lang != opts.target_lang, "--source-lang and --target-lang must differ")
+    need(bool(opts.trainpref), "--trainpref is required")
+    need(bool(opts.destdir), "--destdir is required")
+    need(
+        opts.model_type in ("bpe", "unigram"),
+        f"--model-type must be bpe or unigram, got {opts.model_type!r}",
+    )
+    need(opts.spm_model is not None or opts.vocab_size >= 8, "--vocab-size must be at least 8")
+    need(0 < opts.character_coverage <= 1, "--character-coverage must be in (0, 1]")
+    need(opts.input_sentence_size >= 0, "--input-sentence-size must not be negative")
+    need(opts.max_len >= 1, "--max-len must be at least 1")
+    need(0 <= opts.min_len <= opts.max_len, "--min-len must be in [0, --max-len]")
+    need(opts.max_ratio == 0 or opts.max_ratio >= 1, "--max-ratio must be 0 (off) or at least 1")
+    need(opts.workers >= 1, "--workers must be at least 1")
+
+
+def _find_splits(opts: PrepareOptions) -> list[_Split]:
+    """Locate every input file and check line counts, before any real work."""
+    named = [("train", opts.trainpref, True)]
+    if opts.validpref:
+        named.append(("valid", opts.validpref, False))
+    tests = [p.strip() for p in (opts.testpref or "").split(",") if p.strip()]
+    named += [(f"test{i or ''}", prefix, False) for i, prefix in enumerate(tests)]
+    splits = []
+    for name, prefix, filtered in named:
+        files = {lang: find_text(prefix, lang) for lang in (opts.source_lang, opts.target_lang)}
+        (src, n_src), (tgt, n_tgt) = ((f, count_lines(f)) for f in files.values())
+        if n_src != n_tgt:
+            raise NmtError(
+                f"{src} has {n_src} lines but {tgt} has {n_tgt}; parallel files must align"
+            )
+        splits.append(_Split(name, prefix, files, n_src, filtered))
+    return splits
+
+
+def _check_destdir(dest: Path, force: bool) -> None:
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise NmtError(f"--destdir {dest} exists and is not a directory")
+    if not any(dest.iterdir()):
+        return
+    if not force:
+        raise NmtError(f"--destdir {dest} exists and is not empty; use --force to replace it")
+    if not (dest / META_FILE).is_file():
+        raise NmtError(
+            f"--destdir {dest} is not empty and has no {META_FILE}; refusing to replace it "
+            "even with --force (choose a new or empty --destdir)"
+        )
+
+
+def _replace_dir(work: Path, dest: Path) -> None:
+    """Move the finished output into place, replacing an old one."""
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+        dest.rename(old)
+    work.rename(dest)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def _tokenizer(
+    opts: PrepareOptions, train: _Split, reused: Tokenizer | None, work: Path
+) -> Tokenizer:
+    """Reuse --spm-model or learn one joint model on both sides of train; into work/spm.*"""
+    if reused is not None:
+        (work / "spm.model").write_bytes(reused.model_bytes)
+        vocab = Path(opts.spm_model).with_suffix(".vocab")  # type: ignore[arg-type]
+        if vocab.is_file():
+            shutil.copyfile(vocab, work / "spm.vocab")
+        logger.info("reusing %s (vocab %d)", opts.spm_model, reused.vocab_size)
+        return reused
+    start = time.time()
+    logger.info(
+        "learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
+        opts.model_type,
+        opts.vocab_size,
+        " + ".join(map(str, train.files.values())),
+        opts.input_sentence_size,
+    )
+    model = train_sentencepiece(
+        list(train.files.values()),
+        work / "spm",
+        opts.vocab_size,
+        model_type=opts.model_type,
+        character_coverage=opts.character_coverage,
+        byte_fallback=opts.byte_fallback,
+        input_sentence_size=opts.input_sentence_size,
+        seed=opts.seed,
+        num_threads=opts.workers,
+    )
+    logger.info("learned the sentencepiece model in %.1f s", time.time() - start)
+    return Tokenizer.from_file(model)
+
+
+class _TokenWriter:
+    """Appends sentences to `{split}.{lang}.bin` (hashing it) and writes the .idx at the end."""
+
+    def __init__(self, work: Path, split: str, lang: str, dtype: np.dtype):
+        self.bin, self.idx, self.dtype = (
+            bin_path(work, split, lang),
+            idx_path(work, split, lang),
+            dtype,
+        )
+        self.file: BinaryIO = open(self.bin, "wb")
+        self.hash = hashlib.sha256()
+        self.lengths: list[np.ndarray] = []
+        self.tokens = 0
+
+    def write(self, ids: list[list[int]], lengths: np.ndarray) -> None:
+        total = int(lengths.sum())
+        data = np.fromiter(chain.from_iterable(ids), dtype=self.dtype, count=total).tobytes()
+        self.file.write(data)
+        self.hash.update(data)
+        self.lengths.append(lengths)
+        self.tokens += total
+
+    def close(self) -> dict[str, str]:
+        """Finish both files; returns their sha256 by file name."""
+        self.file.close()
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype="<i8")
+        np.cumsum(lengths, out=offsets[1:])
+        data = offsets.tobytes()
+        self.idx.write_bytes(data)
+        return {
+            self.bin.name: self.hash.hexdigest(),
+            self.idx.name: hashlib.sha256(data).hexdigest(),
+        }
+
+
+def _binarize(
+    split: _Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOptions, work: Path, progress: bool
+) -> tuple[dict, dict[str, str]]:
+    """Encode (and for train, filter) one split; returns its report and file hashes."""
+    langs = (opts.source_lang, opts.target_lang)
+    stats = {lang: TextStats(str(split.files[lang])) for lang in langs}
+    readers = [read_lines(split.files[lang], stats[lang]) for lang in langs]
+    writers = [_TokenWriter(work, split.name, lang, dtype) for lang in langs]
+    raws = (
+        []
+        if split.filtered
+        else [
+            open(raw_path(work, split.name, lang), "w", encoding="utf-8", newline="\n")
+            for lang in langs
+        ]
+    )
+    dropped = dict.fromkeys(DROP_REASONS, 0)
+    bar = tqdm(total=split.lines, unit="pairs", desc=split.name, disable=None if progress else True)
+
+    def store(src: list[str], tgt: list[str], encoded: Future) -> None:
+        ids = encoded.result()
+        src_ids, tgt_ids = ids[: len(src)], ids[len(src) :]
+        src_len = np.fromiter(map(len, src_ids), np.int64, len(src))
+        tgt_len = np.fromiter(map(len, tgt_ids), np.int64, len(tgt))
+        if split.filtered:
+            keep = _keep_mask(src, tgt, src_len, tgt_len, opts, dropped)
+            src_ids, tgt_ids = list(compress(src_ids, keep)), list(compress(tgt_ids, keep))
+            src_len, tgt_len = src_len[keep], tgt_len[keep]
+        writers[0].write(src_ids, src_len)
+        writers[1].write(tgt_ids, tgt_len)
+        bar.update(len(src))
+
+    # sentencepiece encodes a chunk in `workers` threads without the GIL while this thread
+    # reads the next chunk and stores the previous one.
+    pending = None
+    try:
+        with ThreadPoolExecutor(max_workers=1) as encoder:
+            for src, tgt in _chunks(readers, split):
+                for raw, lines in zip(raws, (src, tgt), strict=False):  # no raw text for train
+                    raw.write("".join(line + "\n" for line in lines))
+                encoded = encoder.submit(tok.encode_batch, src + tgt, opts.workers)
+                if pending:
+                    store(*pending)
+                pending = (src, tgt, encoded)
+            if pending:
+                store(*pending)
+    finally:
+        bar.close()
+        for raw in raws:
+            raw.close()
+    hashes = {**writers[0].close(), **writers[1].close()}
+    kept = split.lines - sum(dropped.values())
+    report = {
+        "prefix": split.prefix,
+        "files": {lang: str(split.files[lang]) for lang in langs},
+        "lines": split.lines,
+        "filtered": split.filtered,
+        "kept": kept,
+        "dropped": dropped,
+        "tokens": {lang: w.tokens for lang, w in zip(langs, writers, strict=True)},
+        "cleaned": {lang: _stats_report(stats[lang]) for lang in langs},
+    }
+    logger.info(
+        "%s: kept %d of %d pairs%s",
+        split.name,
+        kept,
+        split.lines,
+        "".join(f", {n} {why}" for why, n in dropped.items() if n),
+    )
+    for lang in langs:
+        if stats[lang].cleaned:
+            logger.warning("%s", stats[lang].summary())
+    return report, hashes
+
+
+def _chunks(readers: list[Iterator[str]], split: _Split) -> Iterator[tuple[list[str], list[str]]]:
+    """(source lines, target lines) of up to CHUNK_PAIRS aligned pairs at a time."""
+    pairs = zip(*readers, strict=True)
+    try:
+        while chunk := list(islice(pairs, CHUNK_PAIRS)):
+            yield [p[0] for p in chunk], [p[1] for p in chunk]
+    except ValueError:  # from zip(strict=True); the line counts were equal when checked
+        files = " and ".join(map(str, split.files.values()))
+        raise NmtError(f"{files} changed while being read (line counts differ now)") from None
+
+
+def _keep_mask(
+    src: list[str],
+    tgt: list[str],
+    src_len: np.ndarray,
+    tgt_len: np.ndarray,
+    opts: PrepareOptions,
+    dropped: dict[str, int],
+) -> np.ndarray:
+    """Which train pairs to keep; each dropped pair is counted under its first reason."""
+    n = len(src)
+    empty = np.fromiter(
+        (not (s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)), bool, n
+    )
+    short, long_ = (
+        np.minimum(src_len, tgt_len) < opts.min_len,
+        np.maximum(src_len, tgt_len) > opts.max_len,
+    )
+    ratio = np.zeros(n, bool)
+    if opts.max_ratio:
+        ratio = (src_len > opts.max_ratio * tgt_len) | (tgt_len > opts.max_ratio * src_len)
+    drop = np.zeros(n, bool)
+    for reason, mask in zip(DROP_REASONS, (empty, short, long_, ratio), strict=True):
+        dropped[reason] += int((mask & ~drop).sum())
+        drop |= mask
+    return ~drop
+
+
+def _stats_report(stats: TextStats) -> dict:
+    return {
+        "invalid_utf8": stats.invalid_utf8,
+        "nul": stats.nul,
+        "line_breaks": stats.line_breaks,
+        "first_lines": stats.first_lines,
+    }

@@ -1,0 +1,175 @@
+"""Reading raw text corpora: plain or gzip, one sentence per line, robust to dirty input.
+
+Lines are split on `\\n` only (never on CR, U+2028 or the other characters `str.splitlines`
+splits on), so line N of a source file always pairs with line N of its target file. Each
+line is cleaned so that any line reader downstream sees the same line count:
+
+- a trailing CR (CRLF files) and a UTF-8 BOM at the start of the file are removed;
+- invalid UTF-8 is decoded with U+FFFD replacement characters;
+- NUL bytes become spaces (they break C tools and sentencepiece);
+- the other line-breaking characters of `str.splitlines` (CR, VT, FF, FS, GS, RS, NEL,
+  U+2028, U+2029) inside a line become spaces.
+
+Every cleaned line is counted in a `TextStats` (with the first few line numbers) so that
+callers can report it, naming the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from nmt.errors import NmtError
+
+BLOCK_SIZE = 1 << 20
+MAX_REPORTED_LINES = 10
+_BOM = b"\xef\xbb\xbf"
+# Characters str.splitlines() breaks on, besides "\n" (which we split on).
+_BREAK_CHARS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_BREAKS = re.compile(f"[{_BREAK_CHARS}]")
+
+
+@dataclass
+class TextStats:
+    """What reading one file had to clean up; line numbers are 1-based."""
+
+    path: str
+    lines: int = 0
+    invalid_utf8: int = 0
+    nul: int = 0
+    line_breaks: int = 0
+    first_lines: list[int] = field(default_factory=list)
+
+    @property
+    def cleaned(self) -> int:
+        return self.invalid_utf8 + self.nul + self.line_breaks
+
+    def _note(self, lineno: int) -> None:
+        if len(self.first_lines) < MAX_REPORTED_LINES and lineno not in self.first_lines:
+            self.first_lines.append(lineno)
+
+    def summary(self) -> str:
+        """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8); first: 3, 9'."""
+        kinds = [
+            f"{n} {what}"
+            for n, what in (
+                (self.invalid_utf8, "invalid UTF-8 -> U+FFFD"),
+                (self.nul, "NUL -> space"),
+                (self.line_breaks, "CR/U+2028/... inside a line -> space"),
+            )
+            if n
+        ]
+        first = ", ".join(map(str, self.first_lines))
+        return f"{self.path}: cleaned {self.cleaned} lines ({'; '.join(kinds)}); first: {first}"
+
+
+def find_text(prefix: str | Path, lang: str) -> Path:
+    """`PREFIX.LANG` or else `PREFIX.LANG.gz`; NmtError naming both when neither exists."""
+    plain = Path(f"{prefix}.{lang}")
+    gz = Path(f"{prefix}.{lang}.gz")
+    for path in (plain, gz):
+        if path.is_file():
+            return path
+    raise NmtError(f"{plain} not found (nor {gz.name})")
+
+
+def open_bytes(path: str | Path) -> BinaryIO:
+    """Open a plain or gzip (by content, not name) file for reading bytes."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise NmtError(f"{path}: cannot open ({e.strerror})") from None
+    if f.peek(2)[:2] != b"\x1f\x8b":
+        return f
+    f.close()
+    return gzip.open(path, "rb")  # type: ignore[return-value]
+
+
+def _blocks(path: Path, block_size: int) -> Iterator[bytes]:
+    """Chunks of whole lines (each ending in b"\\n", except maybe the file's last)."""
+    rest = b""
+    with open_bytes(path) as f:
+        try:
+            while chunk := f.read(block_size):
+                chunk = rest + chunk
+                cut = chunk.rfind(b"\n") + 1
+                rest = chunk[cut:]
+                if cut:
+                    yield chunk[:cut]
+        except (OSError, EOFError, zlib.error) as e:
+            raise NmtError(f"{path}: cannot read ({e})") from None
+    if rest:
+        yield rest + b"\n"
+
+
+def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        line = raw.decode("utf-8", errors="replace")
+        stats.invalid_utf8 += 1
+        stats._note(lineno)
+    if line.endswith("\r"):
+        line = line[:-1]
+    if "\x00" in line:
+        line = line.replace("\x00", " ")
+        stats.nul += 1
+        stats._note(lineno)
+    if _BREAKS.search(line):
+        line = _BREAKS.sub(" ", line)
+        stats.line_breaks += 1
+        stats._note(lineno)
+    return line
+
+
+def read_lines(
+    path: str | os.PathLike, stats: TextStats | None = None, block_size: int = BLOCK_SIZE
+) -> Iterator[str]:
+    """Yield the cleaned lines of a text file (without their newline), counting into `stats`.
+
+    Fast path: a whole block is decoded at once; only blocks with something to clean are
+    handled line by line.
+    """
+    path = Path(path)
+    stats = stats if stats is not None else TextStats(str(path))
+    first = True
+    for block in _blocks(path, block_size):
+        if first and block.startswith(_BOM):
+            block = block[len(_BOM) :]
+        first = False
+        try:
+            text = block.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None:
+            if "\r" in text:
+                text = text.replace("\r\n", "\n")
+            if "\x00" not in text and not any(c in text for c in _BREAK_CHARS):  # memchr-fast
+                lines = text.split("\n")[:-1]
+                stats.lines += len(lines)
+                yield from lines
+                continue
+        for raw in block.split(b"\n")[:-1]:
+            stats.lines += 1
+            yield _clean(raw, stats.lines, stats)
+
+
+def count_lines(path: str | Path, block_size: int = BLOCK_SIZE) -> int:
+    """Number of lines `read_lines` yields (a last line without a newline counts)."""
+    n = 0
+    last = b"\n"
+    with open_bytes(path) as f:
+        try:
+            while chunk := f.read(block_size):
+                n += chunk.count(b"\n")
+                last = chunk[-1:]
+        except (OSError, EOFError, zlib.error) as e:
+            raise NmtError(f"{path}: cannot read ({e})") from None
+    return n + (last != b"\n")

@@ -1,0 +1,539 @@
+"""The training loop and the run directory it produces.
+
+A run directory holds `config.yaml` (resolved), `spm.model`, `train.log`, `metrics.jsonl`
+and checkpoints (`checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint_<update>.pt`).
+Running `nmt train` again on it resumes from the last checkpoint at the exact batch
+where it stopped: the batch order of an epoch is a function of (seed, epoch) only, and
+the checkpoint holds the optimizer, loss scaler, RNG states and position in the epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nmt import checkpoint as ckpt
+from nmt import data as datamod
+from nmt.config import Config, config_to_dict, dump_config
+from nmt.device import autocast, resolve_device
+from nmt.errors import NmtError
+from nmt.model import Transformer, num_parameters, summary
+from nmt.optim import DynamicLossScaler, build_optimizer, label_smoothed_nll_loss, lr_at
+from nmt.tokenizer import PAD, Tokenizer
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+LAST_RUN_FILE = ".nmt-last-run"  # in the working directory; read by `nmt translate`
+
+
+# ------------------------------------------------------------------ devices and processes
+
+
+@dataclass
+class Env:
+    """Where this process runs: device and (for torchrun) its rank in the group."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_env(cfg: Config) -> Env:
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(cfg.train.device)
+    if world_size == 1:
+        return Env(device)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return Env(device, rank, world_size)
+
+
+# ------------------------------------------------------------------ state
+
+
+@dataclass
+class Progress:
+    """Counters saved in every training checkpoint."""
+
+    update: int = 0
+    epoch: int = 1
+    updates_in_epoch: int = 0  # update groups of `epoch` already consumed
+    elapsed: float = 0.0  # seconds of training, summed over resumes
+    best: float | None = None
+    bad_validations: int = 0
+    schedule_offset: int = 0  # --reset-optimizer restarts the warm-up here
+    skipped_overflow: int = 0
+    history: list[str] = field(default_factory=list)
+
+
+def stop_reason(cfg: Config, p: Progress) -> str | None:
+    t = cfg.train
+    if t.max_updates and p.update >= t.max_updates:
+        return f"reached train.max_updates={t.max_updates}"
+    if t.max_epochs and (p.epoch > t.max_epochs):
+        return f"reached train.max_epochs={t.max_epochs}"
+    if t.max_time and p.elapsed >= t.max_time:
+        return f"reached train.max_time={t.max_time:g}s"
+    if t.patience and p.bad_validations >= t.patience:
+        return f"no improvement in {t.patience} validations (train.patience)"
+    return None
+
+
+def dry_run(cfg: Config, vocab_size: int | None) -> str:
+    if vocab_size is None:
+        vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
+    model = Transformer(cfg.model, vocab_size, pad_id=PAD)
+    return summary(model)
+
+
+# ------------------------------------------------------------------ the trainer
+
+
+class Trainer:
+    def __init__(self, cfg: Config, env: Env, reset_optimizer: bool, reset_data: bool):
+        self.cfg, self.env = cfg, env
+        t = cfg.train
+        if t.precision == "fp16" and env.device.type != "cuda":
+            raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
+        self.run_dir = Path(t.run_dir)
+        self.meta = datamod.read_meta(cfg.data.dir)
+        self.src_lang = cfg.data.source_lang or self.meta["source_lang"]
+        self.tgt_lang = cfg.data.target_lang or self.meta["target_lang"]
+        self.tokenizer = Tokenizer(Path(cfg.data.dir) / "spm.model")
+        self.train_data = datamod.ParallelData.load(cfg.data.dir, cfg.data.train_split, self.src_lang, self.tgt_lang)
+        self.valid_data = None
+        if cfg.data.valid_split in self.meta.get("splits", {}):
+            self.valid_data = datamod.ParallelData.load(
+                cfg.data.dir, cfg.data.valid_split, self.src_lang, self.tgt_lang
+            )
+        torch.manual_seed(t.seed)
+        self.model = Transformer(cfg.model, self.tokenizer.vocab_size, pad_id=PAD).to(env.device)
+        self.net: torch.nn.Module = self.model
+        if env.world_size > 1:
+            ids = [env.device.index] if env.device.type == "cuda" else None
+            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.optimizer = build_optimizer(list(self.model.parameters()), t)
+        self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale) if t.precision == "fp16" else None
+        self.progress = Progress()
+        self.stop_signal: int | None = None
+        self.dummy_ids: Any = None
+        self.interrupted_by: int | None = None
+        self.metrics_file = None
+        if env.is_main:
+            self._prepare_run_dir()
+        self._resume(reset_optimizer, reset_data)
+
+    # ---------------------------------------------------------------- run directory
+
+    def _prepare_run_dir(self) -> None:
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            removed = ckpt.clean_temporaries(self.run_dir)
+            if removed:
+                log.warning("removed %d leftover temporary file(s) in %s", removed, self.run_dir)
+            handler = logging.FileHandler(self.run_dir / "train.log")
+            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+            logging.getLogger().addHandler(handler)
+            self._log_handler = handler
+            self.metrics_file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            # `nmt translate` with no --checkpoint uses the last run started from this directory.
+            Path(LAST_RUN_FILE).write_text(str(self.run_dir.resolve()) + "\n", encoding="utf-8")
+            spm = self.run_dir / "spm.model"
+            if not spm.exists():
+                shutil.copyfile(Path(self.cfg.data.dir) / "spm.model", spm)
+        except OSError as e:
+            raise NmtError(f"{self.run_dir}: cannot write the run directory ({e.strerror})") from None
+
+    def _write_config(self) -> None:
+        text = dump_config(self.cfg)
+        path = self.run_dir / "config.yaml"
+        tmp = path.with_name(f".config.yaml.tmp-{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+    def _fingerprint(self) -> str:
+        return str(self.meta.get("fingerprint", ""))
+
+    # ---------------------------------------------------------------- resume
+
+    def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
+        state = ckpt.load_latest(self.run_dir) if self.run_dir.exists() else None
+        if state is None:
+            if self.env.is_main:
+                self._write_config()
+                log.info("new run in %s\n%s", self.run_dir, summary(self.model))
+            return
+        self._check_compatible(state, reset_data)
+        self.model.load_state_dict(state["model"])
+        ts = state["train_state"]
+        self.progress = Progress(**ts["progress"])
+        if reset_optimizer:
+            self.progress.schedule_offset = self.progress.update
+            self.progress.history.append(f"reset optimizer at update {self.progress.update}")
+        else:
+            self.optimizer.load_state_dict(ts["optimizer"])
+            if self.scaler is not None and ts.get("scaler"):
+                self.scaler.load_state_dict(ts["scaler"])
+        if reset_data:
+            self.progress.updates_in_epoch = 0
+            self.progress.history.append(f"reset data at update {self.progress.update}")
+        rng = ts["rng"]
+        torch.set_rng_state(rng["torch"])
+        if torch.cuda.is_available() and rng.get("cuda") is not None and self.env.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.env.device)
+        if self.env.is_main:
+            self._write_config()
+            log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
+                     self.progress.epoch, self.progress.updates_in_epoch)
+
+    def _check_compatible(self, state: dict[str, Any], reset_data: bool) -> None:
+        old, new = state["config"], config_to_dict(self.cfg)
+        changed = [f"model.{k}: {old['model'].get(k)!r} -> {v!r}"
+                   for k, v in new["model"].items() if old["model"].get(k) != v]
+        if changed:
+            raise NmtError(f"{self.run_dir}: resume refused, the model config changed ({'; '.join(changed)}); "
+                           "use a new train.run_dir")
+        if reset_data:
+            return
+        data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}"
+                        for k, v in new["data"].items() if old["data"].get(k) != v]
+        old_fp = state["train_state"].get("fingerprint")
+        if old_fp != self._fingerprint():
+            data_changed.append(f"the prepared data in {self.cfg.data.dir} (fingerprint)")
+        if data_changed:
+            raise NmtError(f"{self.run_dir}: resume refused, the training data changed ({'; '.join(data_changed)}); "
+                           "pass --reset-data to continue on the new data")
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _checkpoint(self) -> dict[str, Any]:
+        rng = {"torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state(self.env.device) if self.env.device.type == "cuda" else None}
+        return {
+            "format_version": FORMAT_VERSION,
+            "model": self.model.state_dict(),
+            "config": config_to_dict(self.cfg),
+            "vocab_size": self.tokenizer.vocab_size,
+            "tokenizer": {"model": self.tokenizer.model_bytes, "sha256": self.tokenizer.sha256},
+            "update": self.progress.update,
+            "epoch": self.progress.epoch,
+            "train_state": {
+                "progress": asdict(self.progress),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "rng": rng,
+                "fingerprint": self._fingerprint(),
+            },
+        }
+
+    def save(self, numbered: bool, best: bool) -> None:
+        """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
+        if not self.env.is_main:
+            return
+        names = ([f"checkpoint_{self.progress.update}.pt"] if numbered else []) + (
+            ["checkpoint_best.pt"] if best else []) + ["checkpoint_last.pt"]
+        first = self.run_dir / names[0]
+        ckpt.atomic_save(self._checkpoint(), first)
+        for name in names[1:]:
+            ckpt.link_or_copy(first, self.run_dir / name)
+        if numbered and self.cfg.train.keep_last:
+            ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
+        log.info("saved %s", ", ".join(names))
+
+    # ---------------------------------------------------------------- one update
+
+    def _epoch_batches(self, epoch: int) -> list[list[Any]]:
+        t = self.cfg.train
+        batches = datamod.make_batches(
+            self.train_data.src_sizes, self.train_data.tgt_sizes, t.max_tokens,
+            seed=t.seed, epoch=epoch, shuffle=True, max_positions=self.cfg.model.max_positions,
+        )
+        if batches.excluded and self.env.is_main:
+            log.warning("epoch %d: %d pairs longer than model.max_positions - 1 left out", epoch, batches.excluded)
+        self.dummy_ids = batches[0] if len(batches) else None
+        local = datamod.shard_batches(batches, self.env.rank, self.env.world_size)
+        return [local[i : i + t.update_freq] for i in range(0, len(local), t.update_freq)]
+
+    def train_update(self, group: list[Any]) -> dict[str, float] | None:
+        """Forward/backward over `group` (update_freq batches), then one optimizer step.
+
+        Returns the update's statistics, or None when an fp16 overflow skipped it.
+        Gradients are sums over target tokens, divided at the end by the total token count
+        over all batches and ranks: accumulation equals one large batch.
+        """
+        env, t = self.env, self.cfg.train
+        self.net.train()
+        scale = self.scaler.scale if self.scaler else 1.0
+        stats = torch.zeros(4, dtype=torch.float64)  # loss, nll, target tokens, sentences
+        for j, ids in enumerate(group):
+            # A rank whose shard ran out runs a dummy batch with weight 0, so that every rank
+            # takes part in each gradient all-reduce (DDP would hang otherwise).
+            weight = 1.0 if ids is not None else 0.0
+            if ids is None:
+                ids = self.dummy_ids
+            batch = datamod.collate(self.train_data, ids).to(env.device)
+            sync = j == len(group) - 1 or env.world_size == 1
+            with (nullcontext() if sync else self.net.no_sync()):  # type: ignore[operator]
+                with autocast(env.device, t.precision):
+                    logits = self.net(batch.src, batch.prev_output)  # (B, T, V)
+                loss, nll = label_smoothed_nll_loss(
+                    logits.view(-1, logits.size(-1)), batch.target.view(-1), t.label_smoothing, PAD
+                )
+                (loss * (scale * weight)).backward()
+            stats += torch.tensor([loss.item() * weight, nll.item() * weight,
+                                   batch.tgt_tokens * weight, batch.src.size(0) * weight], dtype=torch.float64)
+        if env.world_size > 1:
+            dist.all_reduce(stats)
+        loss_sum, nll_sum, ntokens, nsent = stats.tolist()
+        next_update = self.progress.update + 1
+        if t.precision != "fp16" and not math.isfinite(loss_sum):
+            raise NmtError(f"non-finite loss at update {next_update}; stopped without saving "
+                           f"(checkpoints in {self.run_dir} are intact). Try a lower train.lr or train.clip_norm")
+        # DDP averaged the gradients over ranks; make them a mean over all target tokens.
+        factor = env.world_size / (max(ntokens, 1.0) * scale)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm if t.clip_norm > 0 else float("inf"))
+        gnorm_f = float(gnorm)
+        if self.scaler is not None:
+            overflow = not math.isfinite(gnorm_f)
+            self.scaler.update(overflow, next_update)
+            if overflow:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.progress.skipped_overflow += 1
+                log.info("fp16 overflow at update %d: skipped, loss scale now %g", next_update, self.scaler.scale)
+                return None
+        elif not math.isfinite(gnorm_f):
+            raise NmtError(f"non-finite gradient norm at update {next_update}; stopped without saving "
+                           f"(checkpoints in {self.run_dir} are intact)")
+        lr = lr_at(next_update - self.progress.schedule_offset, t, self.cfg.model.d_model)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.progress.update = next_update
+        return {"loss": loss_sum / max(ntokens, 1) / math.log(2), "nll": nll_sum / max(ntokens, 1) / math.log(2),
+                "tokens": ntokens, "sentences": nsent, "lr": lr, "gnorm": gnorm_f}
+
+    # ---------------------------------------------------------------- validation
+
+    def validate(self) -> dict[str, float]:
+        """Valid loss/perplexity and (if train.valid_bleu) detokenized sacreBLEU of the search."""
+        from nmt.evaluate import corpus_bleu
+        from nmt.translate import translate_token_lists
+
+        assert self.valid_data is not None
+        env, t = self.env, self.cfg.train
+        self.model.eval()
+        loss_sum = nll_sum = ntok = 0.0
+        batches = datamod.make_batches(self.valid_data.src_sizes, self.valid_data.tgt_sizes, t.max_tokens,
+                                       seed=0, epoch=1, shuffle=False, max_positions=self.cfg.model.max_positions)
+        with torch.no_grad():
+            for ids in batches:
+                batch = datamod.collate(self.valid_data, ids).to(env.device)
+                with autocast(env.device, t.precision):
+                    logits = self.model(batch.src, batch.prev_output)
+                loss, nll = label_smoothed_nll_loss(logits.view(-1, logits.size(-1)), batch.target.view(-1),
+                                                    t.label_smoothing, PAD)
+                loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.tgt_tokens
+        nll_bits = nll_sum / max(ntok, 1) / math.log(2)
+        result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits,
+                  "valid_ppl": 2**nll_bits}
+        if t.valid_bleu:
+            from dataclasses import replace as dc_replace
+
+            decode_cfg = dc_replace(self.cfg.decode, beam=t.valid_beam)
+            sources = [self.valid_data.src(i).tolist() for i in range(len(self.valid_data))]
+            hyps = translate_token_lists(self.model, sources, decode_cfg, device=env.device, precision=t.precision)
+            text = [self.tokenizer.decode(h[0].tokens) for h in hyps]
+            refs = datamod.read_raw(self.cfg.data.dir, self.cfg.data.valid_split, self.tgt_lang)
+            result["valid_bleu"] = corpus_bleu(text, [refs])
+        return result
+
+    # ---------------------------------------------------------------- the loop
+
+    def _handle_signal(self, signum: int, frame: Any) -> None:
+        if self.stop_signal is not None:  # a second Ctrl-C: stop now, the last checkpoint stands
+            raise KeyboardInterrupt
+        self.stop_signal = signum
+        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
+                    signal.Signals(signum).name)
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.metrics_file is not None:
+            self.metrics_file.write(json.dumps(record) + "\n")
+            self.metrics_file.flush()
+
+    def _after_validation(self, result: dict[str, float]) -> bool:
+        """Track the best checkpoint and patience; returns whether this one is the best so far."""
+        p, metric = self.progress, self.cfg.train.best_metric
+        value = result["valid_bleu"] if metric == "bleu" and "valid_bleu" in result else result["valid_loss"]
+        higher = metric == "bleu" and "valid_bleu" in result
+        improved = p.best is None or (value > p.best if higher else value < p.best)
+        if improved:
+            p.best, p.bad_validations = value, 0
+        else:
+            p.bad_validations += 1
+        return improved
+
+    def _validate_and_save(self, numbered: bool) -> None:
+        best = False
+        if self.valid_data is not None and self.env.is_main:
+            result = self.validate()
+            best = self._after_validation(result)
+            self._emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
+                        "best": self.progress.best})
+            log.info("valid | update %d | %s | best %s", self.progress.update,
+                     " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
+        if self.env.world_size > 1:  # everyone follows rank 0's early-stopping bookkeeping
+            flag = torch.tensor([self.progress.bad_validations], dtype=torch.float64)
+            dist.broadcast(flag, 0)
+            self.progress.bad_validations = int(flag.item())
+        self.save(numbered=numbered, best=best)
+
+    def run(self) -> str:
+        cfg, t, p = self.cfg, self.cfg.train, self.progress
+        reason = stop_reason(cfg, p)
+        if reason:
+            log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir, p.update, reason)
+            return reason
+        old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._loop()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            if self.metrics_file is not None:
+                self.metrics_file.close()
+
+    def _loop(self) -> str:
+        cfg, t, p, env = self.cfg, self.cfg.train, self.progress, self.env
+        start, elapsed0 = time.monotonic(), p.elapsed
+        window = {"tokens": 0.0, "time": time.monotonic(), "updates": 0}
+        bar = _progress_bar(env, p.update, t.max_updates)
+        reason: str | None = None
+        while reason is None:
+            groups = self._epoch_batches(p.epoch)
+            if not groups:
+                raise NmtError(f"{self.cfg.data.dir}: the {self.cfg.data.train_split} split has no usable pairs")
+            for group in groups[p.updates_in_epoch :]:
+                stats = self.train_update(group)
+                p.updates_in_epoch += 1
+                p.elapsed = elapsed0 + time.monotonic() - start
+                if stats is None:
+                    continue
+                window["tokens"] += stats["tokens"]
+                window["updates"] += 1
+                self._log_train(stats, window, bar)
+                signal_flag = self._signal_agreed()
+                reason = stop_reason(cfg, p)
+                at_valid = t.validate_interval_updates and p.update % t.validate_interval_updates == 0
+                at_save = t.save_interval_updates and p.update % t.save_interval_updates == 0
+                if at_valid or (reason is not None and not signal_flag):  # the final update validates too
+                    self._validate_and_save(numbered=True)
+                    reason = reason or stop_reason(cfg, p)
+                elif at_save or signal_flag:
+                    self.save(numbered=True, best=False)
+                if at_valid or at_save:  # keep validation and saving out of the throughput figures
+                    window.update(tokens=0.0, time=time.monotonic(), updates=0)
+                if signal_flag:
+                    self.interrupted_by = self.stop_signal or signal.SIGTERM
+                    reason = (f"stopped by {signal.Signals(self.interrupted_by).name} at update {p.update}; "
+                              "checkpoint written, run the same command to resume")
+                if reason is not None:
+                    break
+            else:  # the epoch ran to its end
+                p.epoch += 1
+                p.updates_in_epoch = 0
+                reason = stop_reason(cfg, p)
+                self._validate_and_save(numbered=True)
+                reason = reason or stop_reason(cfg, p)
+        if bar:
+            bar.close()
+        log.info("done: %s at update %d, epoch %d, %.0f s of training", reason, p.update, p.epoch, p.elapsed)
+        return reason
+
+    def _signal_agreed(self) -> bool:
+        flag = self.stop_signal is not None
+        if self.env.world_size > 1:
+            t = torch.tensor([1.0 if flag else 0.0])
+            dist.all_reduce(t)
+            flag = t.item() > 0
+        return flag
+
+    def _log_train(self, stats: dict[str, float], window: dict[str, float], bar: Any) -> None:
+        p, t = self.progress, self.cfg.train
+        if bar is not None:
+            bar.update(1)
+        if p.update % t.log_interval and not (bar is not None and p.update % 10 == 0):
+            return
+        now = time.monotonic()
+        dt = max(now - window["time"], 1e-9)
+        record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": stats["loss"],
+                  "nll": stats["nll"], "ppl": 2 ** stats["nll"], "lr": stats["lr"], "gnorm": stats["gnorm"],
+                  "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
+                  "elapsed": p.elapsed}
+        if self.scaler is not None:
+            record["loss_scale"] = self.scaler.scale
+        if bar is not None:
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}",
+                            tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)
+        if p.update % t.log_interval == 0:
+            self._emit(record)
+            log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm %.3f | "
+                     "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
+                     record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
+            window.update(tokens=0.0, time=now, updates=0)
+
+
+def _progress_bar(env: Env, initial: int, total: int) -> Any:
+    if not (env.is_main and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total or None, initial=initial, unit="upd", dynamic_ncols=True, leave=False)
+
+
+@dataclass
+class TrainResult:
+    reason: str
+    update: int
+    interrupted_by: int | None = None  # the signal that stopped it, if any
+
+
+def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = False) -> TrainResult:
+    """Train (or resume) the run in cfg.train.run_dir; returns why and where it stopped."""
+    env = setup_env(cfg)
+    try:
+        trainer = Trainer(cfg, env, reset_optimizer, reset_data)
+        log.info("device %s, world size %d, parameters %d", env.device, env.world_size,
+                 num_parameters(trainer.model))
+        reason = trainer.run()
+        return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
+    finally:
+        if env.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()

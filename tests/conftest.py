@@ -1,0 +1,97 @@
+"""Shared fixtures: a small raw en-de corpus and the dataset prepare-bpe makes of it.
+
+The corpus is the first few hundred lines of Multi30k, found at `../shared/data/multi30k`
+next to the repository (the NMT_MULTI30K environment variable overrides). Where the data
+is absent, a synthetic bilingual corpus with the same layout stands in, so no test is
+skipped for want of data.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import pytest
+
+from nmt.data import write_parallel
+from nmt.prepare import PrepareOptions, prepare_bpe
+from nmt.textio import read_lines
+
+MULTI30K = Path(
+    os.environ.get("NMT_MULTI30K") or Path(__file__).resolve().parents[2] / "shared/data/multi30k"
+)
+SPLIT_LINES = {"train": 300, "val": 60, "test": 40}  # test <- Multi30k's test_2016_flickr
+TEST_VOCAB = 500  # enough for 256 byte pieces + the characters + some merges
+
+
+@dataclass(frozen=True)
+class RawCorpus:
+    dir: Path
+    origin: str  # "multi30k" or "synthetic"
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+
+    def prefix(self, split: str) -> str:
+        return str(self.dir / split)
+
+    def lines(self, split: str, lang: str) -> list[str]:
+        return list(read_lines(f"{self.prefix(split)}.{lang}"))
+
+
+def _multi30k(split: str, lang: str, n: int) -> list[str] | None:
+    name = "test_2016_flickr" if split == "test" else split
+    path = MULTI30K / f"{name}.{lang}.gz"
+    return list(islice(read_lines(path), n)) if path.is_file() else None
+
+
+def _synthetic_corpus(n: int, seed: int) -> list[tuple[str, str]]:
+    """Sentences of made-up words with a made-up word-by-word 'translation'."""
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "te", "su", "ra", "ne", "po", "di", "ga", "bu", "fe"]
+    umlauted = ["ä", "ö", "ü", "ß", "ei", "ch", "sch"]
+
+    def word(parts: list[str]) -> str:
+        return "".join(rng.choice(parts) for _ in range(rng.randint(1, 3)))
+
+    lexicon = [(word(syllables), word(syllables + umlauted)) for _ in range(300)]
+    pairs = []
+    for _ in range(n):
+        words = [rng.choice(lexicon) for _ in range(rng.randint(4, 14))]
+        src = " ".join(w[0] for w in words).capitalize() + "."
+        tgt = " ".join(w[1] for w in words).capitalize() + "."
+        pairs.append((src, tgt))
+    return pairs
+
+
+@pytest.fixture(scope="session")
+def raw_corpus(tmp_path_factory: pytest.TempPathFactory) -> RawCorpus:
+    """train / val / test prefixes (300 / 60 / 40 pairs) of en-de text under one directory."""
+    root = tmp_path_factory.mktemp("raw")
+    origin = "multi30k"
+    for i, (split, n) in enumerate(SPLIT_LINES.items()):
+        src, tgt = _multi30k(split, "en", n), _multi30k(split, "de", n)
+        pairs = list(zip(src, tgt, strict=True)) if src and tgt else None
+        if pairs is None:
+            origin, pairs = "synthetic", _synthetic_corpus(n, seed=i)
+        write_parallel(pairs, root / split, "en", "de")
+    return RawCorpus(root, origin)
+
+
+@pytest.fixture(scope="session")
+def prepared(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """(destdir, report) of prepare-bpe on `raw_corpus`: splits train, valid, test; vocab 500."""
+    dest = tmp_path_factory.mktemp("prepared") / "data-bin"
+    opts = PrepareOptions(
+        source_lang="en",
+        target_lang="de",
+        trainpref=raw_corpus.prefix("train"),
+        validpref=raw_corpus.prefix("val"),
+        testpref=raw_corpus.prefix("test"),
+        destdir=str(dest),
+        vocab_size=TEST_VOCAB,
+        workers=1,
+    )
+    return dest, prepare_bpe(opts, progress=False)

@@ -1,0 +1,109 @@
+"""The command line: help, version, one-line errors with non-zero exits, no tracebacks."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ["prepare-bpe", "train", "average-checkpoints", "translate", "score"]
+
+
+def nmt(*args: str, cwd: Path = ROOT, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nmt", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:
+    assert r.returncode == code, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_help_lists_every_command():
+    r = nmt("--help")
+    assert r.returncode == 0
+    for c in COMMANDS:
+        assert c in r.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    r = nmt(command, "--help")
+    assert r.returncode == 0 and "Usage:" in r.stdout and len(r.stdout.splitlines()) > 5
+
+
+def test_version():
+    from nmt import __version__
+
+    r = nmt("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"nmt {__version__}"
+
+
+def test_unknown_option_is_one_line():
+    assert_one_line_error(nmt("translate", "--beem", "4"), "--beem", code=2)
+
+
+def test_bad_option_value_is_one_line():
+    assert_one_line_error(nmt("translate", "--beam", "many"), "--beam", code=2)
+
+
+def test_missing_config_is_one_line():
+    assert_one_line_error(nmt("train", "no/such.yaml"), "no/such.yaml")
+
+
+def test_bad_config_key_is_one_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  d_modle: 3\n")
+    assert_one_line_error(
+        nmt("train", str(p)), str(p), "model.d_modle", "did you mean model.d_model?"
+    )
+
+
+def test_bad_override_is_one_line():
+    assert_one_line_error(nmt("train", "configs/tiny.yaml", "--set", "train.lr=fast"), "train.lr")
+
+
+def test_debug_shows_the_traceback():
+    r = nmt("--debug", "train", "no/such.yaml")
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_dump_config_prints_resolved_yaml():
+    r = nmt("train", "configs/tiny.yaml", "--set", "train.lr=0.5", "--dump-config")
+    assert r.returncode == 0 and "lr: 0.5" in r.stdout and "d_model: 32" in r.stdout
+
+
+def test_dry_run_prints_parameters():
+    r = nmt("train", "configs/tiny.yaml", "--dry-run", "--vocab-size", "100")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("parameters: ")
+
+
+def test_missing_prepare_input_is_one_line(tmp_path):
+    r = nmt(
+        "prepare-bpe",
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        str(tmp_path / "nope"),
+        "--destdir",
+        str(tmp_path / "out"),
+    )
+    assert_one_line_error(r, "nope")
+
+
+def test_missing_checkpoint_is_one_line(tmp_path):
+    assert_one_line_error(nmt("translate", "-c", str(tmp_path / "x.pt"), stdin="hi\n"), "x.pt")

@@ -1,0 +1,209 @@
+"""Memory-mapped splits, token-based batching, sharding, collation, synthetic tasks."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.data import (
+    Batches,
+    ParallelData,
+    collate,
+    make_batches,
+    read_meta,
+    read_raw,
+    shard_batches,
+    synthetic_pairs,
+    write_parallel,
+)
+from nmt.errors import NmtError
+from nmt.prepare import PrepareOptions, prepare_bpe
+from nmt.tokenizer import BOS, EOS, PAD, Tokenizer
+
+
+def padded_cost(batch, src, tgt) -> int:
+    return len(batch) * (int(src[batch].max()) + 1 + int(tgt[batch].max()) + 1)
+
+
+@pytest.fixture(scope="module")
+def sizes():
+    """Skewed lengths like real data, with a few very long pairs."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(1, 60, size=3000)
+    tgt = np.maximum(1, src + rng.integers(-5, 6, size=3000))
+    src[[7, 70, 700]], tgt[[7, 70, 700]] = [300, 500, 40], [310, 30, 900]
+    return src, tgt
+
+
+# ---------------------------------------------------------------- loading
+
+
+def test_read_meta_and_load_errors_name_the_file(tmp_path, prepared):
+    with pytest.raises(NmtError, match=r"nowhere: data directory not found \(data.dir"):
+        read_meta(tmp_path / "nowhere")
+    with pytest.raises(NmtError, match=r"prepare\.json not found"):
+        read_meta(tmp_path)
+    dest, _ = prepared
+    with pytest.raises(NmtError, match=r"no split 'valid2' \(has train, valid, test\)"):
+        ParallelData.load(dest, "valid2")
+    with pytest.raises(NmtError, match=r"no language 'fr'"):
+        ParallelData.load(dest, "train", "fr", "de")
+    broken = tmp_path / "broken"
+    shutil.copytree(dest, broken)
+    data = (broken / "valid.de.idx").read_bytes()
+    (broken / "valid.de.idx").write_bytes(data[:-8])
+    with pytest.raises(NmtError, match=r"valid\.de\.idx does not match valid\.de\.bin"):
+        ParallelData.load(broken, "valid")
+    (broken / "valid.de.bin").unlink()
+    with pytest.raises(NmtError, match=r"valid\.de\.bin not found"):
+        ParallelData.load(broken, "valid")
+    with pytest.raises(NmtError, match=r"test\.raw\.fr: cannot read"):
+        read_raw(broken, "test", "fr")
+
+
+def test_parallel_data_matches_report_and_both_directions(prepared):
+    dest, report = prepared
+    tok = Tokenizer.from_file(dest / "spm.model")
+    train = ParallelData.load(dest, "train")
+    info = report["splits"]["train"]
+    assert len(train) == info["kept"]
+    assert int(train.src_sizes.sum()) == info["tokens"]["en"]
+    assert int(train.tgt_sizes.sum()) == info["tokens"]["de"]
+    assert isinstance(train.src_data.tokens, np.memmap)
+    backwards = ParallelData.load(dest, "train", "de", "en")
+    assert np.array_equal(backwards.src_sizes, train.tgt_sizes)
+    assert np.array_equal(backwards.tgt(5), train.src(5))
+    valid = ParallelData.load(dest, "valid")
+    for i, line in enumerate(read_raw(dest, "valid", "de")):
+        assert valid.tgt(i).tolist() == tok.encode(line)
+
+
+# ---------------------------------------------------------------- batches
+
+
+def test_batches_respect_max_tokens_and_cover_each_pair_once(sizes):
+    src, tgt = sizes
+    for shuffle in (True, False):
+        batches = make_batches(src, tgt, 500, seed=3, epoch=1, shuffle=shuffle, max_positions=512)
+        assert isinstance(batches, Batches) and batches.excluded == 1  # index 700: 900 > 511
+        assert batches.oversized == 2  # 7 and 70 fit max_positions but not 500 tokens
+        ids = np.concatenate(batches)
+        assert sorted(ids.tolist()) == [i for i in range(len(src)) if i != 700]
+        for b in batches:
+            assert padded_cost(b, src, tgt) <= 500 or (len(b) == 1 and b[0] in (7, 70))
+    no_limit = make_batches(src, tgt, 500, seed=3, epoch=1)
+    assert no_limit.excluded == 0 and no_limit.oversized == 3
+
+
+def test_batches_depend_on_seed_and_epoch_only(sizes):
+    src, tgt = sizes
+
+    def as_lists(batches):
+        return [b.tolist() for b in batches]
+
+    one = as_lists(make_batches(src, tgt, 2000, seed=1, epoch=4))
+    assert one == as_lists(make_batches(src.copy(), tgt.copy(), 2000, seed=1, epoch=4))
+    assert one != as_lists(make_batches(src, tgt, 2000, seed=1, epoch=5))
+    assert one != as_lists(make_batches(src, tgt, 2000, seed=2, epoch=4))
+    ordered = as_lists(make_batches(src, tgt, 2000, seed=1, epoch=4, shuffle=False))
+    assert ordered == as_lists(make_batches(src, tgt, 2000, seed=9, epoch=0, shuffle=False))
+    flat = np.concatenate(ordered)
+    assert np.all(np.diff(src[flat]) >= 0)  # validation order: sorted by source length
+
+
+def test_pooled_sorting_keeps_padding_low(prepared):
+    dest, _ = prepared
+    data = ParallelData.load(dest, "train")
+    src, tgt = data.src_sizes, data.tgt_sizes
+    batches = make_batches(src, tgt, 600, seed=1, epoch=0)
+    real = int((src + tgt + 2).sum())
+    padded = sum(padded_cost(b, src, tgt) for b in batches)
+    assert real / padded > 0.7  # random batches of Multi30k lengths give about 0.6
+
+
+def test_shard_batches_equal_lengths_and_union(sizes):
+    batches = make_batches(*sizes, 1500, seed=1, epoch=0)
+    assert shard_batches(batches, 0, 1) is batches
+    for world in (2, 3, 4, 7):
+        shards = [shard_batches(batches, rank, world) for rank in range(world)]
+        assert len({len(s) for s in shards}) == 1
+        real = [b for s in shards for b in s if b is not None]
+        assert sorted(b.tolist() for b in real) == sorted(b.tolist() for b in batches)
+        for shard in shards:  # padding only at the end
+            n_real = sum(b is not None for b in shard)
+            assert all(b is not None for b in shard[:n_real])
+            assert all(b is None for b in shard[n_real:])
+    with pytest.raises(ValueError):
+        shard_batches(batches, 2, 2)
+
+
+def test_collate_layout(prepared):
+    dest, _ = prepared
+    data = ParallelData.load(dest, "valid")
+    ids = [5, 0, 17, 3]
+    batch = collate(data, ids)
+    src_len, tgt_len = data.src_sizes[ids], data.tgt_sizes[ids]
+    assert batch.src.shape == (4, src_len.max() + 1) and batch.src.dtype == torch.long
+    assert batch.prev_output.shape == batch.target.shape == (4, tgt_len.max() + 1)
+    assert batch.ids.tolist() == ids and len(batch) == 4
+    assert batch.src_tokens == int((batch.src != PAD).sum()) == int(src_len.sum()) + 4
+    assert batch.tgt_tokens == int((batch.target != PAD).sum()) == int(tgt_len.sum()) + 4
+    for row, i in enumerate(ids):
+        n, m = src_len[row], tgt_len[row]
+        assert batch.src[row, :n].tolist() == data.src(i).tolist() and batch.src[row, n] == EOS
+        assert (batch.src[row, n + 1 :] == PAD).all()
+        assert batch.prev_output[row, 0] == BOS
+        assert batch.prev_output[row, 1 : m + 1].tolist() == data.tgt(i).tolist()
+        assert (
+            batch.target[row, :m].tolist() == data.tgt(i).tolist() and batch.target[row, m] == EOS
+        )
+        assert (batch.prev_output[row, m + 1 :] == PAD).all() and (
+            batch.target[row, m + 1 :] == PAD
+        ).all()
+    moved = batch.to("cpu")
+    assert torch.equal(moved.target, batch.target) and moved.tgt_tokens == batch.tgt_tokens
+
+
+# ---------------------------------------------------------------- synthetic tasks
+
+
+def test_synthetic_tasks():
+    alphabet = "0123456789"
+    for task, expect in (
+        ("copy", lambda xs: xs),
+        ("reverse", lambda xs: xs[::-1]),
+        ("sort", sorted),
+    ):
+        pairs = synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
+        assert pairs == synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
+        for src, tgt in pairs:
+            symbols = src.split()
+            assert 2 <= len(symbols) <= 6 and set(symbols) <= set(alphabet)
+            assert tgt.split() == expect(symbols)
+    assert synthetic_pairs("copy", 20, seed=1) != synthetic_pairs("copy", 20, seed=2)
+    with pytest.raises(NmtError, match="unknown synthetic task"):
+        synthetic_pairs("shuffle", 1, seed=0)
+
+
+def test_synthetic_task_through_prepare(tmp_path):
+    pairs = synthetic_pairs("reverse", 200, seed=0)
+    write_parallel(pairs, tmp_path / "raw" / "train", "src", "tgt")
+    write_parallel(pairs[:20], tmp_path / "raw" / "valid", "src", "tgt")
+    opts = PrepareOptions(
+        source_lang="src",
+        target_lang="tgt",
+        trainpref=str(tmp_path / "raw/train"),
+        validpref=str(tmp_path / "raw/valid"),
+        destdir=str(tmp_path / "bin"),
+        vocab_size=20,
+        byte_fallback=False,
+        workers=1,
+    )
+    report = prepare_bpe(opts, progress=False)
+    assert report["splits"]["train"]["kept"] == 200 and report["vocab_size"] == 20
+    tok = Tokenizer.from_file(tmp_path / "bin" / "spm.model")
+    data = ParallelData.load(tmp_path / "bin", "valid")
+    assert [(tok.decode(data.src(i)), tok.decode(data.tgt(i))) for i in range(20)] == pairs[:20]

@@ -1,0 +1,178 @@
+"""Properties of nmt.model.Transformer: causality, padding invariance, cached == full decoding,
+parameter counts against the closed form, weight tying, dropout, bf16 autocast."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig, load_config
+from nmt.model import Transformer, num_parameters, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+V = 41  # tiny vocabulary; ids 0..3 are pad, unk, bos, eos
+PAD, BOS = 0, 2
+
+VARIANTS = {
+    "post-norm": {},
+    "pre-norm": {"norm_first": True},
+    "learned-positions": {"learned_positions": True},
+    "separate-embeddings": {"share_embeddings": False, "norm_first": True},
+}
+
+
+def make(seed: int = 0, **overrides) -> Transformer:
+    cfg = dict(encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4,
+               max_positions=64, dropout=0.1)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(**cfg), V).eval()
+
+
+def tokens(*lengths: int, width: int | None = None, bos: bool = False, seed: int = 1):
+    """(len(lengths), width) random real tokens, right-padded with PAD; BOS first if `bos`."""
+    g = torch.Generator().manual_seed(seed)
+    width = width or max(lengths)
+    out = torch.full((len(lengths), width), PAD)
+    for i, n in enumerate(lengths):
+        out[i, :n] = torch.randint(4, V, (n,), generator=g)
+        if bos:
+            out[i, 0] = BOS
+    return out
+
+
+@pytest.mark.parametrize("variant", ["post-norm", "pre-norm"])
+def test_future_target_tokens_do_not_change_earlier_logits(variant):
+    model = make(**VARIANTS[variant])
+    src, prev = tokens(6, 4), tokens(7, 7, bos=True)
+    changed = prev.clone()
+    changed[:, 4:] = tokens(3, 3, seed=2)
+    a, b = model(src, prev), model(src, changed)
+    torch.testing.assert_close(a[:, :4], b[:, :4], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("variant", ["post-norm", "pre-norm"])
+def test_padding_does_not_change_logits(variant):
+    model = make(**VARIANTS[variant])
+    src, prev = tokens(5, 9, seed=3), tokens(4, 8, bos=True, seed=4)  # row 0 padded on both sides
+    batched = model(src, prev)
+    alone = model(src[:1, :5], prev[:1, :4])
+    torch.testing.assert_close(batched[:1, :4], alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_cached_decoding_equals_full_forward_through_reorders(variant):
+    model = make(**VARIANTS[variant])
+    src = tokens(6, 3, 8, seed=5)  # padded source rows
+    prev = tokens(7, 7, 7, bos=True, seed=6)
+    full = torch.log_softmax(model(src, prev).float(), dim=-1)  # (3, 7, V)
+
+    # reorders applied before steps 0..6, each with the group size it must leave:
+    # expand to beams (grouped), swap beams within sentences (grouped), prune sentence 1
+    # (grouped, fewer sources) then swap again, permute + duplicate rows across sentences
+    # (one source per row)
+    rows = torch.arange(3)  # the sentence each decoder row belongs to
+    plan = {
+        0: [(torch.arange(3).repeat_interleave(2), 2)],
+        2: [(torch.tensor([1, 0, 3, 2, 4, 5]), 2)],
+        3: [(torch.tensor([0, 1, 4, 5]), 2), (torch.tensor([1, 0, 2, 3]), 2)],
+        5: [(torch.tensor([3, 0, 0, 2, 1]), 1)],
+    }
+    with torch.inference_mode():
+        state = model.encode(src)
+        for t in range(prev.size(1)):
+            for index, group in plan.get(t, []):
+                state = model.reorder(state, index)
+                rows = rows[index]
+                assert state.group == group
+            log_probs, state = model.decode_step(prev[rows, t], state)
+            assert log_probs.dtype == torch.float32 and log_probs.shape == (len(rows), V)
+            torch.testing.assert_close(log_probs, full[rows, t], rtol=0, atol=1e-5)
+    assert state.step == prev.size(1)
+
+
+def closed_form(cfg: ModelConfig, vocab: int) -> int:
+    """Parameters of the tied-embedding Transformer from its dimensions."""
+    D, F = cfg.d_model, cfg.ffn_dim
+    attention = 4 * (D * D + D)  # q, k, v, out projections with biases
+    ffn = D * F + F + F * D + D
+    encoder_layer = attention + ffn + 2 * 2 * D  # two LayerNorms
+    decoder_layer = 2 * attention + ffn + 3 * 2 * D
+    final_norms = 2 * 2 * D if cfg.norm_first else 0
+    embeddings = vocab * D * (1 if cfg.share_embeddings else 2)
+    return (embeddings + cfg.encoder_layers * encoder_layer + cfg.decoder_layers * decoder_layer
+            + final_norms)
+
+
+@pytest.mark.parametrize("name, low, high", [("base", 60e6, 66e6), ("big", 205e6, 215e6)])
+def test_parameter_count_matches_paper(name, low, high):
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml").model
+    with torch.device("meta"):  # shapes only: no memory, no init time
+        model = Transformer(cfg, 37000)
+    n = num_parameters(model)
+    assert n == closed_form(cfg, 37000)
+    assert low <= n <= high  # Vaswani et al. 2017, Table 3: 65M (base), 213M (big)
+
+
+def test_share_embeddings_ties_one_matrix():
+    shared = make(share_embeddings=True)
+    assert shared.src_embed.tokens.weight is shared.tgt_embed.tokens.weight
+    assert num_parameters(shared) == closed_form(shared.cfg, V)
+    separate = make(share_embeddings=False)
+    assert separate.src_embed.tokens.weight is not separate.tgt_embed.tokens.weight
+    assert num_parameters(separate) == closed_form(separate.cfg, V)
+    # the output projection is the decoder input embedding in both cases
+    for model in (shared, separate):
+        x = torch.randn(2, 32)
+        torch.testing.assert_close(model.output(x), x @ model.tgt_embed.tokens.weight.T)
+
+
+def test_initialisation():
+    model = make()
+    assert model.tgt_embed.tokens.weight[PAD].abs().sum() == 0
+    assert all(m.bias.abs().sum() == 0 for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_dropout_only_in_training():
+    model = make(dropout=0.3, attention_dropout=0.2, activation_dropout=0.2)
+    src, prev = tokens(5, 4), tokens(5, 3, bos=True)
+    torch.testing.assert_close(model(src, prev), model(src, prev), rtol=0, atol=0)
+    model.train()
+    assert not torch.allclose(model(src, prev), model(src, prev))
+
+
+def test_bf16_autocast_is_close_to_fp32():
+    model = make(norm_first=True)
+    src, prev = tokens(6, 4), tokens(5, 3, bos=True)
+    fp32 = model(src, prev)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        bf16 = model(src, prev)
+        state = model.encode(src)
+        log_probs, state = model.decode_step(prev[:, 0], model.reorder(state, torch.tensor([1, 0])))
+    assert bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(bf16.float(), fp32, rtol=0.05, atol=0.1)
+    assert log_probs.dtype == torch.float32
+    expected = torch.log_softmax(fp32[[1, 0], 0], -1)
+    torch.testing.assert_close(log_probs, expected, rtol=0.05, atol=0.1)
+    model.train()
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        loss = model(src, prev).float().logsumexp(-1).mean()
+    loss.backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+
+
+def test_longer_than_max_positions_is_a_clear_error():
+    model = make(max_positions=8)
+    with pytest.raises(ValueError, match="max_positions=8"):
+        model(tokens(9), tokens(3, bos=True))
+    state = model.encode(tokens(8))
+    for _ in range(8):
+        _, state = model.decode_step(torch.tensor([BOS]), state)
+    with pytest.raises(ValueError, match="max_positions"):
+        model.decode_step(torch.tensor([BOS]), state)
+
+
+def test_summary_ends_with_parameter_count():
+    model = make()
+    assert summary(model).splitlines()[-1] == f"parameters: {num_parameters(model)}"
