@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -68,9 +68,9 @@ def prepare_bpe_cmd(
     target_lang: Annotated[str, typer.Option("--target-lang", "-t", help="Target language suffix, e.g. de.")],
     trainpref: Annotated[str, typer.Option(help="Train prefix: PREFIX.LANG or PREFIX.LANG.gz.")],
     destdir: Annotated[Path, typer.Option(help="Output directory for the binarized dataset.")],
-    validpref: Annotated[Optional[str], typer.Option(help="Validation prefix (split 'valid').")] = None,
+    validpref: Annotated[str | None, typer.Option(help="Validation prefix (split 'valid').")] = None,
     testpref: Annotated[
-        Optional[str], typer.Option(help="Comma-separated test prefixes (splits test, test1, ...).")
+        str | None, typer.Option(help="Comma-separated test prefixes (splits test, test1, ...).")
     ] = None,
     vocab_size: Annotated[int, typer.Option(help="Joint sentencepiece vocabulary size.")] = 8000,
     model_type: Annotated[str, typer.Option(help="Sentencepiece model type: bpe or unigram.")] = "bpe",
@@ -82,7 +82,7 @@ def prepare_bpe_cmd(
         int, typer.Option(help="Sentences sampled to learn BPE (bounds memory/time on big corpora).")
     ] = 2_000_000,
     spm_model: Annotated[
-        Optional[Path], typer.Option(help="Reuse this sentencepiece model instead of learning one.")
+        Path | None, typer.Option(help="Reuse this sentencepiece model instead of learning one.")
     ] = None,
     max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (tokens).")] = 250,
     min_len: Annotated[int, typer.Option(help="Drop training pairs with a side shorter than this (tokens).")] = 1,
@@ -126,7 +126,7 @@ def prepare_bpe_cmd(
 # ------------------------------------------------------------------ train
 
 SetOption = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--set", help="Override a config key, e.g. --set train.lr=7e-4 (repeatable)."),
 ]
 
@@ -135,14 +135,14 @@ SetOption = Annotated[
 def train_cmd(
     config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/base.yaml.")],
     set_: SetOption = None,
-    run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (overrides train.run_dir).")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda or cuda:N (overrides train.device).")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory (overrides train.run_dir).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (overrides train.device).")] = None,
     dump_config: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
     dry_run: Annotated[
         bool, typer.Option(help="Build the model without data, print its summary and parameter count.")
     ] = False,
     vocab_size: Annotated[
-        Optional[int], typer.Option(help="Vocabulary size for --dry-run (default: from data.dir).")
+        int | None, typer.Option(help="Vocabulary size for --dry-run (default: from data.dir).")
     ] = None,
     reset_optimizer: Annotated[
         bool, typer.Option(help="On resume: keep the weights, start a fresh optimizer and schedule.")
@@ -187,7 +187,7 @@ def average_cmd(
     inputs: Annotated[list[Path], typer.Argument(help="A run directory (with --last) or checkpoint files.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the average.")],
     last: Annotated[
-        Optional[int], typer.Option(help="Average the N latest checkpoint_<update>.pt of RUN_DIR.")
+        int | None, typer.Option(help="Average the N latest checkpoint_<update>.pt of RUN_DIR.")
     ] = None,
 ) -> None:
     """Average model weights of several checkpoints (fp32 accumulation, original dtypes).
@@ -219,26 +219,26 @@ def average_cmd(
 @app.command("translate")
 def translate_cmd(
     checkpoint: Annotated[
-        Optional[list[Path]],
+        list[Path] | None,
         typer.Option("--checkpoint", "-c", help="Checkpoint(s); several decode as an ensemble."),
     ] = None,
-    input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Input file (default stdin).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default stdout).")] = None,
-    beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file (default stdin).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file (default stdout).")] = None,
+    beam: Annotated[int | None, typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
     lenpen: Annotated[
-        Optional[float],
+        float | None,
         typer.Option(help="Length penalty alpha. gnmt: score = logP / ((5+|Y|)/6)^alpha; "
                      "length: score = logP / |Y|^alpha; none: score = logP. |Y| counts EOS."),
     ] = None,
-    lenpen_style: Annotated[Optional[str], typer.Option(help="gnmt, length or none.")] = None,
-    max_len_a: Annotated[Optional[float], typer.Option(help="Max output length = a * src_len + b.")] = None,
-    max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
-    min_len: Annotated[Optional[int], typer.Option(help="Block EOS before this many tokens.")] = None,
-    no_repeat_ngram_size: Annotated[Optional[int], typer.Option(help="Forbid repeated n-grams.")] = None,
+    lenpen_style: Annotated[str | None, typer.Option(help="gnmt, length or none.")] = None,
+    max_len_a: Annotated[float | None, typer.Option(help="Max output length = a * src_len + b.")] = None,
+    max_len_b: Annotated[int | None, typer.Option(help="See --max-len-a.")] = None,
+    min_len: Annotated[int | None, typer.Option(help="Block EOS before this many tokens.")] = None,
+    no_repeat_ngram_size: Annotated[int | None, typer.Option(help="Forbid repeated n-grams.")] = None,
     nbest: Annotated[int, typer.Option(help="Hypotheses per input line (tab-separated with --scores).")] = 1,
     scores: Annotated[bool, typer.Option(help="Prefix each output with its score and a tab.")] = False,
-    batch_size: Annotated[Optional[int], typer.Option(help="Sentences per batch.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Source tokens per batch (instead of --batch-size).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sentences per batch.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Source tokens per batch (instead of --batch-size).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     precision: Annotated[str, typer.Option(help="fp32, bf16 or fp16 (fp16 on CUDA only).")] = "fp32",
     threads: Annotated[int, typer.Option(help="CPU threads; 0 = torch default.")] = 0,
@@ -278,15 +278,15 @@ def translate_cmd(
 @app.command("score")
 def score_cmd(
     ref: Annotated[
-        Optional[list[Path]], typer.Option("--ref", "-r", help="Reference file(s); repeat for several.")
+        list[Path] | None, typer.Option("--ref", "-r", help="Reference file(s); repeat for several.")
     ] = None,
-    hyp: Annotated[Optional[Path], typer.Option(help="Hypotheses (default stdin).")] = None,
+    hyp: Annotated[Path | None, typer.Option(help="Hypotheses (default stdin).")] = None,
     test_set: Annotated[
-        Optional[str], typer.Option(help="A sacreBLEU test set instead of --ref, e.g. wmt14.")
+        str | None, typer.Option(help="A sacreBLEU test set instead of --ref, e.g. wmt14.")
     ] = None,
-    langpair: Annotated[Optional[str], typer.Option(help="Language pair for --test-set, e.g. en-de.")] = None,
+    langpair: Annotated[str | None, typer.Option(help="Language pair for --test-set, e.g. en-de.")] = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf",
-    tokenize: Annotated[Optional[str], typer.Option(help="sacreBLEU tokenizer (default 13a).")] = None,
+    tokenize: Annotated[str | None, typer.Option(help="sacreBLEU tokenizer (default 13a).")] = None,
     lowercase: Annotated[bool, typer.Option(help="Case-insensitive BLEU.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:

@@ -165,3 +165,7 @@ def test_help_table_lists_every_required_key():
         "decode.max_len_b",
     ]:
         assert f"`{key}`" in table
+
+
+def test_docs_config_reference_is_current():
+    assert help_table() in (ROOT / "docs/config.md").read_text(encoding="utf-8")
