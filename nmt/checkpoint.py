@@ -166,20 +166,33 @@ def load_checkpoint(
 def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
     """The training checkpoint to resume `run_dir` from, or None for a fresh run.
 
-    checkpoint_last.pt; without it (deleted by hand) the newest checkpoint_<update>.pt.
+    checkpoint_last.pt; if it is missing, truncated or corrupt, the newest
+    checkpoint_<update>.pt that loads, with a warning naming each file passed over.
+    Where checkpoints exist but none loads, an NmtError names them.
     """
     run_dir = Path(run_dir)
-    path = run_dir / "checkpoint_last.pt"
-    if not path.is_file():
-        numbered = list_update_checkpoints(run_dir) if run_dir.is_dir() else []
-        if not numbered:
-            return None
-        path = numbered[-1][1]
-        log.warning("%s is missing; resuming from %s", run_dir / "checkpoint_last.pt", path)
-    state = load_checkpoint(path)
-    if "train_state" not in state:
-        raise NmtError(f"{path}: not a training checkpoint (no train_state); cannot resume from it")
-    return state
+    last = run_dir / "checkpoint_last.pt"
+    numbered = [path for _, path in reversed(list_update_checkpoints(run_dir))] if run_dir.is_dir() else []
+    candidates = ([last] if last.is_file() else []) + numbered
+    if not candidates:
+        return None
+    if not last.is_file():
+        log.warning("%s is missing; looking for the newest checkpoint_<update>.pt", last)
+    failures = []
+    for path in candidates:
+        try:
+            state = load_checkpoint(path)
+        except NmtError as e:
+            log.warning("%s; trying an older checkpoint", e)
+            failures.append(path.name)
+            continue
+        if "train_state" not in state:
+            raise NmtError(f"{path}: not a training checkpoint (no train_state); cannot resume from it")
+        if failures:
+            log.warning("resuming from %s (passed over: %s)", path, ", ".join(failures))
+        return state
+    raise NmtError(f"{run_dir}: no checkpoint loads ({', '.join(failures)} are corrupt or truncated); "
+                   "move them away to start afresh")
 
 
 def list_update_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:

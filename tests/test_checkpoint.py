@@ -387,3 +387,21 @@ def test_average_needs_existing_inputs_and_the_same_tokenizer(tmp_path):
 
 def test_format_version_constant_matches_architecture():
     assert checkpoint.FORMAT_VERSION == 1
+
+
+def test_load_latest_falls_back_past_a_corrupt_last_checkpoint(tmp_path, caplog):
+    from nmt.checkpoint import load_latest
+
+    for update in (2, 4):
+        atomic_save({"format_version": 1, "model": {"w": torch.full((2,), float(update))}, "config": {},
+                     "update": update, "train_state": {}}, tmp_path / f"checkpoint_{update}.pt")
+    (tmp_path / "checkpoint_last.pt").write_bytes((tmp_path / "checkpoint_4.pt").read_bytes()[:100])
+    with caplog.at_level("WARNING"):
+        state = load_latest(tmp_path)
+    assert state["update"] == 4
+    assert "checkpoint_last.pt" in caplog.text
+    (tmp_path / "checkpoint_4.pt").write_bytes(b"garbage")
+    assert load_latest(tmp_path)["update"] == 2
+    (tmp_path / "checkpoint_2.pt").write_bytes(b"")
+    with pytest.raises(NmtError, match="no checkpoint loads.*checkpoint_last.pt"):
+        load_latest(tmp_path)
