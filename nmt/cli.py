@@ -328,6 +328,10 @@ def score_cmd(
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, non-zero exits, tracebacks only with --debug."""
     args = sys.argv[1:] if argv is None else argv
+    if "translate" in args:
+        # Idle OpenMP threads spin by default and steal the CPU from the decoding loop's many
+        # small matrix products; this must be set before torch is imported (it is imported lazily).
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="nmt", standalone_mode=False)

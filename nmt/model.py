@@ -306,9 +306,10 @@ class Transformer(nn.Module):
             cache = state.self_kv[i] if state.self_kv else None
             x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows)
             self_kv.append(kv)
-        logits = self.output(x.squeeze(1))  # (N, V)
+        logits = self.output(x.squeeze(1)).float()  # (N, V)
         new = replace(state, self_kv=self_kv, self_kv_rows=None, step=state.step + 1)
-        return torch.log_softmax(logits.float(), dim=-1), new
+        # in place: on CPU a fresh (N, V) tensor costs page faults and a pass over memory
+        return torch.log_softmax(logits, dim=-1, out=logits), new
 
     @torch.no_grad()
     def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:

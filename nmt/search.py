@@ -183,28 +183,29 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     worst = torch.full((bsz,), -math.inf, dtype=torch.float64)  # (Bn,) beam-th finished score
     finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
 
+    # Step 0 runs on one row per sentence (every hypothesis starts as BOS); the first
+    # reorder expands each sentence to `beam` rows. `width` = rows per sentence.
     state = model.encode(src)
-    state = model.reorder(state, torch.arange(bsz, device=device).repeat_interleave(beam))
-    # (Bn, beam) log-probs of the live rows; at step 0 only row 0 is live (the others would
-    # duplicate its candidates)
-    scores = torch.full((bsz, beam), -math.inf, device=device)
-    scores[:, 0] = 0.0
-    tokens = torch.empty(bsz * beam, 0, dtype=torch.long, device=device)  # (Bn*beam, step)
-    pos_scores = torch.empty(bsz * beam, 0, device=device)  # (Bn*beam, step)
-    last = torch.full((bsz * beam,), bos, dtype=torch.long, device=device)
+    width = 1
+    scores = torch.zeros(bsz, 1, device=device)  # (Bn, width) log-probs of the live rows
+    tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (Bn*width, step)
+    pos_scores = torch.empty(bsz, 0, device=device)  # (Bn*width, step)
+    last = torch.full((bsz,), bos, dtype=torch.long, device=device)
     ncand = 2 * beam
     for step in itertools.count():
         n_sent = sent_ids.numel()
         lprobs, state = model.decode_step(last, state)
-        lprobs = lprobs.float()  # (Bn*beam, V)
+        lprobs = lprobs.float()  # (Bn*width, V)
         vocab = lprobs.size(1)
-        cand = scores.view(-1, 1) + lprobs  # (Bn*beam, V) log-prob of each continuation
+        if vocab <= beam:  # step 0 takes the beam from one row's candidates
+            raise ValueError(f"the beam ({beam}) must be smaller than the vocabulary ({vocab})")
+        cand = scores.view(-1, 1) + lprobs  # (Bn*width, V) log-prob of each continuation
         ending = max_out <= step
-        at_max = ending.repeat_interleave(beam).to(device) if ending.any() else None
+        at_max = ending.repeat_interleave(width).to(device) if ending.any() else None
         _block_(cand, step, tokens, at_max, cfg, pad, unk, bos, eos)
 
-        top_scores, top_idx = cand.view(n_sent, beam * vocab).topk(min(ncand, beam * vocab))
-        top_rows = top_idx // vocab + torch.arange(n_sent, device=device).unsqueeze(1) * beam
+        top_scores, top_idx = cand.view(n_sent, width * vocab).topk(min(ncand, width * vocab))
+        top_rows = top_idx // vocab + torch.arange(n_sent, device=device).unsqueeze(1) * width
         top_tok = top_idx % vocab  # (Bn, 2*beam), and top_rows: the row each extends
         top_lp = lprobs.reshape(n_sent, -1).gather(1, top_idx)  # the new token's log-prob
         is_eos = top_tok == eos
@@ -252,4 +253,5 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
         pos_scores = torch.cat([pos_scores[rows], new_lp.view(-1, 1)], 1)
         state = model.reorder(state, rows)
         last = new_tok.view(-1)
+        width = beam
     return [hyps[:nbest] for hyps in finished]

@@ -141,10 +141,15 @@ class Trainer:
         self.stop_signal: int | None = None
         self.dummy_ids: Any = None
         self.interrupted_by: int | None = None
-        self.metrics_file = None
-        if env.is_main:
-            self._prepare_run_dir()
-        self._resume(reset_optimizer, reset_data)
+        self.metrics_file: Any = None
+        self._log_handler: logging.Handler | None = None
+        try:
+            if env.is_main:
+                self._prepare_run_dir()
+            self._resume(reset_optimizer, reset_data)
+        except BaseException:
+            self.close()
+            raise
 
     # ---------------------------------------------------------------- run directory
 
@@ -166,6 +171,16 @@ class Trainer:
                 shutil.copyfile(Path(self.cfg.data.dir) / "spm.model", spm)
         except OSError as e:
             raise NmtError(f"{self.run_dir}: cannot write the run directory ({e.strerror})") from None
+
+    def close(self) -> None:
+        """Close metrics.jsonl and detach train.log (train() may run again in this process)."""
+        if self.metrics_file is not None:
+            self.metrics_file.close()
+            self.metrics_file = None
+        if self._log_handler is not None:
+            logging.getLogger().removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
 
     def _write_config(self) -> None:
         text = dump_config(self.cfg)
@@ -211,6 +226,11 @@ class Trainer:
 
     def _check_compatible(self, state: dict[str, Any], reset_data: bool) -> None:
         old, new = state["config"], config_to_dict(self.cfg)
+        old_spm = (state.get("tokenizer") or {}).get("sha256")
+        if old_spm != self.tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
+            raise NmtError(f"{self.run_dir}: resume refused, the tokenizer of {self.cfg.data.dir} (spm.model) "
+                           "differs from the run's; prepare the new data with --spm-model from the run "
+                           "or use a new train.run_dir")
         changed = [f"model.{k}: {old['model'].get(k)!r} -> {v!r}"
                    for k, v in new["model"].items() if old["model"].get(k) != v]
         if changed:
@@ -218,8 +238,10 @@ class Trainer:
                            "use a new train.run_dir")
         if reset_data:
             return
-        data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}"
-                        for k, v in new["data"].items() if old["data"].get(k) != v]
+        # data.dir may move and the valid split change: the fingerprint says whether the
+        # training data is still the same.
+        data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}" for k, v in new["data"].items()
+                        if k not in ("dir", "valid_split") and old["data"].get(k) != v]
         old_fp = state["train_state"].get("fingerprint")
         if old_fp != self._fingerprint():
             data_changed.append(f"the prepared data in {self.cfg.data.dir} (fingerprint)")
@@ -287,14 +309,14 @@ class Trainer:
         env, t = self.env, self.cfg.train
         self.net.train()
         scale = self.scaler.scale if self.scaler else 1.0
-        stats = torch.zeros(4, dtype=torch.float64)  # loss, nll, target tokens, sentences
+        sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, nll: no sync per batch
+        ntokens = nsent = 0.0
         for j, ids in enumerate(group):
             # A rank whose shard ran out runs a dummy batch with weight 0, so that every rank
             # takes part in each gradient all-reduce (DDP would hang otherwise).
             weight = 1.0 if ids is not None else 0.0
-            if ids is None:
-                ids = self.dummy_ids
-            batch = datamod.collate(self.train_data, ids).to(env.device)
+            batch = datamod.collate(self.train_data, ids if ids is not None else self.dummy_ids,
+                                    pin_memory=env.device.type == "cuda").to(env.device)
             sync = j == len(group) - 1 or env.world_size == 1
             with (nullcontext() if sync else self.net.no_sync()):  # type: ignore[operator]
                 with autocast(env.device, t.precision):
@@ -303,21 +325,25 @@ class Trainer:
                     logits.view(-1, logits.size(-1)), batch.target.view(-1), t.label_smoothing, PAD
                 )
                 (loss * (scale * weight)).backward()
-            stats += torch.tensor([loss.item() * weight, nll.item() * weight,
-                                   batch.tgt_tokens * weight, batch.src.size(0) * weight], dtype=torch.float64)
+            sums += torch.stack([loss.detach(), nll]).double() * weight
+            ntokens += batch.tgt_tokens * weight
+            nsent += len(batch) * weight
+        stats = torch.cat([sums, torch.tensor([ntokens, nsent], dtype=torch.float64, device=env.device)])
         if env.world_size > 1:
             dist.all_reduce(stats)
         loss_sum, nll_sum, ntokens, nsent = stats.tolist()
         next_update = self.progress.update + 1
-        if t.precision != "fp16" and not math.isfinite(loss_sum):
+        if self.scaler is None and not math.isfinite(loss_sum):
             raise NmtError(f"non-finite loss at update {next_update}; stopped without saving "
                            f"(checkpoints in {self.run_dir} are intact). Try a lower train.lr or train.clip_norm")
         # DDP averaged the gradients over ranks; make them a mean over all target tokens.
-        factor = env.world_size / (max(ntokens, 1.0) * scale)
-        for p in self.model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(factor)
-        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm if t.clip_norm > 0 else float("inf"))
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, env.world_size / (max(ntokens, 1.0) * scale))
+        if t.clip_norm > 0:
+            gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+        else:
+            gnorm = torch.nn.utils.get_total_norm(grads)
         gnorm_f = float(gnorm)
         if self.scaler is not None:
             overflow = not math.isfinite(gnorm_f)
@@ -368,7 +394,8 @@ class Trainer:
 
             decode_cfg = dc_replace(self.cfg.decode, beam=t.valid_beam)
             sources = [self.valid_data.src(i).tolist() for i in range(len(self.valid_data))]
-            hyps = translate_token_lists(self.model, sources, decode_cfg, device=env.device, precision=t.precision)
+            hyps = translate_token_lists(self.model, sources, decode_cfg, device=env.device, precision=t.precision,
+                                         max_positions=self.cfg.model.max_positions)
             text = [self.tokenizer.decode(h[0].tokens) for h in hyps]
             refs = datamod.read_raw(self.cfg.data.dir, self.cfg.data.valid_split, self.tgt_lang)
             result["valid_bleu"] = corpus_bleu(text, [refs])
@@ -410,13 +437,13 @@ class Trainer:
             log.info("valid | update %d | %s | best %s", self.progress.update,
                      " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
         if self.env.world_size > 1:  # everyone follows rank 0's early-stopping bookkeeping
-            flag = torch.tensor([self.progress.bad_validations], dtype=torch.float64)
+            flag = torch.tensor([self.progress.bad_validations], dtype=torch.float64, device=self.env.device)
             dist.broadcast(flag, 0)
             self.progress.bad_validations = int(flag.item())
         self.save(numbered=numbered, best=best)
 
     def run(self) -> str:
-        cfg, t, p = self.cfg, self.cfg.train, self.progress
+        cfg, p = self.cfg, self.progress
         reason = stop_reason(cfg, p)
         if reason:
             log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir, p.update, reason)
@@ -427,62 +454,72 @@ class Trainer:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-            if self.metrics_file is not None:
-                self.metrics_file.close()
 
     def _loop(self) -> str:
-        cfg, t, p, env = self.cfg, self.cfg.train, self.progress, self.env
+        cfg, p = self.cfg, self.progress
         start, elapsed0 = time.monotonic(), p.elapsed
         window = {"tokens": 0.0, "time": time.monotonic(), "updates": 0}
-        bar = _progress_bar(env, p.update, t.max_updates)
+        bar = _progress_bar(self.env, p.update, cfg.train.max_updates)
         reason: str | None = None
         while reason is None:
             groups = self._epoch_batches(p.epoch)
             if not groups:
-                raise NmtError(f"{self.cfg.data.dir}: the {self.cfg.data.train_split} split has no usable pairs")
+                raise NmtError(f"{cfg.data.dir}: the {cfg.data.train_split} split has no usable pairs")
+            if p.updates_in_epoch >= len(groups):  # a changed train.max_tokens: the epoch is over
+                p.epoch, p.updates_in_epoch = p.epoch + 1, 0
+                reason = stop_reason(cfg, p)
+                continue
             for group in groups[p.updates_in_epoch :]:
                 stats = self.train_update(group)
                 p.updates_in_epoch += 1
+                epoch_end = p.updates_in_epoch == len(groups)
                 p.elapsed = elapsed0 + time.monotonic() - start
-                if stats is None:
-                    continue
-                window["tokens"] += stats["tokens"]
-                window["updates"] += 1
-                self._log_train(stats, window, bar)
-                signal_flag = self._signal_agreed()
-                reason = stop_reason(cfg, p)
-                at_valid = t.validate_interval_updates and p.update % t.validate_interval_updates == 0
-                at_save = t.save_interval_updates and p.update % t.save_interval_updates == 0
-                if at_valid or (reason is not None and not signal_flag):  # the final update validates too
-                    self._validate_and_save(numbered=True)
-                    reason = reason or stop_reason(cfg, p)
-                elif at_save or signal_flag:
-                    self.save(numbered=True, best=False)
-                if at_valid or at_save:  # keep validation and saving out of the throughput figures
-                    window.update(tokens=0.0, time=time.monotonic(), updates=0)
-                if signal_flag:
-                    self.interrupted_by = self.stop_signal or signal.SIGTERM
-                    reason = (f"stopped by {signal.Signals(self.interrupted_by).name} at update {p.update}; "
-                              "checkpoint written, run the same command to resume")
-                if reason is not None:
+                reason = self._after_update(stats, epoch_end, window, bar)
+                if reason is not None or epoch_end:
                     break
-            else:  # the epoch ran to its end
-                p.epoch += 1
-                p.updates_in_epoch = 0
-                reason = stop_reason(cfg, p)
-                self._validate_and_save(numbered=True)
-                reason = reason or stop_reason(cfg, p)
         if bar:
             bar.close()
         log.info("done: %s at update %d, epoch %d, %.0f s of training", reason, p.update, p.epoch, p.elapsed)
         return reason
 
-    def _signal_agreed(self) -> bool:
+    def _after_update(self, stats: dict[str, float] | None, epoch_end: bool, window: dict[str, float],
+                      bar: Any) -> str | None:
+        """Log, validate and save as the intervals say; returns why to stop, if it is time."""
+        cfg, t, p = self.cfg, self.cfg.train, self.progress
+        if stats is not None:
+            window["tokens"] += stats["tokens"]
+            window["updates"] += 1
+            self._log_train(stats, window, bar)
+        if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
+            p.epoch, p.updates_in_epoch = p.epoch + 1, 0  # epoch and its validation runs once
+        interrupted = self._agree_to_stop()
+        reason = stop_reason(cfg, p)
+        fresh = stats is not None  # a skipped (fp16 overflow) update leaves p.update as it was
+        at_valid = fresh and t.validate_interval_updates and p.update % t.validate_interval_updates == 0
+        at_save = fresh and t.save_interval_updates and p.update % t.save_interval_updates == 0
+        if interrupted and reason is None:
+            self.save(numbered=True, best=False)
+            self.interrupted_by = self.stop_signal or signal.SIGTERM
+            return (f"stopped by {signal.Signals(self.interrupted_by).name} at update {p.update}; "
+                    "checkpoint written, run the same command to resume")
+        if at_valid or epoch_end or reason is not None:  # the final update validates too
+            self._validate_and_save(numbered=True)
+            reason = reason or stop_reason(cfg, p)
+        elif at_save:
+            self.save(numbered=True, best=False)
+        if at_valid or at_save or epoch_end:  # keep validation and saving out of the throughput figures
+            window.update(tokens=0.0, time=time.monotonic(), updates=0)
+        return reason
+
+    def _agree_to_stop(self) -> bool:
+        """Whether a stop signal arrived, on any rank. Ranks also take the largest elapsed time,
+        so that train.max_time stops all of them after the same update (DDP hangs otherwise)."""
         flag = self.stop_signal is not None
         if self.env.world_size > 1:
-            t = torch.tensor([1.0 if flag else 0.0])
-            dist.all_reduce(t)
-            flag = t.item() > 0
+            both = torch.tensor([float(flag), self.progress.elapsed], dtype=torch.float64, device=self.env.device)
+            dist.all_reduce(both, op=dist.ReduceOp.MAX)
+            flag_f, self.progress.elapsed = both.tolist()
+            flag = flag_f > 0
         return flag
 
     def _log_train(self, stats: dict[str, float], window: dict[str, float], bar: Any) -> None:
@@ -528,6 +565,7 @@ class TrainResult:
 def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = False) -> TrainResult:
     """Train (or resume) the run in cfg.train.run_dir; returns why and where it stopped."""
     env = setup_env(cfg)
+    trainer: Trainer | None = None
     try:
         trainer = Trainer(cfg, env, reset_optimizer, reset_data)
         log.info("device %s, world size %d, parameters %d", env.device, env.world_size,
@@ -535,5 +573,7 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
         reason = trainer.run()
         return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
     finally:
+        if trainer is not None:
+            trainer.close()
         if env.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()

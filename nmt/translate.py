@@ -12,9 +12,12 @@ back in input order, so memory stays flat on any input size.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import re
+import secrets
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -106,7 +109,7 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
 def load_models(paths: list[Path], device: torch.device) -> Loaded:
     models, tokenizer, first_cfg, first_hash = [], None, None, None
     for path in paths:
-        state = load_checkpoint(path)
+        state = load_checkpoint(path, mmap=True)  # the weights are copied into the model once
         cfg = config_from_dict(state["config"], where=str(path))
         tok_hash = state["tokenizer"]["sha256"]
         if first_hash is not None and tok_hash != first_hash:
@@ -286,8 +289,10 @@ def translate_main(opts: TranslateOptions) -> None:
     name = opts.input or "<stdin>"
     try:
         if opts.output:
+            # written to a temporary next to it and renamed at the end: an error or an interrupt
+            # leaves no partial file (and an existing one unchanged)
             out_path = Path(opts.output)
-            tmp = out_path.with_name(f".{out_path.name}.tmp")
+            tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
             try:
                 with open(tmp, "w", encoding="utf-8", newline="\n") as out:
                     translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
@@ -295,6 +300,9 @@ def translate_main(opts: TranslateOptions) -> None:
                 tmp.replace(out_path)
             except OSError as e:
                 raise NmtError(f"{opts.output}: cannot write ({e.strerror})") from None
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
         else:
             out = open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
             translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,

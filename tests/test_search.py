@@ -145,7 +145,7 @@ def test_finished_candidates_do_not_shrink_the_beam():
     model = FakeModel(table(REFILL))
     hyps = beam_search(model, ONE, CFG, nbest=2)[0]
     assert summary(hyps) == [([A], approx(math.log(0.36))), ([A, C], approx(math.log(0.24)))]
-    assert model.rows[:3] == [2, 2, 2]  # step 2 still decodes two live rows
+    assert model.rows[:3] == [1, 2, 2]  # step 0 on one row per sentence; step 2 still decodes two
 
 
 def test_length_normalisation_reorders_hypotheses():
@@ -358,7 +358,7 @@ def test_finished_sentences_leave_the_batch():
     cfg = DecodeConfig(beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=0)
     hyps = beam_search(model, src_batch([A, EOS], [A, B, C, D, EOS]), cfg)  # max 2 and 5 tokens
     assert [len(h[0].tokens) for h in hyps] == [2, 5]
-    assert model.rows == [6, 6, 6, 3, 3, 3]
+    assert model.rows == [2, 6, 6, 3, 3, 3]  # step 0: one row per sentence
     model = FakeModel(no_eos)
     greedy_search(model, src_batch([A, EOS], [A, B, C, D, EOS]), cfg)
     assert model.rows == [2, 2, 2, 1, 1, 1]

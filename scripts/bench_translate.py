@@ -1,0 +1,181 @@
+"""Benchmark `nmt translate` on a Multi30k test set: speed, peak memory, BLEU.
+
+    .venv/bin/python scripts/bench_translate.py --checkpoint runs/m30k/checkpoint_avg.pt \\
+        [--data-dir ../shared/data/multi30k] [--test test_2016_flickr] [--beam 5] [--threads 2]
+
+Two measurements of the same decoding settings:
+- translation time: in this process, with the model loaded and the source encoded, the time
+  of `translate_token_lists` alone (best of `--repeat` runs), and the detokenized output's
+  BLEU against the reference (nmt.evaluate);
+- whole command: the real CLI (`python -m nmt translate -i ... -o ...`) in a subprocess:
+  wall time including start-up and loading, and its peak RSS (getrusage of the children).
+  Its output must equal the in-process one.
+
+Prints one markdown table row (`--header` adds the header); `--json FILE` writes the figures.
+Works with any checkpoint in nmt's format. A random (untrained) model never emits EOS and
+decodes to the maximum length: cap it with --max-len-a / --max-len-b and say so.
+
+On shared cores, run with OMP_WAIT_POLICY=PASSIVE in the environment (it reaches the
+subprocess too): OpenMP threads that spin while waiting for a descheduled peer made
+2-thread decoding several times slower here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared/data/multi30k"
+HEADER = ("| checkpoint | device | threads | beam | batch | sentences | translate s | sent/s | tok/s "
+          "| command s | command sent/s | peak RSS MB | BLEU |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", help="default: runs/m30k*/checkpoint_avg.pt")
+    p.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    p.add_argument("--test", default="test_2016_flickr")
+    p.add_argument("--src", default="en")
+    p.add_argument("--tgt", default="de")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-size", type=int, help="default: the checkpoint's decode.batch_size")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--max-len-a", type=float)
+    p.add_argument("--max-len-b", type=int)
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--limit", type=int, default=0, help="translate only the first N sentences")
+    p.add_argument("--repeat", type=int, default=1, help="in-process runs; the best counts")
+    p.add_argument("--no-command", action="store_true", help="skip the whole-command run")
+    p.add_argument("--header", action="store_true")
+    p.add_argument("--json", help="also write the figures to this file ('-': stdout)")
+    return p.parse_args(argv)
+
+
+def find_inputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    if args.checkpoint:
+        ckpt = Path(args.checkpoint)
+    else:
+        found = sorted(ROOT.glob("runs/m30k*/checkpoint_avg.pt"))
+        if not found:
+            sys.exit("no --checkpoint given and no runs/m30k*/checkpoint_avg.pt")
+        ckpt = found[-1]
+    if not ckpt.is_file():
+        sys.exit(f"{ckpt}: checkpoint not found")
+    data = Path(args.data_dir)
+    paths = []
+    for lang in (args.src, args.tgt):
+        cands = [data / f"{args.test}.{lang}.gz", data / f"{args.test}.{lang}"]
+        path = next((c for c in cands if c.is_file()), None)
+        if path is None:
+            sys.exit(f"{data}: no {args.test}.{lang}[.gz] (give --data-dir; scripts/get_multi30k.sh)")
+        paths.append(path)
+    return ckpt, paths[0], paths[1]
+
+
+def decode_options(args: argparse.Namespace) -> dict:
+    """The decode settings both runs use, as TranslateOptions / DecodeConfig fields."""
+    opts = {"beam": args.beam, "batch_size": args.batch_size, "max_tokens": args.max_tokens,
+            "max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def cli_args(opts: dict) -> list[str]:
+    return [arg for k, v in opts.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    ckpt, src_path, ref_path = find_inputs(args)
+
+    import torch
+
+    from nmt.evaluate import corpus_bleu
+    from nmt.textio import read_lines
+    from nmt.translate import load_models, translate_token_lists
+
+    src = list(read_lines(src_path))
+    refs = list(read_lines(ref_path))
+    if args.limit:
+        src, refs = src[: args.limit], refs[: args.limit]
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    loaded = load_models([ckpt], device)
+    cfg = replace(loaded.config.decode, **decode_options(args))
+    seqs = [loaded.tokenizer.encode(s) if s.strip() else [] for s in src]
+    times = []
+    for _ in range(max(1, args.repeat)):
+        start = time.perf_counter()
+        hyps = translate_token_lists(loaded.model, seqs, cfg, device=device, precision=args.precision,
+                                     max_positions=loaded.max_positions)
+        times.append(time.perf_counter() - start)
+    seconds = min(times)
+    outputs = [loaded.tokenizer.decode(h[0].tokens) if h else "" for h in hyps]
+    out_tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)  # EOS included: one step each
+    result = {
+        "checkpoint": str(ckpt), "test": args.test, "device": args.device, "threads": args.threads,
+        "precision": args.precision, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "beam": cfg.beam, "batch_size": cfg.batch_size,
+        "max_tokens": cfg.max_tokens, "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
+        "sentences": len(src), "translate_s": seconds, "translate_s_all": times,
+        "sent_per_s": len(src) / seconds, "tgt_tokens": out_tokens, "tok_per_s": out_tokens / seconds,
+        "mean_output_tokens": out_tokens / max(1, len(src)),
+        "bleu": corpus_bleu(outputs, [refs]),
+    }
+    if not args.no_command:
+        result.update(run_command(args, ckpt, src, outputs))
+    print_row(result, args.header)
+    if args.json:
+        text = json.dumps(result, indent=2)
+        print(text) if args.json == "-" else Path(args.json).write_text(text + "\n", encoding="utf-8")
+    return result
+
+
+def run_command(args: argparse.Namespace, ckpt: Path, src: list[str], expected: list[str]) -> dict:
+    """The real CLI in a subprocess: wall time, peak RSS, and its output checked."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "src.txt", Path(tmp) / "out.txt"
+        inp.write_text("".join(s + "\n" for s in src), encoding="utf-8")
+        cmd = [sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(inp), "-o", str(out),
+               "--threads", str(args.threads), "--device", args.device, "--precision", args.precision,
+               *cli_args(decode_options(args))]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if proc.returncode:
+            sys.exit(f"nmt translate failed ({proc.returncode}):\n{proc.stderr}")
+        got = out.read_text(encoding="utf-8").split("\n")[:-1]
+    # the only child so far: its peak is ours to report (ru_maxrss is in KiB on Linux)
+    rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    from nmt.translate import clean_output
+
+    same = got == [clean_output(e) for e in expected]
+    if not same:
+        print("warning: the command's output differs from the in-process translation", file=sys.stderr)
+    return {"command_s": seconds, "command_sent_per_s": len(src) / seconds, "peak_rss_mb": rss_mb,
+            "command_output_matches": same}
+
+
+def print_row(r: dict, header: bool) -> None:
+    if header:
+        print(HEADER)
+    batch = f"{r['max_tokens']} tok" if r["max_tokens"] else str(r["batch_size"])
+    cmd = (f"{r['command_s']:.2f} | {r['command_sent_per_s']:.1f} | {r['peak_rss_mb']:.0f}"
+           if "command_s" in r else "- | - | -")
+    print(f"| {Path(r['checkpoint']).name} | {r['device']} {r['precision']} | {r['threads']} | {r['beam']} "
+          f"| {batch} | {r['sentences']} | {r['translate_s']:.2f} | {r['sent_per_s']:.1f} "
+          f"| {r['tok_per_s']:.0f} | {cmd} | {r['bleu']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,421 @@
+"""The trainer's promises: resuming equals never stopping, accumulation equals a big batch,
+signals and non-finite losses leave a resumable run directory, checkpoints are kept and
+chosen as configured, and a tiny model learns to copy.
+
+Tiny models (configs/tiny.yaml) on the conftest's prepared Multi30k sample, on the CPU,
+dropout 0 where exact equality is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nmt import checkpoint as ckpt
+from nmt import data as datamod
+from nmt.config import Config, load_config, replace
+from nmt.errors import NmtError
+from nmt.optim import DynamicLossScaler, lr_at
+from nmt.prepare import PrepareOptions, prepare_bpe
+from nmt.train import Env, Trainer, train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "configs/tiny.yaml"
+# One thread: these models are tiny, and a shared 2-core machine thrashes with more.
+THREADS = int(os.environ.get("NMT_TEST_THREADS", "1"))
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`nmt train` writes .nmt-last-run into the working directory and sets torch's threads."""
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
+    base = load_config(TINY)
+    return replace(base, data={"dir": str(data_dir)}, model=model or {},
+                   train={"run_dir": str(run_dir), "log_interval": 1, "device": "cpu", "threads": THREADS,
+                          **train_opts})
+
+
+def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["update"]: r["loss"] for r in records(run_dir, "train")}
+
+
+def weights(run_dir: Path, name: str = "checkpoint_last.pt") -> dict[str, torch.Tensor]:
+    return ckpt.load_checkpoint(run_dir / name)["model"]
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=0, atol=atol), key
+
+
+def updates_per_epoch(cfg: Config) -> int:
+    meta = datamod.read_meta(cfg.data.dir)
+    d = datamod.ParallelData.load(cfg.data.dir, "train", meta["source_lang"], meta["target_lang"])
+    batches = datamod.make_batches(d.src_sizes, d.tgt_sizes, cfg.train.max_tokens, seed=cfg.train.seed, epoch=1,
+                                   max_positions=cfg.model.max_positions)
+    return -(-len(batches) // cfg.train.update_freq)
+
+
+def snapshot(run_dir: Path) -> dict[str, tuple[int, bytes]]:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(run_dir.glob("*.pt"))}
+
+
+# ------------------------------------------------------------------ resume
+
+
+RESUME_CASES = {
+    "mid-epoch": dict(update_freq=1, stop=lambda e: 4, total=lambda e: 9),
+    "across-epoch-end": dict(update_freq=1, stop=lambda e: e - 2, total=lambda e: e + 3),
+    "at-epoch-end": dict(update_freq=1, stop=lambda e: e, total=lambda e: e + 2),
+    "update-freq-2": dict(update_freq=2, stop=lambda e: e - 1, total=lambda e: e + 2),
+}
+
+
+# (case, dropout); the other combinations run with the slow tests
+FAST_RESUME = {("mid-epoch", 0.0), ("mid-epoch", 0.3), ("across-epoch-end", 0.3), ("at-epoch-end", 0.0),
+               ("update-freq-2", 0.0)}
+
+
+@pytest.mark.parametrize("case, dropout", [
+    pytest.param(case, dropout, id=f"{case}-{'dropout' if dropout else 'no-dropout'}",
+                 marks=() if (case, dropout) in FAST_RESUME else pytest.mark.slow)
+    for case in RESUME_CASES for dropout in (0.0, 0.3)
+])
+def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
+    spec = RESUME_CASES[case]
+    model = {"dropout": dropout, "attention_dropout": dropout / 2, "activation_dropout": dropout / 2}
+    cfg = tiny(prepared[0], tmp_path / "a", model, update_freq=spec["update_freq"], max_tokens=1024,
+               validate_interval_updates=4)
+    per_epoch = updates_per_epoch(cfg)
+    stop, total = spec["stop"](per_epoch), spec["total"](per_epoch)
+    assert 0 < stop <= total and (case == "at-epoch-end" or stop < per_epoch)
+
+    train(replace(cfg, train={"max_updates": total}))
+    run_b = tmp_path / "b"
+    first = train(replace(cfg, train={"run_dir": str(run_b), "max_updates": stop}))
+    assert first.update == stop
+    state = ckpt.load_checkpoint(run_b / "checkpoint_last.pt")["train_state"]["progress"]
+    assert (state["epoch"], state["updates_in_epoch"]) == ((1, stop) if stop < per_epoch else (2, 0))
+    second = train(replace(cfg, train={"run_dir": str(run_b), "max_updates": total}))
+    assert second.update == total
+
+    a, b = losses(tmp_path / "a"), losses(run_b)
+    assert sorted(b) == list(range(1, total + 1))  # each update logged once
+    assert a == pytest.approx(b, abs=1e-6)
+    assert_same_weights(weights(tmp_path / "a"), weights(run_b))
+    # the validations (every 3 updates and at the epoch end) happened once each, as in run A
+    valid_a = {r["update"]: r["valid_loss"] for r in records(tmp_path / "a", "valid")}
+    valid_b = [(r["update"], r["valid_loss"]) for r in records(run_b, "valid")]
+    assert [u for u, _ in valid_b] == sorted(set(valid_a) | {stop})
+    assert all(loss == pytest.approx(valid_a[u], abs=1e-6) for u, loss in valid_b if u in valid_a)
+
+
+def test_finished_run_started_again_changes_nothing(prepared, tmp_path, caplog):
+    cfg = tiny(prepared[0], tmp_path / "run", max_updates=5, save_interval_updates=2)
+    train(cfg)
+    before = snapshot(tmp_path / "run")
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    assert {"checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_5.pt", "checkpoint_last.pt"} <= set(before)
+    caplog.set_level("INFO", logger="nmt.train")
+    result = train(cfg)
+    assert result.update == 5 and "max_updates=5" in result.reason
+    assert "already finished" in caplog.text
+    assert snapshot(tmp_path / "run") == before
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_resume_refuses_a_changed_model_naming_the_key(prepared, tmp_path):
+    cfg = tiny(prepared[0], tmp_path / "run", max_updates=2)
+    train(cfg)
+    changed = replace(cfg, model={"ffn_dim": 96}, train={"max_updates": 4})
+    with pytest.raises(NmtError, match=r"model\.ffn_dim: 64 -> 96"):
+        train(changed)
+
+
+@pytest.fixture(scope="module")
+def other_data(prepared, raw_corpus, tmp_path_factory) -> Path:
+    """Different training data (the first 200 of the 300 pairs), same tokenizer."""
+    raw = tmp_path_factory.mktemp("other")
+    for lang in ("en", "de"):
+        lines = raw_corpus.lines("train", lang)[:200]
+        (raw / f"train.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    dest = raw / "data-bin"
+    prepare_bpe(PrepareOptions(source_lang="en", target_lang="de", trainpref=str(raw / "train"),
+                               validpref=raw_corpus.prefix("val"), destdir=str(dest),
+                               spm_model=str(prepared[0] / "spm.model"), workers=1), progress=False)
+    return dest
+
+
+def test_resume_on_changed_data_needs_reset_data(prepared, other_data, tmp_path):
+    cfg = tiny(prepared[0], tmp_path / "run", max_updates=3)
+    train(cfg)
+    moved = replace(cfg, data={"dir": str(other_data)}, train={"max_updates": 6})
+    with pytest.raises(NmtError, match="training data changed.*fingerprint.*--reset-data"):
+        train(moved)
+    result = train(moved, reset_data=True)
+    assert result.update == 6
+    progress = ckpt.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]["progress"]
+    assert progress["updates_in_epoch"] == 3  # the epoch restarted at the reset
+    assert progress["history"] == ["reset data at update 3"]
+
+
+def test_resume_refuses_another_tokenizer_even_with_reset_data(prepared, tmp_path):
+    raw = tmp_path / "raw"
+    datamod.write_parallel(datamod.synthetic_pairs("copy", 50, seed=3), raw / "train", "en", "de")
+    other = tmp_path / "copy-bin"
+    prepare_bpe(PrepareOptions(source_lang="en", target_lang="de", trainpref=str(raw / "train"),
+                               destdir=str(other), vocab_size=24, byte_fallback=False, workers=1), progress=False)
+    cfg = tiny(prepared[0], tmp_path / "run", max_updates=2)
+    train(cfg)
+    with pytest.raises(NmtError, match="tokenizer"):
+        train(replace(cfg, data={"dir": str(other)}, train={"max_updates": 4}), reset_data=True)
+
+
+def test_reset_optimizer_restarts_the_schedule(prepared, tmp_path):
+    cfg = tiny(prepared[0], tmp_path / "run", max_updates=6, warmup_updates=4)
+    train(cfg)
+    train(replace(cfg, train={"max_updates": 8}), reset_optimizer=True)
+    lrs = {r["update"]: r["lr"] for r in records(tmp_path / "run", "train")}
+    assert lrs[6] == pytest.approx(lr_at(6, cfg.train, cfg.model.d_model))
+    assert lrs[7] == pytest.approx(lr_at(1, cfg.train, cfg.model.d_model))  # warm-up starts again
+    assert lrs[8] == pytest.approx(lr_at(2, cfg.train, cfg.model.d_model))
+    state = ckpt.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]
+    assert state["progress"]["history"] == ["reset optimizer at update 6"]
+    assert all(int(s["step"]) == 2 for s in state["optimizer"]["state"].values())  # a fresh Adam
+
+
+# ------------------------------------------------------------------ accumulation
+
+
+def make_trainer(cfg: Config) -> Trainer:
+    torch.set_num_threads(cfg.train.threads)  # as train() does
+    return Trainer(cfg, Env(torch.device("cpu")), reset_optimizer=False, reset_data=False)
+
+
+def test_accumulation_equals_one_big_batch(prepared, tmp_path):
+    # adam_eps well above the gradients' rounding noise: Adam's first step is lr * g / (|g| + eps),
+    # which turns a difference of 1e-12 in a near-zero gradient into one of lr when eps is 1e-9.
+    cfg = tiny(prepared[0], tmp_path / "acc", update_freq=2, label_smoothing=0.1, clip_norm=0.0, adam_eps=1e-3)
+    accumulating = make_trainer(cfg)
+    big = make_trainer(replace(cfg, train={"run_dir": str(tmp_path / "big"), "update_freq": 1}))
+    b1, b2 = accumulating._epoch_batches(1)[0]
+    assert len(b1) != len(b2) or datamod.collate(big.train_data, b1).tgt_tokens != \
+        datamod.collate(big.train_data, b2).tgt_tokens  # unequal batches: a mean of means would differ
+
+    grads: dict[str, dict[str, torch.Tensor]] = {}
+    for name, trainer in (("acc", accumulating), ("big", big)):
+        step = trainer.optimizer.step
+
+        def recording_step(name: str = name, trainer: Trainer = trainer, step: Any = step) -> Any:
+            grads[name] = {k: p.grad.clone() for k, p in trainer.model.named_parameters() if p.grad is not None}
+            return step()
+
+        trainer.optimizer.step = recording_step  # type: ignore[method-assign]
+    stats_acc = accumulating.train_update([b1, b2])
+    stats_big = big.train_update([list(b1) + list(b2)])
+    accumulating.close()
+    big.close()
+    assert stats_acc is not None and stats_big is not None
+    assert stats_acc["tokens"] == stats_big["tokens"] and stats_acc["sentences"] == stats_big["sentences"]
+    assert stats_acc["loss"] == pytest.approx(stats_big["loss"], rel=1e-6)
+    assert stats_acc["gnorm"] == pytest.approx(stats_big["gnorm"], rel=1e-5)
+    for key, g in grads["big"].items():
+        assert torch.allclose(grads["acc"][key], g, rtol=1e-4, atol=1e-7), key
+    assert_same_weights(dict(accumulating.model.named_parameters()), dict(big.model.named_parameters()), 1e-5)
+
+
+# ------------------------------------------------------------------ signals, NaN, overflow
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    sets = [f"data.dir={prepared[0]}", f"train.run_dir={run_dir}", "train.max_updates=100000",
+            "train.log_interval=1", "train.device=cpu",
+            f"train.threads={THREADS}"]
+    cmd = [sys.executable, "-m", "nmt", "train", str(TINY)] + [a for s in sets for a in ("--set", s)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (run_dir / "metrics.jsonl").is_file() and len(records(run_dir, "train")) >= 3:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err
+    last = ckpt.load_latest(run_dir)
+    assert last is not None
+    stopped_at = last["update"]
+    assert stopped_at >= 3 and stopped_at == max(losses(run_dir))
+    assert_same_weights(weights(run_dir, f"checkpoint_{stopped_at}.pt"), last["model"], 0.0)
+
+    cfg = tiny(prepared[0], run_dir, max_updates=stopped_at + 3)
+    assert train(cfg).update == stopped_at + 3
+    train(replace(cfg, train={"run_dir": str(tmp_path / "straight")}))
+    assert_same_weights(weights(tmp_path / "straight"), weights(run_dir))
+    assert losses(tmp_path / "straight") == pytest.approx(losses(run_dir), abs=1e-6)
+
+
+def test_nan_loss_stops_naming_the_update_and_leaves_checkpoints_intact(prepared, tmp_path, monkeypatch):
+    import nmt.train as trainmod
+
+    cfg = tiny(prepared[0], tmp_path / "run", max_updates=3, save_interval_updates=2)
+    train(cfg)
+    before = snapshot(tmp_path / "run")
+    real_loss = trainmod.label_smoothed_nll_loss
+
+    def nan_loss(*args: Any) -> Any:
+        loss, nll = real_loss(*args)
+        return (loss * float("nan"), nll) if torch.is_grad_enabled() else (loss, nll)
+
+    monkeypatch.setattr(trainmod, "label_smoothed_nll_loss", nan_loss)
+    with pytest.raises(NmtError, match="non-finite loss at update 4"):
+        train(replace(cfg, train={"max_updates": 10}))
+    assert snapshot(tmp_path / "run") == before
+    assert ckpt.load_latest(tmp_path / "run")["update"] == 3
+
+
+def test_overflow_with_a_loss_scaler_skips_the_update(prepared, tmp_path):
+    trainer = make_trainer(tiny(prepared[0], tmp_path / "run", max_updates=4, warmup_updates=100))
+    trainer.scaler = DynamicLossScaler(init_scale=8.0, min_scale=1e-4)
+    backward_calls = 0
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        nonlocal backward_calls
+        backward_calls += 1
+        return grad * float("inf") if backward_calls == 2 else grad
+
+    next(trainer.model.parameters()).register_hook(poison)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    p = trainer.progress
+    assert (p.update, p.skipped_overflow, p.updates_in_epoch) == (4, 1, 5)
+    assert trainer.scaler.scale == 4.0
+    lrs = [r["lr"] for r in records(tmp_path / "run", "train")]
+    assert lrs == pytest.approx([lr_at(u, trainer.cfg.train, trainer.cfg.model.d_model) for u in (1, 2, 3, 4)])
+    assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
+    saved = ckpt.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]
+    assert saved["scaler"] == {"scale": 4.0, "clean_updates": 3}
+
+
+# ------------------------------------------------------------------ checkpoints and validation
+
+
+def fake_validation(monkeypatch: pytest.MonkeyPatch, loss: list[float], bleu: list[float]) -> None:
+    calls = iter(range(100))
+
+    def validate(self: Trainer) -> dict[str, float]:
+        i = next(calls)
+        return {"valid_loss": loss[i], "valid_nll": loss[i], "valid_ppl": 2 ** loss[i], "valid_bleu": bleu[i]}
+
+    monkeypatch.setattr(Trainer, "validate", validate)
+
+
+def test_keep_last_prunes_numbered_checkpoints_but_never_the_best(prepared, tmp_path, monkeypatch, caplog):
+    caplog.set_level("INFO")  # the CLI sets INFO; train.log gets what the root logger lets through
+    fake_validation(monkeypatch, loss=[1.0, 2.0, 3.0], bleu=[9.0, 8.0, 7.0])
+    run_dir = tmp_path / "run"
+    train(tiny(prepared[0], run_dir, max_updates=12, save_interval_updates=2, validate_interval_updates=4,
+               keep_last=2, best_metric="loss"))
+    names = sorted(p.name for p in run_dir.glob("*.pt"))
+    assert names == ["checkpoint_10.pt", "checkpoint_12.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    assert ckpt.load_checkpoint(run_dir / "checkpoint_best.pt")["update"] == 4
+    assert ckpt.load_checkpoint(run_dir / "checkpoint_last.pt")["update"] == 12
+    valid = records(run_dir, "valid")
+    assert [r["update"] for r in valid] == [4, 8, 12] and valid[-1]["best"] == 1.0
+    assert len(records(run_dir, "train")) == 12
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "spm.model").is_file()
+    assert "saved checkpoint_12.pt" in (run_dir / "train.log").read_text()
+
+
+@pytest.mark.parametrize("metric, best_update", [("bleu", 9), ("loss", 6)])
+def test_best_checkpoint_follows_the_configured_metric(prepared, tmp_path, monkeypatch, metric, best_update):
+    fake_validation(monkeypatch, loss=[2.0, 1.0, 1.5, 3.0], bleu=[10.0, 11.0, 20.0, 5.0])
+    run_dir = tmp_path / "run"
+    train(tiny(prepared[0], run_dir, max_updates=12, validate_interval_updates=3, best_metric=metric))
+    assert ckpt.load_checkpoint(run_dir / "checkpoint_best.pt")["update"] == best_update
+
+
+def test_patience_stops_after_validations_without_improvement(prepared, tmp_path, monkeypatch):
+    fake_validation(monkeypatch, loss=[2.0, 1.0, 1.2, 1.1, 0.5], bleu=[0.0] * 5)
+    result = train(tiny(prepared[0], tmp_path / "run", max_updates=100, validate_interval_updates=2,
+                        best_metric="loss", patience=2))
+    assert result.update == 8 and "no improvement in 2 validations" in result.reason
+    again = train(tiny(prepared[0], tmp_path / "run", max_updates=100, validate_interval_updates=2,
+                       best_metric="loss", patience=2))
+    assert again.update == 8  # a run stopped by patience is finished
+
+
+def test_validate_returns_loss_perplexity_and_bleu(prepared, tmp_path):
+    trainer = make_trainer(tiny(prepared[0], tmp_path / "run", valid_bleu=True))
+    try:
+        result = trainer.validate()
+    finally:
+        trainer.close()
+    assert set(result) == {"valid_loss", "valid_nll", "valid_ppl", "valid_bleu"}
+    assert result["valid_ppl"] == pytest.approx(2 ** result["valid_nll"])
+    assert result["valid_loss"] > result["valid_nll"] > 0  # label smoothing costs extra
+    assert 0.0 <= result["valid_bleu"] <= 100.0
+
+
+def test_run_directory_files_are_closed_after_train(prepared, tmp_path):
+    import logging
+
+    handlers = list(logging.getLogger().handlers)
+    train(tiny(prepared[0], tmp_path / "run", max_updates=2))
+    assert logging.getLogger().handlers == handlers
+    assert Path(".nmt-last-run").read_text().strip() == str((tmp_path / "run").resolve())
+
+
+# ------------------------------------------------------------------ learning
+
+
+@pytest.fixture(scope="module")
+def copy_data(tmp_path_factory) -> Path:
+    raw = tmp_path_factory.mktemp("copy")
+    datamod.write_parallel(datamod.synthetic_pairs("copy", 3000, seed=1), raw / "train", "src", "tgt")
+    datamod.write_parallel(datamod.synthetic_pairs("copy", 100, seed=2), raw / "valid", "src", "tgt")
+    dest = raw / "data-bin"
+    prepare_bpe(PrepareOptions(source_lang="src", target_lang="tgt", trainpref=str(raw / "train"),
+                               validpref=str(raw / "valid"), destdir=str(dest), vocab_size=24,
+                               byte_fallback=False, workers=1), progress=False)
+    return dest
+
+
+@pytest.mark.slow
+def test_tiny_model_learns_to_copy(copy_data, tmp_path):
+    cfg = tiny(copy_data, tmp_path / "run",
+               model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128, "heads": 4},
+               max_tokens=1024, lr=3e-3, warmup_updates=100, max_updates=700, validate_interval_updates=700,
+               valid_bleu=True, log_interval=50)
+    train(cfg)
+    valid = records(tmp_path / "run", "valid")
+    assert valid[-1]["valid_bleu"] > 80, valid

@@ -1,0 +1,322 @@
+"""`nmt translate`: the I/O contract through the real CLI, batching invariance, n-best lists,
+scores equal to teacher-forced log-probs, ensembles, the last-run default, atomic -o.
+
+Nothing is trained: the checkpoints hold randomly initialised tiny Transformers and a small
+sentencepiece model learnt from the `raw_corpus` fixture (Multi30k, or synthetic text). A
+random model never chooses EOS, so decoding is kept short with max_len_a = 0, max_len_b = 6.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt import cli
+from nmt.checkpoint import atomic_save
+from nmt.config import config_to_dict, load_config
+from nmt.model import Transformer
+from nmt.search import greedy_search, length_penalty
+from nmt.tokenizer import BOS, EOS, PAD, Tokenizer, train_sentencepiece
+from nmt.translate import load_models, translate_token_lists
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_POSITIONS = 256  # configs/tiny.yaml
+
+
+@dataclass(frozen=True)
+class Setup:
+    a: Path  # random model, seed 1
+    b: Path  # random model, seed 2, same sentencepiece model
+    other_spm: Path  # random model with another sentencepiece model
+    sentences: list[str]  # 40 source sentences of varied length
+    words: list[str]
+
+
+def _save(path: Path, tokenizer: Tokenizer, seed: int, **decode) -> Path:
+    cfg = load_config(ROOT / "configs/tiny.yaml")
+    cfg = replace(cfg, decode=replace(cfg.decode, beam=4, max_len_a=0.0, max_len_b=6, **decode))
+    torch.manual_seed(seed)
+    model = Transformer(cfg.model, tokenizer.vocab_size, pad_id=PAD)
+    atomic_save({"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
+                 "vocab_size": tokenizer.vocab_size,
+                 "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
+                 "update": 0, "epoch": 0}, path)
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: the models are tiny, and on shared cores a second thread waiting for a
+    descheduled one makes every small op cost a time slice."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def setup(raw_corpus, tmp_path_factory) -> Setup:
+    root = tmp_path_factory.mktemp("translate")
+    train = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
+    spm = Tokenizer(train_sentencepiece(train, root / "spm", 500))
+    other = Tokenizer(train_sentencepiece(train, root / "other", 450))
+    sentences = raw_corpus.lines("test", "en")
+    return Setup(
+        a=_save(root / "a.pt", spm, seed=1),
+        b=_save(root / "b.pt", spm, seed=2),
+        other_spm=_save(root / "other.pt", other, seed=3),
+        sentences=sentences,
+        words=" ".join(train).split(),
+    )
+
+
+def nmt(*args: str, stdin: bytes = b"", cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The real command in a subprocess; bytes in, bytes out."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True,
+                          cwd=cwd, env=env, timeout=120)
+
+
+def nmt_here(*args: str) -> int:
+    """The real command line in this process (faster than a subprocess): its exit status."""
+    try:
+        cli.main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def translate_file(tmp_path: Path, lines: list[str], *args: str, name: str = "out") -> bytes:
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    out = tmp_path / f"{name}.txt"
+    assert nmt_here("translate", "-i", str(src), "-o", str(out), *args) == 0
+    return out.read_bytes()
+
+
+def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.decode()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+    assert r.stdout == b""
+
+
+# ------------------------------------------------------------------ the I/O contract
+
+
+def test_io_contract_one_output_line_per_input_line(setup):
+    long_line = " ".join((setup.words * 20)[:3000])  # > 3000 tokens
+    lines = [
+        b"A man is riding a bike.\r",  # CRLF
+        b"",
+        b"  \t  ",
+        long_line.encode(),
+        b"A dog \xff\xfe runs in the \xc3 park.",  # invalid UTF-8
+        b"Two dogs\rplay in\xe2\x80\xa8the snow.\r",  # bare CR and U+2028 inside; CRLF
+        b" \r",  # whitespace-only, CRLF
+        b"A woman sings.",  # no final newline
+    ]
+    r = nmt("translate", "-c", str(setup.a), stdin=b"\n".join(lines))
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode("utf-8")  # strict: the output is valid UTF-8
+    assert out.endswith("\n")
+    got = out.split("\n")[:-1]
+    assert len(got) == len(lines)
+    for line in got:
+        assert not any(c in line for c in "\r\t\u2028\u2029\x0b\x0c\x85"), repr(line)
+    assert got[1] == got[2] == got[6] == ""
+    err = r.stderr.decode()
+    assert "<stdin>:4:" in err and "truncated" in err
+    assert "<stdin>:5:" in err and "invalid UTF-8" in err
+    assert "WARNING" not in out and "truncated" not in out
+    warnings = [line for line in err.splitlines() if "WARNING" in line]
+    assert len(warnings) == 2, err
+
+
+def test_empty_input_gives_empty_output(setup):
+    r = nmt("translate", "-c", str(setup.a), stdin=b"")
+    assert (r.returncode, r.stdout) == (0, b""), r.stderr.decode()
+
+
+def test_missing_checkpoint_is_one_line(tmp_path):
+    one_line_error(nmt("translate", "-c", str(tmp_path / "nope.pt"), stdin=b"hi\n"), "nope.pt")
+
+
+def test_corrupt_checkpoint_is_one_line(setup, tmp_path):
+    bad = tmp_path / "truncated.pt"
+    bad.write_bytes(setup.a.read_bytes()[:5000])
+    one_line_error(nmt("translate", "-c", str(bad), stdin=b"hi\n"), "truncated.pt")
+
+
+def test_batching_does_not_change_the_output(setup, tmp_path):
+    lines = setup.sentences
+    ref = translate_file(tmp_path, lines, "-c", str(setup.a), "--batch-size", "64", name="ref")
+    assert ref.count(b"\n") == len(lines)
+    for args in (["--batch-size", "1"], ["--batch-size", "3"], ["--max-tokens", "50"],
+                 ["--batch-size", "64"]):
+        assert translate_file(tmp_path, lines, "-c", str(setup.a), *args) == ref, args
+
+
+def test_nbest_with_scores(setup, tmp_path):
+    out = translate_file(tmp_path, setup.sentences[:8], "-c", str(setup.a), "--nbest", "3", "--scores")
+    rows = out.decode().split("\n")[:-1]
+    assert len(rows) == 8
+    for row in rows:
+        fields = row.split("\t")
+        assert len(fields) == 6, row
+        scores = [float(s) for s in fields[0::2]]
+        assert scores == sorted(scores, reverse=True)
+    # distinct hypotheses (on tokens: distinct token sequences may detokenize identically)
+    loaded = load_models([setup.a], torch.device("cpu"))
+    seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:8]]
+    for hyps in translate_token_lists(loaded.model, seqs, loaded.config.decode, nbest=3,
+                                      max_positions=MAX_POSITIONS):
+        assert len({tuple(h.tokens) for h in hyps}) == 3
+
+
+# ------------------------------------------------------------------ the search through the model
+
+
+@pytest.mark.parametrize(("style", "alpha"), [("length", 1.0), ("gnmt", 0.6), ("none", 0.0)])
+def test_scores_are_teacher_forced_logprobs(setup, style, alpha):
+    loaded = load_models([setup.a], torch.device("cpu"))
+    model, tok = loaded.model, loaded.tokenizer
+    cfg = replace(loaded.config.decode, lenpen_style=style, lenpen=alpha)
+    seqs = [tok.encode(s) for s in setup.sentences[:5]]
+    results = translate_token_lists(model, seqs, cfg, nbest=cfg.beam, max_positions=MAX_POSITIONS)
+    with torch.inference_mode():
+        for seq, hyps in zip(seqs, results, strict=True):
+            src = torch.tensor([seq + [EOS]])
+            for h in hyps:
+                target = torch.tensor([h.tokens + [EOS]])
+                prev = torch.tensor([[BOS] + h.tokens])
+                lprobs = torch.log_softmax(model(src, prev).float(), dim=-1)
+                logprob = lprobs.gather(2, target.unsqueeze(2)).sum().item()
+                expected = logprob / length_penalty(len(h.tokens) + 1, alpha, style)
+                assert h.score == pytest.approx(expected, abs=1e-4)
+                assert h.logprob == pytest.approx(logprob, abs=1e-4)
+
+
+def test_beam_one_equals_greedy(setup):
+    loaded = load_models([setup.a], torch.device("cpu"))
+    cfg = replace(loaded.config.decode, beam=1)
+    seqs = [loaded.tokenizer.encode(s) for s in setup.sentences]
+    beam = translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS)
+    width = max(map(len, seqs)) + 1
+    src = torch.tensor([s + [EOS] + [PAD] * (width - len(s) - 1) for s in seqs])
+    with torch.inference_mode():
+        greedy = greedy_search(loaded.model, src, cfg, max_len=MAX_POSITIONS)
+    assert [h[0].tokens for h in beam] == greedy
+
+
+def test_empty_sequences_are_not_translated(setup):
+    loaded = load_models([setup.a], torch.device("cpu"))
+    seqs = [[], loaded.tokenizer.encode(setup.sentences[0]), []]
+    out = translate_token_lists(loaded.model, seqs, loaded.config.decode, max_positions=MAX_POSITIONS)
+    assert out[0] == out[2] == [] and len(out[1]) == 1
+
+
+# ------------------------------------------------------------------ ensembles
+
+
+def test_ensemble_of_one_model_twice_equals_the_model(setup, tmp_path):
+    lines = setup.sentences[:12]
+    single = translate_file(tmp_path, lines, "-c", str(setup.a), name="single")
+    twice = translate_file(tmp_path, lines, "-c", str(setup.a), "-c", str(setup.a), name="twice")
+    assert twice == single
+    mixed = translate_file(tmp_path, lines, "-c", str(setup.a), "-c", str(setup.b), name="mixed")
+    assert mixed.count(b"\n") == len(lines) and mixed != single
+
+
+def test_ensemble_needs_one_sentencepiece_model(setup, tmp_path, capfd):
+    src = tmp_path / "in.txt"
+    src.write_text("A dog.\n", encoding="utf-8")
+    code = nmt_here("translate", "-c", str(setup.a), "-c", str(setup.other_spm), "-i", str(src))
+    err = capfd.readouterr().err
+    assert code == 1 and "other.pt" in err and "sentencepiece" in err, err
+
+
+# ------------------------------------------------------------------ files and defaults
+
+
+def test_last_run_prefers_the_averaged_checkpoint(setup, tmp_path):
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    shutil.copyfile(setup.a, run / "checkpoint_avg.pt")
+    shutil.copyfile(setup.b, run / "checkpoint_best.pt")
+    (tmp_path / ".nmt-last-run").write_text(f"{run}\n", encoding="utf-8")
+    text = "".join(s + "\n" for s in setup.sentences[:4]).encode()
+    r = nmt("translate", stdin=text, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert "checkpoint_avg.pt" in r.stderr.decode()
+    assert r.stdout == nmt("translate", "-c", str(setup.a), stdin=text).stdout
+
+
+def test_last_run_falls_back_to_best(setup, tmp_path, monkeypatch, capfd):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copyfile(setup.b, run / "checkpoint_best.pt")
+    (tmp_path / ".nmt-last-run").write_text(f"{run}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    lines = setup.sentences[:4]
+    from_run = translate_file(tmp_path, lines, name="run")
+    assert "checkpoint_best.pt" in capfd.readouterr().err
+    assert from_run == translate_file(tmp_path, lines, "-c", str(setup.b), name="b")
+
+
+def test_no_checkpoint_and_no_run_is_one_line(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text("A dog.\n", encoding="utf-8")
+    assert nmt_here("translate", "-i", "in.txt") == 1
+    err = capfd.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and ".nmt-last-run" in err, err
+
+
+def test_input_and_output_files(setup, tmp_path, capfd):
+    lines = setup.sentences[:6]
+    out = translate_file(tmp_path, lines, "-c", str(setup.a))
+    captured = capfd.readouterr()
+    assert captured.out == ""  # -o: nothing on stdout
+    text = "".join(s + "\n" for s in lines).encode()
+    assert out == nmt("translate", "-c", str(setup.a), stdin=text).stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_output_is_written_atomically(setup, tmp_path, monkeypatch):
+    import nmt.translate
+
+    real = nmt.translate.format_line
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(nmt.translate, "format_line", failing)
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("A dog.\nA cat.\nA bird.\nA cow.\n", encoding="utf-8")
+    with pytest.raises(RuntimeError, match="boom"):
+        nmt_here("translate", "-c", str(setup.a), "-i", str(src), "-o", str(out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no partial file, no temporary
+    out.write_text("previous\n", encoding="utf-8")
+    calls.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        nmt_here("translate", "-c", str(setup.a), "-i", str(src), "-o", str(out))
+    assert out.read_text(encoding="utf-8") == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_same_input_twice_gives_the_same_output(setup, tmp_path):
+    lines = setup.sentences[:10]
+    first = translate_file(tmp_path, lines, "-c", str(setup.a), name="first")
+    assert translate_file(tmp_path, lines, "-c", str(setup.a), name="second") == first
