@@ -153,7 +153,7 @@ def train_cmd(
 ) -> None:
     """Train a Transformer; running it again on the same run directory resumes exactly.
 
-    Many GPUs: torchrun --nproc_per_node N -m nmt train CONFIG
+    Many GPUs: torchrun --standalone --nproc_per_node N -m nmt train CONFIG
     """
     from nmt import config as cfgmod
 
@@ -328,10 +328,6 @@ def score_cmd(
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, non-zero exits, tracebacks only with --debug."""
     args = sys.argv[1:] if argv is None else argv
-    if "translate" in args:
-        # Idle OpenMP threads spin by default and steal the CPU from the decoding loop's many
-        # small matrix products; this must be set before torch is imported (it is imported lazily).
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="nmt", standalone_mode=False)
