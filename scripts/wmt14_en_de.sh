@@ -36,11 +36,11 @@ if [ $SMOKE -eq 1 ]; then
   M30K=$WORK/multi30k
   bash "$HERE/scripts/get_multi30k.sh" "$M30K" en de
   for l in en de; do
-    gzip -dc "$M30K/train.$l.gz" | head -n 400 > "$RAW/train.$l"
-    gzip -dc "$M30K/val.$l.gz" | head -n 50 > "$RAW/valid.$l"
-    gzip -dc "$M30K/test_2016_flickr.$l.gz" | head -n 50 > "$RAW/newstest2014.$l"
+    gzip -dc "$M30K/train.$l.gz" | sed -n 1,400p > "$RAW/train.$l"
+    gzip -dc "$M30K/val.$l.gz" | sed -n 1,50p > "$RAW/valid.$l"
+    gzip -dc "$M30K/test_2016_flickr.$l.gz" | sed -n 1,50p > "$RAW/newstest2014.$l"
   done
-  CONFIG=$HERE/configs/tiny.yaml VOCAB=300 GPUS=2 AVG=2 PRECISION=fp32
+  CONFIG=$HERE/configs/tiny.yaml VOCAB=500 GPUS=2 AVG=2 PRECISION=fp32
   TRAIN_SET=(--set train.max_updates=6 --set train.save_interval_updates=2 --set train.max_tokens=1024
              --set train.validate_interval_updates=3 --set train.valid_bleu=true --device cpu)
 else

@@ -47,16 +47,19 @@ def test_wmt14_recipe_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_demo_pipeline_reaches_a_bleu_floor(tmp_path):
-    """The demo, with 6 minutes of training, must be well past what a broken model reaches."""
+    """The demo with 400 updates (about 8 minutes on 2 idle cores) must be well past what a
+    broken model reaches (val BLEU near 0). An update budget, not a time budget, so that a
+    busy machine makes the test slower, not flaky. The full demo reaches ~20.8 greedy val
+    BLEU at update 488 and ~10.2 at 244 (docs/benchmarks.md)."""
     need_multi30k()
-    env = script_env() | {"DATA": str(tmp_path / "data"), "BIN": str(tmp_path / "bin"),
-                          "RUN": str(tmp_path / "run"), "EXTRA": "--set train.max_time=360"}
+    env = script_env() | {"DATA": str(tmp_path / "data"), "BIN": str(tmp_path / "bin"), "RUN": str(tmp_path / "run"),
+                          "EXTRA": "--set train.max_time=0 --set train.max_updates=400"}
     r = subprocess.run(["bash", str(ROOT / "scripts/demo.sh")], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     valid = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     bleus = [v["valid_bleu"] for v in valid if v["type"] == "valid"]
-    assert bleus and max(bleus) >= 15.0, bleus
+    assert len(bleus) >= 2 and max(bleus) >= 12.0, bleus
     summary = (tmp_path / "run/summary.txt").read_text()
     assert "test_2016_flickr: BLEU = " in summary and "test_2017_flickr: BLEU = " in summary
     # a second run reuses everything: no new preparation, training says it is finished
