@@ -63,9 +63,10 @@ def _fsync(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[Path]:
+def _replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
     """Yield a temporary for the caller to fill, then rename it over `path` and fsync the
-    directory. On failure the temporary goes away and `path` keeps its previous content."""
+    directory. On failure the temporary goes away and `path` keeps its previous content;
+    an OSError (disk full, directory gone) becomes an NmtError naming `path`."""
     tmp = _temporary_name(path)
     try:
         yield tmp
@@ -77,7 +78,7 @@ def _replacing(path: Path) -> Iterator[Path]:
         os_error = _os_error(exc)
         if isinstance(exc, Exception) and os_error is not None:
             reason = os_error.strerror or str(os_error)
-            raise NmtError(f"{path}: cannot write checkpoint ({reason})") from exc
+            raise NmtError(f"{path}: cannot write {what} ({reason})") from exc
         raise
 
 
@@ -87,6 +88,16 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     """
     with _replacing(Path(path)) as tmp, open(tmp, "xb") as f:
         torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file") -> None:
+    """Write `data` to `path` as `atomic_save` writes a checkpoint (the run directory's
+    config.yaml and spm.model): a kill leaves the old file or the new one, and a temporary
+    that `clean_temporaries` recognises."""
+    with _replacing(Path(path), what) as tmp, open(tmp, "xb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
@@ -166,33 +177,50 @@ def load_checkpoint(
 def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
     """The training checkpoint to resume `run_dir` from, or None for a fresh run.
 
-    checkpoint_last.pt; if it is missing, truncated or corrupt, the newest
-    checkpoint_<update>.pt that loads, with a warning naming each file passed over.
-    Where checkpoints exist but none loads, an NmtError names them.
+    checkpoint_last.pt, unless a checkpoint_<update>.pt is newer (a kill between writing it
+    and linking checkpoint_last.pt to it); if checkpoint_last.pt is missing, truncated or
+    corrupt, the newest checkpoint_<update>.pt that loads, with a warning naming each file
+    passed over. Where checkpoints exist but none loads, an NmtError names them.
     """
     run_dir = Path(run_dir)
     last = run_dir / "checkpoint_last.pt"
-    numbered = [path for _, path in reversed(list_update_checkpoints(run_dir))] if run_dir.is_dir() else []
-    candidates = ([last] if last.is_file() else []) + numbered
-    if not candidates:
+    numbered = list(reversed(list_update_checkpoints(run_dir))) if run_dir.is_dir() else []
+    if not last.is_file() and not numbered:
         return None
-    if not last.is_file():
+    failures: list[str] = []
+    state, source = None, last
+    if last.is_file():
+        state = _load_for_resume(last, failures)
+    else:
         log.warning("%s is missing; looking for the newest checkpoint_<update>.pt", last)
-    failures = []
-    for path in candidates:
-        try:
-            state = load_checkpoint(path)
-        except NmtError as e:
-            log.warning("%s; trying an older checkpoint", e)
-            failures.append(path.name)
-            continue
-        if "train_state" not in state:
-            raise NmtError(f"{path}: not a training checkpoint (no train_state); cannot resume from it")
-        if failures:
-            log.warning("resuming from %s (passed over: %s)", path, ", ".join(failures))
-        return state
-    raise NmtError(f"{run_dir}: no checkpoint loads ({', '.join(failures)} are corrupt or truncated); "
-                   "move them away to start afresh")
+    for number, path in numbered:  # newest first
+        if state is not None and number <= state.get("update", -1):
+            break
+        newer = _load_for_resume(path, failures)
+        if newer is not None:
+            if state is not None:
+                log.warning("%s is newer than %s (update %s); resuming from it", path.name, last.name,
+                            state.get("update"))
+            state, source = newer, path
+            break
+    if state is None:
+        raise NmtError(f"{run_dir}: no checkpoint loads ({', '.join(failures)} are corrupt or truncated); "
+                       "move them away to start afresh")
+    if failures:
+        log.warning("resuming from %s (passed over: %s)", source, ", ".join(failures))
+    return state
+
+
+def _load_for_resume(path: Path, failures: list[str]) -> dict[str, Any] | None:
+    try:
+        state = load_checkpoint(path)
+    except NmtError as e:
+        log.warning("%s; trying another checkpoint", e)
+        failures.append(path.name)
+        return None
+    if "train_state" not in state:
+        raise NmtError(f"{path}: not a training checkpoint (no train_state); cannot resume from it")
+    return state
 
 
 def list_update_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:

@@ -13,12 +13,12 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,13 @@ from nmt.tokenizer import PAD, Tokenizer
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 LAST_RUN_FILE = ".nmt-last-run"  # in the working directory; read by `nmt translate`
+# A collective that waits longer than this raises instead of hanging (a rank that died, a
+# mismatch). Generous: the other ranks wait in a broadcast while rank 0 validates and saves.
+DIST_TIMEOUT = timedelta(minutes=30)
+MAX_CONSECUTIVE_OOM = 10  # then stop: skipping every batch is not training
+# Fault injection for tests (docs/reliability.md): "RANK:UPDATE[,RANK:UPDATE...]" makes the
+# model's forward raise torch.OutOfMemoryError once on that rank at that update.
+FAULT_OOM_ENV = "NMT_FAULT_OOM_AT"
 
 
 # ------------------------------------------------------------------ devices and processes
@@ -67,7 +74,7 @@ def setup_env(cfg: Config) -> Env:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
     return Env(device, rank, world_size)
 
 
@@ -86,6 +93,7 @@ class Progress:
     bad_validations: int = 0
     schedule_offset: int = 0  # --reset-optimizer restarts the warm-up here
     skipped_overflow: int = 0
+    oom_skipped: int = 0  # updates skipped because a rank ran out of memory
     history: list[str] = field(default_factory=list)
 
 
@@ -134,7 +142,11 @@ class Trainer:
         self.net: torch.nn.Module = self.model
         if env.world_size > 1:
             ids = [env.device.index] if env.device.type == "cuda" else None
-            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+            # No buffer broadcast: the only buffers are the sinusoids, equal everywhere, and a
+            # collective in the forward would let a rank that ran out of memory there fall out
+            # of step with the others.
+            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids,
+                                                                 broadcast_buffers=False)
         self.optimizer = build_optimizer(list(self.model.parameters()), t)
         self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale) if t.precision == "fp16" else None
         self.progress = Progress()
@@ -143,6 +155,8 @@ class Trainer:
         self.interrupted_by: int | None = None
         self.metrics_file: Any = None
         self._log_handler: logging.Handler | None = None
+        self._consecutive_oom = 0
+        _inject_oom_faults(self)
         try:
             if env.is_main:
                 self._prepare_run_dir()
@@ -154,40 +168,51 @@ class Trainer:
     # ---------------------------------------------------------------- run directory
 
     def _prepare_run_dir(self) -> None:
+        """Create the run directory, clean up after a killed run, open train.log and metrics.jsonl.
+
+        Every write error on the run directory, here or later, is an NmtError naming the file."""
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            removed = ckpt.clean_temporaries(self.run_dir)
-            if removed:
-                log.warning("removed %d leftover temporary file(s) in %s", removed, self.run_dir)
-            handler = logging.FileHandler(self.run_dir / "train.log")
+            ckpt.clean_temporaries(self.run_dir)
+        except OSError as e:
+            raise NmtError(f"{self.run_dir}: cannot write the run directory ({e.strerror or e})") from None
+        log_path, metrics_path = self.run_dir / "train.log", self.run_dir / "metrics.jsonl"
+        try:
+            handler = _RunLogHandler(log_path)
             handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
             logging.getLogger().addHandler(handler)
             self._log_handler = handler
-            self.metrics_file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
-            # `nmt translate` with no --checkpoint uses the last run started from this directory.
-            Path(LAST_RUN_FILE).write_text(str(self.run_dir.resolve()) + "\n", encoding="utf-8")
-            spm = self.run_dir / "spm.model"
-            if not spm.exists():
-                shutil.copyfile(Path(self.cfg.data.dir) / "spm.model", spm)
         except OSError as e:
-            raise NmtError(f"{self.run_dir}: cannot write the run directory ({e.strerror})") from None
+            raise NmtError(f"{log_path}: cannot write the training log ({e.strerror or e})") from None
+        try:
+            _drop_partial_last_line(metrics_path)
+            self.metrics_file = open(metrics_path, "a", encoding="utf-8")
+        except OSError as e:
+            raise NmtError(f"{metrics_path}: cannot write metrics ({e.strerror or e})") from None
+        spm = self.run_dir / "spm.model"
+        if not spm.exists():
+            ckpt.atomic_write_bytes(self.tokenizer.model_bytes, spm, "the sentencepiece model")
+        try:  # `nmt translate` with no --checkpoint uses the last run started from this directory
+            Path(LAST_RUN_FILE).write_text(str(self.run_dir.resolve()) + "\n", encoding="utf-8")
+        except OSError as e:  # a convenience only: a read-only working directory is no reason to stop
+            log.warning("cannot record the run in %s (%s)", Path(LAST_RUN_FILE).resolve(), e.strerror or e)
 
     def close(self) -> None:
-        """Close metrics.jsonl and detach train.log (train() may run again in this process)."""
+        """Close metrics.jsonl and detach train.log (train() may run again in this process).
+
+        Write errors are ignored here: the one that stopped training has been reported."""
         if self.metrics_file is not None:
-            self.metrics_file.close()
+            with suppress(OSError):
+                self.metrics_file.close()
             self.metrics_file = None
         if self._log_handler is not None:
             logging.getLogger().removeHandler(self._log_handler)
-            self._log_handler.close()
+            with suppress(OSError):
+                self._log_handler.close()
             self._log_handler = None
 
     def _write_config(self) -> None:
-        text = dump_config(self.cfg)
-        path = self.run_dir / "config.yaml"
-        tmp = path.with_name(f".config.yaml.tmp-{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        ckpt.atomic_write_bytes(dump_config(self.cfg).encode("utf-8"), self.run_dir / "config.yaml", "the config")
 
     def _fingerprint(self) -> str:
         return str(self.meta.get("fingerprint", ""))
@@ -282,7 +307,11 @@ class Trainer:
         for name in names[1:]:
             ckpt.link_or_copy(first, self.run_dir / name)
         if numbered and self.cfg.train.keep_last:
-            ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
+            try:
+                ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
+            except OSError as e:
+                raise NmtError(f"{e.filename or self.run_dir}: cannot delete an old checkpoint "
+                               f"({e.strerror or e})") from None
         log.info("saved %s", ", ".join(names))
 
     # ---------------------------------------------------------------- one update
@@ -295,14 +324,15 @@ class Trainer:
         )
         if batches.excluded and self.env.is_main:
             log.warning("epoch %d: %d pairs longer than model.max_positions - 1 left out", epoch, batches.excluded)
-        self.dummy_ids = batches[0] if len(batches) else None
+        self.dummy_ids = batches[0][:1] if len(batches) else None  # one sentence: cheap, weight 0
         local = datamod.shard_batches(batches, self.env.rank, self.env.world_size)
         return [local[i : i + t.update_freq] for i in range(0, len(local), t.update_freq)]
 
     def train_update(self, group: list[Any]) -> dict[str, float] | None:
         """Forward/backward over `group` (update_freq batches), then one optimizer step.
 
-        Returns the update's statistics, or None when an fp16 overflow skipped it.
+        Returns the update's statistics, or None when it was skipped: an fp16 overflow, or a
+        rank that ran out of memory (then every rank skips it; the update is not counted).
         Gradients are sums over target tokens, divided at the end by the total token count
         over all batches and ranks: accumulation equals one large batch.
         """
@@ -311,27 +341,35 @@ class Trainer:
         scale = self.scaler.scale if self.scaler else 1.0
         sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, nll: no sync per batch
         ntokens = nsent = 0.0
+        oom = False
         for j, ids in enumerate(group):
-            # A rank whose shard ran out runs a dummy batch with weight 0, so that every rank
-            # takes part in each gradient all-reduce (DDP would hang otherwise).
-            weight = 1.0 if ids is not None else 0.0
-            batch = datamod.collate(self.train_data, ids if ids is not None else self.dummy_ids,
-                                    pin_memory=env.device.type == "cuda").to(env.device)
+            # DDP all-reduces the gradients in the backward of the last batch: a rank whose shard
+            # ran out, or that ran out of memory, runs a dummy batch with weight 0 there, so
+            # that every rank takes part (DDP would hang otherwise).
             sync = j == len(group) - 1 or env.world_size == 1
-            with (nullcontext() if sync else self.net.no_sync()):  # type: ignore[operator]
-                with autocast(env.device, t.precision):
-                    logits = self.net(batch.src, batch.prev_output)  # (B, T, V)
-                loss, nll = label_smoothed_nll_loss(
-                    logits.view(-1, logits.size(-1)), batch.target.view(-1), t.label_smoothing, PAD
-                )
-                (loss * (scale * weight)).backward()
-            sums += torch.stack([loss.detach(), nll]).double() * weight
-            ntokens += batch.tgt_tokens * weight
-            nsent += len(batch) * weight
-        stats = torch.cat([sums, torch.tensor([ntokens, nsent], dtype=torch.float64, device=env.device)])
+            if oom and not (sync and env.world_size > 1):
+                continue
+            try:
+                loss, nll, batch_tokens, batch_sents = self._forward_backward(None if oom else ids, scale, sync)
+            except Exception as e:
+                if not _is_oom(e):
+                    raise
+                oom = True
+                self._forget_oom(e)
+                if not (sync and env.world_size > 1):
+                    continue
+                loss, nll, batch_tokens, batch_sents = self._forward_backward(None, scale, sync)
+            sums += torch.stack([loss, nll]).double()
+            ntokens += batch_tokens
+            nsent += batch_sents
+        stats = torch.cat([sums, torch.tensor([ntokens, nsent, float(oom)], dtype=torch.float64, device=env.device)])
         if env.world_size > 1:
             dist.all_reduce(stats)
-        loss_sum, nll_sum, ntokens, nsent = stats.tolist()
+        loss_sum, nll_sum, ntokens, nsent, ooms = stats.tolist()
+        if ooms:
+            self._skip_oom_update(int(ooms))
+            return None
+        self._consecutive_oom = 0
         next_update = self.progress.update + 1
         if self.scaler is None and not math.isfinite(loss_sum):
             raise NmtError(f"non-finite loss at update {next_update}; stopped without saving "
@@ -364,6 +402,54 @@ class Trainer:
         self.progress.update = next_update
         return {"loss": loss_sum / max(ntokens, 1) / math.log(2), "nll": nll_sum / max(ntokens, 1) / math.log(2),
                 "tokens": ntokens, "sentences": nsent, "lr": lr, "gnorm": gnorm_f}
+
+    def _forward_backward(self, ids: Any, scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        """One batch (the dummy batch with weight 0 for ids None): (loss, nll, tokens, sentences) × weight."""
+        env, t = self.env, self.cfg.train
+        weight = 1.0 if ids is not None else 0.0
+        batch = datamod.collate(self.train_data, ids if ids is not None else self.dummy_ids,
+                                pin_memory=env.device.type == "cuda").to(env.device)
+        with (nullcontext() if sync else self.net.no_sync()):  # type: ignore[operator]
+            with autocast(env.device, t.precision):
+                logits = self.net(batch.src, batch.prev_output)  # (B, T, V)
+            loss, nll = label_smoothed_nll_loss(
+                logits.view(-1, logits.size(-1)), batch.target.view(-1), t.label_smoothing, PAD
+            )
+            del logits
+            try:
+                (loss * (scale * weight)).backward()
+            except Exception as e:
+                if _is_oom(e) and sync and env.world_size > 1:
+                    raise NmtError(
+                        f"out of memory in the backward pass at update {self.progress.update + 1} on rank "
+                        f"{env.rank}: DDP cannot skip an update once the gradient all-reduce has started; "
+                        "lower train.max_tokens (and raise train.update_freq to keep the batch size)") from None
+                raise
+        return loss.detach() * weight, nll.detach() * weight, batch.tgt_tokens * weight, len(batch) * weight
+
+    def _forget_oom(self, error: BaseException) -> None:
+        """After an out-of-memory error in this update: drop its gradients and cached memory."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.env.device.type == "cuda":
+            torch.cuda.empty_cache()
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        log.warning("out of memory at update %d%s: skipping the update (%s)", self.progress.update + 1,
+                    f" on rank {self.env.rank}" if self.env.world_size > 1 else "", first[:200])
+
+    def _skip_oom_update(self, ranks: int) -> None:
+        """Every rank skips an update in which any ran out of memory: its batches are consumed,
+        the update is not counted (the schedule does not advance) and its gradients are dropped."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.progress.oom_skipped += 1
+        self._consecutive_oom += 1
+        update = self.progress.update + 1
+        if self._consecutive_oom >= MAX_CONSECUTIVE_OOM:
+            raise NmtError(f"out of memory in {self._consecutive_oom} consecutive updates (last: update {update}); "
+                           f"checkpoints in {self.run_dir} are intact. Lower train.max_tokens "
+                           "(and raise train.update_freq to keep the batch size)")
+        if self.env.is_main:
+            log.warning("update %d skipped: out of memory on %d rank(s); %d update(s) skipped so far", update, ranks,
+                        self.progress.oom_skipped)
 
     # ---------------------------------------------------------------- validation
 
@@ -412,8 +498,11 @@ class Trainer:
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.metrics_file is not None:
-            self.metrics_file.write(json.dumps(record) + "\n")
-            self.metrics_file.flush()
+            try:
+                self.metrics_file.write(json.dumps(record) + "\n")
+                self.metrics_file.flush()
+            except OSError as e:
+                raise NmtError(f"{self.metrics_file.name}: cannot write metrics ({e.strerror or e})") from None
 
     def _after_validation(self, result: dict[str, float]) -> bool:
         """Track the best checkpoint and patience; returns whether this one is the best so far."""
@@ -533,7 +622,10 @@ class Trainer:
         record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": stats["loss"],
                   "nll": stats["nll"], "ppl": 2 ** stats["nll"], "lr": stats["lr"], "gnorm": stats["gnorm"],
                   "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
-                  "elapsed": p.elapsed}
+                  "elapsed": p.elapsed, "oom_skipped": p.oom_skipped}
+        rss = _rss_mb()
+        if rss is not None:
+            record["rss_mb"] = rss
         if self.scaler is not None:
             record["loss_scale"] = self.scaler.scale
         if bar is not None:
@@ -545,6 +637,69 @@ class Trainer:
                      "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
                      record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
             window.update(tokens=0.0, time=now, updates=0)
+
+
+class _RunLogHandler(logging.FileHandler):
+    """train.log. A failed write (disk full) stops training with an NmtError naming the file,
+    where logging would print a traceback and carry on."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            raise NmtError(f"{self.baseFilename}: cannot write the training log ({error.strerror or error})") from None
+        super().handleError(record)
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """A run killed while writing metrics.jsonl may leave half a line; appending after it would
+    glue the next record to it. Cut it off (a record is a few hundred bytes)."""
+    if not path.is_file():  # new, or not a regular file (a pipe, /dev/full)
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - (1 << 16))
+        f.seek(start)
+        tail = f.read()
+        if tail and not tail.endswith(b"\n"):
+            cut = start + tail.rfind(b"\n") + 1
+            f.truncate(cut)
+            log.warning("%s: removed an incomplete last line (%d bytes) left by an interrupted run", path, size - cut)
+
+
+def _rss_mb() -> float | None:
+    """This process' resident memory (Linux; None elsewhere): cheap enough for every log line."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error))
+
+
+def _inject_oom_faults(trainer: Trainer) -> None:
+    """The NMT_FAULT_OOM_AT test seam: raise torch.OutOfMemoryError from the model's forward,
+    once, on the given rank(s) at the given update(s)."""
+    spec = os.environ.get(FAULT_OOM_ENV)
+    if not spec:
+        return
+    try:
+        targets = {(int(r), int(u)) for r, u in (item.split(":") for item in spec.split(","))}
+    except ValueError:
+        raise NmtError(f"{FAULT_OOM_ENV}={spec!r}: expected RANK:UPDATE[,RANK:UPDATE...]") from None
+    fired: set[tuple[int, int]] = set()
+
+    def hook(module: torch.nn.Module, args: Any) -> None:
+        key = (trainer.env.rank, trainer.progress.update + 1)
+        if module.training and key in targets and key not in fired:
+            fired.add(key)
+            raise torch.OutOfMemoryError(f"simulated by {FAULT_OOM_ENV}={spec}")
+
+    trainer.model.register_forward_pre_hook(hook)
 
 
 def _progress_bar(env: Env, initial: int, total: int) -> Any:

@@ -122,9 +122,8 @@ def load_models(paths: list[Path], device: torch.device) -> Loaded:
         models.append(model.to(device).eval())
         del state
     assert tokenizer is not None and first_cfg is not None
-    max_pos = min(m.cfg.max_positions if hasattr(m, "cfg") else first_cfg.model.max_positions for m in models)
-    model = models[0] if len(models) == 1 else Ensemble(models)
-    return Loaded(model, tokenizer, first_cfg, max_pos)
+    max_pos = min(m.cfg.max_positions for m in models)
+    return Loaded(models[0] if len(models) == 1 else Ensemble(models), tokenizer, first_cfg, max_pos)
 
 
 # ------------------------------------------------------------------ the prediction path
@@ -172,7 +171,7 @@ def translate_token_lists(
             width = max(len(seqs[i]) for i in ids) + 1
             src = torch.full((len(ids), width), PAD, dtype=torch.long)
             for row, i in enumerate(ids):
-                src[row, : len(seqs[i]) + 1] = torch.tensor(seqs[i] + [EOS])
+                src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], EOS])
             hyps = beam_search(model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS, eos=EOS,
                                max_len=max_positions)
             for i, h in zip(ids, hyps):
