@@ -18,7 +18,7 @@ import torch
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
-from nmt.config import load_config
+from nmt.config import Config, load_config
 from nmt.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,17 +48,23 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def run_both(prepared, tmp_path: Path, max_updates: int, max_tokens: int = 1024) -> tuple[Path, Path]:
-    ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
-    done = torchrun(settings(prepared[0], ddp_dir, max_updates, max_tokens), tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    sets = settings(prepared[0], single_dir, max_updates, max_tokens)
+def train_single(prepared, run_dir: Path, max_updates: int, max_tokens: int = 1024) -> Config:
+    """One process seeing both ranks' batches: update_freq 2 over the same batch stream."""
+    sets = settings(prepared[0], run_dir, max_updates, max_tokens)
     cfg = load_config(TINY, [f"{k}={v}" for k, v in sets.items()] + ["train.update_freq=2"])
     threads = torch.get_num_threads()
     try:
         train(cfg)
     finally:
         torch.set_num_threads(threads)
+    return cfg
+
+
+def run_both(prepared, tmp_path: Path, max_updates: int, max_tokens: int = 1024) -> tuple[Path, Path]:
+    ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
+    done = torchrun(settings(prepared[0], ddp_dir, max_updates, max_tokens), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    train_single(prepared, single_dir, max_updates, max_tokens)
     return ddp_dir, single_dir
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_ddp import TORCHRUN, assert_equal_runs, settings
+from test_ddp import TORCHRUN, assert_equal_runs, settings, train_single
 from test_train import (  # noqa: F401  (_in_tmp: the autouse fixture, reused)
     THREADS,
     TINY,
@@ -199,35 +199,6 @@ def test_resume_takes_a_checkpoint_newer_than_checkpoint_last(prepared, tmp_path
 # ------------------------------------------------------------------ Ctrl-C
 
 
-def test_sigint_mid_epoch_saves_the_update_exits_130_cleanly_and_resumes_exactly(prepared, tmp_path):
-    """As test_train's SIGTERM test, for Ctrl-C: exit 130, no traceback, the update in progress saved."""
-    run_dir = tmp_path / "run"
-    proc = nmt_train_process(train_sets(prepared[0], run_dir, **{"train.max_updates": 100000}), tmp_path)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None and count_lines(run_dir / "metrics.jsonl") < 3:
-            time.sleep(0.02)
-        assert proc.poll() is None, proc.communicate()[1]
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "stopped by SIGINT" in err, err
-    last = ckpt.load_latest(run_dir)
-    stopped_at = last["update"]
-    cfg = tiny(prepared[0], run_dir, max_updates=stopped_at + 3)
-    assert 3 <= stopped_at == max(losses(run_dir)) < updates_per_epoch(cfg)  # the update it was in, mid-epoch
-    assert last["train_state"]["progress"]["updates_in_epoch"] == stopped_at
-    assert_same_weights(weights(run_dir, f"checkpoint_{stopped_at}.pt"), last["model"], 0.0)
-
-    assert train(cfg).update == stopped_at + 3
-    train(replace(cfg, train={"run_dir": str(tmp_path / "straight")}))
-    assert_same_weights(weights(tmp_path / "straight"), weights(run_dir))
-    assert losses(tmp_path / "straight") == pytest.approx(losses(run_dir), abs=1e-6)
-
-
 # ------------------------------------------------------------------ corrupt checkpoints
 
 
@@ -370,13 +341,7 @@ def test_oom_on_one_ddp_rank_makes_every_rank_skip_the_update(prepared, tmp_path
     assert returncode == 0, err[-3000:]
     assert "out of memory at update 3 on rank 1" in err
     monkeypatch.setenv(FAULT_OOM_ENV, "0:3")
-    sets = settings(prepared[0], single_dir, 6)
-    cfg = load_config(TINY, [f"{k}={v}" for k, v in sets.items()] + ["train.update_freq=2"])
-    threads = torch.get_num_threads()
-    try:
-        train(cfg)
-    finally:
-        torch.set_num_threads(threads)
+    cfg = train_single(prepared, single_dir, 6)
     assert_equal_runs(ddp_dir, single_dir)
     assert "update 3 skipped: out of memory on 1 rank(s)" in (ddp_dir / "train.log").read_text()
     assert [r["oom_skipped"] for r in records(ddp_dir, "train")] == [0, 0, 1, 1, 1, 1]

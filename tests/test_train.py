@@ -248,7 +248,10 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
 # ------------------------------------------------------------------ signals, NaN, overflow
 
 
-def test_sigterm_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run(prepared, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run(prepared, tmp_path, sig):
+    """SIGTERM (schedulers, torchrun) and Ctrl-C: the update in progress is saved, exit 128+N
+    without a traceback, and resuming ends where an uninterrupted run ends."""
     run_dir = tmp_path / "run"
     sets = [f"data.dir={prepared[0]}", f"train.run_dir={run_dir}", "train.max_updates=100000",
             "train.log_interval=1", "train.device=cpu",
@@ -262,20 +265,21 @@ def test_sigterm_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_ru
                 break
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()[1]
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "stopped by SIGTERM" in err
+    assert proc.returncode == 128 + sig, err
+    assert f"stopped by {signal.Signals(sig).name}" in err and "Traceback" not in err, err
     last = ckpt.load_latest(run_dir)
     assert last is not None
     stopped_at = last["update"]
-    assert stopped_at >= 3 and stopped_at == max(losses(run_dir))
+    cfg = tiny(prepared[0], run_dir, max_updates=stopped_at + 3)
+    assert 3 <= stopped_at == max(losses(run_dir)) < updates_per_epoch(cfg)  # the update it was in, mid-epoch
+    assert last["train_state"]["progress"]["updates_in_epoch"] == stopped_at
     assert_same_weights(weights(run_dir, f"checkpoint_{stopped_at}.pt"), last["model"], 0.0)
 
-    cfg = tiny(prepared[0], run_dir, max_updates=stopped_at + 3)
     assert train(cfg).update == stopped_at + 3
     train(replace(cfg, train={"run_dir": str(tmp_path / "straight")}))
     assert_same_weights(weights(tmp_path / "straight"), weights(run_dir))
