@@ -26,6 +26,9 @@ from nmt.errors import NmtError
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+# Written by `nmt train` in its working directory (the run directory it started); read by
+# `nmt translate` when no --checkpoint is given.
+LAST_RUN_FILE = ".nmt-last-run"
 SUPPORTED_FORMAT_VERSIONS = (1,)
 REQUIRED_KEYS = ("format_version", "model", "config")
 # Keys of an averaged checkpoint taken from the newest input; everything else is dropped.

@@ -36,7 +36,6 @@ from nmt.tokenizer import PAD, Tokenizer
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
-LAST_RUN_FILE = ".nmt-last-run"  # in the working directory; read by `nmt translate`
 # A collective that waits longer than this raises instead of hanging (a rank that died, a
 # mismatch). Generous: the other ranks wait in a broadcast while rank 0 validates and saves.
 DIST_TIMEOUT = timedelta(minutes=30)
@@ -193,9 +192,9 @@ class Trainer:
         if not spm.exists():
             ckpt.atomic_write_bytes(self.tokenizer.model_bytes, spm, "the sentencepiece model")
         try:  # `nmt translate` with no --checkpoint uses the last run started from this directory
-            Path(LAST_RUN_FILE).write_text(str(self.run_dir.resolve()) + "\n", encoding="utf-8")
+            Path(ckpt.LAST_RUN_FILE).write_text(str(self.run_dir.resolve()) + "\n", encoding="utf-8")
         except OSError as e:  # a convenience only: a read-only working directory is no reason to stop
-            log.warning("cannot record the run in %s (%s)", Path(LAST_RUN_FILE).resolve(), e.strerror or e)
+            log.warning("cannot record the run in %s (%s)", Path(ckpt.LAST_RUN_FILE).resolve(), e.strerror or e)
 
     def close(self) -> None:
         """Close metrics.jsonl and detach train.log (train() may run again in this process).

@@ -26,14 +26,13 @@ from typing import Any, BinaryIO
 
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
 from nmt.config import Config, DecodeConfig, config_from_dict
 from nmt.device import PRECISIONS, autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.model import Transformer
 from nmt.search import Hypothesis, beam_search
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
-from nmt.train import LAST_RUN_FILE
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 4096
