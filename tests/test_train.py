@@ -253,15 +253,18 @@ def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run
     """SIGTERM (schedulers, torchrun) and Ctrl-C: the update in progress is saved, exit 128+N
     without a traceback, and resuming ends where an uninterrupted run ends."""
     run_dir = tmp_path / "run"
+    # 256-token batches: ~100 updates an epoch, so the signal lands mid-epoch even when this
+    # process is slow to see the child's third update on a loaded machine.
     sets = [f"data.dir={prepared[0]}", f"train.run_dir={run_dir}", "train.max_updates=100000",
-            "train.log_interval=1", "train.device=cpu",
+            "train.log_interval=1", "train.device=cpu", "train.max_tokens=256",
             f"train.threads={THREADS}"]
     cmd = [sys.executable, "-m", "nmt", "train", str(TINY)] + [a for s in sets for a in ("--set", s)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
-            if (run_dir / "metrics.jsonl").is_file() and len(records(run_dir, "train")) >= 3:
+            metrics = run_dir / "metrics.jsonl"  # complete lines only: the child is writing it
+            if metrics.is_file() and metrics.read_text().count('"type": "train"') >= 3:
                 break
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()[1]
@@ -275,7 +278,7 @@ def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run
     last = ckpt.load_latest(run_dir)
     assert last is not None
     stopped_at = last["update"]
-    cfg = tiny(prepared[0], run_dir, max_updates=stopped_at + 3)
+    cfg = tiny(prepared[0], run_dir, max_updates=stopped_at + 3, max_tokens=256)
     assert 3 <= stopped_at == max(losses(run_dir)) < updates_per_epoch(cfg)  # the update it was in, mid-epoch
     assert last["train_state"]["progress"]["updates_in_epoch"] == stopped_at
     assert_same_weights(weights(run_dir, f"checkpoint_{stopped_at}.pt"), last["model"], 0.0)
