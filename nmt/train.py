@@ -410,10 +410,9 @@ class Trainer:
                                 pin_memory=env.device.type == "cuda").to(env.device)
         with (nullcontext() if sync else self.net.no_sync()):  # type: ignore[operator]
             with autocast(env.device, t.precision):
-                logits = self.net(batch.src, batch.prev_output)  # (B, T, V)
-            loss, nll = label_smoothed_nll_loss(
-                logits.view(-1, logits.size(-1)), batch.target.view(-1), t.label_smoothing, PAD
-            )
+                real = batch.target != PAD
+                logits = self.net(batch.src, batch.prev_output, real)  # (M, V): real target tokens only
+            loss, nll = label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
             del logits
             try:
                 (loss * (scale * weight)).backward()
@@ -467,9 +466,9 @@ class Trainer:
             for ids in batches:
                 batch = datamod.collate(self.valid_data, ids).to(env.device)
                 with autocast(env.device, t.precision):
-                    logits = self.model(batch.src, batch.prev_output)
-                loss, nll = label_smoothed_nll_loss(logits.view(-1, logits.size(-1)), batch.target.view(-1),
-                                                    t.label_smoothing, PAD)
+                    real = batch.target != PAD
+                    logits = self.model(batch.src, batch.prev_output, real)  # (M, V)
+                loss, nll = label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
                 loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.tgt_tokens
         nll_bits = nll_sum / max(ntok, 1) / math.log(2)
         result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig, load_config
-from nmt.model import Transformer, num_parameters, summary
+from nmt.model import Dropout, Transformer, num_parameters, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 41  # tiny vocabulary; ids 0..3 are pad, unk, bos, eos
@@ -140,6 +140,42 @@ def test_dropout_only_in_training():
     torch.testing.assert_close(model(src, prev), model(src, prev), rtol=0, atol=0)
     model.train()
     assert not torch.allclose(model(src, prev), model(src, prev))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_cpu_dropout_rate_scale_gradient_and_seed(p):
+    x = torch.ones(400_000, requires_grad=True)
+    drop = Dropout(p).train()
+    torch.manual_seed(5)
+    y = drop(x)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - p) < 4 * (p * (1 - p) / x.numel()) ** 0.5  # 4 sigma
+    scale = y[kept].unique()
+    assert scale.numel() == 1 and scale.item() == pytest.approx(1 / (1 - p), rel=1e-4)
+    assert abs(y.mean().item() - 1) < 0.01  # the expectation is kept
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())  # d y / d x: the same mask and scale
+    torch.manual_seed(5)
+    assert torch.equal(drop(x), y)  # the default generator's state decides the mask
+    assert not torch.equal(drop(x), y)
+    assert torch.equal(drop.eval()(x), x)
+
+
+def test_cpu_dropout_edges_and_odd_sizes():
+    x = torch.randn(3, 5, 7)  # 105 elements: not a multiple of 4
+    assert torch.equal(Dropout(0.0).train()(x), x)
+    assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))
+    y = Dropout(0.5).train()(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    with pytest.raises(ValueError, match="dropout probability"):
+        Dropout(1.5)
+
+
+def test_logits_of_masked_target_positions_equal_the_full_logits():
+    model = make(norm_first=True)
+    src, prev = tokens(6, 4), tokens(5, 2, bos=True)
+    mask = prev != PAD
+    torch.testing.assert_close(model(src, prev, mask), model(src, prev)[mask], rtol=0, atol=1e-6)
 
 
 def test_bf16_autocast_is_close_to_fp32():

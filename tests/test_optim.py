@@ -58,6 +58,30 @@ def test_no_smoothing_is_plain_cross_entropy():
     )
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hand_written_loss_gradient_equals_autograd(eps, dtype):
+    """The loss' backward is written by hand; autograd through log_softmax is the reference."""
+    torch.manual_seed(1)
+    logits = torch.randn(23, 17).to(dtype).requires_grad_()
+    target = torch.randint(1, 17, (23,))
+    target[::4] = 0  # padding rows get no gradient
+    loss, nll = label_smoothed_nll_loss(logits, target, eps, ignore_index=0)
+    (2.5 * loss).backward()
+    assert logits.grad is not None and logits.grad.dtype == dtype and not nll.requires_grad
+
+    ref_logits = logits.detach().float().requires_grad_()
+    lp = torch.log_softmax(ref_logits, -1)
+    keep = target != 0
+    q = torch.full_like(lp, eps / 16).scatter_(1, target.unsqueeze(1), 1 - eps)
+    ref = -(q * lp)[keep].sum()
+    (2.5 * ref).backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert (logits.grad[~keep] == 0).all()
+    tol = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(logits.grad.float(), ref_logits.grad, rtol=tol, atol=tol)
+
+
 def test_loss_scaler_halves_on_overflow_and_grows_after_clean_updates():
     s = DynamicLossScaler(init_scale=128.0, min_scale=1.0, growth_interval=3)
     s.update(overflow=True, at_update=1)
