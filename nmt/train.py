@@ -402,18 +402,23 @@ class Trainer:
         return {"loss": loss_sum / max(ntokens, 1) / math.log(2), "nll": nll_sum / max(ntokens, 1) / math.log(2),
                 "tokens": ntokens, "sentences": nsent, "lr": lr, "gnorm": gnorm_f}
 
+    def _batch_loss(self, net: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Label-smoothed loss and NLL summed over the batch's real target tokens. The model
+        computes logits for those positions only (no output projection for padding)."""
+        t = self.cfg.train
+        real = batch.target != PAD
+        with autocast(self.env.device, t.precision):
+            logits = net(batch.src, batch.prev_output, real)  # (M, V)
+        return label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
+
     def _forward_backward(self, ids: Any, scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
         """One batch (the dummy batch with weight 0 for ids None): (loss, nll, tokens, sentences) × weight."""
-        env, t = self.env, self.cfg.train
+        env = self.env
         weight = 1.0 if ids is not None else 0.0
         batch = datamod.collate(self.train_data, ids if ids is not None else self.dummy_ids,
                                 pin_memory=env.device.type == "cuda").to(env.device)
         with (nullcontext() if sync else self.net.no_sync()):  # type: ignore[operator]
-            with autocast(env.device, t.precision):
-                real = batch.target != PAD
-                logits = self.net(batch.src, batch.prev_output, real)  # (M, V): real target tokens only
-            loss, nll = label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
-            del logits
+            loss, nll = self._batch_loss(self.net, batch)
             try:
                 (loss * (scale * weight)).backward()
             except Exception as e:
@@ -465,10 +470,7 @@ class Trainer:
         with torch.no_grad():
             for ids in batches:
                 batch = datamod.collate(self.valid_data, ids).to(env.device)
-                with autocast(env.device, t.precision):
-                    real = batch.target != PAD
-                    logits = self.model(batch.src, batch.prev_output, real)  # (M, V)
-                loss, nll = label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
+                loss, nll = self._batch_loss(self.model, batch)
                 loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.tgt_tokens
         nll_bits = nll_sum / max(ntok, 1) / math.log(2)
         result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits,
