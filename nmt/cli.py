@@ -242,6 +242,11 @@ def translate_cmd(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     precision: Annotated[str, typer.Option(help="fp32, bf16 or fp16 (fp16 on CUDA only).")] = "fp32",
     threads: Annotated[int, typer.Option(help="CPU threads; 0 = torch default.")] = 0,
+    workers: Annotated[
+        int,
+        typer.Option(help="CPU: batches decoded at once, each on its own thread (the threads are "
+                     "shared out among them); 0 = one per thread. GPU: always 1."),
+    ] = 0,
 ) -> None:
     """Translate raw text, one output line for every input line (stdin -> stdout).
 
@@ -268,6 +273,7 @@ def translate_cmd(
         device=device,
         precision=precision,
         threads=threads,
+        workers=workers,
     )
     translate_main(opts)
 

@@ -335,12 +335,23 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
-        """tokens (N,) at position state.step -> fp32 log-probs (N, V) of the next token, state."""
+        """tokens (N,) at position state.step -> fp32 log-probs (N, V) of the next token, state.
+
+        The state passed in is used up: each layer's old self-attention cache is released as
+        soon as its new one exists, so a step holds the cache plus one layer's copy, not two
+        whole caches (the largest memory of a search). Continue from the returned state.
+        """
+        old = state.self_kv
+        if any(kv is None for kv in old):
+            raise ValueError("this DecoderState was already passed to decode_step; use the state it returned")
         x = self.tgt_embed(tokens.unsqueeze(1), start=state.step)  # (N, 1, D)
-        self_kv = []
+        self_kv: list[KV] = []
         for i, layer in enumerate(self.decoder):
-            cache = state.self_kv[i] if state.self_kv else None
+            cache = old[i] if old else None
+            if old:
+                old[i] = None  # type: ignore[call-overload]  # the list no longer keeps it alive
             x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows)
+            cache = None  # freed here, before the next layer copies its own
             self_kv.append(kv)
         logits = self.output(x.squeeze(1)).float()  # (N, V)
         new = replace(state, self_kv=self_kv, self_kv_rows=None, step=state.step + 1)

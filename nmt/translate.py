@@ -20,6 +20,7 @@ import re
 import secrets
 import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -58,6 +59,7 @@ class TranslateOptions:
     device: str = "auto"
     precision: str = "fp32"
     threads: int = 0
+    workers: int = 0  # batches decoded at once on CPU; 0 = one per torch thread
 
 
 # ------------------------------------------------------------------ models
@@ -152,11 +154,17 @@ def translate_token_lists(
     device: torch.device | str = "cpu",
     precision: str = "fp32",
     max_positions: int | None = None,
+    workers: int = 1,
 ) -> list[list[Hypothesis]]:
     """Beam-search every token sequence (without EOS); results in input order.
 
     Sequences longer than max_positions - 1 are truncated (the caller warns). Batches are
     formed by length for speed; the results do not depend on how sentences are batched.
+
+    workers > 1 (CPU): that many batches are decoded at once, each on its own thread with
+    one intra-op thread, instead of one batch with every thread (Marian's --cpu-threads,
+    CTranslate2's inter_threads). A small model's matmuls are too small to share cores well,
+    and the search's Python work of one batch overlaps the other's matmuls.
     """
     device = torch.device(device)
     limit = (max_positions - 1) if max_positions else None
@@ -164,17 +172,33 @@ def translate_token_lists(
     results: list[list[Hypothesis]] = [[] for _ in seqs]
     todo = [i for i, s in enumerate(seqs) if s]
     lengths = [len(seqs[i]) for i in todo]
-    with torch.inference_mode(), autocast(device, precision):
-        for batch in _batches(lengths, cfg.batch_size, cfg.max_tokens):
-            ids = [todo[j] for j in batch]
-            width = max(len(seqs[i]) for i in ids) + 1
-            src = torch.full((len(ids), width), PAD, dtype=torch.long)
-            for row, i in enumerate(ids):
-                src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], EOS])
+    batches = [[todo[j] for j in batch] for batch in _batches(lengths, cfg.batch_size, cfg.max_tokens)]
+
+    def run(ids: list[int]) -> None:
+        width = max(len(seqs[i]) for i in ids) + 1
+        src = torch.full((len(ids), width), PAD, dtype=torch.long)
+        for row, i in enumerate(ids):
+            src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], EOS])
+        with torch.inference_mode(), autocast(device, precision):  # both are per thread
             hyps = beam_search(model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS, eos=EOS,
                                max_len=max_positions)
-            for i, h in zip(ids, hyps):
-                results[i] = h
+        for i, h in zip(ids, hyps):
+            results[i] = h
+
+    workers = min(workers, len(batches)) if device.type == "cpu" else 1
+    if workers <= 1:
+        for ids in batches:
+            run(ids)
+        return results
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // workers))
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="nmt-decode")
+    try:
+        for _ in pool.map(run, batches):  # re-raises a worker's exception (or Ctrl-C) here
+            pass
+    finally:
+        pool.shutdown(cancel_futures=True)  # after an error, the batches not yet started are dropped
+        torch.set_num_threads(threads)
     return results
 
 
@@ -222,7 +246,8 @@ def format_line(hyps: list[Hypothesis], tokenizer: Tokenizer, nbest: int, scores
 
 
 def translate_stream(loaded: Loaded, cfg: DecodeConfig, inp: BinaryIO, out: Any, *, name: str, nbest: int,
-                     scores: bool, device: torch.device, precision: str, chunk_lines: int = CHUNK_LINES) -> int:
+                     scores: bool, device: torch.device, precision: str, workers: int = 1,
+                     chunk_lines: int = CHUNK_LINES) -> int:
     """Translate `inp` to `out` chunk by chunk; returns the number of lines written."""
     limit = loaded.max_positions - 1
     bar = _bar()
@@ -234,7 +259,7 @@ def translate_stream(loaded: Loaded, cfg: DecodeConfig, inp: BinaryIO, out: Any,
             if len(s) > limit:
                 log.warning("%s:%d: %d tokens, truncated to the model's maximum of %d", name, n, len(s), limit)
         hyps = translate_token_lists(loaded.model, seqs, cfg, nbest=nbest, device=device, precision=precision,
-                                     max_positions=loaded.max_positions)
+                                     max_positions=loaded.max_positions, workers=workers)
         for h in hyps:
             out.write(format_line(h, loaded.tokenizer, nbest, scores) + "\n")
         out.flush()
@@ -278,7 +303,10 @@ def translate_main(opts: TranslateOptions) -> None:
         raise NmtError(f"--precision must be one of {', '.join(PRECISIONS)}, got {opts.precision!r}")
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
+    if opts.workers < 0:
+        raise NmtError(f"--workers must be 0 (one per CPU thread) or more, got {opts.workers}")
     device = resolve_device(opts.device)
+    workers = opts.workers or (torch.get_num_threads() if device.type == "cpu" else 1)
     if opts.input is not None and not Path(opts.input).is_file():
         raise NmtError(f"{opts.input}: input file not found")
     loaded = load_models(resolve_checkpoints(opts.checkpoints), device)
@@ -294,7 +322,7 @@ def translate_main(opts: TranslateOptions) -> None:
             try:
                 with open(tmp, "w", encoding="utf-8", newline="\n") as out:
                     translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                                     device=device, precision=opts.precision)
+                                     device=device, precision=opts.precision, workers=workers)
                 tmp.replace(out_path)
             except OSError as e:
                 raise NmtError(f"{opts.output}: cannot write ({e.strerror})") from None
@@ -304,7 +332,7 @@ def translate_main(opts: TranslateOptions) -> None:
         else:
             out = open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
             translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                             device=device, precision=opts.precision)
+                             device=device, precision=opts.precision, workers=workers)
     finally:
         if opts.input:
             inp.close()

@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared/data/multi30k"
-HEADER = ("| checkpoint | device | threads | beam | batch | sentences | translate s | sent/s | tok/s "
+HEADER = ("| checkpoint | device | threads × workers | beam | batch | sentences | translate s | sent/s | tok/s "
           "| command s | command sent/s | peak RSS MB | BLEU |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tgt", default="de")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workers", type=int, default=0,
+                   help="batches decoded at once (nmt translate --workers); 0 = one per thread")
     p.add_argument("--batch-size", type=int, help="default: the checkpoint's decode.batch_size")
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--max-len-a", type=float)
@@ -113,19 +115,20 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     loaded = load_models([ckpt], device)
     cfg = replace(loaded.config.decode, **decode_options(args))
+    workers = args.workers or (args.threads if device.type == "cpu" else 1)
     seqs = [loaded.tokenizer.encode(s) if s.strip() else [] for s in src]
     times = []
     for _ in range(max(1, args.repeat)):
         start = time.perf_counter()
         hyps = translate_token_lists(loaded.model, seqs, cfg, device=device, precision=args.precision,
-                                     max_positions=loaded.max_positions)
+                                     max_positions=loaded.max_positions, workers=workers)
         times.append(time.perf_counter() - start)
     seconds = min(times)
     outputs = [loaded.tokenizer.decode(h[0].tokens) if h else "" for h in hyps]
     out_tokens = sum(len(h[0].tokens) + 1 for h in hyps if h)  # EOS included: one step each
     result = {
         "checkpoint": str(ckpt), "test": args.test, "device": args.device, "threads": args.threads,
-        "precision": args.precision, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "beam": cfg.beam, "batch_size": cfg.batch_size,
+        "workers": workers, "precision": args.precision, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "beam": cfg.beam, "batch_size": cfg.batch_size,
         "max_tokens": cfg.max_tokens, "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
         "sentences": len(src), "translate_s": seconds, "translate_s_all": times,
         "sent_per_s": len(src) / seconds, "tgt_tokens": out_tokens, "tok_per_s": out_tokens / seconds,
@@ -147,7 +150,7 @@ def run_command(args: argparse.Namespace, ckpt: Path, src: list[str], expected: 
         inp, out = Path(tmp) / "src.txt", Path(tmp) / "out.txt"
         inp.write_text("".join(s + "\n" for s in src), encoding="utf-8")
         cmd = [sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(inp), "-o", str(out),
-               "--threads", str(args.threads), "--device", args.device, "--precision", args.precision,
+               "--threads", str(args.threads), "--workers", str(args.workers), "--device", args.device, "--precision", args.precision,
                *cli_args(decode_options(args))]
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -172,7 +175,7 @@ def print_row(r: dict, header: bool) -> None:
     batch = f"{r['max_tokens']} tok" if r["max_tokens"] else str(r["batch_size"])
     cmd = (f"{r['command_s']:.2f} | {r['command_sent_per_s']:.1f} | {r['peak_rss_mb']:.0f}"
            if "command_s" in r else "- | - | -")
-    print(f"| {Path(r['checkpoint']).name} | {r['device']} {r['precision']} | {r['threads']} | {r['beam']} "
+    print(f"| {Path(r['checkpoint']).name} | {r['device']} {r['precision']} | {r['threads']} × {r['workers']} | {r['beam']} "
           f"| {batch} | {r['sentences']} | {r['translate_s']:.2f} | {r['sent_per_s']:.1f} "
           f"| {r['tok_per_s']:.0f} | {cmd} | {r['bleu']:.2f} |")
 

@@ -198,6 +198,20 @@ def test_bf16_autocast_is_close_to_fp32():
     assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
 
 
+def test_decode_step_uses_up_the_state_it_is_given():
+    """decode_step frees the old cache layer by layer: a second step from the same state is an
+    error, never a silent wrong answer."""
+    model = make()
+    with torch.inference_mode():
+        state = model.encode(tokens(5, 2))
+        _, state = model.decode_step(torch.tensor([BOS, BOS]), state)
+        _, later = model.decode_step(torch.tensor([BOS, BOS]), state)
+        with pytest.raises(ValueError, match="already passed to decode_step"):
+            model.decode_step(torch.tensor([BOS, BOS]), state)
+        _, later = model.decode_step(torch.tensor([BOS, BOS]), later)
+    assert later.step == 3
+
+
 def test_longer_than_max_positions_is_a_clear_error():
     model = make(max_positions=8)
     with pytest.raises(ValueError, match="max_positions=8"):

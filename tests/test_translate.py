@@ -161,8 +161,43 @@ def test_batching_does_not_change_the_output(setup, tmp_path):
     ref = translate_file(tmp_path, lines, "-c", str(setup.a), "--batch-size", "64", name="ref")
     assert ref.count(b"\n") == len(lines)
     for args in (["--batch-size", "1"], ["--batch-size", "3"], ["--max-tokens", "50"],
-                 ["--batch-size", "64"]):
+                 ["--batch-size", "3", "--workers", "3"], ["--batch-size", "64"]):
         assert translate_file(tmp_path, lines, "-c", str(setup.a), *args) == ref, args
+
+
+def test_workers_give_the_same_hypotheses_and_scores(setup):
+    """Batches decoded at once on several threads: the same hypotheses, scores and order as one
+    after the other, and the caller's torch thread count is restored."""
+    loaded = load_models([setup.a], torch.device("cpu"))
+    cfg = replace(loaded.config.decode, batch_size=4)
+    seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:30]]
+    one = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS)
+    threads = torch.get_num_threads()
+    for workers in (2, 3):
+        many = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS,
+                                     workers=workers)
+        assert [[(h.tokens, h.score) for h in hs] for hs in many] == \
+            [[(h.tokens, h.score) for h in hs] for hs in one]
+        assert torch.get_num_threads() == threads
+
+
+def test_a_failing_batch_stops_the_workers_with_its_error(setup, monkeypatch):
+    loaded = load_models([setup.a], torch.device("cpu"))
+    cfg = replace(loaded.config.decode, batch_size=2)
+    seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:20]]
+
+    def failing(model, src, *args, **kwargs):
+        raise RuntimeError("out of memory in batch")
+
+    monkeypatch.setattr("nmt.translate.beam_search", failing)
+    threads = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="out of memory in batch"):
+        translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS, workers=2)
+    assert torch.get_num_threads() == threads
+
+
+def test_negative_workers_is_one_line(setup):
+    one_line_error(nmt("translate", "-c", str(setup.a), "--workers", "-1", stdin=b"a\n"), "--workers")
 
 
 def test_nbest_with_scores(setup, tmp_path):
