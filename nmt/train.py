@@ -480,8 +480,9 @@ class Trainer:
 
             decode_cfg = dc_replace(self.cfg.decode, beam=t.valid_beam)
             sources = [self.valid_data.src(i).tolist() for i in range(len(self.valid_data))]
+            workers = torch.get_num_threads() if env.device.type == "cpu" else 1  # as nmt translate
             hyps = translate_token_lists(self.model, sources, decode_cfg, device=env.device, precision=t.precision,
-                                         max_positions=self.cfg.model.max_positions)
+                                         max_positions=self.cfg.model.max_positions, workers=workers)
             text = [self.tokenizer.decode(h[0].tokens) for h in hyps]
             refs = datamod.read_raw(self.cfg.data.dir, self.cfg.data.valid_split, self.tgt_lang)
             result["valid_bleu"] = corpus_bleu(text, [refs])
@@ -547,7 +548,8 @@ class Trainer:
     def _loop(self) -> str:
         cfg, p = self.cfg, self.progress
         start, elapsed0 = time.monotonic(), p.elapsed
-        window = {"tokens": 0.0, "time": time.monotonic(), "updates": 0}
+        # throughput since the last log/validation/save; loss, nll and gnorm since the last log line
+        window = {"tokens": 0.0, "time": time.monotonic(), "updates": 0, **_NO_LOSSES}
         bar = _progress_bar(self.env, p.update, cfg.train.max_updates)
         reason: str | None = None
         while reason is None:
@@ -578,6 +580,11 @@ class Trainer:
         if stats is not None:
             window["tokens"] += stats["tokens"]
             window["updates"] += 1
+            window["loss_sum"] += stats["loss"] * stats["tokens"]
+            window["nll_sum"] += stats["nll"] * stats["tokens"]
+            window["loss_tokens"] += stats["tokens"]
+            window["gnorm_sum"] += stats["gnorm"]
+            window["loss_updates"] += 1
             self._log_train(stats, window, bar)
         if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
             p.epoch, p.updates_in_epoch = p.epoch + 1, 0  # epoch and its validation runs once
@@ -612,6 +619,9 @@ class Trainer:
         return flag
 
     def _log_train(self, stats: dict[str, float], window: dict[str, float], bar: Any) -> None:
+        """Every log_interval updates: loss and nll per target token over the interval's
+        updates (token-weighted, like fairseq; one batch's loss swings with its lengths),
+        mean gnorm, the current lr, and throughput."""
         p, t = self.progress, self.cfg.train
         if bar is not None:
             bar.update(1)
@@ -619,8 +629,11 @@ class Trainer:
             return
         now = time.monotonic()
         dt = max(now - window["time"], 1e-9)
-        record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": stats["loss"],
-                  "nll": stats["nll"], "ppl": 2 ** stats["nll"], "lr": stats["lr"], "gnorm": stats["gnorm"],
+        ntok = max(window["loss_tokens"], 1.0)
+        loss, nll = window["loss_sum"] / ntok, window["nll_sum"] / ntok
+        record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll,
+                  "ppl": 2**nll, "lr": stats["lr"], "gnorm": window["gnorm_sum"] / max(window["loss_updates"], 1),
+                  "updates_logged": int(window["loss_updates"]), "tgt_tokens": window["loss_tokens"],
                   "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
                   "elapsed": p.elapsed, "oom_skipped": p.oom_skipped}
         rss = _rss_mb()
@@ -629,14 +642,17 @@ class Trainer:
         if self.scaler is not None:
             record["loss_scale"] = self.scaler.scale
         if bar is not None:
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}",
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats['lr']:.2e}",
                             tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)
         if p.update % t.log_interval == 0:
             self._emit(record)
             log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm %.3f | "
                      "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
                      record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
-            window.update(tokens=0.0, time=now, updates=0)
+            window.update(tokens=0.0, time=now, updates=0, **_NO_LOSSES)
+
+
+_NO_LOSSES = {"loss_sum": 0.0, "nll_sum": 0.0, "loss_tokens": 0.0, "gnorm_sum": 0.0, "loss_updates": 0}
 
 
 class _RunLogHandler(logging.FileHandler):

@@ -131,6 +131,28 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
     assert all(loss == pytest.approx(valid_a[u], abs=1e-6) for u, loss in valid_b if u in valid_a)
 
 
+def test_logged_loss_is_the_interval_mean_per_target_token(prepared, tmp_path):
+    """With log_interval 3 each train record holds the token-weighted loss and nll of its 3
+    updates and their mean gnorm (as fairseq logs), not the last batch's, which swings with
+    the batch's sentence lengths. A save in between does not cut the interval."""
+    cfg = tiny(prepared[0], tmp_path / "each", max_tokens=512, max_updates=6, save_interval_updates=2)
+    train(cfg)
+    each = records(tmp_path / "each", "train")
+    assert [r["update"] for r in each] == list(range(1, 7))
+    train(replace(cfg, train={"run_dir": str(tmp_path / "every3"), "log_interval": 3}))
+    every3 = records(tmp_path / "every3", "train")
+    assert [r["update"] for r in every3] == [3, 6]
+    for rec, window in zip(every3, (each[:3], each[3:]), strict=True):
+        tokens = sum(r["tgt_tokens"] for r in window)
+        assert rec["tgt_tokens"] == tokens and rec["updates_logged"] == 3
+        for key in ("loss", "nll"):
+            assert rec[key] == pytest.approx(sum(r[key] * r["tgt_tokens"] for r in window) / tokens, rel=1e-6)
+        assert rec["gnorm"] == pytest.approx(sum(r["gnorm"] for r in window) / 3, rel=1e-6)
+        assert rec["ppl"] == pytest.approx(2 ** rec["nll"])
+        assert rec["lr"] == window[-1]["lr"]
+    assert len({round(r["loss"], 6) for r in each[:3]}) > 1  # the batches differ: the mean is not trivial
+
+
 def test_finished_run_started_again_changes_nothing(prepared, tmp_path, caplog):
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=5, save_interval_updates=2)
     train(cfg)
