@@ -520,10 +520,13 @@ class Trainer:
     def _validate_and_save(self, numbered: bool) -> None:
         best = False
         if self.valid_data is not None and self.env.is_main:
+            started = time.monotonic()
             result = self.validate()
             best = self._after_validation(result)
+            # elapsed: training seconds at this update (as in train records), for learning curves
             self._emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
-                        "best": self.progress.best})
+                        "best": self.progress.best, "elapsed": self.progress.elapsed,
+                        "valid_s": time.monotonic() - started})
             log.info("valid | update %d | %s | best %s", self.progress.update,
                      " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
         if self.env.world_size > 1:  # everyone follows rank 0's early-stopping bookkeeping

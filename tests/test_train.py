@@ -129,6 +129,8 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
     valid_b = [(r["update"], r["valid_loss"]) for r in records(run_b, "valid")]
     assert [u for u, _ in valid_b] == sorted(set(valid_a) | {stop})
     assert all(loss == pytest.approx(valid_a[u], abs=1e-6) for u, loss in valid_b if u in valid_a)
+    elapsed = [r["elapsed"] for r in records(run_b, "valid")]  # training seconds, over the resume too
+    assert elapsed == sorted(elapsed) and all(r["valid_s"] > 0 for r in records(run_b, "valid"))
 
 
 def test_logged_loss_is_the_interval_mean_per_target_token(prepared, tmp_path):
