@@ -91,7 +91,7 @@ class TrainConfig:
     fp16_init_scale: float = opt(128.0, "Initial loss scale for fp16.")
     fp16_min_scale: float = opt(1e-4, "Stop with an error when the fp16 loss scale falls below.")
     run_dir: str = opt("runs/default", "Run directory: config, checkpoints, logs, metrics.")
-    log_interval: int = opt(50, "Log training metrics every N updates.")
+    log_interval: int = opt(50, "Log training metrics every N updates: loss and nll per target token over those N updates, their mean gnorm.")
     threads: int = opt(0, "CPU threads for torch; 0 = torch's default.")
     device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.")
 
