@@ -347,9 +347,9 @@ class Transformer(nn.Module):
         x = self.tgt_embed(tokens.unsqueeze(1), start=state.step)  # (N, 1, D)
         self_kv: list[KV] = []
         for i, layer in enumerate(self.decoder):
-            cache = old[i] if old else None
-            if old:
-                old[i] = None  # type: ignore[call-overload]  # the list no longer keeps it alive
+            cache = None
+            if old:  # taken out of the list, which no longer keeps it alive
+                cache, old[i] = old[i], None  # type: ignore[call-overload]
             x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows)
             cache = None  # freed here, before the next layer copies its own
             self_kv.append(kv)

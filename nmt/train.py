@@ -480,9 +480,8 @@ class Trainer:
 
             decode_cfg = dc_replace(self.cfg.decode, beam=t.valid_beam)
             sources = [self.valid_data.src(i).tolist() for i in range(len(self.valid_data))]
-            workers = torch.get_num_threads() if env.device.type == "cpu" else 1  # as nmt translate
             hyps = translate_token_lists(self.model, sources, decode_cfg, device=env.device, precision=t.precision,
-                                         max_positions=self.cfg.model.max_positions, workers=workers)
+                                         max_positions=self.cfg.model.max_positions, workers=0)  # as nmt translate
             text = [self.tokenizer.decode(h[0].tokens) for h in hyps]
             refs = datamod.read_raw(self.cfg.data.dir, self.cfg.data.valid_split, self.tgt_lang)
             result["valid_bleu"] = corpus_bleu(text, [refs])

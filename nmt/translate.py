@@ -145,6 +145,13 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterat
         yield batch
 
 
+def decode_workers(workers: int, device: torch.device) -> int:
+    """Batches decoded at once: as asked on CPU (0 = one per torch thread), always 1 on GPU."""
+    if device.type != "cpu":
+        return 1
+    return workers or torch.get_num_threads()
+
+
 def translate_token_lists(
     model: Any,
     seqs: Sequence[Sequence[int]],
@@ -161,10 +168,11 @@ def translate_token_lists(
     Sequences longer than max_positions - 1 are truncated (the caller warns). Batches are
     formed by length for speed; the results do not depend on how sentences are batched.
 
-    workers > 1 (CPU): that many batches are decoded at once, each on its own thread with
-    one intra-op thread, instead of one batch with every thread (Marian's --cpu-threads,
-    CTranslate2's inter_threads). A small model's matmuls are too small to share cores well,
-    and the search's Python work of one batch overlaps the other's matmuls.
+    workers > 1 (CPU; 0 = one per torch thread, see `decode_workers`): that many batches are
+    decoded at once, each on its own thread with one intra-op thread, instead of one batch
+    with every thread (Marian's --cpu-threads, CTranslate2's inter_threads). A small model's
+    matmuls are too small to share cores well, and the search's Python work of one batch
+    overlaps the other's matmuls.
     """
     device = torch.device(device)
     limit = (max_positions - 1) if max_positions else None
@@ -185,7 +193,7 @@ def translate_token_lists(
         for i, h in zip(ids, hyps):
             results[i] = h
 
-    workers = min(workers, len(batches)) if device.type == "cpu" else 1
+    workers = min(decode_workers(workers, device), len(batches))
     if workers <= 1:
         for ids in batches:
             run(ids)
@@ -306,7 +314,6 @@ def translate_main(opts: TranslateOptions) -> None:
     if opts.workers < 0:
         raise NmtError(f"--workers must be 0 (one per CPU thread) or more, got {opts.workers}")
     device = resolve_device(opts.device)
-    workers = opts.workers or (torch.get_num_threads() if device.type == "cpu" else 1)
     if opts.input is not None and not Path(opts.input).is_file():
         raise NmtError(f"{opts.input}: input file not found")
     loaded = load_models(resolve_checkpoints(opts.checkpoints), device)
@@ -322,7 +329,7 @@ def translate_main(opts: TranslateOptions) -> None:
             try:
                 with open(tmp, "w", encoding="utf-8", newline="\n") as out:
                     translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                                     device=device, precision=opts.precision, workers=workers)
+                                     device=device, precision=opts.precision, workers=opts.workers)
                 tmp.replace(out_path)
             except OSError as e:
                 raise NmtError(f"{opts.output}: cannot write ({e.strerror})") from None
@@ -332,7 +339,7 @@ def translate_main(opts: TranslateOptions) -> None:
         else:
             out = open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
             translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                             device=device, precision=opts.precision, workers=workers)
+                             device=device, precision=opts.precision, workers=opts.workers)
     finally:
         if opts.input:
             inp.close()

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from nmt.evaluate import corpus_bleu
     from nmt.textio import read_lines
-    from nmt.translate import load_models, translate_token_lists
+    from nmt.translate import decode_workers, load_models, translate_token_lists
 
     src = list(read_lines(src_path))
     refs = list(read_lines(ref_path))
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     loaded = load_models([ckpt], device)
     cfg = replace(loaded.config.decode, **decode_options(args))
-    workers = args.workers or (args.threads if device.type == "cpu" else 1)
+    workers = decode_workers(args.workers, device)
     seqs = [loaded.tokenizer.encode(s) if s.strip() else [] for s in src]
     times = []
     for _ in range(max(1, args.repeat)):
