@@ -247,6 +247,11 @@ def translate_cmd(
         typer.Option(help="CPU: batches decoded at once, each on its own thread (the threads are "
                      "shared out among them); 0 = one per thread. GPU: always 1."),
     ] = 0,
+    shortlist: Annotated[
+        Path | None,
+        typer.Option(help="A file from `nmt shortlist`: decode each sentence over its likely target "
+                     "tokens only (faster, approximate; off by default)."),
+    ] = None,
 ) -> None:
     """Translate raw text, one output line for every input line (stdin -> stdout).
 
@@ -274,8 +279,34 @@ def translate_cmd(
         precision=precision,
         threads=threads,
         workers=workers,
+        shortlist=str(shortlist) if shortlist else None,
     )
     translate_main(opts)
+
+
+@app.command("shortlist")
+def shortlist_cmd(
+    data_dir: Annotated[Path, typer.Argument(help="A directory written by nmt prepare-bpe.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the shortlist.")],
+    top: Annotated[int, typer.Option(help="Likeliest translations kept per source token.")] = 20,
+    frequent: Annotated[int, typer.Option(help="Most frequent target tokens always allowed.")] = 100,
+    iterations: Annotated[int, typer.Option(help="EM iterations of IBM Model 1.")] = 5,
+    max_sentences: Annotated[int, typer.Option(help="Learn from at most this many train pairs.")] = 1_000_000,
+) -> None:
+    """Learn a lexical shortlist for `nmt translate --shortlist` (Marian's --shortlist).
+
+    p(target token | source token) by IBM Model 1 on the train split; each sentence may then
+    produce only the special and the --frequent most frequent tokens, its own tokens and the
+    --top translations of each of its tokens. Example: nmt shortlist data-bin/m30k -o
+    data-bin/m30k/shortlist.pt
+    """
+    from nmt.shortlist import learn_shortlist, save_shortlist
+
+    shortlist = learn_shortlist(data_dir, top=top, frequent=frequent, iterations=iterations,
+                                max_sentences=max_sentences)
+    save_shortlist(shortlist, output)
+    logging.getLogger(__name__).info("wrote %s (%d source tokens x top %d, %d frequent)", output,
+                                     shortlist.vocab_size, top, shortlist.frequent.numel())
 
 
 # ------------------------------------------------------------------ score

@@ -268,6 +268,11 @@ class DecoderState:
     # decode_step applies them while appending, so the cache is copied once per step, not twice.
     self_kv_rows: Tensor | None = None  # (N,)
     step: int = 0  # target position of the next token fed to decode_step
+    # a shortlist (nmt.shortlist): output column j is token vocab[j], and the tokens fed back
+    # are columns too; source row r's sentence may produce only the columns allowed[r]
+    vocab: Tensor | None = None  # (K,) long
+    allowed: Tensor | None = None  # (B, K) bool
+    out_weight: Tensor | None = None  # (K, D): the output projection's rows of `vocab`
 
 
 class Transformer(nn.Module):
@@ -328,10 +333,18 @@ class Transformer(nn.Module):
     # run all three under the same autocast, if any.
 
     @torch.no_grad()
-    def encode(self, src: Tensor) -> DecoderState:
-        """src (N, S) -> state with one row per sentence and each decoder layer's source K/V."""
+    def encode(self, src: Tensor, shortlist: tuple[Tensor, Tensor] | None = None) -> DecoderState:
+        """src (N, S) -> state with one row per sentence and each decoder layer's source K/V.
+
+        shortlist = (vocab (K,), allowed (N, K)), see nmt.shortlist: decode_step then scores
+        the K tokens instead of the whole vocabulary, each sentence only its allowed ones.
+        """
         memory, mask = self.run_encoder(src)
-        return DecoderState(mask, self.cross_keys_values(memory))
+        state = DecoderState(mask, self.cross_keys_values(memory))
+        if shortlist is not None:
+            state.vocab, state.allowed = shortlist
+            state.out_weight = self.tgt_embed.tokens.weight[state.vocab]
+        return state
 
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
@@ -344,6 +357,8 @@ class Transformer(nn.Module):
         old = state.self_kv
         if any(kv is None for kv in old):
             raise ValueError("this DecoderState was already passed to decode_step; use the state it returned")
+        if state.vocab is not None:  # columns -> token ids
+            tokens = state.vocab[tokens]
         x = self.tgt_embed(tokens.unsqueeze(1), start=state.step)  # (N, 1, D)
         self_kv: list[KV] = []
         for i, layer in enumerate(self.decoder):
@@ -353,7 +368,13 @@ class Transformer(nn.Module):
             x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows)
             cache = None  # freed here, before the next layer copies its own
             self_kv.append(kv)
-        logits = self.output(x.squeeze(1)).float()  # (N, V)
+        if state.out_weight is None:
+            logits = self.output(x.squeeze(1)).float()  # (N, V)
+        else:
+            assert state.allowed is not None
+            logits = F.linear(self.decoder_norm(x.squeeze(1)), state.out_weight).float()  # (N, K)
+            rows = torch.arange(logits.size(0), device=logits.device) // state.group
+            logits.masked_fill_(~state.allowed[rows], -math.inf)
         new = replace(state, self_kv=self_kv, self_kv_rows=None, step=state.step + 1)
         # in place: on CPU a fresh (N, V) tensor costs page faults and a pass over memory
         return torch.log_softmax(logits, dim=-1, out=logits), new
@@ -372,13 +393,14 @@ class Transformer(nn.Module):
         grouped = b > 0 and n % b == 0 and torch.equal(
             source, torch.arange(b, device=index.device).repeat_interleave(n // b))
         take = used if grouped else used[source]  # source rows of the new state
-        src_mask, cross_kv = state.src_mask, state.cross_kv
+        src_mask, cross_kv, allowed = state.src_mask, state.cross_kv, state.allowed
         if not (grouped and b == B):  # else the source rows are unchanged: no copy
             src_mask = src_mask.index_select(0, take)
             cross_kv = [(k.index_select(0, take), v.index_select(0, take)) for k, v in cross_kv]
+            allowed = None if allowed is None else allowed.index_select(0, take)
         rows = index if state.self_kv_rows is None else state.self_kv_rows[index]
         return replace(state, src_mask=src_mask, cross_kv=cross_kv, group=n // b if grouped else 1,
-                       self_kv_rows=rows if state.self_kv else None)
+                       self_kv_rows=rows if state.self_kv else None, allowed=allowed)
 
 
 def num_parameters(model: nn.Module) -> int:

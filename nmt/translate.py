@@ -33,6 +33,7 @@ from nmt.device import PRECISIONS, autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.model import Transformer
 from nmt.search import Hypothesis, beam_search
+from nmt.shortlist import Shortlist, load_shortlist
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class TranslateOptions:
     precision: str = "fp32"
     threads: int = 0
     workers: int = 0  # batches decoded at once on CPU; 0 = one per torch thread
+    shortlist: str | None = None  # a file from `nmt shortlist`
 
 
 # ------------------------------------------------------------------ models
@@ -71,8 +73,8 @@ class Ensemble:
     def __init__(self, models: Sequence[Any]):
         self.models = list(models)
 
-    def encode(self, src: torch.Tensor) -> list[Any]:
-        return [m.encode(src) for m in self.models]
+    def encode(self, src: torch.Tensor, shortlist: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[Any]:
+        return [m.encode(src, shortlist) for m in self.models]
 
     def decode_step(self, tokens: torch.Tensor, states: list[Any]) -> tuple[torch.Tensor, list[Any]]:
         outs = [m.decode_step(tokens, s) for m, s in zip(self.models, states)]
@@ -81,6 +83,23 @@ class Ensemble:
 
     def reorder(self, states: list[Any], index: torch.Tensor) -> list[Any]:
         return [m.reorder(s, index) for m, s in zip(self.models, states)]
+
+
+class _Shortlisted:
+    """A model behind the search protocol over a batch's shortlist (nmt.shortlist): the search
+    sees columns 0 .. K-1 of `vocab` (K,) instead of token ids; `allowed` (B, K) per sentence."""
+
+    def __init__(self, model: Any, vocab: torch.Tensor, allowed: torch.Tensor):
+        self.model, self.shortlist = model, (vocab, allowed)
+
+    def encode(self, src: torch.Tensor) -> Any:
+        return self.model.encode(src, self.shortlist)
+
+    def decode_step(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        return self.model.decode_step(tokens, state)
+
+    def reorder(self, state: Any, index: torch.Tensor) -> Any:
+        return self.model.reorder(state, index)
 
 
 @dataclass
@@ -162,6 +181,7 @@ def translate_token_lists(
     precision: str = "fp32",
     max_positions: int | None = None,
     workers: int = 1,
+    shortlist: Shortlist | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam-search every token sequence (without EOS); results in input order.
 
@@ -173,6 +193,10 @@ def translate_token_lists(
     with every thread (Marian's --cpu-threads, CTranslate2's inter_threads). A small model's
     matmuls are too small to share cores well, and the search's Python work of one batch
     overlaps the other's matmuls.
+
+    With a `shortlist` each sentence is decoded over its own list of likely target tokens
+    (an approximation, see nmt.shortlist); the list depends on the sentence only, so
+    batching still changes nothing.
     """
     device = torch.device(device)
     limit = (max_positions - 1) if max_positions else None
@@ -187,10 +211,16 @@ def translate_token_lists(
         src = torch.full((len(ids), width), PAD, dtype=torch.long)
         for row, i in enumerate(ids):
             src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], EOS])
+        search_model, vocab = model, None
+        if shortlist is not None:
+            vocab, allowed = shortlist.batch_vocab(src, PAD)
+            search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
-            hyps = beam_search(model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS, eos=EOS,
+            hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS, eos=EOS,
                                max_len=max_positions)
         for i, h in zip(ids, hyps):
+            if vocab is not None:  # token columns -> token ids
+                h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]
             results[i] = h
 
     workers = min(decode_workers(workers, device), len(batches))
@@ -255,7 +285,7 @@ def format_line(hyps: list[Hypothesis], tokenizer: Tokenizer, nbest: int, scores
 
 def translate_stream(loaded: Loaded, cfg: DecodeConfig, inp: BinaryIO, out: Any, *, name: str, nbest: int,
                      scores: bool, device: torch.device, precision: str, workers: int = 1,
-                     chunk_lines: int = CHUNK_LINES) -> int:
+                     shortlist: Shortlist | None = None, chunk_lines: int = CHUNK_LINES) -> int:
     """Translate `inp` to `out` chunk by chunk; returns the number of lines written."""
     limit = loaded.max_positions - 1
     bar = _bar()
@@ -267,7 +297,7 @@ def translate_stream(loaded: Loaded, cfg: DecodeConfig, inp: BinaryIO, out: Any,
             if len(s) > limit:
                 log.warning("%s:%d: %d tokens, truncated to the model's maximum of %d", name, n, len(s), limit)
         hyps = translate_token_lists(loaded.model, seqs, cfg, nbest=nbest, device=device, precision=precision,
-                                     max_positions=loaded.max_positions, workers=workers)
+                                     max_positions=loaded.max_positions, workers=workers, shortlist=shortlist)
         for h in hyps:
             out.write(format_line(h, loaded.tokenizer, nbest, scores) + "\n")
         out.flush()
@@ -318,6 +348,10 @@ def translate_main(opts: TranslateOptions) -> None:
         raise NmtError(f"{opts.input}: input file not found")
     loaded = load_models(resolve_checkpoints(opts.checkpoints), device)
     cfg = decode_config(loaded.config.decode, opts)
+    shortlist = None
+    if opts.shortlist:
+        shortlist = load_shortlist(opts.shortlist, vocab_size=loaded.tokenizer.vocab_size,
+                                   spm_sha256=loaded.tokenizer.sha256)
     inp = open(opts.input, "rb") if opts.input else sys.stdin.buffer
     name = opts.input or "<stdin>"
     try:
@@ -329,7 +363,8 @@ def translate_main(opts: TranslateOptions) -> None:
             try:
                 with open(tmp, "w", encoding="utf-8", newline="\n") as out:
                     translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                                     device=device, precision=opts.precision, workers=opts.workers)
+                                     device=device, precision=opts.precision, workers=opts.workers,
+                                     shortlist=shortlist)
                 tmp.replace(out_path)
             except OSError as e:
                 raise NmtError(f"{opts.output}: cannot write ({e.strerror})") from None
@@ -339,7 +374,7 @@ def translate_main(opts: TranslateOptions) -> None:
         else:
             out = open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
             translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                             device=device, precision=opts.precision, workers=opts.workers)
+                             device=device, precision=opts.precision, workers=opts.workers, shortlist=shortlist)
     finally:
         if opts.input:
             inp.close()

@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-len-b", type=int)
     p.add_argument("--precision", default="fp32")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--shortlist", help="a file from `nmt shortlist` (nmt translate --shortlist)")
     p.add_argument("--limit", type=int, default=0, help="translate only the first N sentences")
     p.add_argument("--repeat", type=int, default=1, help="in-process runs; the best counts")
     p.add_argument("--no-command", action="store_true", help="skip the whole-command run")
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from nmt.evaluate import corpus_bleu
+    from nmt.shortlist import load_shortlist
     from nmt.textio import read_lines
     from nmt.translate import decode_workers, load_models, translate_token_lists
 
@@ -116,12 +118,16 @@ def main(argv: list[str] | None = None) -> dict:
     loaded = load_models([ckpt], device)
     cfg = replace(loaded.config.decode, **decode_options(args))
     workers = decode_workers(args.workers, device)
+    shortlist = None
+    if args.shortlist:
+        shortlist = load_shortlist(args.shortlist, vocab_size=loaded.tokenizer.vocab_size,
+                                   spm_sha256=loaded.tokenizer.sha256)
     seqs = [loaded.tokenizer.encode(s) if s.strip() else [] for s in src]
     times = []
     for _ in range(max(1, args.repeat)):
         start = time.perf_counter()
         hyps = translate_token_lists(loaded.model, seqs, cfg, device=device, precision=args.precision,
-                                     max_positions=loaded.max_positions, workers=workers)
+                                     max_positions=loaded.max_positions, workers=workers, shortlist=shortlist)
         times.append(time.perf_counter() - start)
     seconds = min(times)
     outputs = [loaded.tokenizer.decode(h[0].tokens) if h else "" for h in hyps]
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "checkpoint": str(ckpt), "test": args.test, "device": args.device, "threads": args.threads,
         "workers": workers, "precision": args.precision, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "beam": cfg.beam, "batch_size": cfg.batch_size,
-        "max_tokens": cfg.max_tokens, "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
+        "shortlist": args.shortlist or "", "max_tokens": cfg.max_tokens, "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
         "sentences": len(src), "translate_s": seconds, "translate_s_all": times,
         "sent_per_s": len(src) / seconds, "tgt_tokens": out_tokens, "tok_per_s": out_tokens / seconds,
         "mean_output_tokens": out_tokens / max(1, len(src)),
@@ -151,7 +157,7 @@ def run_command(args: argparse.Namespace, ckpt: Path, src: list[str], expected: 
         inp.write_text("".join(s + "\n" for s in src), encoding="utf-8")
         cmd = [sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(inp), "-o", str(out),
                "--threads", str(args.threads), "--workers", str(args.workers), "--device", args.device, "--precision", args.precision,
-               *cli_args(decode_options(args))]
+               *cli_args(decode_options(args)), *(["--shortlist", args.shortlist] if args.shortlist else [])]
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         seconds = time.perf_counter() - start
@@ -175,7 +181,8 @@ def print_row(r: dict, header: bool) -> None:
     batch = f"{r['max_tokens']} tok" if r["max_tokens"] else str(r["batch_size"])
     cmd = (f"{r['command_s']:.2f} | {r['command_sent_per_s']:.1f} | {r['peak_rss_mb']:.0f}"
            if "command_s" in r else "- | - | -")
-    print(f"| {Path(r['checkpoint']).name} | {r['device']} {r['precision']} | {r['threads']} × {r['workers']} | {r['beam']} "
+    name = Path(r["checkpoint"]).name + (f" + {Path(r['shortlist']).name}" if r.get("shortlist") else "")
+    print(f"| {name} | {r['device']} {r['precision']} | {r['threads']} × {r['workers']} | {r['beam']} "
           f"| {batch} | {r['sentences']} | {r['translate_s']:.2f} | {r['sent_per_s']:.1f} "
           f"| {r['tok_per_s']:.0f} | {cmd} | {r['bleu']:.2f} |")
 

@@ -22,8 +22,9 @@ from nmt import cli
 from nmt.checkpoint import atomic_save
 from nmt.config import config_to_dict, load_config
 from nmt.model import Transformer
-from nmt.search import greedy_search, length_penalty
-from nmt.tokenizer import BOS, EOS, PAD, Tokenizer, train_sentencepiece
+from nmt.search import beam_search, greedy_search, length_penalty
+from nmt.shortlist import SPECIALS, Shortlist, load_shortlist, save_shortlist
+from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_sentencepiece
 from nmt.translate import load_models, translate_token_lists
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,3 +356,105 @@ def test_same_input_twice_gives_the_same_output(setup, tmp_path):
     lines = setup.sentences[:10]
     first = translate_file(tmp_path, lines, "-c", str(setup.a), name="first")
     assert translate_file(tmp_path, lines, "-c", str(setup.a), name="second") == first
+
+
+# ------------------------------------------------------------------ shortlists
+
+
+def _random_shortlist(loaded, seed: int, top: int = 3, frequent: int = 5) -> Shortlist:
+    """A shortlist of random candidates over the model's vocabulary (a few dozen tokens a sentence)."""
+    g = torch.Generator().manual_seed(seed)
+    V = loaded.tokenizer.vocab_size
+    candidates = torch.randint(SPECIALS, V, (V, top), generator=g)
+    frequent_ids = (torch.randperm(V - SPECIALS, generator=g)[:frequent] + SPECIALS).sort().values
+    return Shortlist(candidates, frequent_ids, V, loaded.tokenizer.sha256)
+
+
+class _Masked:
+    """The full-vocabulary model with each sentence's unlisted tokens at -inf and the rest
+    renormalised: what decoding over the shortlist must equal, token for token."""
+
+    def __init__(self, model, allowed: torch.Tensor):
+        self.model, self.allowed = model, allowed  # (B, V) bool
+
+    def encode(self, src):
+        return self.model.encode(src), torch.arange(src.size(0))
+
+    def decode_step(self, tokens, state):
+        inner, sentence = state
+        lprobs, inner = self.model.decode_step(tokens, inner)
+        lprobs = lprobs.masked_fill(~self.allowed[sentence], float("-inf"))
+        return lprobs - lprobs.logsumexp(1, keepdim=True), (inner, sentence)
+
+    def reorder(self, state, index):
+        return self.model.reorder(state[0], index), state[1][index]
+
+
+def test_shortlist_decoding_equals_the_masked_full_vocabulary(setup):
+    loaded = load_models([setup.a], torch.device("cpu"))
+    cfg = replace(loaded.config.decode, batch_size=7)
+    seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:20]]
+    shortlist = _random_shortlist(loaded, seed=0)
+    got = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS,
+                                shortlist=shortlist)
+    exact = translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS)
+    outside = 0
+    with torch.inference_mode():
+        for seq, hyps, full in zip(seqs, got, exact, strict=True):
+            src = torch.tensor([seq + [EOS]])
+            allowed = shortlist.allowed(src, PAD)
+            listed = set(allowed[0].nonzero().view(-1).tolist())
+            outside += any(t not in listed for t in full[0].tokens)
+            want = beam_search(_Masked(loaded.model, allowed), src, cfg, nbest=2, pad=PAD, unk=UNK, bos=BOS,
+                               eos=EOS, max_len=MAX_POSITIONS)[0]
+            assert [h.tokens for h in hyps] == [h.tokens for h in want]
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-5)
+            assert all(t in listed for h in hyps for t in h.tokens)
+    assert outside >= 10  # the list really restricts: most full-vocabulary outputs leave it
+
+
+def test_a_shortlist_of_every_token_changes_nothing(setup):
+    loaded = load_models([setup.a], torch.device("cpu"))
+    V = loaded.tokenizer.vocab_size
+    everything = Shortlist(torch.full((V, 1), -1), torch.arange(SPECIALS, V), V, loaded.tokenizer.sha256)
+    seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:10]]
+    cfg = loaded.config.decode
+    got = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS,
+                                shortlist=everything)
+    want = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS)
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+    assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
+
+
+def test_shortlist_in_the_cli_batching_changes_nothing(setup, tmp_path):
+    loaded = load_models([setup.a], torch.device("cpu"))
+    path = tmp_path / "sl.pt"
+    save_shortlist(_random_shortlist(loaded, seed=1), path)
+    lines = setup.sentences
+    ref = translate_file(tmp_path, lines, "-c", str(setup.a), "--shortlist", str(path), "--batch-size", "64",
+                         name="ref")
+    assert ref.count(b"\n") == len(lines)
+    assert ref != translate_file(tmp_path, lines, "-c", str(setup.a), name="exact")
+    for args in (["--batch-size", "1"], ["--batch-size", "3", "--workers", "3"], ["--max-tokens", "50"]):
+        assert translate_file(tmp_path, lines, "-c", str(setup.a), "--shortlist", str(path), *args) == ref, args
+
+
+def test_shortlist_of_another_vocabulary_is_one_line(setup, tmp_path):
+    other = load_models([setup.other_spm], torch.device("cpu"))
+    path = tmp_path / "other.pt"
+    save_shortlist(_random_shortlist(other, seed=2), path)
+    one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(path), stdin=b"A dog.\n"),
+                   "other.pt: made for another vocabulary")
+    one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(tmp_path / "none.pt"),
+                       stdin=b"A dog.\n"), "none.pt: shortlist file not found")
+
+
+def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
+    data_dir, report = prepared
+    out = tmp_path / "sl.pt"
+    assert nmt_here("shortlist", str(data_dir), "-o", str(out), "--top", "10", "--frequent", "20") == 0
+    sl = load_shortlist(out, vocab_size=report["vocab_size"], spm_sha256=report["spm"]["sha256"])
+    assert sl.candidates.shape == (report["vocab_size"], 10) and sl.frequent.numel() == 20
+    assert (sl.candidates[:, 0] >= SPECIALS).sum() > 100  # most source tokens have a translation
+    r = nmt("shortlist", str(data_dir), "-o", str(out), "--top", "-1")
+    one_line_error(r, "--top")

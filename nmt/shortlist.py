@@ -1,0 +1,188 @@
+"""Lexical shortlists: beam search over the few hundred target tokens a sentence can need.
+
+The output projection and softmax over the whole vocabulary are the largest part of a
+decoder step of a small model. A shortlist (Marian's `--shortlist`) restricts them to, per
+sentence: the special tokens, the `frequent` most frequent target tokens, the sentence's
+own tokens (names and numbers are copied in a joint vocabulary), and the `top` most likely
+translations p(t|s) of each of its source tokens. Log-probabilities are normalised over
+that list, so scores differ slightly from full-vocabulary decoding and a token outside the
+list cannot be produced: it is an approximation, off by default, to be checked with BLEU.
+The list depends on the sentence alone, so batching still never changes a translation;
+the projection runs over the union of a batch's lists (one matmul) with each sentence
+masked to its own.
+
+p(t|s) comes from IBM Model 1 (Brown et al. 1993), learned with EM on the binarized
+training data; `nmt shortlist DATA_DIR -o FILE` writes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt.checkpoint import atomic_save
+from nmt.data import ParallelData, read_meta
+from nmt.errors import NmtError
+from nmt.tokenizer import EOS
+
+log = logging.getLogger(__name__)
+
+FORMAT = "nmt-shortlist"
+FORMAT_VERSION = 1
+SPECIALS = EOS + 1  # token ids 0 .. EOS (pad, unk, bos, eos) are in every list
+_OCCURRENCES_PER_CHUNK = 4_000_000  # (source, target) token pairs handled at once in EM
+
+
+@dataclass
+class Shortlist:
+    candidates: Tensor  # (V, top) long: per source token its likeliest target tokens, -1 = none
+    frequent: Tensor  # (F,) long: the most frequent target tokens
+    vocab_size: int
+    spm_sha256: str
+    source_lang: str = ""
+    target_lang: str = ""
+
+    def allowed(self, src: Tensor, pad: int) -> Tensor:
+        """src (B, S) token ids -> (B, V) bool: the target tokens each sentence may produce."""
+        src = src.cpu()
+        B, V = src.size(0), self.vocab_size
+        allowed = torch.zeros(B, V + 1, dtype=torch.bool)  # column V collects the -1 entries
+        allowed[:, :SPECIALS] = True
+        allowed[:, self.frequent] = True
+        real = src != pad
+        allowed.scatter_(1, torch.where(real, src, V), True)  # its own tokens
+        cand = self.candidates[src.clamp(max=V - 1)]  # (B, S, top)
+        allowed.scatter_(1, torch.where(real.unsqueeze(2) & (cand >= 0), cand, V).view(B, -1), True)
+        return allowed[:, :V]
+
+    def batch_vocab(self, src: Tensor, pad: int) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> the batch's tokens (K,) ascending, and (B, K) bool: which of them
+        each sentence may produce. One output projection over the K tokens serves the whole
+        batch (a per-sentence projection would read each weight for `beam` rows only); the
+        mask keeps every sentence to its own list. The special tokens 0 .. EOS come first,
+        so their ids are also their columns."""
+        allowed = self.allowed(src, pad)
+        vocab = allowed.any(0).nonzero().view(-1)
+        return vocab, allowed[:, vocab]
+
+
+# ------------------------------------------------------------------ learning
+
+
+def _pairs(src: list[np.ndarray], tgt: list[np.ndarray], null: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Every (source token, target token) pair within each sentence pair, NULL source included.
+
+    -> source ids, target ids, and the index of the target position each pair belongs to
+    (the E-step normalises over the source tokens of one target position).
+    """
+    src_len = torch.tensor([len(s) + 1 for s in src])  # + NULL
+    tgt_len = torch.tensor([len(t) for t in tgt])
+    src_flat = torch.from_numpy(np.concatenate([np.concatenate(([null], s)) for s in src]).astype(np.int64))
+    tgt_flat = torch.from_numpy(np.concatenate(tgt).astype(np.int64))
+    src_start = torch.cumsum(src_len, 0) - src_len  # (n,) offset of each sentence in src_flat
+    per_target = src_len.repeat_interleave(tgt_len)  # (T,) source tokens each target pairs with
+    position = torch.arange(tgt_flat.numel()).repeat_interleave(per_target)  # (P,)
+    first = torch.cumsum(per_target, 0) - per_target
+    offset = torch.arange(position.numel()) - first[position]  # 0 .. src_len - 1
+    s = src_flat[src_start.repeat_interleave(tgt_len)[position] + offset]
+    return s, tgt_flat[position], position
+
+
+def _chunks(data: ParallelData, ids: np.ndarray) -> list[np.ndarray]:
+    """Sentence indices in runs of about _OCCURRENCES_PER_CHUNK pairs."""
+    cum = np.cumsum((data.src_sizes[ids] + 1) * data.tgt_sizes[ids])
+    cuts = np.searchsorted(cum, np.arange(_OCCURRENCES_PER_CHUNK, cum[-1], _OCCURRENCES_PER_CHUNK))
+    return [c for c in np.split(ids, cuts) if len(c)]
+
+
+def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100, iterations: int = 5,
+                    max_sentences: int = 1_000_000) -> Shortlist:
+    """IBM Model 1 p(t|s) on the `train` split of a `nmt prepare-bpe` directory -> Shortlist.
+
+    At most `max_sentences` pairs are used (evenly spaced through the corpus), which is
+    plenty for the top translations of every frequent token.
+    """
+    if top < 0 or frequent < 0 or iterations < 1 or max_sentences < 1:
+        raise NmtError("--top and --frequent must not be negative, --iterations and --max-sentences at least 1")
+    meta = read_meta(data_dir)
+    data = ParallelData.load(data_dir, "train")
+    V = int(meta["vocab_size"])
+    n = len(data)
+    ids = np.unique(np.linspace(0, n - 1, min(n, max_sentences)).round().astype(np.int64))
+    ids = ids[(data.src_sizes[ids] > 0) & (data.tgt_sizes[ids] > 0)]
+    if not len(ids):
+        raise NmtError(f"{data_dir}: the train split has no non-empty sentence pair")
+    chunks = _chunks(data, ids)
+    null = V  # source id of the NULL word; pair key = s * V + t
+
+    def chunk_pairs(chunk: np.ndarray) -> tuple[Tensor, Tensor]:
+        s, t, position = _pairs([data.src(i) for i in chunk], [data.tgt(i) for i in chunk], null)
+        return s * V + t, position
+
+    keys = torch.unique(torch.cat([torch.unique(chunk_pairs(c)[0]) for c in chunks]))  # sorted
+    key_src = keys // V
+    prob = torch.ones(keys.numel(), dtype=torch.float64)  # uniform start: first E-step is uniform
+    for it in range(iterations):
+        counts = torch.zeros_like(prob)
+        for chunk in chunks:
+            key, position = chunk_pairs(chunk)
+            pair = torch.searchsorted(keys, key)
+            p = prob[pair]
+            total = torch.zeros(int(position[-1]) + 1, dtype=p.dtype).index_add_(0, position, p)
+            counts.index_add_(0, pair, p / total[position])
+        norm = torch.zeros(V + 1, dtype=counts.dtype).index_add_(0, key_src, counts)
+        prob = counts / norm[key_src]
+        log.info("shortlist: IBM model 1 iteration %d of %d done", it + 1, iterations)
+
+    # per source token (not NULL), its targets by descending p(t|s)
+    order = torch.sort(prob, descending=True, stable=True).indices
+    order = order[torch.sort(key_src[order], stable=True).indices]
+    src_of, tgt_of = key_src[order], keys[order] % V
+    first = torch.searchsorted(src_of, src_of, side="left")
+    rank = torch.arange(order.numel()) - first
+    keep = (rank < top) & (src_of < V)
+    candidates = torch.full((V, top), -1, dtype=torch.long)
+    candidates[src_of[keep], rank[keep]] = tgt_of[keep]
+
+    counts_tgt = torch.zeros(V, dtype=torch.long)
+    for chunk in chunks:
+        counts_tgt += torch.from_numpy(np.bincount(np.concatenate([data.tgt(i) for i in chunk]), minlength=V))
+    frequent_ids = counts_tgt.topk(min(frequent, V)).indices.sort().values
+    return Shortlist(candidates, frequent_ids, V, meta["spm"]["sha256"], meta["source_lang"], meta["target_lang"])
+
+
+# ------------------------------------------------------------------ files
+
+
+def save_shortlist(shortlist: Shortlist, path: str | Path) -> None:
+    atomic_save({
+        "format": FORMAT, "format_version": FORMAT_VERSION, "vocab_size": shortlist.vocab_size,
+        "spm_sha256": shortlist.spm_sha256, "source_lang": shortlist.source_lang,
+        "target_lang": shortlist.target_lang, "candidates": shortlist.candidates.to(torch.int32),
+        "frequent": shortlist.frequent.to(torch.int32),
+    }, path)
+
+
+def load_shortlist(path: str | Path, *, vocab_size: int, spm_sha256: str) -> Shortlist:
+    """Read a file written by `nmt shortlist` and check it belongs to the model's vocabulary."""
+    path = Path(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise NmtError(f"{path}: shortlist file not found") from None
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise NmtError(f"{path}: not a shortlist written by `nmt shortlist` ({type(e).__name__})") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise NmtError(f"{path}: not a shortlist written by `nmt shortlist`")
+    if obj.get("format_version") != FORMAT_VERSION:
+        raise NmtError(f"{path}: shortlist format version {obj.get('format_version')}, this nmt reads {FORMAT_VERSION}")
+    if obj["vocab_size"] != vocab_size or obj["spm_sha256"] != spm_sha256:
+        raise NmtError(f"{path}: made for another vocabulary than the checkpoint's "
+                       "(different sentencepiece model); run nmt shortlist on the model's data directory")
+    return Shortlist(obj["candidates"].long(), obj["frequent"].long(), vocab_size, spm_sha256,
+                     obj.get("source_lang", ""), obj.get("target_lang", ""))
