@@ -33,7 +33,7 @@ from nmt.device import PRECISIONS, autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.model import Transformer
 from nmt.search import Hypothesis, beam_search
-from nmt.shortlist import Shortlist, load_shortlist
+from nmt.shortlist import SPECIALS, Shortlist, load_shortlist
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -352,6 +352,9 @@ def translate_main(opts: TranslateOptions) -> None:
     if opts.shortlist:
         shortlist = load_shortlist(opts.shortlist, vocab_size=loaded.tokenizer.vocab_size,
                                    spm_sha256=loaded.tokenizer.sha256)
+        if SPECIALS + shortlist.frequent.numel() <= cfg.beam:  # a list must outnumber the beam
+            raise NmtError(f"{opts.shortlist}: {shortlist.frequent.numel()} frequent tokens are too few for "
+                           f"beam {cfg.beam}; rebuild it with nmt shortlist --frequent {cfg.beam}")
     inp = open(opts.input, "rb") if opts.input else sys.stdin.buffer
     name = opts.input or "<stdin>"
     try:

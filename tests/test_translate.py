@@ -447,6 +447,10 @@ def test_shortlist_of_another_vocabulary_is_one_line(setup, tmp_path):
                    "other.pt: made for another vocabulary")
     one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(tmp_path / "none.pt"),
                        stdin=b"A dog.\n"), "none.pt: shortlist file not found")
+    loaded = load_models([setup.a], torch.device("cpu"))
+    save_shortlist(_random_shortlist(loaded, seed=3, frequent=0), tmp_path / "short.pt")
+    one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(tmp_path / "short.pt"), "--beam", "5",
+                       stdin=b"A dog.\n"), "short.pt: 0 frequent tokens are too few for beam 5")
 
 
 def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
