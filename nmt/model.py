@@ -269,9 +269,9 @@ class DecoderState:
     self_kv_rows: Tensor | None = None  # (N,)
     step: int = 0  # target position of the next token fed to decode_step
     # a shortlist (nmt.shortlist): output column j is token vocab[j], and the tokens fed back
-    # are columns too; source row r's sentence may produce only the columns allowed[r]
+    # are columns too; source row r's sentence may not produce the columns blocked[r]
     vocab: Tensor | None = None  # (K,) long
-    allowed: Tensor | None = None  # (B, K) bool
+    blocked: Tensor | None = None  # (B, K) bool
     out_weight: Tensor | None = None  # (K, D): the output projection's rows of `vocab`
 
 
@@ -342,7 +342,7 @@ class Transformer(nn.Module):
         memory, mask = self.run_encoder(src)
         state = DecoderState(mask, self.cross_keys_values(memory))
         if shortlist is not None:
-            state.vocab, state.allowed = shortlist
+            state.vocab, state.blocked = shortlist[0], ~shortlist[1]
             state.out_weight = self.tgt_embed.tokens.weight[state.vocab]
         return state
 
@@ -371,10 +371,10 @@ class Transformer(nn.Module):
         if state.out_weight is None:
             logits = self.output(x.squeeze(1)).float()  # (N, V)
         else:
-            assert state.allowed is not None
+            assert state.blocked is not None
             logits = F.linear(self.decoder_norm(x.squeeze(1)), state.out_weight).float()  # (N, K)
-            rows = torch.arange(logits.size(0), device=logits.device) // state.group
-            logits.masked_fill_(~state.allowed[rows], -math.inf)
+            B, K = state.blocked.shape  # the `group` rows of a source row share its mask
+            logits.view(B, -1, K).masked_fill_(state.blocked.unsqueeze(1), -math.inf)
         new = replace(state, self_kv=self_kv, self_kv_rows=None, step=state.step + 1)
         # in place: on CPU a fresh (N, V) tensor costs page faults and a pass over memory
         return torch.log_softmax(logits, dim=-1, out=logits), new
@@ -393,14 +393,14 @@ class Transformer(nn.Module):
         grouped = b > 0 and n % b == 0 and torch.equal(
             source, torch.arange(b, device=index.device).repeat_interleave(n // b))
         take = used if grouped else used[source]  # source rows of the new state
-        src_mask, cross_kv, allowed = state.src_mask, state.cross_kv, state.allowed
+        src_mask, cross_kv, blocked = state.src_mask, state.cross_kv, state.blocked
         if not (grouped and b == B):  # else the source rows are unchanged: no copy
             src_mask = src_mask.index_select(0, take)
             cross_kv = [(k.index_select(0, take), v.index_select(0, take)) for k, v in cross_kv]
-            allowed = None if allowed is None else allowed.index_select(0, take)
+            blocked = None if blocked is None else blocked.index_select(0, take)
         rows = index if state.self_kv_rows is None else state.self_kv_rows[index]
         return replace(state, src_mask=src_mask, cross_kv=cross_kv, group=n // b if grouped else 1,
-                       self_kv_rows=rows if state.self_kv else None, allowed=allowed)
+                       self_kv_rows=rows if state.self_kv else None, blocked=blocked)
 
 
 def num_parameters(model: nn.Module) -> int:

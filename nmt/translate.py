@@ -164,6 +164,15 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterat
         yield batch
 
 
+def load_shortlist_for(path: str, loaded: Loaded, beam: int) -> Shortlist:
+    """A file from `nmt shortlist`, checked against the loaded model's vocabulary and the beam."""
+    shortlist = load_shortlist(path, vocab_size=loaded.tokenizer.vocab_size, spm_sha256=loaded.tokenizer.sha256)
+    if SPECIALS + shortlist.frequent.numel() <= beam:  # a list must outnumber the beam
+        raise NmtError(f"{path}: {shortlist.frequent.numel()} frequent tokens are too few for "
+                       f"beam {beam}; rebuild it with nmt shortlist --frequent {beam}")
+    return shortlist
+
+
 def decode_workers(workers: int, device: torch.device) -> int:
     """Batches decoded at once: as asked on CPU (0 = one per torch thread), always 1 on GPU."""
     if device.type != "cpu":
@@ -348,13 +357,7 @@ def translate_main(opts: TranslateOptions) -> None:
         raise NmtError(f"{opts.input}: input file not found")
     loaded = load_models(resolve_checkpoints(opts.checkpoints), device)
     cfg = decode_config(loaded.config.decode, opts)
-    shortlist = None
-    if opts.shortlist:
-        shortlist = load_shortlist(opts.shortlist, vocab_size=loaded.tokenizer.vocab_size,
-                                   spm_sha256=loaded.tokenizer.sha256)
-        if SPECIALS + shortlist.frequent.numel() <= cfg.beam:  # a list must outnumber the beam
-            raise NmtError(f"{opts.shortlist}: {shortlist.frequent.numel()} frequent tokens are too few for "
-                           f"beam {cfg.beam}; rebuild it with nmt shortlist --frequent {cfg.beam}")
+    shortlist = load_shortlist_for(opts.shortlist, loaded, cfg.beam) if opts.shortlist else None
     inp = open(opts.input, "rb") if opts.input else sys.stdin.buffer
     name = opts.input or "<stdin>"
     try:

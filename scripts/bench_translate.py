@@ -105,9 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from nmt.evaluate import corpus_bleu
-    from nmt.shortlist import load_shortlist
     from nmt.textio import read_lines
-    from nmt.translate import decode_workers, load_models, translate_token_lists
+    from nmt.translate import decode_workers, load_models, load_shortlist_for, translate_token_lists
 
     src = list(read_lines(src_path))
     refs = list(read_lines(ref_path))
@@ -118,10 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     loaded = load_models([ckpt], device)
     cfg = replace(loaded.config.decode, **decode_options(args))
     workers = decode_workers(args.workers, device)
-    shortlist = None
-    if args.shortlist:
-        shortlist = load_shortlist(args.shortlist, vocab_size=loaded.tokenizer.vocab_size,
-                                   spm_sha256=loaded.tokenizer.sha256)
+    shortlist = load_shortlist_for(args.shortlist, loaded, cfg.beam) if args.shortlist else None
     seqs = [loaded.tokenizer.encode(s) if s.strip() else [] for s in src]
     times = []
     for _ in range(max(1, args.repeat)):
