@@ -71,6 +71,14 @@ class TrainConfig:
     adam_eps: float = opt(1e-9, "Adam epsilon.")
     weight_decay: float = opt(0.0, "Decoupled weight decay (AdamW); 0 = plain Adam.")
     label_smoothing: float = opt(0.1, "Label smoothing epsilon.")
+    dropout_ramp_end: int = opt(
+        0,
+        "Curriculum dropout: model.dropout until update dropout_ramp_start, then rising linearly "
+        "to dropout_ramp_to at this update and staying there; 0 = model.dropout throughout. "
+        "Applies to the sub-layer output and embedding dropout.",
+    )
+    dropout_ramp_start: int = opt(0, "See dropout_ramp_end.")
+    dropout_ramp_to: float = opt(0.0, "See dropout_ramp_end.")
     clip_norm: float = opt(0.0, "Clip gradients to this global norm; 0 = no clipping.")
     max_updates: int = opt(0, "Stop after this many updates; 0 = no limit.")
     max_epochs: int = opt(0, "Stop after this many epochs; 0 = no limit.")
@@ -302,6 +310,10 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
     need(t.lr_schedule != "noam" or t.warmup_updates > 0, "train.warmup_updates",
          "must be positive with lr_schedule noam")
     need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+    need(t.dropout_ramp_start >= 0, "train.dropout_ramp_start", "must not be negative")
+    need(t.dropout_ramp_end == 0 or t.dropout_ramp_end > t.dropout_ramp_start, "train.dropout_ramp_end",
+         f"({t.dropout_ramp_end}) must be 0 or above train.dropout_ramp_start ({t.dropout_ramp_start})")
+    need(0.0 <= t.dropout_ramp_to < 1.0, "train.dropout_ramp_to", "must be in [0, 1)")
     for key in ("clip_norm", "max_time", "weight_decay", "warmup_init_lr"):
         need(getattr(t, key) >= 0, f"train.{key}", "must not be negative")
     for key in ("max_updates", "max_epochs", "save_interval_updates", "keep_last",

@@ -297,6 +297,13 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
+    def set_dropout(self, p: float) -> None:
+        """Set the dropout on sub-layer outputs and embeddings (model.dropout) to p; attention
+        and activation dropout keep their values."""
+        for module in self.modules():
+            if isinstance(module, (Embedding, Layer)):
+                module.dropout.p = p
+
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) -> encoder output (B, S, D) and src_mask (B, 1, 1, S), True at real tokens."""
         mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S)

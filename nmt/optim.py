@@ -31,6 +31,20 @@ def lr_at(update: int, cfg: TrainConfig, d_model: int) -> float:
     return cfg.lr * math.sqrt(max(warmup, 1) / step) if warmup > 0 else cfg.lr
 
 
+def dropout_at(update: int, cfg: TrainConfig, dropout: float) -> float:
+    """Sub-layer dropout for the given update (1-based): `dropout` (model.dropout) up to
+    dropout_ramp_start, linear to dropout_ramp_to at dropout_ramp_end, constant after.
+
+    A pure function of the update number, so a resumed run uses the same values.
+    """
+    start, end = cfg.dropout_ramp_start, cfg.dropout_ramp_end
+    if end == 0 or update <= start:
+        return dropout
+    if update >= end:
+        return cfg.dropout_ramp_to
+    return dropout + (cfg.dropout_ramp_to - dropout) * (update - start) / (end - start)
+
+
 def label_smoothed_nll_loss(
     logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,7 @@ from nmt.config import Config, config_to_dict, dump_config
 from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.model import Transformer, num_parameters, summary
-from nmt.optim import DynamicLossScaler, build_optimizer, label_smoothed_nll_loss, lr_at
+from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
 from nmt.tokenizer import PAD, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -337,6 +337,8 @@ class Trainer:
         """
         env, t = self.env, self.cfg.train
         self.net.train()
+        if t.dropout_ramp_end:
+            self.model.set_dropout(dropout_at(self.progress.update + 1, t, self.cfg.model.dropout))
         scale = self.scaler.scale if self.scaler else 1.0
         sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, nll: no sync per batch
         ntokens = nsent = 0.0
@@ -643,6 +645,8 @@ class Trainer:
             record["rss_mb"] = rss
         if self.scaler is not None:
             record["loss_scale"] = self.scaler.scale
+        if t.dropout_ramp_end:
+            record["dropout"] = dropout_at(p.update, t, self.cfg.model.dropout)
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats['lr']:.2e}",
                             tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)

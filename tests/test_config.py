@@ -74,6 +74,9 @@ def test_unknown_section(tmp_path):
         ("decode:\n  beam: 0\n", "decode.beam must be at least 1"),
         ("train:\n  warmup_updates: -5\n", "train.warmup_updates must not be negative"),
         ("model:\n  dropout: 1.5\n", "model.dropout must be in [0, 1)"),
+        ("train:\n  dropout_ramp_start: 50\n  dropout_ramp_end: 50\n",
+         "train.dropout_ramp_end (50) must be 0 or above train.dropout_ramp_start (50)"),
+        ("train:\n  dropout_ramp_end: 50\n  dropout_ramp_to: 1.0\n", "train.dropout_ramp_to must be in [0, 1)"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path, text, key):

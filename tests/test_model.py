@@ -142,6 +142,25 @@ def test_dropout_only_in_training():
     assert not torch.allclose(model(src, prev), model(src, prev))
 
 
+def test_set_dropout_changes_sublayer_and_embedding_dropout_only():
+    model = make(dropout=0.1, attention_dropout=0.05, activation_dropout=0.02)
+    model.set_dropout(0.25)
+    rates = {name: m.p for name, m in model.named_modules() if isinstance(m, Dropout)}
+    ffn = {name: p for name, p in rates.items() if ".ffn." in name}
+    other = {name: p for name, p in rates.items() if ".ffn." not in name}
+    assert len(ffn) == 4 and set(ffn.values()) == {0.02}
+    assert "src_embed.dropout" in other and "decoder.1.dropout" in other and set(other.values()) == {0.25}
+    assert {m.dropout for m in model.modules() if hasattr(m, "heads")} == {0.05}  # attention
+    # with the other rates 0, set_dropout(0) makes training mode deterministic
+    model = make(dropout=0.3)
+    src, prev = tokens(5, 4), tokens(5, 3, bos=True)
+    expected = model(src, prev)
+    model.train()
+    assert not torch.allclose(model(src, prev), expected)
+    model.set_dropout(0.0)
+    torch.testing.assert_close(model(src, prev), expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
 def test_cpu_dropout_rate_scale_gradient_and_seed(p):
     x = torch.ones(400_000, requires_grad=True)

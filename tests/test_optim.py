@@ -7,7 +7,7 @@ import torch
 
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
-from nmt.optim import DynamicLossScaler, label_smoothed_nll_loss, lr_at
+from nmt.optim import DynamicLossScaler, dropout_at, label_smoothed_nll_loss, lr_at
 
 
 def test_noam_schedule_matches_the_paper_formula():
@@ -28,6 +28,19 @@ def test_inverse_sqrt_schedule_warms_up_linearly_then_decays():
     peak = rates.index(max(rates))
     assert peak == 99 and all(a <= b for a, b in zip(rates[:peak], rates[1 : peak + 1]))
     assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))
+
+
+def test_dropout_ramp_holds_then_rises_linearly_then_holds():
+    cfg = TrainConfig(dropout_ramp_start=100, dropout_ramp_end=300, dropout_ramp_to=0.3)
+    assert [dropout_at(u, cfg, 0.1) for u in (1, 50, 100)] == [0.1, 0.1, 0.1]
+    assert dropout_at(200, cfg, 0.1) == pytest.approx(0.2)
+    assert dropout_at(101, cfg, 0.1) == pytest.approx(0.1 + 0.2 / 200)
+    assert [dropout_at(u, cfg, 0.1) for u in (300, 301, 10_000)] == [0.3, 0.3, 0.3]
+    rates = [dropout_at(u, cfg, 0.1) for u in range(1, 400)]
+    assert all(a <= b for a, b in zip(rates, rates[1:]))
+    down = TrainConfig(dropout_ramp_start=0, dropout_ramp_end=10, dropout_ramp_to=0.0)  # falling works too
+    assert dropout_at(5, down, 0.2) == pytest.approx(0.1) and dropout_at(10, down, 0.2) == 0.0
+    assert dropout_at(10_000, TrainConfig(dropout_ramp_to=0.3), 0.1) == 0.1  # no ramp: model.dropout
 
 
 def test_label_smoothing_against_hand_computation():

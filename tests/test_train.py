@@ -24,7 +24,7 @@ from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import Config, load_config, replace
 from nmt.errors import NmtError
-from nmt.optim import DynamicLossScaler, lr_at
+from nmt.optim import DynamicLossScaler, dropout_at, lr_at
 from nmt.prepare import PrepareOptions, prepare_bpe
 from nmt.train import Env, Trainer, train
 
@@ -131,6 +131,27 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
     assert all(loss == pytest.approx(valid_a[u], abs=1e-6) for u, loss in valid_b if u in valid_a)
     elapsed = [r["elapsed"] for r in records(run_b, "valid")]  # training seconds, over the resume too
     assert elapsed == sorted(elapsed) and all(r["valid_s"] > 0 for r in records(run_b, "valid"))
+
+
+def test_dropout_ramp_applies_per_update_and_resumes_exactly(prepared, tmp_path):
+    cfg = tiny(prepared[0], tmp_path / "a", {"dropout": 0.0}, max_tokens=1024,
+               dropout_ramp_start=2, dropout_ramp_end=6, dropout_ramp_to=0.4)
+    train(replace(cfg, train={"max_updates": 8}))
+    logged = {r["update"]: r["dropout"] for r in records(tmp_path / "a", "train")}
+    assert logged == {u: pytest.approx(dropout_at(u, cfg.train, 0.0)) for u in range(1, 9)}
+    assert logged[2] == 0.0 and logged[4] == pytest.approx(0.2) and logged[8] == pytest.approx(0.4)
+
+    run_b = tmp_path / "b"  # stopped in the middle of the ramp
+    train(replace(cfg, train={"run_dir": str(run_b), "max_updates": 4}))
+    train(replace(cfg, train={"run_dir": str(run_b), "max_updates": 8}))
+    assert losses(tmp_path / "a") == pytest.approx(losses(run_b), abs=1e-6)
+    assert_same_weights(weights(tmp_path / "a"), weights(run_b))
+
+    run_c = tmp_path / "c"  # no ramp: the same until the ramp starts, then different
+    train(replace(cfg, train={"run_dir": str(run_c), "max_updates": 3, "dropout_ramp_end": 0}))
+    a, c = losses(tmp_path / "a"), losses(run_c)
+    assert [a[1], a[2]] == pytest.approx([c[1], c[2]], abs=1e-6)
+    assert abs(a[3] - c[3]) > 1e-4
 
 
 def test_logged_loss_is_the_interval_mean_per_target_token(prepared, tmp_path):
