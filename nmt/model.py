@@ -13,7 +13,9 @@ V vocabulary, N decoder rows during search (e.g. B * beam).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import cast
 
 import torch
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.config import ModelConfig
+from nmt.quantize import Int8Linear
 
 KV = tuple[Tensor, Tensor]  # keys and values, each (B, H, L, Dh)
 
@@ -272,7 +275,7 @@ class DecoderState:
     # are columns too; source row r's sentence may not produce the columns blocked[r]
     vocab: Tensor | None = None  # (K,) long
     blocked: Tensor | None = None  # (B, K) bool
-    out_weight: Tensor | None = None  # (K, D): the output projection's rows of `vocab`
+    project: Callable[[Tensor], Tensor] | None = None  # (N, D) -> (N, K): the output projection's rows of `vocab`
 
 
 class Transformer(nn.Module):
@@ -296,6 +299,7 @@ class Transformer(nn.Module):
         # pre-norm leaves the residual stream un-normalised: one final LayerNorm on each side
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.int8_output: nn.Module | None = None  # set by nmt.quantize.quantize_decoder
 
     def set_dropout(self, p: float) -> None:
         """Set the dropout on sub-layer outputs and embeddings (model.dropout) to p; attention
@@ -318,7 +322,15 @@ class Transformer(nn.Module):
 
     def output(self, x: Tensor) -> Tensor:
         """Decoder states (..., D) -> logits (..., V) through the tied output projection."""
+        if self.int8_output is not None:
+            return self.int8_output(self.decoder_norm(x))
         return F.linear(self.decoder_norm(x), self.tgt_embed.tokens.weight)
+
+    def projection(self, weight: Tensor) -> Callable[[Tensor], Tensor]:
+        """x (N, D) -> x weight^T, in int8 when the model's output projection is."""
+        if self.int8_output is not None:
+            return Int8Linear(weight)
+        return partial(F.linear, weight=weight)
 
     def forward(self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None) -> Tensor:
         """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V); with
@@ -350,7 +362,7 @@ class Transformer(nn.Module):
         state = DecoderState(mask, self.cross_keys_values(memory))
         if shortlist is not None:
             state.vocab, state.blocked = shortlist[0], ~shortlist[1]
-            state.out_weight = self.tgt_embed.tokens.weight[state.vocab]
+            state.project = self.projection(self.tgt_embed.tokens.weight[state.vocab])
         return state
 
     @torch.no_grad()
@@ -375,11 +387,11 @@ class Transformer(nn.Module):
             x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows)
             cache = None  # freed here, before the next layer copies its own
             self_kv.append(kv)
-        if state.out_weight is None:
+        if state.project is None:
             logits = self.output(x.squeeze(1)).float()  # (N, V)
         else:
             assert state.blocked is not None
-            logits = F.linear(self.decoder_norm(x.squeeze(1)), state.out_weight).float()  # (N, K)
+            logits = state.project(self.decoder_norm(x.squeeze(1))).float()  # (N, K)
             B, K = state.blocked.shape  # the `group` rows of a source row share its mask
             logits.view(B, -1, K).masked_fill_(state.blocked.unsqueeze(1), -math.inf)
         new = replace(state, self_kv=self_kv, self_kv_rows=None, step=state.step + 1)

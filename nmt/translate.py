@@ -32,6 +32,7 @@ from nmt.config import Config, DecodeConfig, config_from_dict
 from nmt.device import PRECISIONS, autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.model import Transformer
+from nmt.quantize import check_int8, quantize_decoder
 from nmt.search import Hypothesis, beam_search
 from nmt.shortlist import SPECIALS, Shortlist, load_shortlist
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
@@ -39,6 +40,7 @@ from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 log = logging.getLogger(__name__)
 CHUNK_LINES = 4096
 _BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.quantize
 
 
 @dataclass
@@ -126,7 +128,11 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
     raise NmtError(f"{run_dir}: no checkpoint_avg.pt, checkpoint_best.pt or checkpoint_last.pt found")
 
 
-def load_models(paths: list[Path], device: torch.device) -> Loaded:
+def load_models(paths: list[Path], device: torch.device, precision: str = "fp32") -> Loaded:
+    """The checkpoints' models on `device` (an Ensemble for several); precision int8 quantises
+    each decoder (nmt.quantize), the others are applied by autocast while decoding."""
+    if precision == "int8":
+        check_int8(device)
     models, tokenizer, first_cfg, first_hash = [], None, None, None
     for path in paths:
         state = load_checkpoint(path, mmap=True)  # the weights are copied into the model once
@@ -139,7 +145,8 @@ def load_models(paths: list[Path], device: torch.device) -> Loaded:
             first_cfg, first_hash = cfg, tok_hash
         model = Transformer(cfg.model, int(state["vocab_size"]), pad_id=PAD)
         model.load_state_dict(state["model"])
-        models.append(model.to(device).eval())
+        model = model.to(device).eval()
+        models.append(quantize_decoder(model) if precision == "int8" else model)
         del state
     assert tokenizer is not None and first_cfg is not None
     max_pos = min(m.cfg.max_positions for m in models)
@@ -224,7 +231,8 @@ def translate_token_lists(
         if shortlist is not None:
             vocab, allowed = shortlist.batch_vocab(src, PAD)
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
-        with torch.inference_mode(), autocast(device, precision):  # both are per thread
+        amp = autocast(device, "fp32" if precision == "int8" else precision)  # int8: the model is quantised
+        with torch.inference_mode(), amp:  # both are per thread
             hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS, eos=EOS,
                                max_len=max_positions)
         for i, h in zip(ids, hyps):
@@ -346,8 +354,8 @@ def decode_config(base: DecodeConfig, opts: TranslateOptions) -> DecodeConfig:
 
 
 def translate_main(opts: TranslateOptions) -> None:
-    if opts.precision not in PRECISIONS:
-        raise NmtError(f"--precision must be one of {', '.join(PRECISIONS)}, got {opts.precision!r}")
+    if opts.precision not in DECODE_PRECISIONS:
+        raise NmtError(f"--precision must be one of {', '.join(DECODE_PRECISIONS)}, got {opts.precision!r}")
     if opts.threads > 0:
         torch.set_num_threads(opts.threads)
     if opts.workers < 0:
@@ -355,7 +363,7 @@ def translate_main(opts: TranslateOptions) -> None:
     device = resolve_device(opts.device)
     if opts.input is not None and not Path(opts.input).is_file():
         raise NmtError(f"{opts.input}: input file not found")
-    loaded = load_models(resolve_checkpoints(opts.checkpoints), device)
+    loaded = load_models(resolve_checkpoints(opts.checkpoints), device, opts.precision)
     cfg = decode_config(loaded.config.decode, opts)
     shortlist = load_shortlist_for(opts.shortlist, loaded, cfg.beam) if opts.shortlist else None
     inp = open(opts.input, "rb") if opts.input else sys.stdin.buffer

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
         src, refs = src[: args.limit], refs[: args.limit]
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    loaded = load_models([ckpt], device)
+    loaded = load_models([ckpt], device, args.precision)
     cfg = replace(loaded.config.decode, **decode_options(args))
     workers = decode_workers(args.workers, device)
     shortlist = load_shortlist_for(args.shortlist, loaded, cfg.beam) if args.shortlist else None

@@ -462,3 +462,31 @@ def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
     assert (sl.candidates[:, 0] >= SPECIALS).sum() > 100  # most source tokens have a translation
     r = nmt("shortlist", str(data_dir), "-o", str(out), "--top", "-1")
     one_line_error(r, "--top")
+
+
+# ------------------------------------------------------------------ int8 (nmt.quantize)
+
+
+def test_int8_in_the_cli_keeps_the_io_contract_and_is_repeatable(setup, tmp_path):
+    lines = [*setup.sentences[:12], "", "   ", setup.sentences[12]]
+    first = translate_file(tmp_path, lines, "-c", str(setup.a), "--precision", "int8", name="first")
+    assert first.count(b"\n") == len(lines) and first.split(b"\n")[12:14] == [b"", b""]
+    assert translate_file(tmp_path, lines, "-c", str(setup.a), "--precision", "int8", name="again") == first
+
+
+def test_int8_with_a_shortlist_of_every_token_changes_nothing(setup):
+    loaded = load_models([setup.a], torch.device("cpu"), precision="int8")
+    V = loaded.tokenizer.vocab_size
+    everything = Shortlist(torch.full((V, 1), -1), torch.arange(SPECIALS, V), V, loaded.tokenizer.sha256)
+    seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:10]]
+    cfg = loaded.config.decode
+    got = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS,
+                                precision="int8", shortlist=everything)
+    want = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS, precision="int8")
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+    assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
+
+
+def test_unknown_precision_is_one_line(setup):
+    one_line_error(nmt("translate", "-c", str(setup.a), "--precision", "int4", stdin=b"a\n"),
+                   "--precision must be one of fp32, bf16, fp16, int8, got 'int4'")

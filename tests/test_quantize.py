@@ -1,0 +1,120 @@
+"""Int8 decoding (nmt.quantize): the int8 linear layer against fp32, one row independent of the
+rest of its batch, which modules are quantised, and the one-line errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from nmt import quantize
+from nmt.config import ModelConfig
+from nmt.errors import NmtError
+from nmt.model import Transformer
+from nmt.quantize import Int8Linear, check_int8, quantize_decoder
+
+V = 60
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def rows(n: int, d: int, seed: int = 0) -> torch.Tensor:
+    """Rows of very different magnitudes, one of them all zero."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g) * torch.logspace(-3, 2, n)[:, None]
+    x[n // 2] = 0
+    return x
+
+
+@pytest.mark.parametrize("d_in, d_out, bias", [(64, 48, True), (256, 1000, False), (200, 3, True)])
+def test_int8_linear_is_close_to_fp32_row_by_row(d_in, d_out, bias):
+    torch.manual_seed(1)
+    lin = nn.Linear(d_in, d_out, bias=bias)
+    q = Int8Linear(lin.weight, lin.bias)
+    x = rows(41, d_in)
+    with torch.no_grad():
+        want, got = lin(x), q(x)
+    assert got.shape == want.shape and got.dtype == torch.float32 and torch.isfinite(got).all()
+    # the error of each row scales with that row (a per-row activation scale), not with the batch
+    xw = (x.abs() @ lin.weight.abs().t()).detach()  # bound on |x W^T| before cancellation
+    err = (got - want).abs()
+    assert (err <= 0.02 * xw + 1e-6).all()
+    assert torch.equal(got[20], lin.bias if bias else torch.zeros(d_out))  # the zero row: exactly the bias
+    assert err.max() > 0  # it really is quantised
+
+
+def test_int8_linear_row_does_not_depend_on_its_batch():
+    torch.manual_seed(2)
+    lin = nn.Linear(96, 130)
+    q = Int8Linear(lin.weight, lin.bias)
+    x = rows(50, 96, seed=3)
+    with torch.no_grad():
+        full = q(x)
+        for m in (1, 2, 7, 16, 33):
+            assert torch.equal(q(x[:m]), full[:m]), m
+            assert torch.equal(q(x[-m:]), full[-m:]), m
+        assert torch.equal(q(x.view(5, 10, 96)), full.view(5, 10, 130))  # leading dims are rows
+
+
+def make(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, ffn_dim=128, heads=4, max_positions=64)
+    return Transformer(cfg, V).eval()
+
+
+def test_quantize_decoder_replaces_the_decoder_linears_and_the_output_only():
+    model = quantize_decoder(make())
+    decoder = [m for m in model.decoder.modules() if isinstance(m, (nn.Linear, Int8Linear))]
+    assert decoder and all(isinstance(m, Int8Linear) for m in decoder)
+    assert len(decoder) == 2 * (2 + 3 + 2)  # per layer: self qkv, out; cross q, kv, out; fc1, fc2
+    assert all(isinstance(m, nn.Linear) for m in model.encoder.modules() if isinstance(m, (nn.Linear, Int8Linear)))
+    assert isinstance(model.int8_output, Int8Linear)
+    assert model.tgt_embed.tokens.weight.dtype == torch.float32  # the embedding lookup stays fp32
+
+
+def test_int8_decode_steps_are_close_to_fp32():
+    fp32 = make()
+    int8 = quantize_decoder(copy.deepcopy(fp32))
+    g = torch.Generator().manual_seed(4)
+    src = torch.randint(4, V, (3, 9), generator=g)
+    src[1, 6:] = 0  # padding
+    tokens = torch.full((3,), 2)
+    a, b = fp32.encode(src), int8.encode(src)
+    for _ in range(5):
+        la, a = fp32.decode_step(tokens, a)
+        lb, b = int8.decode_step(tokens, b)
+        spread = (la.amax(-1) - la.amin(-1)).min().item()  # ~6 nats for this model
+        assert 0 < (la - lb).abs().max().item() < 0.02 * spread  # about 1% of it
+        assert (la.exp() - lb.exp()).abs().max().item() < 0.01
+        tokens = la.argmax(-1)
+
+
+def test_a_projection_over_a_token_subset_equals_those_columns_of_the_full_one():
+    model = quantize_decoder(make())
+    vocab = torch.tensor([0, 3, 17, 59, 8])
+    x = rows(6, 64)
+    full = model.output(x)
+    part = model.projection(model.tgt_embed.tokens.weight[vocab])(model.decoder_norm(x))
+    assert torch.equal(part, full[:, vocab])  # a weight row's scale is its own
+
+
+def test_int8_where_it_cannot_run_is_one_line(monkeypatch):
+    with pytest.raises(NmtError, match="int8 is for CPU decoding; on meta use bf16 or fp16"):
+        check_int8(torch.device("meta"))
+
+    def missing():
+        raise RuntimeError("Could not run 'quantized::linear_with_input_q_dq_qweight_dq_output_fp32'\nmore")
+
+    monkeypatch.setattr(quantize, "_int8_linear_op", missing)
+    with pytest.raises(NmtError) as e:
+        check_int8(torch.device("cpu"))
+    assert "x86 int8 kernels (fbgemm)" in str(e.value) and "Could not run" in str(e.value)
+    assert "\n" not in str(e.value)
