@@ -210,6 +210,9 @@ def translate_token_lists(
     matmuls are too small to share cores well, and the search's Python work of one batch
     overlaps the other's matmuls.
 
+    precision bf16/fp16 decodes under autocast; int8 expects a model from
+    `load_models(..., precision="int8")`, whose decoder is already quantised.
+
     With a `shortlist` each sentence is decoded over its own list of likely target tokens
     (an approximation, see nmt.shortlist); the list depends on the sentence only, so
     batching still changes nothing.
