@@ -2,13 +2,20 @@
 
 The search knows the model only through `encode(src) -> state`,
 `decode_step(tokens (N,), state) -> (log_probs (N, V), state)` and `reorder(state, index)`.
-Rows are sentence-major: row `b * beam + k` is hypothesis k of sentence b.
+Rows are sentence-major: row `b * beam + k` is hypothesis k of sentence b. The log-probs
+`decode_step` returns belong to the search, which masks them in place.
 
 Beam search follows fairseq: each step takes the top 2*beam candidates of each sentence so
 that candidates ending in EOS (moved to the finished list) never shrink the live beam;
 candidates are ranked by their raw log-probability, finished hypotheses by the normalised
 score; sentences that are done leave the batch (`model.reorder`), so a step costs less as
 sentences finish. Scores are accumulated in fp32 whatever the model computed in.
+
+The best candidates of a step are found in two stages (`top_candidates`): the maximum of each
+chunk of 64 vocabulary columns, then the best chunks' columns only. On the CPU a top-k over
+width * V scores cost as much as a tenth of a step; the chunk maxima are one vectorised pass.
+Ties are broken by the lower (row, token) index in both stages, so the result is exactly that
+of one top-k over all continuations, and does not depend on the batch.
 """
 
 from __future__ import annotations
@@ -76,6 +83,63 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | 
     return out.clamp(min=0)
 
 
+CHUNK = 64  # vocabulary columns per chunk in the first stage of `top_candidates`
+
+
+def _rank_keys(values: Tensor, index: Tensor) -> Tensor:
+    """int64 keys that order float32 `values` descending, then `index` (< 2^32) ascending.
+
+    A top-k over the keys is deterministic, and equal scores always resolve to the lower index
+    (torch.topk leaves the order of ties to the implementation). The float's bits are mapped to
+    an int32 of the same order (-0.0 is first made +0.0), placed above the inverted index.
+    """
+    bits = (values + 0.0).view(torch.int32).long()  # + 0.0: a fresh tensor, and -0.0 -> +0.0
+    magnitude = bits & 0x7FFFFFFF
+    order = torch.where(bits < 0, -1 - magnitude, magnitude)  # same order as the floats
+    return order * 2**32 + (2**32 - 1 - index)
+
+
+def top_candidates(lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = None) -> tuple[Tensor, Tensor]:
+    """The k best continuations of each sentence: their scores and indices, best first.
+
+    lprobs (Bn*width, V) contiguous next-token log-probs of Bn sentences' `width` rows each,
+    scores (Bn, width) the rows' log-probs; `chunk` defaults to CHUNK. A continuation (row j of its sentence, token t)
+    scores scores[b, j] + lprobs[b*width + j, t] and has index j*V + t. Returns (Bn, k) scores
+    and indices, by score descending, equal scores by lower index; k <= width * V.
+
+    With V >= 4 chunks, two stages: the score of each chunk of `chunk` columns is its maximum
+    (adding a row's score preserves the order of its log-probs, also in float32), and the k
+    best continuations lie in the k best chunks, ranked the same way (each chunk ranked
+    before a continuation's own holds a continuation ranked before it). Else one top-k.
+    """
+    chunk = chunk or CHUNK
+    n_sent, width = scores.shape
+    vocab = lprobs.size(1)
+    if vocab < 4 * chunk:
+        cand = (scores.view(-1, 1) + lprobs).view(n_sent, width * vocab)
+        index = torch.arange(width * vocab, device=lprobs.device).expand(n_sent, -1)
+        pick = _rank_keys(cand, index).topk(k).indices
+        return cand.gather(1, pick), pick
+    full = vocab // chunk  # chunks of `chunk` columns, then one shorter chunk if any columns remain
+    maxima = lprobs[:, : full * chunk].view(-1, full, chunk).amax(2)  # (Bn*width, full)
+    if vocab > full * chunk:
+        maxima = torch.cat([maxima, lprobs[:, full * chunk:].amax(1, keepdim=True)], 1)
+    per_row = maxima.size(1)
+    chunk_scores = (scores.view(-1, 1) + maxima).view(n_sent, width * per_row)
+    chunk_index = torch.arange(width * per_row, device=lprobs.device).expand(n_sent, -1)
+    best = _rank_keys(chunk_scores, chunk_index).topk(min(k, width * per_row)).indices  # (Bn, c)
+    row, first = best // per_row, best % per_row * chunk  # row of the sentence, first column
+    cols = first.unsqueeze(2) + torch.arange(chunk, device=lprobs.device)  # (Bn, c, chunk)
+    outside = cols >= vocab  # the shorter last chunk's padding
+    cols = cols.clamp(max=vocab - 1)
+    rows = row + torch.arange(n_sent, device=lprobs.device).unsqueeze(1) * width  # (Bn, c) of lprobs
+    lp = lprobs.view(-1)[(rows * vocab).unsqueeze(2) + cols].masked_fill_(outside, -math.inf)
+    cand = (scores.view(-1)[rows].unsqueeze(2) + lp).view(n_sent, -1)  # (Bn, c * chunk)
+    index = ((row * vocab).unsqueeze(2) + cols).view(n_sent, -1)
+    pick = _rank_keys(cand, index.masked_fill(outside.view(n_sent, -1), 2**32 - 1)).topk(k).indices
+    return cand.gather(1, pick), index.gather(1, pick)
+
+
 def _block_(scores: Tensor, step: int, history: Tensor, at_max: Tensor | None,
             cfg: DecodeConfig, pad: int, unk: int, bos: int, eos: int) -> None:
     """Set to -inf, in place, the scores of the next tokens the search may not produce.
@@ -128,7 +192,8 @@ def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: in
         ending = max_out <= step
         at_max = ending.to(device) if ending.any() else None
         _block_(scores, step, tokens, at_max, cfg, pad, unk, bos, eos)
-        best_score, best = scores.max(1)  # (N,)
+        best_score, best = top_candidates(scores, scores.new_zeros(scores.size(0), 1), 1)
+        best_score, best = best_score.view(-1), best.view(-1)  # (N,): the first maximum
         # a row ends with EOS, or when every token is blocked (no finite continuation)
         done = ((best == eos) | best_score.isneginf()).cpu() | ending
         if done.any():
@@ -195,19 +260,19 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     for step in itertools.count():
         n_sent = sent_ids.numel()
         lprobs, state = model.decode_step(last, state)
-        lprobs = lprobs.float()  # (Bn*width, V)
+        lprobs = lprobs.float().contiguous()  # (Bn*width, V), masked in place below
         vocab = lprobs.size(1)
         if vocab <= beam:  # step 0 takes the beam from one row's candidates
             raise ValueError(f"the beam ({beam}) must be smaller than the vocabulary ({vocab})")
-        cand = scores.view(-1, 1) + lprobs  # (Bn*width, V) log-prob of each continuation
         ending = max_out <= step
         at_max = ending.repeat_interleave(width).to(device) if ending.any() else None
-        _block_(cand, step, tokens, at_max, cfg, pad, unk, bos, eos)
+        _block_(lprobs, step, tokens, at_max, cfg, pad, unk, bos, eos)
 
-        top_scores, top_idx = cand.view(n_sent, width * vocab).topk(min(ncand, width * vocab))
+        # the log-prob of each continuation, scores[row] + lprobs[row, token], best 2*beam
+        top_scores, top_idx = top_candidates(lprobs, scores, min(ncand, width * vocab))
         top_rows = top_idx // vocab + torch.arange(n_sent, device=device).unsqueeze(1) * width
         top_tok = top_idx % vocab  # (Bn, 2*beam), and top_rows: the row each extends
-        top_lp = lprobs.reshape(n_sent, -1).gather(1, top_idx)  # the new token's log-prob
+        top_lp = lprobs.view(-1)[top_rows * vocab + top_tok]  # the new token's log-prob
         is_eos = top_tok == eos
 
         # EOS among the top `beam` candidates finishes a hypothesis (fairseq)

@@ -18,6 +18,7 @@ from nmt.search import (
     greedy_search,
     length_penalty,
     max_output_lengths,
+    top_candidates,
 )
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -370,3 +371,54 @@ def test_nbest_must_fit_the_beam_and_empty_batch():
     empty = torch.empty(0, 4, dtype=torch.long)
     assert beam_search(FakeModel(random_logprobs), empty, CFG) == []
     assert greedy_search(FakeModel(random_logprobs), empty, CFG) == []
+
+
+# ------------------------------------------------------------------ candidate selection
+
+
+def reference_top(lprobs, scores, k):
+    """Each sentence's k best (score, index) by sorting Python floats: score descending, then
+    the lower index (row of the sentence * V + token)."""
+    n_sent, width = scores.shape
+    vocab = lprobs.size(1)
+    cand = (scores.view(-1, 1) + lprobs).view(n_sent, -1).tolist()
+    out = [sorted(range(width * vocab), key=lambda i: (-row[i], i))[:k] for row in cand]
+    return [[row[i] for i in idx] for row, idx in zip(cand, out)], out
+
+
+@pytest.mark.parametrize("vocab,chunk", [(256, 64), (257, 64), (300, 7), (40, 1), (41, 3), (33, 8)])
+@pytest.mark.parametrize("width,k", [(1, 1), (1, 6), (5, 10), (3, 40)])
+def test_top_candidates_equal_a_full_sort(vocab, chunk, width, k):
+    gen = torch.Generator().manual_seed(vocab * 100 + chunk * 10 + width)
+    n_sent = 4
+    # integer log-probs: many exact ties, within a row and across the rows of a sentence
+    lprobs = -torch.randint(0, 6, (n_sent * width, vocab), generator=gen).float()
+    lprobs[torch.rand(lprobs.shape, generator=gen) < 0.3] = -math.inf
+    lprobs[1] = -math.inf  # a row with no finite continuation
+    scores = -torch.randint(0, 3, (n_sent, width), generator=gen).float()
+    if width > 1:
+        scores[0, 1] = -math.inf  # a dead row
+    values, index = top_candidates(lprobs, scores, k, chunk=chunk)
+    ref_values, ref_index = reference_top(lprobs, scores, k)
+    assert index.tolist() == ref_index
+    assert values.tolist() == ref_values
+    # the one-stage path (chunk larger than a quarter of the vocabulary) agrees
+    flat_values, flat_index = top_candidates(lprobs, scores, k, chunk=vocab)
+    assert flat_index.tolist() == ref_index and flat_values.tolist() == ref_values
+
+
+def test_top_candidates_rank_negative_zero_as_zero():
+    lprobs = torch.tensor([[-1.0, -0.0, 0.0, -2.0] * 8])
+    values, index = top_candidates(lprobs, torch.zeros(1, 1), 3, chunk=2)
+    assert index.tolist() == [[1, 2, 5]] and values.tolist() == [[0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("cfg", [*RANDOM_CFGS, DecodeConfig(beam=4, lenpen_style="length", lenpen=1.0)])
+def test_search_with_two_stage_selection_equals_one_stage(cfg, monkeypatch):
+    src = src_batch(*SOURCES)
+    nbest = cfg.beam
+    one_stage = beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest)
+    greedy = greedy_search(FakeModel(random_logprobs), src, cfg)
+    monkeypatch.setattr("nmt.search.CHUNK", 2)  # V = 10: 5 chunks of 2 columns
+    assert beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest) == one_stage
+    assert greedy_search(FakeModel(random_logprobs), src, cfg) == greedy
