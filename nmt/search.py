@@ -103,9 +103,10 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = N
     """The k best continuations of each sentence: their scores and indices, best first.
 
     lprobs (Bn*width, V) contiguous next-token log-probs of Bn sentences' `width` rows each,
-    scores (Bn, width) the rows' log-probs; `chunk` defaults to CHUNK. A continuation (row j of its sentence, token t)
-    scores scores[b, j] + lprobs[b*width + j, t] and has index j*V + t. Returns (Bn, k) scores
-    and indices, by score descending, equal scores by lower index; k <= width * V.
+    scores (Bn, width) the rows' log-probs; `chunk` defaults to CHUNK. A continuation (row j
+    of its sentence, token t) scores scores[b, j] + lprobs[b*width + j, t] and has index
+    j*V + t. Returns (Bn, k) scores and indices, by score descending, equal scores by lower
+    index; k <= width * V.
 
     With V >= 4 chunks, two stages: the score of each chunk of `chunk` columns is its maximum
     (adding a row's score preserves the order of its log-probs, also in float32), and the k
