@@ -189,7 +189,7 @@ def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: in
     state = model.encode(src)
     for step in itertools.count():
         lprobs, state = model.decode_step(last, state)
-        scores = lprobs.to(torch.float32, copy=True)  # (N, V), masked in place below
+        scores = lprobs.float().contiguous()  # (N, V), ours (see above): masked in place below
         ending = max_out <= step
         at_max = ending.to(device) if ending.any() else None
         _block_(scores, step, tokens, at_max, cfg, pad, unk, bos, eos)
