@@ -85,6 +85,18 @@ def _replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
         raise
 
 
+def to_cpu(obj: Any) -> Any:
+    """`obj` with every tensor in it (dicts, lists, tuples) moved to the CPU: a checkpoint
+    written on a GPU loads anywhere, also with a plain torch.load."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
 def atomic_save(obj: Any, path: str | Path) -> None:
     """torch.save `obj` so that `path` holds either its previous content or all of `obj`,
     even if the process is killed or the disk fills up (fsync, rename, fsync the directory).

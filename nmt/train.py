@@ -280,7 +280,7 @@ class Trainer:
                "cuda": torch.cuda.get_rng_state(self.env.device) if self.env.device.type == "cuda" else None}
         return {
             "format_version": FORMAT_VERSION,
-            "model": self.model.state_dict(),
+            "model": ckpt.to_cpu(self.model.state_dict()),
             "config": config_to_dict(self.cfg),
             "vocab_size": self.tokenizer.vocab_size,
             "tokenizer": {"model": self.tokenizer.model_bytes, "sha256": self.tokenizer.sha256},
@@ -288,7 +288,7 @@ class Trainer:
             "epoch": self.progress.epoch,
             "train_state": {
                 "progress": asdict(self.progress),
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": ckpt.to_cpu(self.optimizer.state_dict()),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": rng,
                 "fingerprint": self._fingerprint(),
