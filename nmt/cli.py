@@ -241,8 +241,8 @@ def translate_cmd(
     max_tokens: Annotated[int | None, typer.Option(help="Source tokens per batch (instead of --batch-size).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     precision: Annotated[str, typer.Option(
-        help="fp32, bf16, fp16 (CUDA only) or int8 (CPU only: the decoder and output projection "
-             "in int8, as Marian's int8 decoding; see README).")] = "fp32",
+        help="fp32, bf16, fp16 (CUDA only) or int8 (CPU only, so --device auto means the CPU: "
+             "the decoder and output projection in int8, as Marian's int8 decoding; see README).")] = "fp32",
     threads: Annotated[int, typer.Option(help="CPU threads; 0 = torch default.")] = 0,
     workers: Annotated[
         int,

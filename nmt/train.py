@@ -28,7 +28,7 @@ import torch.distributed as dist
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import Config, config_to_dict, dump_config
-from nmt.device import autocast, resolve_device
+from nmt.device import autocast, configure_cuda, resolve_device
 from nmt.errors import NmtError
 from nmt.model import Transformer, num_parameters, summary
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
@@ -125,6 +125,7 @@ class Trainer:
         t = cfg.train
         if t.precision == "fp16" and env.device.type != "cuda":
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
+        configure_cuda(env.device)
         self.run_dir = Path(t.run_dir)
         self.meta = datamod.read_meta(cfg.data.dir)
         self.src_lang = cfg.data.source_lang or self.meta["source_lang"]

@@ -29,7 +29,7 @@ import torch
 
 from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
 from nmt.config import Config, DecodeConfig, config_from_dict
-from nmt.device import PRECISIONS, autocast, resolve_device
+from nmt.device import PRECISIONS, autocast, configure_cuda, resolve_device
 from nmt.errors import NmtError
 from nmt.model import Transformer
 from nmt.quantize import check_int8, quantize_decoder
@@ -133,6 +133,7 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
     each decoder (nmt.quantize), the others are applied by autocast while decoding."""
     if precision == "int8":
         check_int8(device)
+    configure_cuda(device)
     models, tokenizer, first_cfg, first_hash = [], None, None, None
     for path in paths:
         state = load_checkpoint(path, mmap=True)  # the weights are copied into the model once
@@ -363,7 +364,8 @@ def translate_main(opts: TranslateOptions) -> None:
         torch.set_num_threads(opts.threads)
     if opts.workers < 0:
         raise NmtError(f"--workers must be 0 (one per CPU thread) or more, got {opts.workers}")
-    device = resolve_device(opts.device)
+    # int8 decoding exists on the CPU only: there, auto means the CPU even where CUDA is present
+    device = resolve_device("cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device)
     if opts.input is not None and not Path(opts.input).is_file():
         raise NmtError(f"{opts.input}: input file not found")
     loaded = load_models(resolve_checkpoints(opts.checkpoints), device, opts.precision)
