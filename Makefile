@@ -9,12 +9,13 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow lint demo bench clean help
+.PHONY: install test test-slow test-gpu lint demo bench clean help
 
 help:
 	@echo "make demo       # prepare Multi30k en-de, train, average, translate, score"
 	@echo "make test       # install and run the test suite (about 5 minutes on 2 cores)"
 	@echo "make test-slow  # the long system tests (learning tasks, demo pipeline, fault injection)"
+	@echo "make test-gpu   # the CUDA tests (tests/test_gpu.py); fails without a GPU"
 	@echo "make lint       # ruff + mypy"
 
 $(BIN)/.installed: pyproject.toml
@@ -30,6 +31,9 @@ test: install
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-gpu: install
+	$(BIN)/python -m pytest -q -m gpu $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check nmt tests scripts
