@@ -141,7 +141,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prepared = args.prepared or Path(tmp) / "data-bin"
         prepare(args.data_dir, prepared, args.vocab)
-        runs = [(args.config, p) for p in args.precision]
+        runs = [(args.config.resolve(), p) for p in args.precision]
         if args.gpu_base and device.startswith("cuda"):
             runs += [(REPO / "configs/base.yaml", "bf16"), (REPO / "configs/base.yaml", "fp16")]
         print("| config | device | precision | threads | max_tokens | tgt tok/s | peak memory | model TFLOP/s | MFU |")
