@@ -6,7 +6,9 @@ The default suite deselects them; without CUDA they fail rather than skip, so a 
 - bf16 and fp16 training (autocast, fp32 master weights) learn the copy task;
 - fp16 loss scaling on a real overflow: the update is skipped, not counted, the scale halves;
 - resuming equals never stopping (fp32 and fp16, with the loss scaler's state);
-- `nmt translate --device cuda` keeps the I/O contract and agrees with the CPU.
+- `nmt translate --device cuda` keeps the I/O contract and agrees with the CPU; int8 decoding
+  with --device auto runs on the CPU;
+- cuDNN's attention backend is off (it plans each new shape, see nmt.device.configure_cuda).
 """
 
 from __future__ import annotations
