@@ -15,7 +15,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 def resolve_device(name: str) -> torch.device:
     """auto -> CUDA when present, else CPU; cuda / cuda:N checked for availability."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise NmtError(f"device {name!r} asked for, but CUDA is not available (use --device cpu)")
     try:
