@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.data import write_parallel
+from nmt.data import synthetic_pairs, write_parallel
 from nmt.prepare import PrepareOptions, prepare_bpe
 from nmt.textio import read_lines
 
@@ -95,3 +95,17 @@ def prepared(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) ->
         workers=1,
     )
     return dest, prepare_bpe(opts, progress=False)
+
+
+@pytest.fixture(scope="session")
+def copy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared copy task (target = source; 3,000 train / 100 valid pairs, vocab 24) that a
+    small model learns in a few hundred updates."""
+    raw = tmp_path_factory.mktemp("copy")
+    write_parallel(synthetic_pairs("copy", 3000, seed=1), raw / "train", "src", "tgt")
+    write_parallel(synthetic_pairs("copy", 100, seed=2), raw / "valid", "src", "tgt")
+    dest = raw / "data-bin"
+    prepare_bpe(PrepareOptions(source_lang="src", target_lang="tgt", trainpref=str(raw / "train"),
+                               validpref=str(raw / "valid"), destdir=str(dest), vocab_size=24,
+                               byte_fallback=False, workers=1), progress=False)
+    return dest

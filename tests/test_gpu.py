@@ -23,10 +23,8 @@ import pytest
 import torch
 
 from nmt import checkpoint as ckpt
-from nmt import data as datamod
 from nmt.config import Config, ModelConfig, load_config, replace
 from nmt.model import Transformer
-from nmt.prepare import PrepareOptions, prepare_bpe
 from nmt.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,18 +82,6 @@ def test_cached_decoding_equals_full_forward(precision, atol):
 
 
 # ------------------------------------------------------------------ training
-
-
-@pytest.fixture(scope="module")
-def copy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    raw = tmp_path_factory.mktemp("copy")
-    datamod.write_parallel(datamod.synthetic_pairs("copy", 3000, seed=1), raw / "train", "src", "tgt")
-    datamod.write_parallel(datamod.synthetic_pairs("copy", 100, seed=2), raw / "valid", "src", "tgt")
-    dest = raw / "data-bin"
-    prepare_bpe(PrepareOptions(source_lang="src", target_lang="tgt", trainpref=str(raw / "train"),
-                               validpref=str(raw / "valid"), destdir=str(dest), vocab_size=24,
-                               byte_fallback=False, workers=1), progress=False)
-    return dest
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

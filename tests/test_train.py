@@ -450,18 +450,6 @@ def test_run_directory_files_are_closed_after_train(prepared, tmp_path):
 # ------------------------------------------------------------------ learning
 
 
-@pytest.fixture(scope="module")
-def copy_data(tmp_path_factory) -> Path:
-    raw = tmp_path_factory.mktemp("copy")
-    datamod.write_parallel(datamod.synthetic_pairs("copy", 3000, seed=1), raw / "train", "src", "tgt")
-    datamod.write_parallel(datamod.synthetic_pairs("copy", 100, seed=2), raw / "valid", "src", "tgt")
-    dest = raw / "data-bin"
-    prepare_bpe(PrepareOptions(source_lang="src", target_lang="tgt", trainpref=str(raw / "train"),
-                               validpref=str(raw / "valid"), destdir=str(dest), vocab_size=24,
-                               byte_fallback=False, workers=1), progress=False)
-    return dest
-
-
 @pytest.mark.slow
 def test_tiny_model_learns_to_copy(copy_data, tmp_path):
     cfg = tiny(copy_data, tmp_path / "run",
