@@ -8,19 +8,17 @@ one cannot run code from the file.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
-import secrets
 import shutil
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nmt.atomic import fsync_path, replacing
 from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
@@ -35,54 +33,6 @@ REQUIRED_KEYS = ("format_version", "model", "config")
 KEPT_KEYS = ("format_version", "config", "vocab_size", "tokenizer", "update", "epoch")
 
 _UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
-# `.{name}.tmp-{pid}-{random hex}`: hidden, clearly temporary, and names its writer.
-_TEMPORARY = re.compile(r"\..+\.tmp-(\d+)-[0-9a-f]+")
-
-
-def _temporary_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _os_error(exc: BaseException) -> OSError | None:
-    """The OSError behind `exc`: torch.save reports a failed write (ENOSPC) as a RuntimeError
-    whose context is the OSError raised by the file object."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms that cannot open a directory (Windows): nothing to sync
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
-    """Yield a temporary for the caller to fill, then rename it over `path` and fsync the
-    directory. On failure the temporary goes away and `path` keeps its previous content;
-    an OSError (disk full, directory gone) becomes an NmtError naming `path`."""
-    tmp = _temporary_name(path)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-        _fsync(path.parent)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        os_error = _os_error(exc)
-        if isinstance(exc, Exception) and os_error is not None:
-            reason = os_error.strerror or str(os_error)
-            raise NmtError(f"{path}: cannot write {what} ({reason})") from exc
-        raise
 
 
 def to_cpu(obj: Any) -> Any:
@@ -101,18 +51,8 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     """torch.save `obj` so that `path` holds either its previous content or all of `obj`,
     even if the process is killed or the disk fills up (fsync, rename, fsync the directory).
     """
-    with _replacing(Path(path)) as tmp, open(tmp, "xb") as f:
+    with replacing(Path(path)) as tmp, open(tmp, "xb") as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file") -> None:
-    """Write `data` to `path` as `atomic_save` writes a checkpoint (the run directory's
-    config.yaml and spm.model): a kill leaves the old file or the new one, and a temporary
-    that `clean_temporaries` recognises."""
-    with _replacing(Path(path), what) as tmp, open(tmp, "xb") as f:
-        f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
@@ -123,39 +63,12 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
     A hard link costs no space; where links are impossible, a copy. Later writes to either
     name go through `atomic_save`, which replaces the name, never the shared content.
     """
-    with _replacing(Path(dst)) as tmp:
+    with replacing(Path(dst)) as tmp:
         try:
             os.link(src, tmp)
         except OSError:  # filesystems without hard links
             shutil.copyfile(src, tmp)
-            _fsync(tmp)
-
-
-def clean_temporaries(run_dir: str | Path) -> int:
-    """Remove temporaries left by killed `atomic_save` writers in `run_dir`; return how many.
-
-    A temporary whose writer process is still alive on this machine is left alone.
-    """
-    removed = 0
-    for entry in Path(run_dir).iterdir() if Path(run_dir).is_dir() else []:
-        match = _TEMPORARY.fullmatch(entry.name)
-        if match is None or not entry.is_file() or _process_alive(int(match.group(1))):
-            continue
-        entry.unlink(missing_ok=True)
-        removed += 1
-    if removed:
-        log.info("removed %d leftover temporary file(s) from %s", removed, run_dir)
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except PermissionError:  # alive, owned by someone else
-        return True
-    except (ProcessLookupError, OverflowError):
-        return False
-    return True
+            fsync_path(tmp)
 
 
 def load_checkpoint(

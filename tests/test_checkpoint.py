@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from nmt import checkpoint
+from nmt.atomic import clean_temporaries
 from nmt.checkpoint import (
     atomic_save,
     average_checkpoints,
-    clean_temporaries,
     link_or_copy,
     list_update_checkpoints,
     load_checkpoint,
