@@ -7,7 +7,6 @@ so they are comparable with published numbers; the signature says how they were 
 from __future__ import annotations
 
 import difflib
-import gzip
 import json as jsonlib
 import os
 import re
@@ -15,10 +14,12 @@ import socket
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from nmt import textio
 from nmt.errors import NmtError
 
 METRICS = ("bleu", "chrf", "ter")
@@ -98,27 +99,14 @@ def corpus_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file (plain or .gz) without their line ends.
+    """Lines of a text file (plain or .gz), read as every `nmt` command reads raw text
+    (`nmt.textio`): split on "\\n" only, invalid UTF-8 replaced, each cleaned line logged."""
+    return list(textio.read_lines(path, textio.TextStats(str(path), log_each=True)))
 
-    Splits on "\\n" only, so a stray "\\r" or U+2028 inside a line keeps line counts right.
-    """
-    path = Path(path)
-    lines = []
-    try:
-        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                end = 2 if raw.endswith(b"\r\n") else 1 if raw.endswith(b"\n") else 0
-                try:
-                    lines.append(raw[: len(raw) - end].decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    raise NmtError(
-                        f"{path}: line {number} is not valid UTF-8 ({exc.reason})"
-                    ) from exc
-    except FileNotFoundError as exc:
-        raise NmtError(f"{path}: file not found") from exc
-    except (OSError, EOFError) as exc:
-        raise NmtError(f"{path}: cannot read ({exc})") from exc
-    return lines
+
+def read_stream(stream: BinaryIO, name: str = "<stdin>") -> list[str]:
+    """`read_lines` for an open binary stream (e.g. stdin)."""
+    return list(textio.iter_lines(stream, textio.TextStats(name, log_each=True)))
 
 
 def score_files(

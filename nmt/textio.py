@@ -11,12 +11,18 @@ line is cleaned so that any line reader downstream sees the same line count:
   U+2028, U+2029) inside a line become spaces.
 
 Every cleaned line is counted in a `TextStats` (with the first few line numbers) so that
-callers can report it, naming the file.
+callers can report it, naming the file; with `log_each` each line that was not valid UTF-8
+is logged as it is read (`FILE:LINE: ...`), for streams whose end may be far away.
+
+This is the one reader of raw text: `prepare-bpe` and sentencepiece training read corpora
+with `read_lines`, `translate` reads its input and `score` its hypotheses and references
+with `iter_lines`/`read_lines`, so every command sees the same lines.
 """
 
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import re
 import zlib
@@ -27,6 +33,7 @@ from typing import BinaryIO
 
 from nmt.errors import NmtError
 
+log = logging.getLogger(__name__)
 BLOCK_SIZE = 1 << 20
 MAX_REPORTED_LINES = 10
 _BOM = b"\xef\xbb\xbf"
@@ -45,14 +52,17 @@ class TextStats:
     nul: int = 0
     line_breaks: int = 0
     first_lines: list[int] = field(default_factory=list)
+    log_each: bool = False  # log each line whose bytes were not UTF-8 as it is read (FILE:LINE)
 
     @property
     def cleaned(self) -> int:
         return self.invalid_utf8 + self.nul + self.line_breaks
 
-    def _note(self, lineno: int) -> None:
+    def _note(self, lineno: int, lossy: bool = False) -> None:
         if len(self.first_lines) < MAX_REPORTED_LINES and lineno not in self.first_lines:
             self.first_lines.append(lineno)
+        if lossy and self.log_each:
+            log.warning("%s:%d: invalid UTF-8 replaced by U+FFFD", self.path, lineno)
 
     def summary(self) -> str:
         """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8); first: 3, 9'."""
@@ -84,6 +94,8 @@ def open_bytes(path: str | Path) -> BinaryIO:
     path = Path(path)
     try:
         f = open(path, "rb")
+    except FileNotFoundError:
+        raise NmtError(f"{path}: file not found") from None
     except OSError as e:
         raise NmtError(f"{path}: cannot open ({e.strerror})") from None
     if f.peek(2)[:2] != b"\x1f\x8b":
@@ -92,19 +104,20 @@ def open_bytes(path: str | Path) -> BinaryIO:
     return gzip.open(path, "rb")  # type: ignore[return-value]
 
 
-def _blocks(path: Path, block_size: int) -> Iterator[bytes]:
-    """Chunks of whole lines (each ending in b"\\n", except maybe the file's last)."""
+def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
+    """Chunks of whole lines (each ending in b"\\n", except maybe the stream's last).
+
+    `read1` returns what is there (at most one read of the file or pipe), so a line typed
+    into an interactive pipe comes out as soon as it is complete, while a file is still read
+    in large blocks."""
+    read = getattr(stream, "read1", stream.read)
     rest = b""
-    with open_bytes(path) as f:
-        try:
-            while chunk := f.read(block_size):
-                chunk = rest + chunk
-                cut = chunk.rfind(b"\n") + 1
-                rest = chunk[cut:]
-                if cut:
-                    yield chunk[:cut]
-        except (OSError, EOFError, zlib.error) as e:
-            raise NmtError(f"{path}: cannot read ({e})") from None
+    while chunk := read(block_size):
+        chunk = rest + chunk
+        cut = chunk.rfind(b"\n") + 1
+        rest = chunk[cut:]
+        if cut:
+            yield chunk[:cut]
     if rest:
         yield rest + b"\n"
 
@@ -115,7 +128,7 @@ def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
     except UnicodeDecodeError:
         line = raw.decode("utf-8", errors="replace")
         stats.invalid_utf8 += 1
-        stats._note(lineno)
+        stats._note(lineno, lossy=True)
     if line.endswith("\r"):
         line = line[:-1]
     if "\x00" in line:
@@ -129,18 +142,14 @@ def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
     return line
 
 
-def read_lines(
-    path: str | os.PathLike, stats: TextStats | None = None, block_size: int = BLOCK_SIZE
-) -> Iterator[str]:
-    """Yield the cleaned lines of a text file (without their newline), counting into `stats`.
+def iter_lines(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK_SIZE) -> Iterator[str]:
+    """Yield the cleaned lines of a binary stream (without their newline), counting into `stats`.
 
     Fast path: a whole block is decoded at once; only blocks with something to clean are
     handled line by line.
     """
-    path = Path(path)
-    stats = stats if stats is not None else TextStats(str(path))
     first = True
-    for block in _blocks(path, block_size):
+    for block in _blocks(stream, block_size):
         if first and block.startswith(_BOM):
             block = block[len(_BOM) :]
         first = False
@@ -159,6 +168,19 @@ def read_lines(
         for raw in block.split(b"\n")[:-1]:
             stats.lines += 1
             yield _clean(raw, stats.lines, stats)
+
+
+def read_lines(
+    path: str | os.PathLike, stats: TextStats | None = None, block_size: int = BLOCK_SIZE
+) -> Iterator[str]:
+    """Yield the cleaned lines of a text file, plain or gzip (see `iter_lines`)."""
+    path = Path(path)
+    stats = stats if stats is not None else TextStats(str(path))
+    with open_bytes(path) as f:
+        try:
+            yield from iter_lines(f, stats, block_size)
+        except (OSError, EOFError, zlib.error) as e:
+            raise NmtError(f"{path}: cannot read ({e})") from None
 
 
 def count_lines(path: str | Path, block_size: int = BLOCK_SIZE) -> int:

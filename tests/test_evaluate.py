@@ -100,13 +100,15 @@ def test_score_files_reads_plain_and_gz_references(tmp_path):
     assert results == score_corpus(HYPS, [REF1, REF2])
 
 
-def test_read_lines_strips_only_the_line_end(tmp_path):
+def test_read_lines_reads_as_every_command_does(tmp_path, caplog):
+    """One policy for all raw text (nmt.textio): split on "\\n" only, so line counts stay
+    right; separators inside a line become spaces; invalid UTF-8 is replaced and logged."""
     path = tmp_path / "x.txt"
     path.write_bytes("  a \u2028b\rc  \n\nlast".encode())
-    assert read_lines(path) == ["  a \u2028b\rc  ", "", "last"]
+    assert read_lines(path) == ["  a  b c  ", "", "last"]
     path.write_bytes(b"ok\n\xff\xfe\n")
-    with pytest.raises(NmtError, match=r"x\.txt: line 2 is not valid UTF-8"):
-        read_lines(path)
+    assert read_lines(path) == ["ok", "\ufffd\ufffd"]
+    assert "x.txt:2: invalid UTF-8" in caplog.text
     with pytest.raises(NmtError, match=r"nope\.txt: file not found"):
         read_lines(tmp_path / "nope.txt")
 
