@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig, load_config
-from nmt.model import Dropout, Transformer, num_parameters, summary
+from nmt.layers import Dropout
+from nmt.model import Transformer, num_parameters, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 41  # tiny vocabulary; ids 0..3 are pad, unk, bos, eos
