@@ -213,6 +213,29 @@ def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: in
     return out
 
 
+def _finish(ends: Tensor, top_rows: Tensor, top_scores: Tensor, top_lp: Tensor, tokens: Tensor,
+            pos_scores: Tensor, sent_ids: Tensor, penalty: float, beam: int,
+            finished: list[list[Hypothesis]], worst: Tensor) -> None:
+    """Move the candidates `ends` (Bn, beam) marks (EOS among a sentence's top `beam`) to the
+    sentences' finished lists, keep each list's best `beam`, and update `worst` (Bn,), the
+    beam-th finished score of each live sentence."""
+    b, c = ends.nonzero(as_tuple=True)
+    rows = top_rows[b, c]
+    hyp_pos = torch.cat([pos_scores[rows], top_lp[b, c].unsqueeze(1)], 1).tolist()
+    ids = sent_ids.tolist()
+    for i, toks, pos, logprob in zip(b.tolist(), tokens[rows].tolist(), hyp_pos,
+                                     top_scores[b, c].tolist(), strict=True):
+        finished[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos))
+    for i in set(b.tolist()):
+        hyps = finished[ids[i]]
+        hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
+        del hyps[beam:]
+        if len(hyps) == beam:
+            worst[i] = hyps[-1].score
+
+
+# Long (~95 lines, a third of them the docstring) because one step of the search should read
+# top to bottom: candidates, finished hypotheses, the live beam, the stopping rule, pruning.
 def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
                 pad: int = 0, unk: int = 1, bos: int = 2, eos: int = 3,
                 max_len: int | None = None) -> list[list[Hypothesis]]:
@@ -279,20 +302,8 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
         # EOS among the top `beam` candidates finishes a hypothesis (fairseq)
         ends = is_eos[:, :beam] & top_scores[:, :beam].isfinite()
         if ends.any():
-            b, c = ends.nonzero(as_tuple=True)
-            rows = top_rows[b, c]
-            penalty = lenpen(step + 1)
-            hyp_pos = torch.cat([pos_scores[rows], top_lp[b, c].unsqueeze(1)], 1).tolist()
-            ids = sent_ids.tolist()
-            for i, toks, pos, logprob in zip(b.tolist(), tokens[rows].tolist(), hyp_pos,
-                                             top_scores[b, c].tolist(), strict=True):
-                finished[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos))
-            for i in set(b.tolist()):
-                hyps = finished[ids[i]]
-                hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
-                del hyps[beam:]
-                if len(hyps) == beam:
-                    worst[i] = hyps[-1].score
+            _finish(ends, top_rows, top_scores, top_lp, tokens, pos_scores, sent_ids, lenpen(step + 1),
+                    beam, finished, worst)
 
         # the live beam: the best `beam` candidates that do not end in EOS, in score order
         # (at most `beam` of the 2*beam end in EOS, one per row)
