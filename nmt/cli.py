@@ -7,16 +7,22 @@ mistakes; `main()` prints it as one line (`nmt: error: ...`) and exits 1. Usage 
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
 import sys
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import typer
 
 from nmt import __version__
+from nmt.config import DecodeConfig
 from nmt.errors import NmtError
+from nmt.options import PrepareOptions, TranslateOptions
 
 app = typer.Typer(
     name="nmt",
@@ -59,68 +65,71 @@ def setup_logging(level: int) -> None:
     logging.basicConfig(level=level, format=fmt, datefmt="%H:%M:%S", stream=sys.stderr, force=True)
 
 
+# ------------------------------------------------------------------ options from dataclasses
+
+
+def _option(name: str, f: dataclasses.Field, tp: Any, default: Any, help: str) -> inspect.Parameter:
+    """One typer option for a dataclass field: its flags, type and help come from the field."""
+    if get_origin(tp) is Literal:  # typer takes plain values; the library checks the choice
+        tp = type(get_args(tp)[0])
+    flags = f.metadata.get("flags") or ()
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[tp, typer.Option(*flags, help=help)])
+
+
+def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_overrides: bool = False) -> None:
+    """Register command `name`, whose options are the fields of the dataclass `cls` (declared
+    once, with their help, in the library) and, with decode_overrides, the DecodeConfig fields
+    as optional overrides of a checkpoint's settings, collected in `cls.decode`."""
+    params, decode_keys = [], []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("cli", True):
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # a list: None on the command line
+            value = f.default_factory()
+            default = value if value != [] else None
+        else:
+            default = inspect.Parameter.empty  # a required option
+        tp = hints[f.name] if default is not None or get_origin(hints[f.name]) is not list else hints[f.name] | None
+        params.append(_option(f.name, f, tp, default, f.metadata["help"]))
+        if f.name == "output" and decode_overrides:  # the decode settings after the files
+            decode_hints = typing.get_type_hints(DecodeConfig)
+            for d in dataclasses.fields(DecodeConfig):
+                if d.metadata.get("cli", True):
+                    decode_keys.append(d.name)
+                    help = f"{d.metadata['help']} Default: the checkpoint's decode.{d.name}."
+                    params.append(_option(d.name, d, decode_hints[d.name] | None, None, help))
+
+    def command(**kwargs: Any) -> None:
+        decode = {k: kwargs.pop(k) for k in decode_keys}
+        if decode_overrides:
+            kwargs["decode"] = {k: v for k, v in decode.items() if v is not None}
+        run(cls(**{k: ([] if v is None and get_origin(hints[k]) is list else v) for k, v in kwargs.items()}))
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = run.__doc__
+    app.command(name)(command)
+
+
 # ------------------------------------------------------------------ prepare-bpe
 
 
-@app.command("prepare-bpe")
-def prepare_bpe_cmd(
-    source_lang: Annotated[str, typer.Option("--source-lang", "-s", help="Source language suffix, e.g. en.")],
-    target_lang: Annotated[str, typer.Option("--target-lang", "-t", help="Target language suffix, e.g. de.")],
-    trainpref: Annotated[str, typer.Option(help="Train prefix: PREFIX.LANG or PREFIX.LANG.gz.")],
-    destdir: Annotated[Path, typer.Option(help="Output directory for the binarized dataset.")],
-    validpref: Annotated[str | None, typer.Option(help="Validation prefix (split 'valid').")] = None,
-    testpref: Annotated[
-        str | None, typer.Option(help="Comma-separated test prefixes (splits test, test1, ...).")
-    ] = None,
-    vocab_size: Annotated[int, typer.Option(help="Joint sentencepiece vocabulary size.")] = 8000,
-    model_type: Annotated[str, typer.Option(help="Sentencepiece model type: bpe or unigram.")] = "bpe",
-    character_coverage: Annotated[float, typer.Option(help="Sentencepiece character coverage.")] = 1.0,
-    byte_fallback: Annotated[
-        bool, typer.Option(help="Byte fallback, so no input becomes <unk>.")
-    ] = True,
-    input_sentence_size: Annotated[
-        int, typer.Option(help="Sentences sampled to learn BPE (bounds memory/time on big corpora).")
-    ] = 2_000_000,
-    spm_model: Annotated[
-        Path | None, typer.Option(help="Reuse this sentencepiece model instead of learning one.")
-    ] = None,
-    max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (tokens).")] = 250,
-    min_len: Annotated[int, typer.Option(help="Drop training pairs with a side shorter than this (tokens).")] = 1,
-    max_ratio: Annotated[
-        float, typer.Option(help="Drop training pairs whose token-length ratio exceeds this; 0 = off.")
-    ] = 3.0,
-    workers: Annotated[int, typer.Option(help="Encoding processes (default: all cores).")] = 0,
-    seed: Annotated[int, typer.Option(help="Seed for sentence sampling.")] = 1,
-    force: Annotated[bool, typer.Option(help="Replace an existing destdir.")] = False,
-) -> None:
+def _prepare_bpe(opts: Any) -> None:
     """Learn a joint sentencepiece BPE model and binarize train/valid/test.
 
     Example: nmt prepare-bpe -s en -t de --trainpref D/train --validpref D/val
     --testpref D/test_2016_flickr,D/test_2017_flickr --vocab-size 8000 --destdir data-bin/m30k
     """
-    from nmt.prepare import PrepareOptions, prepare_bpe
+    from nmt.prepare import prepare_bpe
 
-    opts = PrepareOptions(
-        source_lang=source_lang,
-        target_lang=target_lang,
-        trainpref=trainpref,
-        validpref=validpref,
-        testpref=testpref,
-        destdir=str(destdir),
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        byte_fallback=byte_fallback,
-        input_sentence_size=input_sentence_size,
-        spm_model=str(spm_model) if spm_model else None,
-        max_len=max_len,
-        min_len=min_len,
-        max_ratio=max_ratio,
-        workers=workers or (os.cpu_count() or 1),
-        force=force,
-        seed=seed,
-    )
     prepare_bpe(opts, progress=sys.stderr.isatty())
+
+
+_options_command("prepare-bpe", PrepareOptions, _prepare_bpe)
 
 
 # ------------------------------------------------------------------ train
@@ -216,74 +225,18 @@ def average_cmd(
 # ------------------------------------------------------------------ translate
 
 
-@app.command("translate")
-def translate_cmd(
-    checkpoint: Annotated[
-        list[Path] | None,
-        typer.Option("--checkpoint", "-c", help="Checkpoint(s); several decode as an ensemble."),
-    ] = None,
-    input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file (default stdin).")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file (default stdout).")] = None,
-    beam: Annotated[int | None, typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
-    lenpen: Annotated[
-        float | None,
-        typer.Option(help="Length penalty alpha. gnmt: score = logP / ((5+|Y|)/6)^alpha; "
-                     "length: score = logP / |Y|^alpha; none: score = logP. |Y| counts EOS."),
-    ] = None,
-    lenpen_style: Annotated[str | None, typer.Option(help="gnmt, length or none.")] = None,
-    max_len_a: Annotated[float | None, typer.Option(help="Max output length = a * src_len + b.")] = None,
-    max_len_b: Annotated[int | None, typer.Option(help="See --max-len-a.")] = None,
-    min_len: Annotated[int | None, typer.Option(help="Block EOS before this many tokens.")] = None,
-    no_repeat_ngram_size: Annotated[int | None, typer.Option(help="Forbid repeated n-grams.")] = None,
-    nbest: Annotated[int, typer.Option(help="Hypotheses per input line (tab-separated with --scores).")] = 1,
-    scores: Annotated[bool, typer.Option(help="Prefix each output with its score and a tab.")] = False,
-    batch_size: Annotated[int | None, typer.Option(help="Sentences per batch.")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Source tokens per batch (instead of --batch-size).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    precision: Annotated[str, typer.Option(
-        help="fp32, bf16, fp16 (CUDA only) or int8 (CPU only, so --device auto means the CPU: "
-             "the decoder and output projection in int8, as Marian's int8 decoding; see README).")] = "fp32",
-    threads: Annotated[int, typer.Option(help="CPU threads; 0 = torch default.")] = 0,
-    workers: Annotated[
-        int,
-        typer.Option(help="CPU: batches decoded at once, each on its own thread (the threads are "
-                     "shared out among them); 0 = one per thread. GPU: always 1."),
-    ] = 0,
-    shortlist: Annotated[
-        Path | None,
-        typer.Option(help="A file from `nmt shortlist`: decode each sentence over its likely target "
-                     "tokens only (faster, approximate; off by default)."),
-    ] = None,
-) -> None:
+def _translate(opts: Any) -> None:
     """Translate raw text, one output line for every input line (stdin -> stdout).
 
     With no --checkpoint, uses the last `nmt train` run here (its checkpoint_avg.pt if
     present, else checkpoint_best.pt).
     """
-    from nmt.translate import TranslateOptions, translate_main
+    from nmt.translate import translate_main
 
-    opts = TranslateOptions(
-        checkpoints=[str(p) for p in (checkpoint or [])],
-        input=str(input) if input else None,
-        output=str(output) if output else None,
-        beam=beam,
-        lenpen=lenpen,
-        lenpen_style=lenpen_style,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
-        min_len=min_len,
-        no_repeat_ngram_size=no_repeat_ngram_size,
-        nbest=nbest,
-        scores=scores,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        device=device,
-        precision=precision,
-        threads=threads,
-        workers=workers,
-        shortlist=str(shortlist) if shortlist else None,
-    )
     translate_main(opts)
+
+
+_options_command("translate", TranslateOptions, _translate, decode_overrides=True)
 
 
 @app.command("shortlist")
@@ -349,7 +302,7 @@ def score_cmd(
     if hyp is not None:
         hyps = evaluate.read_lines(hyp)
     else:
-        hyps = [line.rstrip("\n") for line in sys.stdin]
+        hyps = evaluate.read_stream(sys.stdin.buffer)
     results = evaluate.score_corpus(
         hyps,
         ref_streams,

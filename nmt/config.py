@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -18,10 +20,20 @@ import yaml
 
 from nmt.errors import ConfigError
 
+REQUIRED: Any = dataclasses.MISSING  # opt(REQUIRED, ...): a field without a default
 
-def opt(default: Any, help: str) -> Any:
-    """A dataclass field with its help text attached (shown by `docs/config.md`)."""
-    return field(default=default, metadata={"help": help})
+
+def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), cli: bool = True) -> Any:
+    """A dataclass field with its help text attached: `docs/config.md` and the command-line
+    options made from a dataclass (nmt.cli) both read it. `flags` names the option where
+    `--field-name` alone will not do (e.g. ("--input", "-i")); `cli=False` keeps a field off
+    the command line."""
+    return field(default=default, metadata={"help": help, "flags": flags, "cli": cli})
+
+
+def opt_list(help: str, *, flags: tuple[str, ...] = ()) -> Any:
+    """`opt` for a list option (repeatable on the command line), empty by default."""
+    return field(default_factory=list, metadata={"help": help, "flags": flags, "cli": True})
 
 
 @dataclass(frozen=True)
@@ -107,7 +119,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class DecodeConfig:
     beam: int = opt(5, "Beam size.")
-    lenpen: float = opt(1.0, "Length penalty exponent alpha.")
+    lenpen: float = opt(1.0, "Length penalty exponent alpha (see lenpen_style); a larger alpha favours longer outputs.")
     lenpen_style: Literal["gnmt", "length", "none"] = opt(
         "length",
         "Score normalisation: gnmt divides log-prob by ((5+|Y|)/6)^alpha, length by "
@@ -117,7 +129,7 @@ class DecodeConfig:
     max_len_b: int = opt(10, "See max_len_a.")
     min_len: int = opt(1, "EOS is blocked until the hypothesis has this many tokens.")
     no_repeat_ngram_size: int = opt(0, "Forbid repeating n-grams of this size; 0 = off.")
-    allow_unk: bool = opt(False, "Allow the search to produce <unk>.")
+    allow_unk: bool = opt(False, "Allow the search to produce <unk>.", cli=False)
     batch_size: int = opt(128, "Sentences per translation batch.")
     max_tokens: int = opt(0, "Source tokens per translation batch; 0 = use batch_size.")
 
@@ -330,13 +342,28 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
          "must be auto, cpu, cuda or cuda:N")
     need(bool(t.run_dir), "train.run_dir", "must not be empty")
     need(bool(cfg.data.dir), "data.dir", "must not be empty")
-    need(d.beam >= 1, "decode.beam", "must be at least 1")
-    need(d.max_len_a >= 0, "decode.max_len_a", "must not be negative")
-    need(d.max_len_b >= 1 or d.max_len_a > 0, "decode.max_len_b", "must allow at least one token")
-    need(d.min_len >= 0, "decode.min_len", "must not be negative")
-    need(d.no_repeat_ngram_size >= 0, "decode.no_repeat_ngram_size", "must not be negative")
-    need(d.batch_size >= 1, "decode.batch_size", "must be at least 1")
-    need(d.max_tokens >= 0, "decode.max_tokens", "must not be negative")
+    check_decode(d, lambda key: f"{where.get('decode.' + key, where['_file'])}: decode.{key}")
+
+
+def check_decode(d: DecodeConfig, name: Callable[[str], str]) -> None:
+    """The bounds of the decode settings, in one place for a config file, a checkpoint and the
+    options of `nmt translate`; `name(key)` says where a value came from ("--beam",
+    "cfg.yaml: decode.beam", ...)."""
+
+    def need(ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            raise ConfigError(f"{name(key)} {msg}, got {getattr(d, key)!r}")
+
+    need(d.beam >= 1, "beam", "must be at least 1")
+    need(math.isfinite(d.lenpen), "lenpen", "must be a finite number")
+    need(d.lenpen_style in get_args(_field_types(DecodeConfig)["lenpen_style"]), "lenpen_style",
+         "must be gnmt, length or none")
+    need(d.max_len_a >= 0, "max_len_a", "must not be negative")
+    need(d.max_len_b >= 1 or d.max_len_a > 0, "max_len_b", "must allow at least one token")
+    need(d.min_len >= 0, "min_len", "must not be negative")
+    need(d.no_repeat_ngram_size >= 0, "no_repeat_ngram_size", "must not be negative")
+    need(d.batch_size >= 1, "batch_size", "must be at least 1")
+    need(d.max_tokens >= 0, "max_tokens", "must not be negative")
 
 
 def help_table() -> str:

@@ -22,7 +22,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain, compress, islice
 from pathlib import Path
 from typing import BinaryIO
@@ -31,8 +31,10 @@ import numpy as np
 from tqdm import tqdm
 
 from nmt import __version__
+from nmt.atomic import temporary_name
 from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
 from nmt.errors import NmtError
+from nmt.options import PrepareOptions
 from nmt.textio import TextStats, count_lines, find_text, read_lines
 from nmt.tokenizer import Tokenizer, train_sentencepiece
 
@@ -40,32 +42,6 @@ logger = logging.getLogger(__name__)
 
 CHUNK_PAIRS = 20_000  # pairs encoded per sentencepiece call (spread over `workers` threads)
 DROP_REASONS = ("empty", "too_short", "too_long", "ratio")  # checked in this order
-
-
-def _default_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@dataclass
-class PrepareOptions:
-    source_lang: str
-    target_lang: str
-    trainpref: str
-    destdir: str
-    validpref: str | None = None
-    testpref: str | None = None  # comma-separated prefixes -> splits test, test1, test2, ...
-    vocab_size: int = 8000
-    model_type: str = "bpe"  # or "unigram"
-    character_coverage: float = 1.0
-    byte_fallback: bool = True
-    input_sentence_size: int = 2_000_000  # sentences sampled to learn spm (0 = all)
-    spm_model: str | None = None  # reuse this model instead of learning one
-    max_len: int = 250  # train pairs with a side longer than this (tokens) are dropped
-    max_ratio: float = 3.0  # ... or with token length ratio above this (0 = no limit)
-    min_len: int = 1  # ... or with a side shorter than this
-    workers: int = field(default_factory=_default_workers)  # sentencepiece threads
-    force: bool = False
-    seed: int = 1
 
 
 @dataclass
@@ -86,7 +62,7 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     reused = Tokenizer.from_file(opts.spm_model) if opts.spm_model else None
     splits = _find_splits(opts)  # reads every file once: after the cheap checks
     dest.parent.mkdir(parents=True, exist_ok=True)
-    work = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    work = temporary_name(dest)
     work.mkdir()
     try:
         tok = _tokenizer(opts, splits[0], reused, work)

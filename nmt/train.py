@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
+from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.config import Config, config_to_dict, dump_config
 from nmt.device import autocast, configure_cuda, resolve_device
 from nmt.errors import NmtError
@@ -173,7 +174,7 @@ class Trainer:
         Every write error on the run directory, here or later, is an NmtError naming the file."""
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.clean_temporaries(self.run_dir)
+            clean_temporaries(self.run_dir)
         except OSError as e:
             raise NmtError(f"{self.run_dir}: cannot write the run directory ({e.strerror or e})") from None
         log_path, metrics_path = self.run_dir / "train.log", self.run_dir / "metrics.jsonl"
@@ -191,7 +192,7 @@ class Trainer:
             raise NmtError(f"{metrics_path}: cannot write metrics ({e.strerror or e})") from None
         spm = self.run_dir / "spm.model"
         if not spm.exists():
-            ckpt.atomic_write_bytes(self.tokenizer.model_bytes, spm, "the sentencepiece model")
+            atomic_write_bytes(self.tokenizer.model_bytes, spm, "the sentencepiece model")
         try:  # `nmt translate` with no --checkpoint uses the last run started from this directory
             Path(ckpt.LAST_RUN_FILE).write_text(str(self.run_dir.resolve()) + "\n", encoding="utf-8")
         except OSError as e:  # a convenience only: a read-only working directory is no reason to stop
@@ -212,7 +213,7 @@ class Trainer:
             self._log_handler = None
 
     def _write_config(self) -> None:
-        ckpt.atomic_write_bytes(dump_config(self.cfg).encode("utf-8"), self.run_dir / "config.yaml", "the config")
+        atomic_write_bytes(dump_config(self.cfg).encode("utf-8"), self.run_dir / "config.yaml", "the config")
 
     def _fingerprint(self) -> str:
         return str(self.meta.get("fingerprint", ""))
@@ -462,7 +463,7 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Valid loss/perplexity and (if train.valid_bleu) detokenized sacreBLEU of the search."""
         from nmt.evaluate import corpus_bleu
-        from nmt.translate import translate_token_lists
+        from nmt.predict import translate_token_lists
 
         assert self.valid_data is not None
         env, t = self.env, self.cfg.train

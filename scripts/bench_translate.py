@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from nmt.evaluate import corpus_bleu
+    from nmt.predict import decode_workers, load_models, load_shortlist_for, translate_token_lists
     from nmt.textio import read_lines
-    from nmt.translate import decode_workers, load_models, load_shortlist_for, translate_token_lists
 
     src = list(read_lines(src_path))
     refs = list(read_lines(ref_path))

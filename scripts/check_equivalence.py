@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared/data/multi30k"
 TIMING_KEYS = {"elapsed", "valid_s", "tgt_tokens_per_s", "updates_per_s", "rss_mb", "time"}
+PLACE_KEYS = {"run_dir"}  # a temporary directory of each run
 
 
 def tensor_digest(obj, prefix: str = "") -> dict[str, str]:
@@ -44,7 +45,7 @@ def tensor_digest(obj, prefix: str = "") -> dict[str, str]:
         for i, v in enumerate(obj):
             out.update(tensor_digest(v, f"{prefix}[{i}]"))
     elif isinstance(obj, (int, float, str, bool)) or obj is None:
-        if prefix.rsplit(".", 1)[-1] not in TIMING_KEYS:
+        if prefix.rsplit(".", 1)[-1] not in TIMING_KEYS | PLACE_KEYS:
             out[prefix] = repr(obj)
     elif isinstance(obj, bytes):
         out[prefix] = hashlib.sha256(obj).hexdigest()[:16]

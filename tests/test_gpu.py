@@ -205,8 +205,8 @@ def test_int8_with_device_auto_decodes_on_the_cpu(trained, raw_corpus, tmp_path)
 
 def test_training_and_translation_on_cuda_turn_off_cudnn_attention(prepared, trained, tmp_path):
     """cuDNN's attention plans each new shape (~25 ms a call): nmt keeps flash/efficient."""
+    from nmt.predict import load_models
     from nmt.train import Env, Trainer
-    from nmt.translate import load_models
 
     torch.backends.cuda.enable_cudnn_sdp(True)
     load_models([trained], torch.device("cuda"))

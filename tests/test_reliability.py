@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import json
 import logging
 import os
@@ -391,8 +392,9 @@ def _fuzz_line(rng: random.Random) -> bytes:
 
 @pytest.mark.slow
 def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path):
+    from nmt.predict import load_models, translate_token_lists
     from nmt.tokenizer import Tokenizer, train_sentencepiece
-    from nmt.translate import decode_line, format_line, load_models, translate_token_lists
+    from nmt.translate import format_line, read_chunks
 
     text = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
     model = _save(tmp_path / "random.pt", Tokenizer(train_sentencepiece(text, tmp_path / "spm", 500)), seed=1)
@@ -411,7 +413,7 @@ def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path
     torch.set_num_threads(1)  # as the command: the same floats, the same choices among near-ties
     loaded = load_models([model], torch.device("cpu"))
     cfg = dataclasses.replace(loaded.config.decode, beam=5, max_len_a=0.0, max_len_b=4)
-    texts = [decode_line(raw, n, "fuzz") for n, raw in enumerate(lines, start=1)]
+    texts = [t for chunk in read_chunks(io.BytesIO(b"\n".join(lines) + b"\n"), "fuzz", 4096) for t in chunk]
     seqs = [loaded.tokenizer.encode(t) if t.strip() else [] for t in texts]
     results = translate_token_lists(loaded.model, seqs, cfg, nbest=5, max_positions=loaded.max_positions)
     for row, seq, hyps in zip(rows, seqs, results):

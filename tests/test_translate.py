@@ -22,10 +22,10 @@ from nmt import cli
 from nmt.checkpoint import atomic_save
 from nmt.config import config_to_dict, load_config
 from nmt.model import Transformer
+from nmt.predict import load_models, translate_token_lists
 from nmt.search import beam_search, greedy_search, length_penalty
 from nmt.shortlist import SPECIALS, Shortlist, load_shortlist, save_shortlist
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_sentencepiece
-from nmt.translate import load_models, translate_token_lists
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_POSITIONS = 256  # configs/tiny.yaml
@@ -190,7 +190,7 @@ def test_a_failing_batch_stops_the_workers_with_its_error(setup, monkeypatch):
     def failing(model, src, *args, **kwargs):
         raise RuntimeError("out of memory in batch")
 
-    monkeypatch.setattr("nmt.translate.beam_search", failing)
+    monkeypatch.setattr("nmt.predict.beam_search", failing)
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="out of memory in batch"):
         translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS, workers=2)

@@ -1,0 +1,71 @@
+"""The options of the commands that are not a training config: `nmt prepare-bpe` and
+`nmt translate`, declared once with their types, defaults and help. `nmt.cli` makes each
+command's flags from these fields (and `translate`'s decode flags from `DecodeConfig`);
+the library checks their bounds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nmt.config import REQUIRED, opt, opt_list
+
+
+def default_workers() -> int:
+    """The CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass
+class PrepareOptions:
+    """The options of `nmt prepare-bpe`, declared once: the command's flags are made from
+    these fields (nmt.cli); `_check_options` checks their bounds."""
+
+    source_lang: str = opt(REQUIRED, "Source language suffix, e.g. en.", flags=("--source-lang", "-s"))
+    target_lang: str = opt(REQUIRED, "Target language suffix, e.g. de.", flags=("--target-lang", "-t"))
+    trainpref: str = opt(REQUIRED, "Train prefix: PREFIX.LANG or PREFIX.LANG.gz.")
+    destdir: str = opt(REQUIRED, "Output directory for the binarized dataset.")
+    validpref: str | None = opt(None, "Validation prefix (split 'valid').")
+    testpref: str | None = opt(None, "Comma-separated test prefixes (splits test, test1, ...).")
+    vocab_size: int = opt(8000, "Joint sentencepiece vocabulary size.")
+    model_type: str = opt("bpe", "Sentencepiece model type: bpe or unigram.")
+    character_coverage: float = opt(1.0, "Sentencepiece character coverage.")
+    byte_fallback: bool = opt(True, "Byte fallback, so no input becomes <unk>.")
+    input_sentence_size: int = opt(2_000_000, "Sentences sampled to learn BPE (bounds memory/time on big corpora).")
+    spm_model: str | None = opt(None, "Reuse this sentencepiece model instead of learning one.")
+    max_len: int = opt(250, "Drop training pairs with a side longer than this (tokens).")
+    min_len: int = opt(1, "Drop training pairs with a side shorter than this (tokens).")
+    max_ratio: float = opt(3.0, "Drop training pairs whose token-length ratio exceeds this; 0 = off.")
+    workers: int = field(default_factory=default_workers,
+                         metadata={"help": "Encoding threads (default: all cores).", "flags": (), "cli": True})
+    seed: int = opt(1, "Seed for sentence sampling.")
+    force: bool = opt(False, "Replace an existing destdir.")
+
+
+@dataclass
+class TranslateOptions:
+    """The options of `nmt translate`, declared once: the command's flags are made from these
+    fields (nmt.cli), and the decode settings from the fields of `DecodeConfig`."""
+
+    checkpoints: list[Path] = opt_list("Checkpoint(s); several decode as an ensemble.",
+                                       flags=("--checkpoint", "-c"))
+    input: Path | None = opt(None, "Input file (default stdin).", flags=("--input", "-i"))
+    output: Path | None = opt(None, "Output file (default stdout).", flags=("--output", "-o"))
+    # the decode settings over the checkpoint's: DecodeConfig fields (--beam, --lenpen, ...)
+    decode: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
+    nbest: int = opt(1, "Hypotheses per input line (tab-separated with --scores).")
+    scores: bool = opt(False, "Prefix each output with its score and a tab.")
+    device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
+    precision: str = opt(
+        "fp32", "fp32, bf16, fp16 (CUDA only) or int8 (CPU only, so --device auto means the CPU: "
+        "the decoder and output projection in int8, as Marian's int8 decoding; see README).")
+    threads: int = opt(0, "CPU threads; 0 = torch default.")
+    workers: int = opt(0, "CPU: batches decoded at once, each on its own thread (the threads are "
+                       "shared out among them); 0 = one per thread. GPU: always 1.")
+    shortlist: Path | None = opt(None, "A file from `nmt shortlist`: decode each sentence over its "
+                                 "likely target tokens only (faster, approximate; off by default).")
+
+

@@ -1,0 +1,235 @@
+"""Prediction as a library: load checkpoints, batch, beam-search; token ids in, hypotheses out.
+
+`translate_token_lists` is the one prediction path: `nmt translate` (nmt.translate, which
+only reads and writes streams) and validation BLEU in training both call it. Batches are
+formed by length for speed; results never depend on the batching.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
+from nmt.config import Config, DecodeConfig, check_decode, config_from_dict
+from nmt.device import PRECISIONS, autocast, configure_cuda
+from nmt.errors import NmtError
+from nmt.model import Transformer
+from nmt.quantize import check_int8, quantize_decoder
+from nmt.search import Hypothesis, beam_search
+from nmt.shortlist import SPECIALS, Shortlist, load_shortlist
+from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+
+log = logging.getLogger(__name__)
+DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.quantize
+
+
+class Ensemble:
+    """Several models behind the search protocol: the mean of their log-probabilities."""
+
+    def __init__(self, models: Sequence[Any]):
+        self.models = list(models)
+
+    def encode(self, src: torch.Tensor, shortlist: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[Any]:
+        return [m.encode(src, shortlist) for m in self.models]
+
+    def decode_step(self, tokens: torch.Tensor, states: list[Any]) -> tuple[torch.Tensor, list[Any]]:
+        outs = [m.decode_step(tokens, s) for m, s in zip(self.models, states)]
+        lprobs = torch.stack([o[0] for o in outs]).mean(dim=0)  # (N, V)
+        return lprobs, [o[1] for o in outs]
+
+    def reorder(self, states: list[Any], index: torch.Tensor) -> list[Any]:
+        return [m.reorder(s, index) for m, s in zip(self.models, states)]
+
+
+class _Shortlisted:
+    """A model behind the search protocol over a batch's shortlist (nmt.shortlist): the search
+    sees columns 0 .. K-1 of `vocab` (K,) instead of token ids; `allowed` (B, K) per sentence."""
+
+    def __init__(self, model: Any, vocab: torch.Tensor, allowed: torch.Tensor):
+        self.model, self.shortlist = model, (vocab, allowed)
+
+    def encode(self, src: torch.Tensor) -> Any:
+        return self.model.encode(src, self.shortlist)
+
+    def decode_step(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        return self.model.decode_step(tokens, state)
+
+    def reorder(self, state: Any, index: torch.Tensor) -> Any:
+        return self.model.reorder(state, index)
+
+
+@dataclass
+class Loaded:
+    model: Any  # a Transformer or an Ensemble of them
+    tokenizer: Tokenizer
+    config: Config
+    max_positions: int
+
+
+def resolve_checkpoints(paths: list[str]) -> list[Path]:
+    """The given checkpoints, or the averaged/best one of the last `nmt train` run here."""
+    if paths:
+        return [Path(p) for p in paths]
+    marker = Path(LAST_RUN_FILE)
+    if not marker.exists():
+        raise NmtError("no --checkpoint given and no `nmt train` run recorded in this directory "
+                       f"({LAST_RUN_FILE} not found)")
+    run_dir = Path(marker.read_text(encoding="utf-8").strip())
+    for name in ("checkpoint_avg.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
+        if (run_dir / name).exists():
+            log.info("using %s (the last `nmt train` run here)", run_dir / name)
+            return [run_dir / name]
+    raise NmtError(f"{run_dir}: no checkpoint_avg.pt, checkpoint_best.pt or checkpoint_last.pt found")
+
+
+def load_models(paths: list[Path], device: torch.device, precision: str = "fp32") -> Loaded:
+    """The checkpoints' models on `device` (an Ensemble for several); precision int8 quantises
+    each decoder (nmt.quantize), the others are applied by autocast while decoding."""
+    if precision == "int8":
+        check_int8(device)
+    configure_cuda(device)
+    models, tokenizer, first_cfg, first_hash = [], None, None, None
+    for path in paths:
+        state = load_checkpoint(path, mmap=True)  # the weights are copied into the model once
+        cfg = config_from_dict(state["config"], where=str(path))
+        tok_hash = state["tokenizer"]["sha256"]
+        if first_hash is not None and tok_hash != first_hash:
+            raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_bytes(state["tokenizer"]["model"])
+            first_cfg, first_hash = cfg, tok_hash
+        model = Transformer(cfg.model, int(state["vocab_size"]), pad_id=PAD)
+        model.load_state_dict(state["model"])
+        model = model.to(device).eval()
+        models.append(quantize_decoder(model) if precision == "int8" else model)
+        del state
+    assert tokenizer is not None and first_cfg is not None
+    max_pos = min(m.cfg.max_positions for m in models)
+    return Loaded(models[0] if len(models) == 1 else Ensemble(models), tokenizer, first_cfg, max_pos)
+
+
+# ------------------------------------------------------------------ the prediction path
+
+
+def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterator[list[int]]:
+    """Indices sorted by length (longest first), cut into batches."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batch: list[int] = []
+    for i in order:
+        longest = lengths[batch[0]] + 1 if batch else lengths[i] + 1
+        full = len(batch) >= batch_size or (max_tokens and (len(batch) + 1) * longest > max_tokens)
+        if batch and full:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def load_shortlist_for(path: str, loaded: Loaded, beam: int) -> Shortlist:
+    """A file from `nmt shortlist`, checked against the loaded model's vocabulary and the beam."""
+    shortlist = load_shortlist(path, vocab_size=loaded.tokenizer.vocab_size, spm_sha256=loaded.tokenizer.sha256)
+    if SPECIALS + shortlist.frequent.numel() <= beam:  # a list must outnumber the beam
+        raise NmtError(f"{path}: {shortlist.frequent.numel()} frequent tokens are too few for "
+                       f"beam {beam}; rebuild it with nmt shortlist --frequent {beam}")
+    return shortlist
+
+
+def decode_workers(workers: int, device: torch.device) -> int:
+    """Batches decoded at once: as asked on CPU (0 = one per torch thread), always 1 on GPU."""
+    if device.type != "cpu":
+        return 1
+    return workers or torch.get_num_threads()
+
+
+def translate_token_lists(
+    model: Any,
+    seqs: Sequence[Sequence[int]],
+    cfg: DecodeConfig,
+    *,
+    nbest: int = 1,
+    device: torch.device | str = "cpu",
+    precision: str = "fp32",
+    max_positions: int | None = None,
+    workers: int = 1,
+    shortlist: Shortlist | None = None,
+) -> list[list[Hypothesis]]:
+    """Beam-search every token sequence (without EOS); results in input order.
+
+    Sequences longer than max_positions - 1 are truncated (the caller warns). Batches are
+    formed by length for speed; the results do not depend on how sentences are batched.
+
+    workers > 1 (CPU; 0 = one per torch thread, see `decode_workers`): that many batches are
+    decoded at once, each on its own thread with one intra-op thread, instead of one batch
+    with every thread (Marian's --cpu-threads, CTranslate2's inter_threads). A small model's
+    matmuls are too small to share cores well, and the search's Python work of one batch
+    overlaps the other's matmuls.
+
+    precision bf16/fp16 decodes under autocast; int8 expects a model from
+    `load_models(..., precision="int8")`, whose decoder is already quantised.
+
+    With a `shortlist` each sentence is decoded over its own list of likely target tokens
+    (an approximation, see nmt.shortlist); the list depends on the sentence only, so
+    batching still changes nothing.
+    """
+    device = torch.device(device)
+    limit = (max_positions - 1) if max_positions else None
+    seqs = [list(s[:limit]) if limit else list(s) for s in seqs]
+    results: list[list[Hypothesis]] = [[] for _ in seqs]
+    todo = [i for i, s in enumerate(seqs) if s]
+    lengths = [len(seqs[i]) for i in todo]
+    batches = [[todo[j] for j in batch] for batch in _batches(lengths, cfg.batch_size, cfg.max_tokens)]
+
+    def run(ids: list[int]) -> None:
+        width = max(len(seqs[i]) for i in ids) + 1
+        src = torch.full((len(ids), width), PAD, dtype=torch.long)
+        for row, i in enumerate(ids):
+            src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], EOS])
+        search_model, vocab = model, None
+        if shortlist is not None:
+            vocab, allowed = shortlist.batch_vocab(src, PAD)
+            search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
+        amp = autocast(device, "fp32" if precision == "int8" else precision)  # int8: the model is quantised
+        with torch.inference_mode(), amp:  # both are per thread
+            hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS, eos=EOS,
+                               max_len=max_positions)
+        for i, h in zip(ids, hyps):
+            if vocab is not None:  # token columns -> token ids
+                h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]
+            results[i] = h
+
+    workers = min(decode_workers(workers, device), len(batches))
+    if workers <= 1:
+        for ids in batches:
+            run(ids)
+        return results
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // workers))
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="nmt-decode")
+    try:
+        for _ in pool.map(run, batches):  # re-raises a worker's exception (or Ctrl-C) here
+            pass
+    finally:
+        pool.shutdown(cancel_futures=True)  # after an error, the batches not yet started are dropped
+        torch.set_num_threads(threads)
+    return results
+
+
+def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1) -> DecodeConfig:
+    """The checkpoint's decode settings with the command's (or the API's) on top, checked
+    where they came from: `--beam 0` is named as an option, a checkpoint's decode.beam as a key."""
+    check_decode(base, lambda key: f"the checkpoint's decode.{key}")
+    cfg = replace(base, **overrides)
+    check_decode(cfg, lambda key: f"--{key.replace('_', '-')}" if key in overrides else f"decode.{key}")
+    if nbest < 1 or nbest > cfg.beam:
+        raise NmtError(f"--nbest must be between 1 and the beam size ({cfg.beam}), got {nbest}")
+    return cfg
+
+
