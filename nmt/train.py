@@ -18,7 +18,6 @@ import sys
 import time
 from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,8 @@ import torch.distributed as dist
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import Config, config_to_dict, dump_config
-from nmt.device import autocast, configure_cuda, resolve_device
+from nmt.device import autocast, configure_cuda
+from nmt.distributed import Env, setup_env, teardown_env
 from nmt.errors import NmtError
 from nmt.model import Transformer, num_parameters, summary
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
@@ -36,45 +36,10 @@ from nmt.tokenizer import PAD, Tokenizer
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
-# A collective that waits longer than this raises instead of hanging (a rank that died, a
-# mismatch). Generous: the other ranks wait in a broadcast while rank 0 validates and saves.
-DIST_TIMEOUT = timedelta(minutes=30)
 MAX_CONSECUTIVE_OOM = 10  # then stop: skipping every batch is not training
 # Fault injection for tests (docs/reliability.md): "RANK:UPDATE[,RANK:UPDATE...]" makes the
 # model's forward raise torch.OutOfMemoryError once on that rank at that update.
 FAULT_OOM_ENV = "NMT_FAULT_OOM_AT"
-
-
-# ------------------------------------------------------------------ devices and processes
-
-
-@dataclass
-class Env:
-    """Where this process runs: device and (for torchrun) its rank in the group."""
-
-    device: torch.device
-    rank: int = 0
-    world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_env(cfg: Config) -> Env:
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    device = resolve_device(cfg.train.device)
-    if world_size == 1:
-        return Env(device)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
-    return Env(device, rank, world_size)
 
 
 # ------------------------------------------------------------------ state
@@ -753,5 +718,4 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
     finally:
         if trainer is not None:
             trainer.close()
-        if env.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        teardown_env(env)
