@@ -9,14 +9,13 @@ the checkpoint holds the optimizer, loss scaler, RNG states and position in the 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import signal
 import sys
 import time
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,13 @@ import torch.distributed as dist
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
-from nmt.config import Config, config_to_dict, dump_config
+from nmt.config import Config, config_to_dict
 from nmt.device import autocast, configure_cuda
 from nmt.distributed import Env, setup_env, teardown_env
 from nmt.errors import NmtError
 from nmt.model import Transformer, num_parameters, summary
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
+from nmt.rundir import RunDir
 from nmt.tokenizer import PAD, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Trainer:
         if t.precision == "fp16" and env.device.type != "cuda":
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
         configure_cuda(env.device)
-        self.run_dir = Path(t.run_dir)
+        self.run_dir = RunDir(Path(t.run_dir))
         self.meta = datamod.read_meta(cfg.data.dir)
         self.src_lang = cfg.data.source_lang or self.meta["source_lang"]
         self.tgt_lang = cfg.data.target_lang or self.meta["target_lang"]
@@ -118,66 +118,19 @@ class Trainer:
         self.stop_signal: int | None = None
         self.dummy_ids: Any = None
         self.interrupted_by: int | None = None
-        self.metrics_file: Any = None
-        self._log_handler: logging.Handler | None = None
         self._consecutive_oom = 0
         _inject_oom_faults(self)
         try:
             if env.is_main:
-                self._prepare_run_dir()
+                self.run_dir.open(self.tokenizer.model_bytes)
             self._resume(reset_optimizer, reset_data)
         except BaseException:
             self.close()
             raise
 
-    # ---------------------------------------------------------------- run directory
-
-    def _prepare_run_dir(self) -> None:
-        """Create the run directory, clean up after a killed run, open train.log and metrics.jsonl.
-
-        Every write error on the run directory, here or later, is an NmtError naming the file."""
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.clean_temporaries(self.run_dir)
-        except OSError as e:
-            raise NmtError(f"{self.run_dir}: cannot write the run directory ({e.strerror or e})") from None
-        log_path, metrics_path = self.run_dir / "train.log", self.run_dir / "metrics.jsonl"
-        try:
-            handler = _RunLogHandler(log_path)
-            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
-            logging.getLogger().addHandler(handler)
-            self._log_handler = handler
-        except OSError as e:
-            raise NmtError(f"{log_path}: cannot write the training log ({e.strerror or e})") from None
-        try:
-            _drop_partial_last_line(metrics_path)
-            self.metrics_file = open(metrics_path, "a", encoding="utf-8")
-        except OSError as e:
-            raise NmtError(f"{metrics_path}: cannot write metrics ({e.strerror or e})") from None
-        spm = self.run_dir / "spm.model"
-        if not spm.exists():
-            ckpt.atomic_write_bytes(self.tokenizer.model_bytes, spm, "the sentencepiece model")
-        try:  # `nmt translate` with no --checkpoint uses the last run started from this directory
-            Path(ckpt.LAST_RUN_FILE).write_text(str(self.run_dir.resolve()) + "\n", encoding="utf-8")
-        except OSError as e:  # a convenience only: a read-only working directory is no reason to stop
-            log.warning("cannot record the run in %s (%s)", Path(ckpt.LAST_RUN_FILE).resolve(), e.strerror or e)
-
     def close(self) -> None:
-        """Close metrics.jsonl and detach train.log (train() may run again in this process).
-
-        Write errors are ignored here: the one that stopped training has been reported."""
-        if self.metrics_file is not None:
-            with suppress(OSError):
-                self.metrics_file.close()
-            self.metrics_file = None
-        if self._log_handler is not None:
-            logging.getLogger().removeHandler(self._log_handler)
-            with suppress(OSError):
-                self._log_handler.close()
-            self._log_handler = None
-
-    def _write_config(self) -> None:
-        ckpt.atomic_write_bytes(dump_config(self.cfg).encode("utf-8"), self.run_dir / "config.yaml", "the config")
+        """Close the run directory's train.log and metrics.jsonl (train() may run again in this process)."""
+        self.run_dir.close()
 
     def _fingerprint(self) -> str:
         return str(self.meta.get("fingerprint", ""))
@@ -185,11 +138,11 @@ class Trainer:
     # ---------------------------------------------------------------- resume
 
     def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
-        state = ckpt.load_latest(self.run_dir) if self.run_dir.exists() else None
+        state = ckpt.load_latest(self.run_dir.path) if self.run_dir.path.exists() else None
         if state is None:
             if self.env.is_main:
-                self._write_config()
-                log.info("new run in %s\n%s", self.run_dir, summary(self.model))
+                self.run_dir.write_config(self.cfg)
+                log.info("new run in %s\n%s", self.run_dir.path, summary(self.model))
             return
         self._check_compatible(state, reset_data)
         self.model.load_state_dict(state["model"])
@@ -210,7 +163,7 @@ class Trainer:
         if torch.cuda.is_available() and rng.get("cuda") is not None and self.env.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"], self.env.device)
         if self.env.is_main:
-            self._write_config()
+            self.run_dir.write_config(self.cfg)
             log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
                      self.progress.epoch, self.progress.updates_in_epoch)
 
@@ -218,13 +171,13 @@ class Trainer:
         old, new = state["config"], config_to_dict(self.cfg)
         old_spm = (state.get("tokenizer") or {}).get("sha256")
         if old_spm != self.tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
-            raise NmtError(f"{self.run_dir}: resume refused, the tokenizer of {self.cfg.data.dir} (spm.model) "
+            raise NmtError(f"{self.run_dir.path}: resume refused, the tokenizer of {self.cfg.data.dir} (spm.model) "
                            "differs from the run's; prepare the new data with --spm-model from the run "
                            "or use a new train.run_dir")
         changed = [f"model.{k}: {old['model'].get(k)!r} -> {v!r}"
                    for k, v in new["model"].items() if old["model"].get(k) != v]
         if changed:
-            raise NmtError(f"{self.run_dir}: resume refused, the model config changed ({'; '.join(changed)}); "
+            raise NmtError(f"{self.run_dir.path}: resume refused, the model config changed ({'; '.join(changed)}); "
                            "use a new train.run_dir")
         if reset_data:
             return
@@ -236,7 +189,7 @@ class Trainer:
         if old_fp != self._fingerprint():
             data_changed.append(f"the prepared data in {self.cfg.data.dir} (fingerprint)")
         if data_changed:
-            raise NmtError(f"{self.run_dir}: resume refused, the training data changed ({'; '.join(data_changed)}); "
+            raise NmtError(f"{self.run_dir.path}: resume refused, the training data changed ({'; '.join(data_changed)}); "
                            "pass --reset-data to continue on the new data")
 
     # ---------------------------------------------------------------- checkpoints
@@ -263,21 +216,9 @@ class Trainer:
 
     def save(self, numbered: bool, best: bool) -> None:
         """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
-        if not self.env.is_main:
-            return
-        names = ([f"checkpoint_{self.progress.update}.pt"] if numbered else []) + (
-            ["checkpoint_best.pt"] if best else []) + ["checkpoint_last.pt"]
-        first = self.run_dir / names[0]
-        ckpt.atomic_save(self._checkpoint(), first)
-        for name in names[1:]:
-            ckpt.link_or_copy(first, self.run_dir / name)
-        if numbered and self.cfg.train.keep_last:
-            try:
-                ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
-            except OSError as e:
-                raise NmtError(f"{e.filename or self.run_dir}: cannot delete an old checkpoint "
-                               f"({e.strerror or e})") from None
-        log.info("saved %s", ", ".join(names))
+        if self.env.is_main:
+            self.run_dir.save_checkpoint(self._checkpoint(), self.progress.update, numbered=numbered, best=best,
+                                         keep_last=self.cfg.train.keep_last)
 
     # ---------------------------------------------------------------- one update
 
@@ -340,7 +281,7 @@ class Trainer:
         next_update = self.progress.update + 1
         if self.scaler is None and not math.isfinite(loss_sum):
             raise NmtError(f"non-finite loss at update {next_update}; stopped without saving "
-                           f"(checkpoints in {self.run_dir} are intact). Try a lower train.lr or train.clip_norm")
+                           f"(checkpoints in {self.run_dir.path} are intact). Try a lower train.lr or train.clip_norm")
         # DDP averaged the gradients over ranks; make them a mean over all target tokens.
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
@@ -360,7 +301,7 @@ class Trainer:
                 return None
         elif not math.isfinite(gnorm_f):
             raise NmtError(f"non-finite gradient norm at update {next_update}; stopped without saving "
-                           f"(checkpoints in {self.run_dir} are intact)")
+                           f"(checkpoints in {self.run_dir.path} are intact)")
         lr = lr_at(next_update - self.progress.schedule_offset, t, self.cfg.model.d_model)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -416,7 +357,7 @@ class Trainer:
         update = self.progress.update + 1
         if self._consecutive_oom >= MAX_CONSECUTIVE_OOM:
             raise NmtError(f"out of memory in {self._consecutive_oom} consecutive updates (last: update {update}); "
-                           f"checkpoints in {self.run_dir} are intact. Lower train.max_tokens "
+                           f"checkpoints in {self.run_dir.path} are intact. Lower train.max_tokens "
                            "(and raise train.update_freq to keep the batch size)")
         if self.env.is_main:
             log.warning("update %d skipped: out of memory on %d rank(s); %d update(s) skipped so far", update, ranks,
@@ -464,14 +405,6 @@ class Trainer:
         log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
                     signal.Signals(signum).name)
 
-    def _emit(self, record: dict[str, Any]) -> None:
-        if self.metrics_file is not None:
-            try:
-                self.metrics_file.write(json.dumps(record) + "\n")
-                self.metrics_file.flush()
-            except OSError as e:
-                raise NmtError(f"{self.metrics_file.name}: cannot write metrics ({e.strerror or e})") from None
-
     def _after_validation(self, result: dict[str, float]) -> bool:
         """Track the best checkpoint and patience; returns whether this one is the best so far."""
         p, metric = self.progress, self.cfg.train.best_metric
@@ -491,7 +424,7 @@ class Trainer:
             result = self.validate()
             best = self._after_validation(result)
             # elapsed: training seconds at this update (as in train records), for learning curves
-            self._emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
+            self.run_dir.emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
                         "best": self.progress.best, "elapsed": self.progress.elapsed,
                         "valid_s": time.monotonic() - started})
             log.info("valid | update %d | %s | best %s", self.progress.update,
@@ -506,7 +439,7 @@ class Trainer:
         cfg, p = self.cfg, self.progress
         reason = stop_reason(cfg, p)
         if reason:
-            log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir, p.update, reason)
+            log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir.path, p.update, reason)
             return reason
         old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -617,7 +550,7 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats['lr']:.2e}",
                             tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)
         if p.update % t.log_interval == 0:
-            self._emit(record)
+            self.run_dir.emit(record)
             log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm %.3f | "
                      "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
                      record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
@@ -625,33 +558,6 @@ class Trainer:
 
 
 _NO_LOSSES = {"loss_sum": 0.0, "nll_sum": 0.0, "loss_tokens": 0.0, "gnorm_sum": 0.0, "loss_updates": 0}
-
-
-class _RunLogHandler(logging.FileHandler):
-    """train.log. A failed write (disk full) stops training with an NmtError naming the file,
-    where logging would print a traceback and carry on."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, OSError):
-            raise NmtError(f"{self.baseFilename}: cannot write the training log ({error.strerror or error})") from None
-        super().handleError(record)
-
-
-def _drop_partial_last_line(path: Path) -> None:
-    """A run killed while writing metrics.jsonl may leave half a line; appending after it would
-    glue the next record to it. Cut it off (a record is a few hundred bytes)."""
-    if not path.is_file():  # new, or not a regular file (a pipe, /dev/full)
-        return
-    with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        start = max(0, size - (1 << 16))
-        f.seek(start)
-        tail = f.read()
-        if tail and not tail.endswith(b"\n"):
-            cut = start + tail.rfind(b"\n") + 1
-            f.truncate(cut)
-            log.warning("%s: removed an incomplete last line (%d bytes) left by an interrupted run", path, size - cut)
 
 
 def _rss_mb() -> float | None:
