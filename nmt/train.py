@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
-from nmt.config import Config, config_to_dict
+from nmt.config import Config
 from nmt.device import autocast, configure_cuda
 from nmt.distributed import Env, setup_env, teardown_env
 from nmt.errors import NmtError
@@ -33,45 +33,20 @@ from nmt.model import Transformer, num_parameters, summary
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
 from nmt.rundir import RunDir
 from nmt.tokenizer import PAD, Tokenizer
+from nmt.train_state import (
+    Progress,
+    build_checkpoint,
+    check_compatible,
+    data_fingerprint,
+    restore,
+    stop_reason,
+)
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
 MAX_CONSECUTIVE_OOM = 10  # then stop: skipping every batch is not training
 # Fault injection for tests (docs/reliability.md): "RANK:UPDATE[,RANK:UPDATE...]" makes the
 # model's forward raise torch.OutOfMemoryError once on that rank at that update.
 FAULT_OOM_ENV = "NMT_FAULT_OOM_AT"
-
-
-# ------------------------------------------------------------------ state
-
-
-@dataclass
-class Progress:
-    """Counters saved in every training checkpoint."""
-
-    update: int = 0
-    epoch: int = 1
-    updates_in_epoch: int = 0  # update groups of `epoch` already consumed
-    elapsed: float = 0.0  # seconds of training, summed over resumes
-    best: float | None = None
-    bad_validations: int = 0
-    schedule_offset: int = 0  # --reset-optimizer restarts the warm-up here
-    skipped_overflow: int = 0
-    oom_skipped: int = 0  # updates skipped because a rank ran out of memory
-    history: list[str] = field(default_factory=list)
-
-
-def stop_reason(cfg: Config, p: Progress) -> str | None:
-    t = cfg.train
-    if t.max_updates and p.update >= t.max_updates:
-        return f"reached train.max_updates={t.max_updates}"
-    if t.max_epochs and (p.epoch > t.max_epochs):
-        return f"reached train.max_epochs={t.max_epochs}"
-    if t.max_time and p.elapsed >= t.max_time:
-        return f"reached train.max_time={t.max_time:g}s"
-    if t.patience and p.bad_validations >= t.patience:
-        return f"no improvement in {t.patience} validations (train.patience)"
-    return None
 
 
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
@@ -93,6 +68,7 @@ class Trainer:
         configure_cuda(env.device)
         self.run_dir = RunDir(Path(t.run_dir))
         self.meta = datamod.read_meta(cfg.data.dir)
+        self.fingerprint = data_fingerprint(self.meta)
         self.src_lang = cfg.data.source_lang or self.meta["source_lang"]
         self.tgt_lang = cfg.data.target_lang or self.meta["target_lang"]
         self.tokenizer = Tokenizer(Path(cfg.data.dir) / "spm.model")
@@ -132,9 +108,6 @@ class Trainer:
         """Close the run directory's train.log and metrics.jsonl (train() may run again in this process)."""
         self.run_dir.close()
 
-    def _fingerprint(self) -> str:
-        return str(self.meta.get("fingerprint", ""))
-
     # ---------------------------------------------------------------- resume
 
     def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
@@ -144,80 +117,20 @@ class Trainer:
                 self.run_dir.write_config(self.cfg)
                 log.info("new run in %s\n%s", self.run_dir.path, summary(self.model))
             return
-        self._check_compatible(state, reset_data)
-        self.model.load_state_dict(state["model"])
-        ts = state["train_state"]
-        self.progress = Progress(**ts["progress"])
-        if reset_optimizer:
-            self.progress.schedule_offset = self.progress.update
-            self.progress.history.append(f"reset optimizer at update {self.progress.update}")
-        else:
-            self.optimizer.load_state_dict(ts["optimizer"])
-            if self.scaler is not None and ts.get("scaler"):
-                self.scaler.load_state_dict(ts["scaler"])
-        if reset_data:
-            self.progress.updates_in_epoch = 0
-            self.progress.history.append(f"reset data at update {self.progress.update}")
-        rng = ts["rng"]
-        torch.set_rng_state(rng["torch"])
-        if torch.cuda.is_available() and rng.get("cuda") is not None and self.env.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"], self.env.device)
+        check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
+        self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
+                                reset_optimizer=reset_optimizer, reset_data=reset_data)
         if self.env.is_main:
             self.run_dir.write_config(self.cfg)
             log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
                      self.progress.epoch, self.progress.updates_in_epoch)
 
-    def _check_compatible(self, state: dict[str, Any], reset_data: bool) -> None:
-        old, new = state["config"], config_to_dict(self.cfg)
-        old_spm = (state.get("tokenizer") or {}).get("sha256")
-        if old_spm != self.tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
-            raise NmtError(f"{self.run_dir.path}: resume refused, the tokenizer of {self.cfg.data.dir} (spm.model) "
-                           "differs from the run's; prepare the new data with --spm-model from the run "
-                           "or use a new train.run_dir")
-        changed = [f"model.{k}: {old['model'].get(k)!r} -> {v!r}"
-                   for k, v in new["model"].items() if old["model"].get(k) != v]
-        if changed:
-            raise NmtError(f"{self.run_dir.path}: resume refused, the model config changed ({'; '.join(changed)}); "
-                           "use a new train.run_dir")
-        if reset_data:
-            return
-        # data.dir may move and the valid split change: the fingerprint says whether the
-        # training data is still the same.
-        data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}" for k, v in new["data"].items()
-                        if k not in ("dir", "valid_split") and old["data"].get(k) != v]
-        old_fp = state["train_state"].get("fingerprint")
-        if old_fp != self._fingerprint():
-            data_changed.append(f"the prepared data in {self.cfg.data.dir} (fingerprint)")
-        if data_changed:
-            raise NmtError(f"{self.run_dir.path}: resume refused, the training data changed ({'; '.join(data_changed)}); "
-                           "pass --reset-data to continue on the new data")
-
-    # ---------------------------------------------------------------- checkpoints
-
-    def _checkpoint(self) -> dict[str, Any]:
-        rng = {"torch": torch.get_rng_state(),
-               "cuda": torch.cuda.get_rng_state(self.env.device) if self.env.device.type == "cuda" else None}
-        return {
-            "format_version": FORMAT_VERSION,
-            "model": ckpt.to_cpu(self.model.state_dict()),
-            "config": config_to_dict(self.cfg),
-            "vocab_size": self.tokenizer.vocab_size,
-            "tokenizer": {"model": self.tokenizer.model_bytes, "sha256": self.tokenizer.sha256},
-            "update": self.progress.update,
-            "epoch": self.progress.epoch,
-            "train_state": {
-                "progress": asdict(self.progress),
-                "optimizer": ckpt.to_cpu(self.optimizer.state_dict()),
-                "scaler": self.scaler.state_dict() if self.scaler else None,
-                "rng": rng,
-                "fingerprint": self._fingerprint(),
-            },
-        }
-
     def save(self, numbered: bool, best: bool) -> None:
         """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
         if self.env.is_main:
-            self.run_dir.save_checkpoint(self._checkpoint(), self.progress.update, numbered=numbered, best=best,
+            state = build_checkpoint(self.cfg, self.model, self.tokenizer, self.optimizer, self.scaler,
+                                     self.progress, self.fingerprint, self.env.device)
+            self.run_dir.save_checkpoint(state, self.progress.update, numbered=numbered, best=best,
                                          keep_last=self.cfg.train.keep_last)
 
     # ---------------------------------------------------------------- one update
