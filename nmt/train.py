@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
+from nmt import validate as validation
 from nmt.config import Config
 from nmt.device import autocast, configure_cuda
 from nmt.distributed import Env, setup_env, teardown_env
@@ -279,35 +280,10 @@ class Trainer:
     # ---------------------------------------------------------------- validation
 
     def validate(self) -> dict[str, float]:
-        """Valid loss/perplexity and (if train.valid_bleu) detokenized sacreBLEU of the search."""
-        from nmt.evaluate import corpus_bleu
-        from nmt.translate import translate_token_lists
-
+        """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.validate, with this trainer's loss."""
         assert self.valid_data is not None
-        env, t = self.env, self.cfg.train
-        self.model.eval()
-        loss_sum = nll_sum = ntok = 0.0
-        batches = datamod.make_batches(self.valid_data.src_sizes, self.valid_data.tgt_sizes, t.max_tokens,
-                                       seed=0, epoch=1, shuffle=False, max_positions=self.cfg.model.max_positions)
-        with torch.no_grad():
-            for ids in batches:
-                batch = datamod.collate(self.valid_data, ids).to(env.device)
-                loss, nll = self._batch_loss(self.model, batch)
-                loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.tgt_tokens
-        nll_bits = nll_sum / max(ntok, 1) / math.log(2)
-        result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits,
-                  "valid_ppl": 2**nll_bits}
-        if t.valid_bleu:
-            from dataclasses import replace as dc_replace
-
-            decode_cfg = dc_replace(self.cfg.decode, beam=t.valid_beam)
-            sources = [self.valid_data.src(i).tolist() for i in range(len(self.valid_data))]
-            hyps = translate_token_lists(self.model, sources, decode_cfg, device=env.device, precision=t.precision,
-                                         max_positions=self.cfg.model.max_positions, workers=0)  # as nmt translate
-            text = [self.tokenizer.decode(h[0].tokens) for h in hyps]
-            refs = datamod.read_raw(self.cfg.data.dir, self.cfg.data.valid_split, self.tgt_lang)
-            result["valid_bleu"] = corpus_bleu(text, [refs])
-        return result
+        return validation.validate(self.cfg, self.model, self.tokenizer, self.valid_data, self.tgt_lang,
+                                   self.env.device, self._batch_loss)
 
     # ---------------------------------------------------------------- the loop
 
@@ -318,24 +294,12 @@ class Trainer:
         log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
                     signal.Signals(signum).name)
 
-    def _after_validation(self, result: dict[str, float]) -> bool:
-        """Track the best checkpoint and patience; returns whether this one is the best so far."""
-        p, metric = self.progress, self.cfg.train.best_metric
-        value = result["valid_bleu"] if metric == "bleu" and "valid_bleu" in result else result["valid_loss"]
-        higher = metric == "bleu" and "valid_bleu" in result
-        improved = p.best is None or (value > p.best if higher else value < p.best)
-        if improved:
-            p.best, p.bad_validations = value, 0
-        else:
-            p.bad_validations += 1
-        return improved
-
     def _validate_and_save(self, numbered: bool) -> None:
         best = False
         if self.valid_data is not None and self.env.is_main:
             started = time.monotonic()
             result = self.validate()
-            best = self._after_validation(result)
+            best = validation.track_best(self.progress, result, self.cfg.train.best_metric)
             # elapsed: training seconds at this update (as in train records), for learning curves
             self.run_dir.emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
                         "best": self.progress.best, "elapsed": self.progress.elapsed,
