@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from nmt.model import Transformer, num_parameters, summary
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
 from nmt.rundir import RunDir
 from nmt.tokenizer import PAD, Tokenizer
+from nmt.train_metrics import TrainMetrics
 from nmt.train_state import (
     Progress,
     build_checkpoint,
@@ -328,9 +328,7 @@ class Trainer:
     def _loop(self) -> str:
         cfg, p = self.cfg, self.progress
         start, elapsed0 = time.monotonic(), p.elapsed
-        # throughput since the last log/validation/save; loss, nll and gnorm since the last log line
-        window = {"tokens": 0.0, "time": time.monotonic(), "updates": 0, **_NO_LOSSES}
-        bar = _progress_bar(self.env, p.update, cfg.train.max_updates)
+        metrics = TrainMetrics(cfg, self.env, p.update, self.run_dir.emit)
         reason: str | None = None
         while reason is None:
             groups = self._epoch_batches(p.epoch)
@@ -345,27 +343,18 @@ class Trainer:
                 p.updates_in_epoch += 1
                 epoch_end = p.updates_in_epoch == len(groups)
                 p.elapsed = elapsed0 + time.monotonic() - start
-                reason = self._after_update(stats, epoch_end, window, bar)
+                reason = self._after_update(stats, epoch_end, metrics)
                 if reason is not None or epoch_end:
                     break
-        if bar:
-            bar.close()
+        metrics.close()
         log.info("done: %s at update %d, epoch %d, %.0f s of training", reason, p.update, p.epoch, p.elapsed)
         return reason
 
-    def _after_update(self, stats: dict[str, float] | None, epoch_end: bool, window: dict[str, float],
-                      bar: Any) -> str | None:
+    def _after_update(self, stats: dict[str, float] | None, epoch_end: bool, metrics: TrainMetrics) -> str | None:
         """Log, validate and save as the intervals say; returns why to stop, if it is time."""
         cfg, t, p = self.cfg, self.cfg.train, self.progress
         if stats is not None:
-            window["tokens"] += stats["tokens"]
-            window["updates"] += 1
-            window["loss_sum"] += stats["loss"] * stats["tokens"]
-            window["nll_sum"] += stats["nll"] * stats["tokens"]
-            window["loss_tokens"] += stats["tokens"]
-            window["gnorm_sum"] += stats["gnorm"]
-            window["loss_updates"] += 1
-            self._log_train(stats, window, bar)
+            metrics.add(stats, p, self.scaler.scale if self.scaler is not None else None)
         if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
             p.epoch, p.updates_in_epoch = p.epoch + 1, 0  # epoch and its validation runs once
         interrupted = self._agree_to_stop()
@@ -384,7 +373,7 @@ class Trainer:
         elif at_save:
             self.save(numbered=True, best=False)
         if at_valid or at_save or epoch_end:  # keep validation and saving out of the throughput figures
-            window.update(tokens=0.0, time=time.monotonic(), updates=0)
+            metrics.restart_throughput()
         return reason
 
     def _agree_to_stop(self) -> bool:
@@ -397,54 +386,6 @@ class Trainer:
             flag_f, self.progress.elapsed = both.tolist()
             flag = flag_f > 0
         return flag
-
-    def _log_train(self, stats: dict[str, float], window: dict[str, float], bar: Any) -> None:
-        """Every log_interval updates: loss and nll per target token over the interval's
-        updates (token-weighted, like fairseq; one batch's loss swings with its lengths),
-        mean gnorm, the current lr, and throughput."""
-        p, t = self.progress, self.cfg.train
-        if bar is not None:
-            bar.update(1)
-        if p.update % t.log_interval and not (bar is not None and p.update % 10 == 0):
-            return
-        now = time.monotonic()
-        dt = max(now - window["time"], 1e-9)
-        ntok = max(window["loss_tokens"], 1.0)
-        loss, nll = window["loss_sum"] / ntok, window["nll_sum"] / ntok
-        record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll,
-                  "ppl": 2**nll, "lr": stats["lr"], "gnorm": window["gnorm_sum"] / max(window["loss_updates"], 1),
-                  "updates_logged": int(window["loss_updates"]), "tgt_tokens": window["loss_tokens"],
-                  "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
-                  "elapsed": p.elapsed, "oom_skipped": p.oom_skipped}
-        rss = _rss_mb()
-        if rss is not None:
-            record["rss_mb"] = rss
-        if self.scaler is not None:
-            record["loss_scale"] = self.scaler.scale
-        if t.dropout_ramp_end:
-            record["dropout"] = dropout_at(p.update, t, self.cfg.model.dropout)
-        if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats['lr']:.2e}",
-                            tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)
-        if p.update % t.log_interval == 0:
-            self.run_dir.emit(record)
-            log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm %.3f | "
-                     "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
-                     record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
-            window.update(tokens=0.0, time=now, updates=0, **_NO_LOSSES)
-
-
-_NO_LOSSES = {"loss_sum": 0.0, "nll_sum": 0.0, "loss_tokens": 0.0, "gnorm_sum": 0.0, "loss_updates": 0}
-
-
-def _rss_mb() -> float | None:
-    """This process' resident memory (Linux; None elsewhere): cheap enough for every log line."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            pages = int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -471,14 +412,6 @@ def _inject_oom_faults(trainer: Trainer) -> None:
             raise torch.OutOfMemoryError(f"simulated by {FAULT_OOM_ENV}={spec}")
 
     trainer.model.register_forward_pre_hook(hook)
-
-
-def _progress_bar(env: Env, initial: int, total: int) -> Any:
-    if not (env.is_main and sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total or None, initial=initial, unit="upd", dynamic_ncols=True, leave=False)
 
 
 @dataclass
