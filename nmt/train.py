@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import time
 from contextlib import nullcontext
@@ -30,6 +29,7 @@ from nmt.device import autocast, configure_cuda
 from nmt.distributed import Env, setup_env, teardown_env
 from nmt.errors import NmtError
 from nmt.model import Transformer, num_parameters, summary
+from nmt.oom import OomSkips, inject_oom_faults, is_oom
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
 from nmt.rundir import RunDir
 from nmt.tokenizer import PAD, Tokenizer
@@ -44,10 +44,6 @@ from nmt.train_state import (
 )
 
 log = logging.getLogger(__name__)
-MAX_CONSECUTIVE_OOM = 10  # then stop: skipping every batch is not training
-# Fault injection for tests (docs/reliability.md): "RANK:UPDATE[,RANK:UPDATE...]" makes the
-# model's forward raise torch.OutOfMemoryError once on that rank at that update.
-FAULT_OOM_ENV = "NMT_FAULT_OOM_AT"
 
 
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
@@ -95,8 +91,8 @@ class Trainer:
         self.stop_signal: int | None = None
         self.dummy_ids: Any = None
         self.interrupted_by: int | None = None
-        self._consecutive_oom = 0
-        _inject_oom_faults(self)
+        self.oom = OomSkips(env, self.run_dir.path)
+        inject_oom_faults(self.model, env.rank, lambda: self.progress.update + 1)
         try:
             if env.is_main:
                 self.run_dir.open(self.tokenizer.model_bytes)
@@ -174,10 +170,10 @@ class Trainer:
             try:
                 loss, nll, batch_tokens, batch_sents = self._forward_backward(None if oom else ids, scale, sync)
             except Exception as e:
-                if not _is_oom(e):
+                if not is_oom(e):
                     raise
                 oom = True
-                self._forget_oom(e)
+                self.oom.forget(e, self.optimizer, self.progress.update + 1)
                 if not (sync and env.world_size > 1):
                     continue
                 loss, nll, batch_tokens, batch_sents = self._forward_backward(None, scale, sync)
@@ -189,9 +185,9 @@ class Trainer:
             dist.all_reduce(stats)
         loss_sum, nll_sum, ntokens, nsent, ooms = stats.tolist()
         if ooms:
-            self._skip_oom_update(int(ooms))
+            self.oom.skip(int(ooms), self.optimizer, self.progress)
             return None
-        self._consecutive_oom = 0
+        self.oom.reset()
         next_update = self.progress.update + 1
         if self.scaler is None and not math.isfinite(loss_sum):
             raise NmtError(f"non-finite loss at update {next_update}; stopped without saving "
@@ -245,37 +241,13 @@ class Trainer:
             try:
                 (loss * (scale * weight)).backward()
             except Exception as e:
-                if _is_oom(e) and sync and env.world_size > 1:
+                if is_oom(e) and sync and env.world_size > 1:
                     raise NmtError(
                         f"out of memory in the backward pass at update {self.progress.update + 1} on rank "
                         f"{env.rank}: DDP cannot skip an update once the gradient all-reduce has started; "
                         "lower train.max_tokens (and raise train.update_freq to keep the batch size)") from None
                 raise
         return loss.detach() * weight, nll.detach() * weight, batch.tgt_tokens * weight, len(batch) * weight
-
-    def _forget_oom(self, error: BaseException) -> None:
-        """After an out-of-memory error in this update: drop its gradients and cached memory."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.env.device.type == "cuda":
-            torch.cuda.empty_cache()
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        log.warning("out of memory at update %d%s: skipping the update (%s)", self.progress.update + 1,
-                    f" on rank {self.env.rank}" if self.env.world_size > 1 else "", first[:200])
-
-    def _skip_oom_update(self, ranks: int) -> None:
-        """Every rank skips an update in which any ran out of memory: its batches are consumed,
-        the update is not counted (the schedule does not advance) and its gradients are dropped."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.progress.oom_skipped += 1
-        self._consecutive_oom += 1
-        update = self.progress.update + 1
-        if self._consecutive_oom >= MAX_CONSECUTIVE_OOM:
-            raise NmtError(f"out of memory in {self._consecutive_oom} consecutive updates (last: update {update}); "
-                           f"checkpoints in {self.run_dir.path} are intact. Lower train.max_tokens "
-                           "(and raise train.update_freq to keep the batch size)")
-        if self.env.is_main:
-            log.warning("update %d skipped: out of memory on %d rank(s); %d update(s) skipped so far", update, ranks,
-                        self.progress.oom_skipped)
 
     # ---------------------------------------------------------------- validation
 
@@ -386,32 +358,6 @@ class Trainer:
             flag_f, self.progress.elapsed = both.tolist()
             flag = flag_f > 0
         return flag
-
-
-def _is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error))
-
-
-def _inject_oom_faults(trainer: Trainer) -> None:
-    """The NMT_FAULT_OOM_AT test seam: raise torch.OutOfMemoryError from the model's forward,
-    once, on the given rank(s) at the given update(s)."""
-    spec = os.environ.get(FAULT_OOM_ENV)
-    if not spec:
-        return
-    try:
-        targets = {(int(r), int(u)) for r, u in (item.split(":") for item in spec.split(","))}
-    except ValueError:
-        raise NmtError(f"{FAULT_OOM_ENV}={spec!r}: expected RANK:UPDATE[,RANK:UPDATE...]") from None
-    fired: set[tuple[int, int]] = set()
-
-    def hook(module: torch.nn.Module, args: Any) -> None:
-        key = (trainer.env.rank, trainer.progress.update + 1)
-        if module.training and key in targets and key not in fired:
-            fired.add(key)
-            raise torch.OutOfMemoryError(f"simulated by {FAULT_OOM_ENV}={spec}")
-
-    trainer.model.register_forward_pre_hook(hook)
 
 
 @dataclass
