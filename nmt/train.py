@@ -1,10 +1,12 @@
-"""The training loop and the run directory it produces.
+"""Training: `train()` and the `Trainer`, with the loop (`run`) and one update
+(`train_update`: forward and backward over the update's batches, gradient scaling, clipping,
+optimizer step), read top to bottom.
 
-A run directory holds `config.yaml` (resolved), `spm.model`, `train.log`, `metrics.jsonl`
-and checkpoints (`checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint_<update>.pt`).
-Running `nmt train` again on it resumes from the last checkpoint at the exact batch
-where it stopped: the batch order of an epoch is a function of (seed, epoch) only, and
-the checkpoint holds the optimizer, loss scaler, RNG states and position in the epoch.
+Running `nmt train` again on a run directory resumes at the exact batch where it stopped.
+The rest lives beside this module: `nmt.rundir` (the files of the run directory),
+`nmt.train_state` (progress, the training checkpoint, resuming), `nmt.validate` (valid loss
+and BLEU, best checkpoint, patience), `nmt.train_metrics` (train records, log lines, progress
+bar), `nmt.oom` (skipping updates that ran out of memory), `nmt.distributed` (torchrun).
 """
 
 from __future__ import annotations
@@ -46,6 +48,29 @@ from nmt.train_state import (
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class TrainResult:
+    reason: str
+    update: int
+    interrupted_by: int | None = None  # the signal that stopped it, if any
+
+
+def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = False) -> TrainResult:
+    """Train (or resume) the run in cfg.train.run_dir; returns why and where it stopped."""
+    env = setup_env(cfg)
+    trainer: Trainer | None = None
+    try:
+        trainer = Trainer(cfg, env, reset_optimizer, reset_data)
+        log.info("device %s, world size %d, parameters %d", env.device, env.world_size,
+                 num_parameters(trainer.model))
+        reason = trainer.run()
+        return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        teardown_env(env)
+
+
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
     if vocab_size is None:
         vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
@@ -53,10 +78,10 @@ def dry_run(cfg: Config, vocab_size: int | None) -> str:
     return summary(model)
 
 
-# ------------------------------------------------------------------ the trainer
-
-
 class Trainer:
+    """One training run in this process: builds the model, optimizer and data from the config,
+    resumes from the run directory, then `run()`s the loop of `train_update`s."""
+
     def __init__(self, cfg: Config, env: Env, reset_optimizer: bool, reset_data: bool):
         self.cfg, self.env = cfg, env
         t = cfg.train
@@ -104,31 +129,6 @@ class Trainer:
     def close(self) -> None:
         """Close the run directory's train.log and metrics.jsonl (train() may run again in this process)."""
         self.run_dir.close()
-
-    # ---------------------------------------------------------------- resume
-
-    def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
-        state = ckpt.load_latest(self.run_dir.path) if self.run_dir.path.exists() else None
-        if state is None:
-            if self.env.is_main:
-                self.run_dir.write_config(self.cfg)
-                log.info("new run in %s\n%s", self.run_dir.path, summary(self.model))
-            return
-        check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
-        self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
-                                reset_optimizer=reset_optimizer, reset_data=reset_data)
-        if self.env.is_main:
-            self.run_dir.write_config(self.cfg)
-            log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
-                     self.progress.epoch, self.progress.updates_in_epoch)
-
-    def save(self, numbered: bool, best: bool) -> None:
-        """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
-        if self.env.is_main:
-            state = build_checkpoint(self.cfg, self.model, self.tokenizer, self.optimizer, self.scaler,
-                                     self.progress, self.fingerprint, self.env.device)
-            self.run_dir.save_checkpoint(state, self.progress.update, numbered=numbered, best=best,
-                                         keep_last=self.cfg.train.keep_last)
 
     # ---------------------------------------------------------------- one update
 
@@ -221,15 +221,6 @@ class Trainer:
         return {"loss": loss_sum / max(ntokens, 1) / math.log(2), "nll": nll_sum / max(ntokens, 1) / math.log(2),
                 "tokens": ntokens, "sentences": nsent, "lr": lr, "gnorm": gnorm_f}
 
-    def _batch_loss(self, net: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Label-smoothed loss and NLL summed over the batch's real target tokens. The model
-        computes logits for those positions only (no output projection for padding)."""
-        t = self.cfg.train
-        real = batch.target != PAD
-        with autocast(self.env.device, t.precision):
-            logits = net(batch.src, batch.prev_output, real)  # (M, V)
-        return label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
-
     def _forward_backward(self, ids: Any, scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
         """One batch (the dummy batch with weight 0 for ids None): (loss, nll, tokens, sentences) × weight."""
         env = self.env
@@ -249,40 +240,16 @@ class Trainer:
                 raise
         return loss.detach() * weight, nll.detach() * weight, batch.tgt_tokens * weight, len(batch) * weight
 
-    # ---------------------------------------------------------------- validation
-
-    def validate(self) -> dict[str, float]:
-        """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.validate, with this trainer's loss."""
-        assert self.valid_data is not None
-        return validation.validate(self.cfg, self.model, self.tokenizer, self.valid_data, self.tgt_lang,
-                                   self.env.device, self._batch_loss)
+    def _batch_loss(self, net: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Label-smoothed loss and NLL summed over the batch's real target tokens. The model
+        computes logits for those positions only (no output projection for padding)."""
+        t = self.cfg.train
+        real = batch.target != PAD
+        with autocast(self.env.device, t.precision):
+            logits = net(batch.src, batch.prev_output, real)  # (M, V)
+        return label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
 
     # ---------------------------------------------------------------- the loop
-
-    def _handle_signal(self, signum: int, frame: Any) -> None:
-        if self.stop_signal is not None:  # a second Ctrl-C: stop now, the last checkpoint stands
-            raise KeyboardInterrupt
-        self.stop_signal = signum
-        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
-                    signal.Signals(signum).name)
-
-    def _validate_and_save(self, numbered: bool) -> None:
-        best = False
-        if self.valid_data is not None and self.env.is_main:
-            started = time.monotonic()
-            result = self.validate()
-            best = validation.track_best(self.progress, result, self.cfg.train.best_metric)
-            # elapsed: training seconds at this update (as in train records), for learning curves
-            self.run_dir.emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
-                        "best": self.progress.best, "elapsed": self.progress.elapsed,
-                        "valid_s": time.monotonic() - started})
-            log.info("valid | update %d | %s | best %s", self.progress.update,
-                     " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
-        if self.env.world_size > 1:  # everyone follows rank 0's early-stopping bookkeeping
-            flag = torch.tensor([self.progress.bad_validations], dtype=torch.float64, device=self.env.device)
-            dist.broadcast(flag, 0)
-            self.progress.bad_validations = int(flag.item())
-        self.save(numbered=numbered, best=best)
 
     def run(self) -> str:
         cfg, p = self.cfg, self.progress
@@ -296,6 +263,13 @@ class Trainer:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+    def _handle_signal(self, signum: int, frame: Any) -> None:
+        if self.stop_signal is not None:  # a second Ctrl-C: stop now, the last checkpoint stands
+            raise KeyboardInterrupt
+        self.stop_signal = signum
+        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
+                    signal.Signals(signum).name)
 
     def _loop(self) -> str:
         cfg, p = self.cfg, self.progress
@@ -359,25 +333,51 @@ class Trainer:
             flag = flag_f > 0
         return flag
 
+    def _validate_and_save(self, numbered: bool) -> None:
+        best = False
+        if self.valid_data is not None and self.env.is_main:
+            started = time.monotonic()
+            result = self.validate()
+            best = validation.track_best(self.progress, result, self.cfg.train.best_metric)
+            # elapsed: training seconds at this update (as in train records), for learning curves
+            self.run_dir.emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
+                        "best": self.progress.best, "elapsed": self.progress.elapsed,
+                        "valid_s": time.monotonic() - started})
+            log.info("valid | update %d | %s | best %s", self.progress.update,
+                     " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
+        if self.env.world_size > 1:  # everyone follows rank 0's early-stopping bookkeeping
+            flag = torch.tensor([self.progress.bad_validations], dtype=torch.float64, device=self.env.device)
+            dist.broadcast(flag, 0)
+            self.progress.bad_validations = int(flag.item())
+        self.save(numbered=numbered, best=best)
 
-@dataclass
-class TrainResult:
-    reason: str
-    update: int
-    interrupted_by: int | None = None  # the signal that stopped it, if any
+    def validate(self) -> dict[str, float]:
+        """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.validate, with this trainer's loss."""
+        assert self.valid_data is not None
+        return validation.validate(self.cfg, self.model, self.tokenizer, self.valid_data, self.tgt_lang,
+                                   self.env.device, self._batch_loss)
 
+    # ---------------------------------------------------------------- checkpoints
 
-def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = False) -> TrainResult:
-    """Train (or resume) the run in cfg.train.run_dir; returns why and where it stopped."""
-    env = setup_env(cfg)
-    trainer: Trainer | None = None
-    try:
-        trainer = Trainer(cfg, env, reset_optimizer, reset_data)
-        log.info("device %s, world size %d, parameters %d", env.device, env.world_size,
-                 num_parameters(trainer.model))
-        reason = trainer.run()
-        return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
-    finally:
-        if trainer is not None:
-            trainer.close()
-        teardown_env(env)
+    def save(self, numbered: bool, best: bool) -> None:
+        """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
+        if self.env.is_main:
+            state = build_checkpoint(self.cfg, self.model, self.tokenizer, self.optimizer, self.scaler,
+                                     self.progress, self.fingerprint, self.env.device)
+            self.run_dir.save_checkpoint(state, self.progress.update, numbered=numbered, best=best,
+                                         keep_last=self.cfg.train.keep_last)
+
+    def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
+        state = ckpt.load_latest(self.run_dir.path) if self.run_dir.path.exists() else None
+        if state is None:
+            if self.env.is_main:
+                self.run_dir.write_config(self.cfg)
+                log.info("new run in %s\n%s", self.run_dir.path, summary(self.model))
+            return
+        check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
+        self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
+                                reset_optimizer=reset_optimizer, reset_data=reset_data)
+        if self.env.is_main:
+            self.run_dir.write_config(self.cfg)
+            log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
+                     self.progress.epoch, self.progress.updates_in_epoch)
