@@ -1,24 +1,22 @@
-"""The training loop and the run directory it produces.
+"""Training: `train()` and the `Trainer`, with the loop (`run`) and one update
+(`train_update`: forward and backward over the update's batches, gradient scaling, clipping,
+optimizer step), read top to bottom.
 
-A run directory holds `config.yaml` (resolved), `spm.model`, `train.log`, `metrics.jsonl`
-and checkpoints (`checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint_<update>.pt`).
-Running `nmt train` again on it resumes from the last checkpoint at the exact batch
-where it stopped: the batch order of an epoch is a function of (seed, epoch) only, and
-the checkpoint holds the optimizer, loss scaler, RNG states and position in the epoch.
+Running `nmt train` again on a run directory resumes at the exact batch where it stopped.
+The rest lives beside this module: `nmt.rundir` (the files of the run directory),
+`nmt.train_state` (progress, the training checkpoint, resuming), `nmt.validate` (valid loss
+and BLEU, best checkpoint, patience), `nmt.train_metrics` (train records, log lines, progress
+bar), `nmt.oom` (skipping updates that ran out of memory), `nmt.distributed` (torchrun).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import signal
-import sys
 import time
-from contextlib import nullcontext, suppress
-from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,87 +25,50 @@ import torch.distributed as dist
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
-from nmt.atomic import atomic_write_bytes, clean_temporaries
-from nmt.config import Config, config_to_dict, dump_config
-from nmt.device import autocast, configure_cuda, resolve_device
+from nmt import validate as validation
+from nmt.config import Config
+from nmt.device import autocast, configure_cuda
+from nmt.distributed import Env, setup_env, teardown_env
 from nmt.errors import NmtError
 from nmt.model import Transformer, num_parameters, summary
+from nmt.oom import OomSkips, inject_oom_faults, is_oom
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
+from nmt.rundir import RunDir
 from nmt.tokenizer import PAD, Tokenizer
+from nmt.train_metrics import TrainMetrics
+from nmt.train_state import (
+    Progress,
+    build_checkpoint,
+    check_compatible,
+    data_fingerprint,
+    restore,
+    stop_reason,
+)
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
-# A collective that waits longer than this raises instead of hanging (a rank that died, a
-# mismatch). Generous: the other ranks wait in a broadcast while rank 0 validates and saves.
-DIST_TIMEOUT = timedelta(minutes=30)
-MAX_CONSECUTIVE_OOM = 10  # then stop: skipping every batch is not training
-# Fault injection for tests (docs/reliability.md): "RANK:UPDATE[,RANK:UPDATE...]" makes the
-# model's forward raise torch.OutOfMemoryError once on that rank at that update.
-FAULT_OOM_ENV = "NMT_FAULT_OOM_AT"
-
-
-# ------------------------------------------------------------------ devices and processes
 
 
 @dataclass
-class Env:
-    """Where this process runs: device and (for torchrun) its rank in the group."""
-
-    device: torch.device
-    rank: int = 0
-    world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+class TrainResult:
+    reason: str
+    update: int
+    interrupted_by: int | None = None  # the signal that stopped it, if any
 
 
-def setup_env(cfg: Config) -> Env:
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    device = resolve_device(cfg.train.device)
-    if world_size == 1:
-        return Env(device)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
-    return Env(device, rank, world_size)
-
-
-# ------------------------------------------------------------------ state
-
-
-@dataclass
-class Progress:
-    """Counters saved in every training checkpoint."""
-
-    update: int = 0
-    epoch: int = 1
-    updates_in_epoch: int = 0  # update groups of `epoch` already consumed
-    elapsed: float = 0.0  # seconds of training, summed over resumes
-    best: float | None = None
-    bad_validations: int = 0
-    schedule_offset: int = 0  # --reset-optimizer restarts the warm-up here
-    skipped_overflow: int = 0
-    oom_skipped: int = 0  # updates skipped because a rank ran out of memory
-    history: list[str] = field(default_factory=list)
-
-
-def stop_reason(cfg: Config, p: Progress) -> str | None:
-    t = cfg.train
-    if t.max_updates and p.update >= t.max_updates:
-        return f"reached train.max_updates={t.max_updates}"
-    if t.max_epochs and (p.epoch > t.max_epochs):
-        return f"reached train.max_epochs={t.max_epochs}"
-    if t.max_time and p.elapsed >= t.max_time:
-        return f"reached train.max_time={t.max_time:g}s"
-    if t.patience and p.bad_validations >= t.patience:
-        return f"no improvement in {t.patience} validations (train.patience)"
-    return None
+def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = False) -> TrainResult:
+    """Train (or resume) the run in cfg.train.run_dir; returns why and where it stopped."""
+    env = setup_env(cfg)
+    trainer: Trainer | None = None
+    try:
+        trainer = Trainer(cfg, env, reset_optimizer, reset_data)
+        log.info("device %s, world size %d, parameters %d", env.device, env.world_size,
+                 num_parameters(trainer.model))
+        reason = trainer.run()
+        return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        teardown_env(env)
 
 
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
@@ -117,18 +78,19 @@ def dry_run(cfg: Config, vocab_size: int | None) -> str:
     return summary(model)
 
 
-# ------------------------------------------------------------------ the trainer
-
-
 class Trainer:
+    """One training run in this process: builds the model, optimizer and data from the config,
+    resumes from the run directory, then `run()`s the loop of `train_update`s."""
+
     def __init__(self, cfg: Config, env: Env, reset_optimizer: bool, reset_data: bool):
         self.cfg, self.env = cfg, env
         t = cfg.train
         if t.precision == "fp16" and env.device.type != "cuda":
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
         configure_cuda(env.device)
-        self.run_dir = Path(t.run_dir)
+        self.run_dir = RunDir(Path(t.run_dir))
         self.meta = datamod.read_meta(cfg.data.dir)
+        self.fingerprint = data_fingerprint(self.meta)
         self.src_lang = cfg.data.source_lang or self.meta["source_lang"]
         self.tgt_lang = cfg.data.target_lang or self.meta["target_lang"]
         self.tokenizer = Tokenizer(Path(cfg.data.dir) / "spm.model")
@@ -154,166 +116,19 @@ class Trainer:
         self.stop_signal: int | None = None
         self.dummy_ids: Any = None
         self.interrupted_by: int | None = None
-        self.metrics_file: Any = None
-        self._log_handler: logging.Handler | None = None
-        self._consecutive_oom = 0
-        _inject_oom_faults(self)
+        self.oom = OomSkips(env, self.run_dir.path)
+        inject_oom_faults(self.model, env.rank, lambda: self.progress.update + 1)
         try:
             if env.is_main:
-                self._prepare_run_dir()
+                self.run_dir.open(self.tokenizer.model_bytes)
             self._resume(reset_optimizer, reset_data)
         except BaseException:
             self.close()
             raise
 
-    # ---------------------------------------------------------------- run directory
-
-    def _prepare_run_dir(self) -> None:
-        """Create the run directory, clean up after a killed run, open train.log and metrics.jsonl.
-
-        Every write error on the run directory, here or later, is an NmtError naming the file."""
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            clean_temporaries(self.run_dir)
-        except OSError as e:
-            raise NmtError(f"{self.run_dir}: cannot write the run directory ({e.strerror or e})") from None
-        log_path, metrics_path = self.run_dir / "train.log", self.run_dir / "metrics.jsonl"
-        try:
-            handler = _RunLogHandler(log_path)
-            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
-            logging.getLogger().addHandler(handler)
-            self._log_handler = handler
-        except OSError as e:
-            raise NmtError(f"{log_path}: cannot write the training log ({e.strerror or e})") from None
-        try:
-            _drop_partial_last_line(metrics_path)
-            self.metrics_file = open(metrics_path, "a", encoding="utf-8")
-        except OSError as e:
-            raise NmtError(f"{metrics_path}: cannot write metrics ({e.strerror or e})") from None
-        spm = self.run_dir / "spm.model"
-        if not spm.exists():
-            atomic_write_bytes(self.tokenizer.model_bytes, spm, "the sentencepiece model")
-        try:  # `nmt translate` with no --checkpoint uses the last run started from this directory
-            Path(ckpt.LAST_RUN_FILE).write_text(str(self.run_dir.resolve()) + "\n", encoding="utf-8")
-        except OSError as e:  # a convenience only: a read-only working directory is no reason to stop
-            log.warning("cannot record the run in %s (%s)", Path(ckpt.LAST_RUN_FILE).resolve(), e.strerror or e)
-
     def close(self) -> None:
-        """Close metrics.jsonl and detach train.log (train() may run again in this process).
-
-        Write errors are ignored here: the one that stopped training has been reported."""
-        if self.metrics_file is not None:
-            with suppress(OSError):
-                self.metrics_file.close()
-            self.metrics_file = None
-        if self._log_handler is not None:
-            logging.getLogger().removeHandler(self._log_handler)
-            with suppress(OSError):
-                self._log_handler.close()
-            self._log_handler = None
-
-    def _write_config(self) -> None:
-        atomic_write_bytes(dump_config(self.cfg).encode("utf-8"), self.run_dir / "config.yaml", "the config")
-
-    def _fingerprint(self) -> str:
-        return str(self.meta.get("fingerprint", ""))
-
-    # ---------------------------------------------------------------- resume
-
-    def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
-        state = ckpt.load_latest(self.run_dir) if self.run_dir.exists() else None
-        if state is None:
-            if self.env.is_main:
-                self._write_config()
-                log.info("new run in %s\n%s", self.run_dir, summary(self.model))
-            return
-        self._check_compatible(state, reset_data)
-        self.model.load_state_dict(state["model"])
-        ts = state["train_state"]
-        self.progress = Progress(**ts["progress"])
-        if reset_optimizer:
-            self.progress.schedule_offset = self.progress.update
-            self.progress.history.append(f"reset optimizer at update {self.progress.update}")
-        else:
-            self.optimizer.load_state_dict(ts["optimizer"])
-            if self.scaler is not None and ts.get("scaler"):
-                self.scaler.load_state_dict(ts["scaler"])
-        if reset_data:
-            self.progress.updates_in_epoch = 0
-            self.progress.history.append(f"reset data at update {self.progress.update}")
-        rng = ts["rng"]
-        torch.set_rng_state(rng["torch"])
-        if torch.cuda.is_available() and rng.get("cuda") is not None and self.env.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"], self.env.device)
-        if self.env.is_main:
-            self._write_config()
-            log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
-                     self.progress.epoch, self.progress.updates_in_epoch)
-
-    def _check_compatible(self, state: dict[str, Any], reset_data: bool) -> None:
-        old, new = state["config"], config_to_dict(self.cfg)
-        old_spm = (state.get("tokenizer") or {}).get("sha256")
-        if old_spm != self.tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
-            raise NmtError(f"{self.run_dir}: resume refused, the tokenizer of {self.cfg.data.dir} (spm.model) "
-                           "differs from the run's; prepare the new data with --spm-model from the run "
-                           "or use a new train.run_dir")
-        changed = [f"model.{k}: {old['model'].get(k)!r} -> {v!r}"
-                   for k, v in new["model"].items() if old["model"].get(k) != v]
-        if changed:
-            raise NmtError(f"{self.run_dir}: resume refused, the model config changed ({'; '.join(changed)}); "
-                           "use a new train.run_dir")
-        if reset_data:
-            return
-        # data.dir may move and the valid split change: the fingerprint says whether the
-        # training data is still the same.
-        data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}" for k, v in new["data"].items()
-                        if k not in ("dir", "valid_split") and old["data"].get(k) != v]
-        old_fp = state["train_state"].get("fingerprint")
-        if old_fp != self._fingerprint():
-            data_changed.append(f"the prepared data in {self.cfg.data.dir} (fingerprint)")
-        if data_changed:
-            raise NmtError(f"{self.run_dir}: resume refused, the training data changed ({'; '.join(data_changed)}); "
-                           "pass --reset-data to continue on the new data")
-
-    # ---------------------------------------------------------------- checkpoints
-
-    def _checkpoint(self) -> dict[str, Any]:
-        rng = {"torch": torch.get_rng_state(),
-               "cuda": torch.cuda.get_rng_state(self.env.device) if self.env.device.type == "cuda" else None}
-        return {
-            "format_version": FORMAT_VERSION,
-            "model": ckpt.to_cpu(self.model.state_dict()),
-            "config": config_to_dict(self.cfg),
-            "vocab_size": self.tokenizer.vocab_size,
-            "tokenizer": {"model": self.tokenizer.model_bytes, "sha256": self.tokenizer.sha256},
-            "update": self.progress.update,
-            "epoch": self.progress.epoch,
-            "train_state": {
-                "progress": asdict(self.progress),
-                "optimizer": ckpt.to_cpu(self.optimizer.state_dict()),
-                "scaler": self.scaler.state_dict() if self.scaler else None,
-                "rng": rng,
-                "fingerprint": self._fingerprint(),
-            },
-        }
-
-    def save(self, numbered: bool, best: bool) -> None:
-        """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
-        if not self.env.is_main:
-            return
-        names = ([f"checkpoint_{self.progress.update}.pt"] if numbered else []) + (
-            ["checkpoint_best.pt"] if best else []) + ["checkpoint_last.pt"]
-        first = self.run_dir / names[0]
-        ckpt.atomic_save(self._checkpoint(), first)
-        for name in names[1:]:
-            ckpt.link_or_copy(first, self.run_dir / name)
-        if numbered and self.cfg.train.keep_last:
-            try:
-                ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
-            except OSError as e:
-                raise NmtError(f"{e.filename or self.run_dir}: cannot delete an old checkpoint "
-                               f"({e.strerror or e})") from None
-        log.info("saved %s", ", ".join(names))
+        """Close the run directory's train.log and metrics.jsonl (train() may run again in this process)."""
+        self.run_dir.close()
 
     # ---------------------------------------------------------------- one update
 
@@ -355,10 +170,10 @@ class Trainer:
             try:
                 loss, nll, batch_tokens, batch_sents = self._forward_backward(None if oom else ids, scale, sync)
             except Exception as e:
-                if not _is_oom(e):
+                if not is_oom(e):
                     raise
                 oom = True
-                self._forget_oom(e)
+                self.oom.forget(e, self.optimizer, self.progress.update + 1)
                 if not (sync and env.world_size > 1):
                     continue
                 loss, nll, batch_tokens, batch_sents = self._forward_backward(None, scale, sync)
@@ -370,13 +185,13 @@ class Trainer:
             dist.all_reduce(stats)
         loss_sum, nll_sum, ntokens, nsent, ooms = stats.tolist()
         if ooms:
-            self._skip_oom_update(int(ooms))
+            self.oom.skip(int(ooms), self.optimizer, self.progress)
             return None
-        self._consecutive_oom = 0
+        self.oom.reset()
         next_update = self.progress.update + 1
         if self.scaler is None and not math.isfinite(loss_sum):
             raise NmtError(f"non-finite loss at update {next_update}; stopped without saving "
-                           f"(checkpoints in {self.run_dir} are intact). Try a lower train.lr or train.clip_norm")
+                           f"(checkpoints in {self.run_dir.path} are intact). Try a lower train.lr or train.clip_norm")
         # DDP averaged the gradients over ranks; make them a mean over all target tokens.
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
@@ -396,7 +211,7 @@ class Trainer:
                 return None
         elif not math.isfinite(gnorm_f):
             raise NmtError(f"non-finite gradient norm at update {next_update}; stopped without saving "
-                           f"(checkpoints in {self.run_dir} are intact)")
+                           f"(checkpoints in {self.run_dir.path} are intact)")
         lr = lr_at(next_update - self.progress.schedule_offset, t, self.cfg.model.d_model)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -405,15 +220,6 @@ class Trainer:
         self.progress.update = next_update
         return {"loss": loss_sum / max(ntokens, 1) / math.log(2), "nll": nll_sum / max(ntokens, 1) / math.log(2),
                 "tokens": ntokens, "sentences": nsent, "lr": lr, "gnorm": gnorm_f}
-
-    def _batch_loss(self, net: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Label-smoothed loss and NLL summed over the batch's real target tokens. The model
-        computes logits for those positions only (no output projection for padding)."""
-        t = self.cfg.train
-        real = batch.target != PAD
-        with autocast(self.env.device, t.precision):
-            logits = net(batch.src, batch.prev_output, real)  # (M, V)
-        return label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
 
     def _forward_backward(self, ids: Any, scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
         """One batch (the dummy batch with weight 0 for ids None): (loss, nll, tokens, sentences) × weight."""
@@ -426,7 +232,7 @@ class Trainer:
             try:
                 (loss * (scale * weight)).backward()
             except Exception as e:
-                if _is_oom(e) and sync and env.world_size > 1:
+                if is_oom(e) and sync and env.world_size > 1:
                     raise NmtError(
                         f"out of memory in the backward pass at update {self.progress.update + 1} on rank "
                         f"{env.rank}: DDP cannot skip an update once the gradient all-reduce has started; "
@@ -434,115 +240,22 @@ class Trainer:
                 raise
         return loss.detach() * weight, nll.detach() * weight, batch.tgt_tokens * weight, len(batch) * weight
 
-    def _forget_oom(self, error: BaseException) -> None:
-        """After an out-of-memory error in this update: drop its gradients and cached memory."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.env.device.type == "cuda":
-            torch.cuda.empty_cache()
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        log.warning("out of memory at update %d%s: skipping the update (%s)", self.progress.update + 1,
-                    f" on rank {self.env.rank}" if self.env.world_size > 1 else "", first[:200])
-
-    def _skip_oom_update(self, ranks: int) -> None:
-        """Every rank skips an update in which any ran out of memory: its batches are consumed,
-        the update is not counted (the schedule does not advance) and its gradients are dropped."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.progress.oom_skipped += 1
-        self._consecutive_oom += 1
-        update = self.progress.update + 1
-        if self._consecutive_oom >= MAX_CONSECUTIVE_OOM:
-            raise NmtError(f"out of memory in {self._consecutive_oom} consecutive updates (last: update {update}); "
-                           f"checkpoints in {self.run_dir} are intact. Lower train.max_tokens "
-                           "(and raise train.update_freq to keep the batch size)")
-        if self.env.is_main:
-            log.warning("update %d skipped: out of memory on %d rank(s); %d update(s) skipped so far", update, ranks,
-                        self.progress.oom_skipped)
-
-    # ---------------------------------------------------------------- validation
-
-    def validate(self) -> dict[str, float]:
-        """Valid loss/perplexity and (if train.valid_bleu) detokenized sacreBLEU of the search."""
-        from nmt.evaluate import corpus_bleu
-        from nmt.predict import translate_token_lists
-
-        assert self.valid_data is not None
-        env, t = self.env, self.cfg.train
-        self.model.eval()
-        loss_sum = nll_sum = ntok = 0.0
-        batches = datamod.make_batches(self.valid_data.src_sizes, self.valid_data.tgt_sizes, t.max_tokens,
-                                       seed=0, epoch=1, shuffle=False, max_positions=self.cfg.model.max_positions)
-        with torch.no_grad():
-            for ids in batches:
-                batch = datamod.collate(self.valid_data, ids).to(env.device)
-                loss, nll = self._batch_loss(self.model, batch)
-                loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.tgt_tokens
-        nll_bits = nll_sum / max(ntok, 1) / math.log(2)
-        result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits,
-                  "valid_ppl": 2**nll_bits}
-        if t.valid_bleu:
-            from dataclasses import replace as dc_replace
-
-            decode_cfg = dc_replace(self.cfg.decode, beam=t.valid_beam)
-            sources = [self.valid_data.src(i).tolist() for i in range(len(self.valid_data))]
-            hyps = translate_token_lists(self.model, sources, decode_cfg, device=env.device, precision=t.precision,
-                                         max_positions=self.cfg.model.max_positions, workers=0)  # as nmt translate
-            text = [self.tokenizer.decode(h[0].tokens) for h in hyps]
-            refs = datamod.read_raw(self.cfg.data.dir, self.cfg.data.valid_split, self.tgt_lang)
-            result["valid_bleu"] = corpus_bleu(text, [refs])
-        return result
+    def _batch_loss(self, net: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Label-smoothed loss and NLL summed over the batch's real target tokens. The model
+        computes logits for those positions only (no output projection for padding)."""
+        t = self.cfg.train
+        real = batch.target != PAD
+        with autocast(self.env.device, t.precision):
+            logits = net(batch.src, batch.prev_output, real)  # (M, V)
+        return label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
 
     # ---------------------------------------------------------------- the loop
-
-    def _handle_signal(self, signum: int, frame: Any) -> None:
-        if self.stop_signal is not None:  # a second Ctrl-C: stop now, the last checkpoint stands
-            raise KeyboardInterrupt
-        self.stop_signal = signum
-        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
-                    signal.Signals(signum).name)
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        if self.metrics_file is not None:
-            try:
-                self.metrics_file.write(json.dumps(record) + "\n")
-                self.metrics_file.flush()
-            except OSError as e:
-                raise NmtError(f"{self.metrics_file.name}: cannot write metrics ({e.strerror or e})") from None
-
-    def _after_validation(self, result: dict[str, float]) -> bool:
-        """Track the best checkpoint and patience; returns whether this one is the best so far."""
-        p, metric = self.progress, self.cfg.train.best_metric
-        value = result["valid_bleu"] if metric == "bleu" and "valid_bleu" in result else result["valid_loss"]
-        higher = metric == "bleu" and "valid_bleu" in result
-        improved = p.best is None or (value > p.best if higher else value < p.best)
-        if improved:
-            p.best, p.bad_validations = value, 0
-        else:
-            p.bad_validations += 1
-        return improved
-
-    def _validate_and_save(self, numbered: bool) -> None:
-        best = False
-        if self.valid_data is not None and self.env.is_main:
-            started = time.monotonic()
-            result = self.validate()
-            best = self._after_validation(result)
-            # elapsed: training seconds at this update (as in train records), for learning curves
-            self._emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
-                        "best": self.progress.best, "elapsed": self.progress.elapsed,
-                        "valid_s": time.monotonic() - started})
-            log.info("valid | update %d | %s | best %s", self.progress.update,
-                     " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
-        if self.env.world_size > 1:  # everyone follows rank 0's early-stopping bookkeeping
-            flag = torch.tensor([self.progress.bad_validations], dtype=torch.float64, device=self.env.device)
-            dist.broadcast(flag, 0)
-            self.progress.bad_validations = int(flag.item())
-        self.save(numbered=numbered, best=best)
 
     def run(self) -> str:
         cfg, p = self.cfg, self.progress
         reason = stop_reason(cfg, p)
         if reason:
-            log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir, p.update, reason)
+            log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir.path, p.update, reason)
             return reason
         old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -551,12 +264,17 @@ class Trainer:
             for s, h in old.items():
                 signal.signal(s, h)
 
+    def _handle_signal(self, signum: int, frame: Any) -> None:
+        if self.stop_signal is not None:  # a second Ctrl-C: stop now, the last checkpoint stands
+            raise KeyboardInterrupt
+        self.stop_signal = signum
+        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
+                    signal.Signals(signum).name)
+
     def _loop(self) -> str:
         cfg, p = self.cfg, self.progress
         start, elapsed0 = time.monotonic(), p.elapsed
-        # throughput since the last log/validation/save; loss, nll and gnorm since the last log line
-        window = {"tokens": 0.0, "time": time.monotonic(), "updates": 0, **_NO_LOSSES}
-        bar = _progress_bar(self.env, p.update, cfg.train.max_updates)
+        metrics = TrainMetrics(cfg, self.env, p.update, self.run_dir.emit)
         reason: str | None = None
         while reason is None:
             groups = self._epoch_batches(p.epoch)
@@ -571,27 +289,18 @@ class Trainer:
                 p.updates_in_epoch += 1
                 epoch_end = p.updates_in_epoch == len(groups)
                 p.elapsed = elapsed0 + time.monotonic() - start
-                reason = self._after_update(stats, epoch_end, window, bar)
+                reason = self._after_update(stats, epoch_end, metrics)
                 if reason is not None or epoch_end:
                     break
-        if bar:
-            bar.close()
+        metrics.close()
         log.info("done: %s at update %d, epoch %d, %.0f s of training", reason, p.update, p.epoch, p.elapsed)
         return reason
 
-    def _after_update(self, stats: dict[str, float] | None, epoch_end: bool, window: dict[str, float],
-                      bar: Any) -> str | None:
+    def _after_update(self, stats: dict[str, float] | None, epoch_end: bool, metrics: TrainMetrics) -> str | None:
         """Log, validate and save as the intervals say; returns why to stop, if it is time."""
         cfg, t, p = self.cfg, self.cfg.train, self.progress
         if stats is not None:
-            window["tokens"] += stats["tokens"]
-            window["updates"] += 1
-            window["loss_sum"] += stats["loss"] * stats["tokens"]
-            window["nll_sum"] += stats["nll"] * stats["tokens"]
-            window["loss_tokens"] += stats["tokens"]
-            window["gnorm_sum"] += stats["gnorm"]
-            window["loss_updates"] += 1
-            self._log_train(stats, window, bar)
+            metrics.add(stats, p, self.scaler.scale if self.scaler is not None else None)
         if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
             p.epoch, p.updates_in_epoch = p.epoch + 1, 0  # epoch and its validation runs once
         interrupted = self._agree_to_stop()
@@ -610,7 +319,7 @@ class Trainer:
         elif at_save:
             self.save(numbered=True, best=False)
         if at_valid or at_save or epoch_end:  # keep validation and saving out of the throughput figures
-            window.update(tokens=0.0, time=time.monotonic(), updates=0)
+            metrics.restart_throughput()
         return reason
 
     def _agree_to_stop(self) -> bool:
@@ -624,135 +333,51 @@ class Trainer:
             flag = flag_f > 0
         return flag
 
-    def _log_train(self, stats: dict[str, float], window: dict[str, float], bar: Any) -> None:
-        """Every log_interval updates: loss and nll per target token over the interval's
-        updates (token-weighted, like fairseq; one batch's loss swings with its lengths),
-        mean gnorm, the current lr, and throughput."""
-        p, t = self.progress, self.cfg.train
-        if bar is not None:
-            bar.update(1)
-        if p.update % t.log_interval and not (bar is not None and p.update % 10 == 0):
+    def _validate_and_save(self, numbered: bool) -> None:
+        best = False
+        if self.valid_data is not None and self.env.is_main:
+            started = time.monotonic()
+            result = self.validate()
+            best = validation.track_best(self.progress, result, self.cfg.train.best_metric)
+            # elapsed: training seconds at this update (as in train records), for learning curves
+            self.run_dir.emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
+                        "best": self.progress.best, "elapsed": self.progress.elapsed,
+                        "valid_s": time.monotonic() - started})
+            log.info("valid | update %d | %s | best %s", self.progress.update,
+                     " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
+        if self.env.world_size > 1:  # everyone follows rank 0's early-stopping bookkeeping
+            flag = torch.tensor([self.progress.bad_validations], dtype=torch.float64, device=self.env.device)
+            dist.broadcast(flag, 0)
+            self.progress.bad_validations = int(flag.item())
+        self.save(numbered=numbered, best=best)
+
+    def validate(self) -> dict[str, float]:
+        """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.validate, with this trainer's loss."""
+        assert self.valid_data is not None
+        return validation.validate(self.cfg, self.model, self.tokenizer, self.valid_data, self.tgt_lang,
+                                   self.env.device, self._batch_loss)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save(self, numbered: bool, best: bool) -> None:
+        """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
+        if self.env.is_main:
+            state = build_checkpoint(self.cfg, self.model, self.tokenizer, self.optimizer, self.scaler,
+                                     self.progress, self.fingerprint, self.env.device)
+            self.run_dir.save_checkpoint(state, self.progress.update, numbered=numbered, best=best,
+                                         keep_last=self.cfg.train.keep_last)
+
+    def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
+        state = ckpt.load_latest(self.run_dir.path) if self.run_dir.path.exists() else None
+        if state is None:
+            if self.env.is_main:
+                self.run_dir.write_config(self.cfg)
+                log.info("new run in %s\n%s", self.run_dir.path, summary(self.model))
             return
-        now = time.monotonic()
-        dt = max(now - window["time"], 1e-9)
-        ntok = max(window["loss_tokens"], 1.0)
-        loss, nll = window["loss_sum"] / ntok, window["nll_sum"] / ntok
-        record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll,
-                  "ppl": 2**nll, "lr": stats["lr"], "gnorm": window["gnorm_sum"] / max(window["loss_updates"], 1),
-                  "updates_logged": int(window["loss_updates"]), "tgt_tokens": window["loss_tokens"],
-                  "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
-                  "elapsed": p.elapsed, "oom_skipped": p.oom_skipped}
-        rss = _rss_mb()
-        if rss is not None:
-            record["rss_mb"] = rss
-        if self.scaler is not None:
-            record["loss_scale"] = self.scaler.scale
-        if t.dropout_ramp_end:
-            record["dropout"] = dropout_at(p.update, t, self.cfg.model.dropout)
-        if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats['lr']:.2e}",
-                            tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)
-        if p.update % t.log_interval == 0:
-            self._emit(record)
-            log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm %.3f | "
-                     "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
-                     record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
-            window.update(tokens=0.0, time=now, updates=0, **_NO_LOSSES)
-
-
-_NO_LOSSES = {"loss_sum": 0.0, "nll_sum": 0.0, "loss_tokens": 0.0, "gnorm_sum": 0.0, "loss_updates": 0}
-
-
-class _RunLogHandler(logging.FileHandler):
-    """train.log. A failed write (disk full) stops training with an NmtError naming the file,
-    where logging would print a traceback and carry on."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, OSError):
-            raise NmtError(f"{self.baseFilename}: cannot write the training log ({error.strerror or error})") from None
-        super().handleError(record)
-
-
-def _drop_partial_last_line(path: Path) -> None:
-    """A run killed while writing metrics.jsonl may leave half a line; appending after it would
-    glue the next record to it. Cut it off (a record is a few hundred bytes)."""
-    if not path.is_file():  # new, or not a regular file (a pipe, /dev/full)
-        return
-    with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        start = max(0, size - (1 << 16))
-        f.seek(start)
-        tail = f.read()
-        if tail and not tail.endswith(b"\n"):
-            cut = start + tail.rfind(b"\n") + 1
-            f.truncate(cut)
-            log.warning("%s: removed an incomplete last line (%d bytes) left by an interrupted run", path, size - cut)
-
-
-def _rss_mb() -> float | None:
-    """This process' resident memory (Linux; None elsewhere): cheap enough for every log line."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            pages = int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
-
-
-def _is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error))
-
-
-def _inject_oom_faults(trainer: Trainer) -> None:
-    """The NMT_FAULT_OOM_AT test seam: raise torch.OutOfMemoryError from the model's forward,
-    once, on the given rank(s) at the given update(s)."""
-    spec = os.environ.get(FAULT_OOM_ENV)
-    if not spec:
-        return
-    try:
-        targets = {(int(r), int(u)) for r, u in (item.split(":") for item in spec.split(","))}
-    except ValueError:
-        raise NmtError(f"{FAULT_OOM_ENV}={spec!r}: expected RANK:UPDATE[,RANK:UPDATE...]") from None
-    fired: set[tuple[int, int]] = set()
-
-    def hook(module: torch.nn.Module, args: Any) -> None:
-        key = (trainer.env.rank, trainer.progress.update + 1)
-        if module.training and key in targets and key not in fired:
-            fired.add(key)
-            raise torch.OutOfMemoryError(f"simulated by {FAULT_OOM_ENV}={spec}")
-
-    trainer.model.register_forward_pre_hook(hook)
-
-
-def _progress_bar(env: Env, initial: int, total: int) -> Any:
-    if not (env.is_main and sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total or None, initial=initial, unit="upd", dynamic_ncols=True, leave=False)
-
-
-@dataclass
-class TrainResult:
-    reason: str
-    update: int
-    interrupted_by: int | None = None  # the signal that stopped it, if any
-
-
-def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = False) -> TrainResult:
-    """Train (or resume) the run in cfg.train.run_dir; returns why and where it stopped."""
-    env = setup_env(cfg)
-    trainer: Trainer | None = None
-    try:
-        trainer = Trainer(cfg, env, reset_optimizer, reset_data)
-        log.info("device %s, world size %d, parameters %d", env.device, env.world_size,
-                 num_parameters(trainer.model))
-        reason = trainer.run()
-        return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
-    finally:
-        if trainer is not None:
-            trainer.close()
-        if env.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
+        self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
+                                reset_optimizer=reset_optimizer, reset_data=reset_data)
+        if self.env.is_main:
+            self.run_dir.write_config(self.cfg)
+            log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
+                     self.progress.epoch, self.progress.updates_in_epoch)

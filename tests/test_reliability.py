@@ -43,7 +43,8 @@ from test_translate import _save
 from nmt import checkpoint as ckpt
 from nmt import cli
 from nmt.config import load_config, replace
-from nmt.train import FAULT_OOM_ENV, train
+from nmt.oom import FAULT_OOM_ENV
+from nmt.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 

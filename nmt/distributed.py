@@ -1,0 +1,52 @@
+"""Processes: the device this one trains on and, under torchrun, its place in the group."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from nmt.config import Config
+from nmt.device import resolve_device
+
+# A collective that waits longer than this raises instead of hanging (a rank that died, a
+# mismatch). Generous: the other ranks wait in a broadcast while rank 0 validates and saves.
+DIST_TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass
+class Env:
+    """Where this process runs: device and (for torchrun) its rank in the group."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_env(cfg: Config) -> Env:
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(cfg.train.device)
+    if world_size == 1:
+        return Env(device)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
+    return Env(device, rank, world_size)
+
+
+def teardown_env(env: Env) -> None:
+    """Leave the process group that setup_env joined (train() may run again in this process)."""
+    if env.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,104 @@
+"""The `train` records of metrics.jsonl, their train.log lines and the progress bar.
+
+Every train.log_interval updates: loss and nll per target token over the interval's updates
+(token-weighted, like fairseq; one batch's loss swings with its lengths), mean gnorm, the
+current lr, and throughput since the last log line, validation or save.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nmt.config import Config
+from nmt.distributed import Env
+from nmt.optim import dropout_at
+from nmt.train_state import Progress
+
+log = logging.getLogger(__name__)
+
+_NO_LOSSES = {"loss_sum": 0.0, "nll_sum": 0.0, "loss_tokens": 0.0, "gnorm_sum": 0.0, "loss_updates": 0}
+
+
+class TrainMetrics:
+    """`add()` each update's statistics; `emit` writes a record (RunDir.emit)."""
+
+    def __init__(self, cfg: Config, env: Env, initial_update: int, emit: Callable[[dict[str, Any]], None]):
+        self.cfg, self.emit = cfg, emit
+        # throughput since the last log/validation/save; loss, nll and gnorm since the last log line
+        self.window: dict[str, float] = {"tokens": 0.0, "time": time.monotonic(), "updates": 0, **_NO_LOSSES}
+        self.bar = _progress_bar(env, initial_update, cfg.train.max_updates)
+
+    def add(self, stats: dict[str, float], p: Progress, loss_scale: float | None) -> None:
+        """Count an update that was taken (`stats` from Trainer.train_update); log when it is time."""
+        window = self.window
+        window["tokens"] += stats["tokens"]
+        window["updates"] += 1
+        window["loss_sum"] += stats["loss"] * stats["tokens"]
+        window["nll_sum"] += stats["nll"] * stats["tokens"]
+        window["loss_tokens"] += stats["tokens"]
+        window["gnorm_sum"] += stats["gnorm"]
+        window["loss_updates"] += 1
+        self._log(stats, p, loss_scale)
+
+    def restart_throughput(self) -> None:
+        """After a validation or a save: keep them out of the throughput figures."""
+        self.window.update(tokens=0.0, time=time.monotonic(), updates=0)
+
+    def close(self) -> None:
+        if self.bar is not None:  # a bar without a total is falsy
+            self.bar.close()
+
+    def _log(self, stats: dict[str, float], p: Progress, loss_scale: float | None) -> None:
+        t, window, bar = self.cfg.train, self.window, self.bar
+        if bar is not None:
+            bar.update(1)
+        if p.update % t.log_interval and not (bar is not None and p.update % 10 == 0):
+            return
+        now = time.monotonic()
+        dt = max(now - window["time"], 1e-9)
+        ntok = max(window["loss_tokens"], 1.0)
+        loss, nll = window["loss_sum"] / ntok, window["nll_sum"] / ntok
+        record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll,
+                  "ppl": 2**nll, "lr": stats["lr"], "gnorm": window["gnorm_sum"] / max(window["loss_updates"], 1),
+                  "updates_logged": int(window["loss_updates"]), "tgt_tokens": window["loss_tokens"],
+                  "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
+                  "elapsed": p.elapsed, "oom_skipped": p.oom_skipped}
+        rss = _rss_mb()
+        if rss is not None:
+            record["rss_mb"] = rss
+        if loss_scale is not None:
+            record["loss_scale"] = loss_scale
+        if t.dropout_ramp_end:
+            record["dropout"] = dropout_at(p.update, t, self.cfg.model.dropout)
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats['lr']:.2e}",
+                            tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)
+        if p.update % t.log_interval == 0:
+            self.emit(record)
+            log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm %.3f | "
+                     "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
+                     record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
+            window.update(tokens=0.0, time=now, updates=0, **_NO_LOSSES)
+
+
+def _rss_mb() -> float | None:
+    """This process' resident memory (Linux; None elsewhere): cheap enough for every log line."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def _progress_bar(env: Env, initial: int, total: int) -> Any:
+    if not (env.is_main and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total or None, initial=initial, unit="upd", dynamic_ncols=True, leave=False)

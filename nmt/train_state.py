@@ -1,0 +1,134 @@
+"""Training progress and the training checkpoint: what it holds beyond the model, and resuming from it.
+
+A run resumes at the exact batch where it stopped: the batch order of an epoch is a function
+of (seed, epoch) only, and the checkpoint holds the optimizer, loss scaler, RNG states and
+position in the epoch (`Progress`). A resume is refused when the model config, the tokenizer
+or (unless --reset-data) the training data changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt import checkpoint as ckpt
+from nmt.config import Config, config_to_dict
+from nmt.errors import NmtError
+from nmt.optim import DynamicLossScaler
+from nmt.tokenizer import Tokenizer
+
+
+@dataclass
+class Progress:
+    """Counters saved in every training checkpoint."""
+
+    update: int = 0
+    epoch: int = 1
+    updates_in_epoch: int = 0  # update groups of `epoch` already consumed
+    elapsed: float = 0.0  # seconds of training, summed over resumes
+    best: float | None = None
+    bad_validations: int = 0
+    schedule_offset: int = 0  # --reset-optimizer restarts the warm-up here
+    skipped_overflow: int = 0
+    oom_skipped: int = 0  # updates skipped because a rank ran out of memory
+    history: list[str] = field(default_factory=list)
+
+
+def stop_reason(cfg: Config, p: Progress) -> str | None:
+    t = cfg.train
+    if t.max_updates and p.update >= t.max_updates:
+        return f"reached train.max_updates={t.max_updates}"
+    if t.max_epochs and (p.epoch > t.max_epochs):
+        return f"reached train.max_epochs={t.max_epochs}"
+    if t.max_time and p.elapsed >= t.max_time:
+        return f"reached train.max_time={t.max_time:g}s"
+    if t.patience and p.bad_validations >= t.patience:
+        return f"no improvement in {t.patience} validations (train.patience)"
+    return None
+
+
+def data_fingerprint(meta: dict[str, Any]) -> str:
+    """The prepared data's fingerprint (prepare.json): whether the training data is still the same."""
+    return str(meta.get("fingerprint", ""))
+
+
+def build_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, optimizer: torch.optim.Optimizer,
+                     scaler: DynamicLossScaler | None, progress: Progress, fingerprint: str,
+                     device: torch.device) -> dict[str, Any]:
+    """The training checkpoint (docs/architecture.md, "Checkpoints"); tensors on the CPU."""
+    rng = {"torch": torch.get_rng_state(),
+           "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    return {
+        "format_version": ckpt.FORMAT_VERSION,
+        "model": ckpt.to_cpu(model.state_dict()),
+        "config": config_to_dict(cfg),
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
+        "update": progress.update,
+        "epoch": progress.epoch,
+        "train_state": {
+            "progress": asdict(progress),
+            "optimizer": ckpt.to_cpu(optimizer.state_dict()),
+            "scaler": scaler.state_dict() if scaler else None,
+            "rng": rng,
+            "fingerprint": fingerprint,
+        },
+    }
+
+
+def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            scaler: DynamicLossScaler | None, device: torch.device, *, reset_optimizer: bool,
+            reset_data: bool) -> Progress:
+    """Load a training checkpoint into the model, optimizer, loss scaler and RNGs; returns its
+    progress. --reset-optimizer keeps a fresh optimizer and restarts the warm-up here;
+    --reset-data restarts the epoch."""
+    model.load_state_dict(state["model"])
+    ts = state["train_state"]
+    progress = Progress(**ts["progress"])
+    if reset_optimizer:
+        progress.schedule_offset = progress.update
+        progress.history.append(f"reset optimizer at update {progress.update}")
+    else:
+        optimizer.load_state_dict(ts["optimizer"])
+        if scaler is not None and ts.get("scaler"):
+            scaler.load_state_dict(ts["scaler"])
+    if reset_data:
+        progress.updates_in_epoch = 0
+        progress.history.append(f"reset data at update {progress.update}")
+    rng = ts["rng"]
+    torch.set_rng_state(rng["torch"])
+    if torch.cuda.is_available() and rng.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], device)
+    return progress
+
+
+def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, fingerprint: str, run_dir: Path,
+                     reset_data: bool) -> None:
+    """Refuse to resume `state` (the run's checkpoint) with another tokenizer or model config, or
+    (unless reset_data) other training data; the NmtError names what changed."""
+    old, new = state["config"], config_to_dict(cfg)
+    old_spm = (state.get("tokenizer") or {}).get("sha256")
+    if old_spm != tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
+        raise NmtError(f"{run_dir}: resume refused, the tokenizer of {cfg.data.dir} (spm.model) "
+                       "differs from the run's; prepare the new data with --spm-model from the run "
+                       "or use a new train.run_dir")
+    changed = [f"model.{k}: {old['model'].get(k)!r} -> {v!r}"
+               for k, v in new["model"].items() if old["model"].get(k) != v]
+    if changed:
+        raise NmtError(f"{run_dir}: resume refused, the model config changed ({'; '.join(changed)}); "
+                       "use a new train.run_dir")
+    if reset_data:
+        return
+    # data.dir may move and the valid split change: the fingerprint says whether the
+    # training data is still the same.
+    data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}" for k, v in new["data"].items()
+                    if k not in ("dir", "valid_split") and old["data"].get(k) != v]
+    old_fp = state["train_state"].get("fingerprint")
+    if old_fp != fingerprint:
+        data_changed.append(f"the prepared data in {cfg.data.dir} (fingerprint)")
+    if data_changed:
+        raise NmtError(f"{run_dir}: resume refused, the training data changed ({'; '.join(data_changed)}); "
+                       "pass --reset-data to continue on the new data")

@@ -1,0 +1,62 @@
+"""Validation during training: valid loss and perplexity, BLEU of the search (decoded as
+`nmt translate` decodes), and the bookkeeping of the best checkpoint and of patience."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from nmt import data as datamod
+from nmt.config import Config
+from nmt.evaluate import corpus_bleu
+from nmt.predict import translate_token_lists
+from nmt.tokenizer import Tokenizer
+from nmt.train_state import Progress
+
+# (net, batch) -> label-smoothed loss and NLL summed over the batch's target tokens
+BatchLoss = Callable[[torch.nn.Module, datamod.Batch], tuple[torch.Tensor, torch.Tensor]]
+
+
+def validate(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, valid_data: datamod.ParallelData,
+             tgt_lang: str, device: torch.device, batch_loss: BatchLoss) -> dict[str, float]:
+    """Valid loss/perplexity and (if train.valid_bleu) detokenized sacreBLEU of the search.
+
+    `batch_loss` is the trainer's: the valid loss is the loss that training minimises."""
+    t = cfg.train
+    model.eval()
+    loss_sum = nll_sum = ntok = 0.0
+    batches = datamod.make_batches(valid_data.src_sizes, valid_data.tgt_sizes, t.max_tokens,
+                                   seed=0, epoch=1, shuffle=False, max_positions=cfg.model.max_positions)
+    with torch.no_grad():
+        for ids in batches:
+            batch = datamod.collate(valid_data, ids).to(device)
+            loss, nll = batch_loss(model, batch)
+            loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.tgt_tokens
+    nll_bits = nll_sum / max(ntok, 1) / math.log(2)
+    result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits,
+              "valid_ppl": 2**nll_bits}
+    if t.valid_bleu:
+        from dataclasses import replace as dc_replace
+
+        decode_cfg = dc_replace(cfg.decode, beam=t.valid_beam)
+        sources = [valid_data.src(i).tolist() for i in range(len(valid_data))]
+        hyps = translate_token_lists(model, sources, decode_cfg, device=device, precision=t.precision,
+                                     max_positions=cfg.model.max_positions, workers=0)  # as nmt translate
+        text = [tokenizer.decode(h[0].tokens) for h in hyps]
+        refs = datamod.read_raw(cfg.data.dir, cfg.data.valid_split, tgt_lang)
+        result["valid_bleu"] = corpus_bleu(text, [refs])
+    return result
+
+
+def track_best(p: Progress, result: dict[str, float], best_metric: str) -> bool:
+    """Track the best validation and patience in `p`; returns whether this one is the best so far."""
+    value = result["valid_bleu"] if best_metric == "bleu" and "valid_bleu" in result else result["valid_loss"]
+    higher = best_metric == "bleu" and "valid_bleu" in result
+    improved = p.best is None or (value > p.best if higher else value < p.best)
+    if improved:
+        p.best, p.bad_validations = value, 0
+    else:
+        p.bad_validations += 1
+    return improved
