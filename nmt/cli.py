@@ -239,6 +239,30 @@ def _translate(opts: Any) -> None:
 _options_command("translate", TranslateOptions, _translate, decode_overrides=True)
 
 
+# ------------------------------------------------------------------ export
+
+
+@app.command("export")
+def export_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint (e.g. RUN/checkpoint_avg.pt).")],
+    out_dir: Annotated[Path, typer.Argument(help="The model directory to write.")],
+    format: Annotated[str, typer.Option("--format", help="Target engine: ctranslate2.")] = "ctranslate2",
+    quantization: Annotated[str | None, typer.Option(
+        help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, float16, bfloat16 "
+             "or float32 (default: the checkpoint's float32).")] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing export in OUT_DIR.")] = False,
+) -> None:
+    """Export a checkpoint for a deployment engine (CTranslate2: pip install 'nmt[ctranslate2]').
+
+    Writes model.bin, config.json and shared_vocabulary.json, and spm.model to tokenize with,
+    so that ctranslate2.Translator(OUT_DIR) translates. Example: nmt export
+    runs/m30k/checkpoint_avg.pt m30k-ct2 --quantization int8
+    """
+    from nmt.export import export
+
+    export(checkpoint, out_dir, format=format, quantization=quantization, force=force)
+
+
 @app.command("shortlist")
 def shortlist_cmd(
     data_dir: Annotated[Path, typer.Argument(help="A directory written by nmt prepare-bpe.")],

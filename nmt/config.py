@@ -198,6 +198,15 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
 
 
+def coerce_option(cls: type, key: str, value: Any, where: str) -> Any:
+    """`value` checked against the type of field `key` of the dataclass `cls` (bool, int,
+    float, str or a Literal; other types pass), for a keyword argument `key=` of `where`."""
+    tp = _field_types(cls)[key]
+    if tp in (bool, int, float, str) or get_origin(tp) is Literal:
+        return _coerce(value, tp, f"{key}=", where)
+    return value
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

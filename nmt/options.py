@@ -1,7 +1,9 @@
 """The options of the commands that are not a training config: `nmt prepare-bpe` and
 `nmt translate`, declared once with their types, defaults and help. `nmt.cli` makes each
 command's flags from these fields (and `translate`'s decode flags from `DecodeConfig`);
-the library checks their bounds.
+the library checks their bounds. The Python API (`nmt.api.Translator.load`) takes the
+fields of `TranslateOptions` that are not the command's stream I/O (`io_opt`) as keyword
+arguments, with the `DecodeConfig` fields, so the command and the API cannot drift apart.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from nmt.config import REQUIRED, opt, opt_list
+
+
+def io_opt(default: Any, help: str, *, flags: tuple[str, ...] = ()) -> Any:
+    """An option of `nmt translate`'s stream I/O (files, output format, buffering): a flag of
+    the command, not an argument of `Translator.load`."""
+    return field(default=default, metadata={"help": help, "flags": flags, "cli": True, "io": True})
 
 
 def default_workers() -> int:
@@ -52,12 +60,17 @@ class TranslateOptions:
 
     checkpoints: list[Path] = opt_list("Checkpoint(s); several decode as an ensemble.",
                                        flags=("--checkpoint", "-c"))
-    input: Path | None = opt(None, "Input file (default stdin).", flags=("--input", "-i"))
-    output: Path | None = opt(None, "Output file (default stdout).", flags=("--output", "-o"))
+    input: Path | None = io_opt(None, "Input file (default stdin).", flags=("--input", "-i"))
+    output: Path | None = io_opt(None, "Output file (default stdout).", flags=("--output", "-o"))
     # the decode settings over the checkpoint's: DecodeConfig fields (--beam, --lenpen, ...)
     decode: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
-    nbest: int = opt(1, "Hypotheses per input line (tab-separated with --scores).")
-    scores: bool = opt(False, "Prefix each output with its score and a tab.")
+    nbest: int = io_opt(1, "Hypotheses per input line (tab-separated with --scores).")
+    scores: bool = io_opt(False, "Prefix each output with its score and a tab.")
+    buffer_lines: int = io_opt(
+        0, "Translate after this many lines, or as soon as the input pauses (nothing more waiting "
+        "on the pipe), so that a co-process gets each answer before it sends the next line; 1 = "
+        "strictly line by line. 0 = chunks of 4096 lines, except on a terminal, which is answered "
+        "as soon as a line is typed.")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     precision: str = opt(
         "fp32", "fp32, bf16, fp16 (CUDA only) or int8 (CPU only, so --device auto means the CPU: "

@@ -1,14 +1,15 @@
 """Prediction as a library: load checkpoints, batch, beam-search; token ids in, hypotheses out.
 
-`translate_token_lists` is the one prediction path: `nmt translate` (nmt.translate, which
-only reads and writes streams) and validation BLEU in training both call it. Batches are
+`translate_token_lists` is the one prediction path: the Python API (nmt.api, under
+`nmt translate`, which only reads and writes streams) and validation BLEU in training both
+call it; `score_token_lists` is forced decoding through the same model protocol. Batches are
 formed by length for speed; results never depend on the batching.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -222,14 +223,58 @@ def translate_token_lists(
     return results
 
 
-def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1) -> DecodeConfig:
+def score_token_lists(
+    model: Any,
+    sources: Sequence[Sequence[int]],
+    targets: Sequence[Sequence[int]],
+    cfg: DecodeConfig,
+    *,
+    device: torch.device | str = "cpu",
+    precision: str = "fp32",
+) -> list[list[float]]:
+    """Forced decoding: for each non-empty source (without EOS, at most max_positions - 1
+    tokens) the log-probability of each token of its target followed by EOS (len + 1 values).
+
+    The targets are fed through the same `encode` / `decode_step` protocol as the search, so
+    a hypothesis scores the log-probs the search found for it (up to batch-shape rounding),
+    for ensembles and int8 too. Batched by source length like `translate_token_lists`.
+    """
+    device = torch.device(device)
+    results: list[list[float]] = [[] for _ in sources]
+    amp = autocast(device, "fp32" if precision == "int8" else precision)
+    for ids in _batches([len(s) for s in sources], cfg.batch_size, cfg.max_tokens):
+        width = max(len(sources[i]) for i in ids) + 1
+        src = torch.full((len(ids), width), PAD, dtype=torch.long)
+        for row, i in enumerate(ids):
+            src[row, : len(sources[i]) + 1] = torch.tensor([*sources[i], EOS])
+        gold = [[*targets[i], EOS] for i in ids]
+        steps = max(map(len, gold))
+        feed = torch.full((len(ids), steps), PAD, dtype=torch.long)  # (B, T): gold tokens, padded
+        for row, g in enumerate(gold):
+            feed[row, : len(g)] = torch.tensor(g)
+        feed = feed.to(device)
+        out = torch.zeros(len(ids), steps)  # (B, T)
+        with torch.inference_mode(), amp:
+            state = model.encode(src.to(device))
+            last = torch.full((len(ids),), BOS, dtype=torch.long, device=device)
+            for t in range(steps):  # past its EOS a row is fed PAD; those values are dropped
+                lprobs, state = model.decode_step(last, state)  # (B, V)
+                out[:, t] = lprobs.float().gather(1, feed[:, t : t + 1]).squeeze(1).cpu()
+                last = feed[:, t]
+        for row, i in enumerate(ids):
+            results[i] = out[row, : len(gold[row])].tolist()
+    return results
+
+
+def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1,
+                  name: Callable[[str], str] | None = None) -> DecodeConfig:
     """The checkpoint's decode settings with the command's (or the API's) on top, checked
-    where they came from: `--beam 0` is named as an option, a checkpoint's decode.beam as a key."""
+    where they came from: `--beam 0` is named as an option (or as `name(key)`, e.g. the API's
+    `beam=`), a checkpoint's decode.beam as a key."""
     check_decode(base, lambda key: f"the checkpoint's decode.{key}")
     cfg = replace(base, **overrides)
-    check_decode(cfg, lambda key: f"--{key.replace('_', '-')}" if key in overrides else f"decode.{key}")
+    name = name or (lambda key: f"--{key.replace('_', '-')}")
+    check_decode(cfg, lambda key: name(key) if key in overrides else f"decode.{key}")
     if nbest < 1 or nbest > cfg.beam:
-        raise NmtError(f"--nbest must be between 1 and the beam size ({cfg.beam}), got {nbest}")
+        raise NmtError(f"{name('nbest')} must be between 1 and the beam size ({cfg.beam}), got {nbest}")
     return cfg
-
-

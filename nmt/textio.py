@@ -40,6 +40,7 @@ _BOM = b"\xef\xbb\xbf"
 # Characters str.splitlines() breaks on, besides "\n" (which we split on).
 _BREAK_CHARS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _BREAKS = re.compile(f"[{_BREAK_CHARS}]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -142,8 +143,11 @@ def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
     return line
 
 
-def iter_lines(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK_SIZE) -> Iterator[str]:
-    """Yield the cleaned lines of a binary stream (without their newline), counting into `stats`.
+def iter_line_blocks(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK_SIZE) -> Iterator[list[str]]:
+    """The cleaned lines of a binary stream (without their newline), counting into `stats`, as
+    one list per read of the stream: when a list is yielded, no more of the stream has been
+    read, so a caller can ask whether more input is waiting (`nmt.translate` answers a line
+    typed into a pipe before the next arrives).
 
     Fast path: a whole block is decoded at once; only blocks with something to clean are
     handled line by line.
@@ -163,11 +167,29 @@ def iter_lines(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK_SIZE)
             if "\x00" not in text and not any(c in text for c in _BREAK_CHARS):  # memchr-fast
                 lines = text.split("\n")[:-1]
                 stats.lines += len(lines)
-                yield from lines
+                yield lines
                 continue
+        cleaned = []
         for raw in block.split(b"\n")[:-1]:
             stats.lines += 1
-            yield _clean(raw, stats.lines, stats)
+            cleaned.append(_clean(raw, stats.lines, stats))
+        yield cleaned
+
+
+def iter_lines(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK_SIZE) -> Iterator[str]:
+    """Yield the cleaned lines of a binary stream (without their newline), counting into `stats`."""
+    for lines in iter_line_blocks(stream, stats, block_size):
+        yield from lines
+
+
+def clean_text(text: str) -> str:
+    """One sentence given as a Python string, cleaned as a line read from a file would be:
+    line breaks (including `\\n`), NUL and the other separators become spaces, and lone
+    surrogates (undecodable bytes smuggled in by `surrogateescape`) become U+FFFD."""
+    if text.endswith("\r"):
+        text = text[:-1]
+    text = _BREAKS.sub(" ", text.replace("\n", " ").replace("\x00", " "))
+    return _SURROGATES.sub("\ufffd", text)
 
 
 def read_lines(

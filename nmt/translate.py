@@ -1,92 +1,95 @@
 """`nmt translate`: raw text in, detokenized translations out, one line for every line.
 
-This module reads and writes streams; the prediction under it (loading checkpoints,
-batching, search) is `nmt.predict`, which validation and the Python API use too.
+This module reads and writes streams; everything under it (loading checkpoints, batching,
+search, cleaning and detokenizing) is the Python API, `nmt.api.Translator`, which sits on
+`nmt.predict` as validation does.
 
 The I/O contract: input is read as every command reads raw text (`nmt.textio`): only
 `\\n` ends a line, a trailing `\\r` (CRLF files) is dropped, invalid UTF-8 is replaced and
 reported with its line number; empty and whitespace-only lines give empty lines without
 touching the model; over-long lines are truncated with a warning; a translation never
-contains a line break or a tab. Input is read in bounded chunks, each sorted by length into
-batches and written back in input order, so memory stays flat on any input size.
+contains a line break or a tab. Input is read in chunks of 4096 lines, each sorted by length
+into batches and written back in input order, so memory stays flat on any input size.
+
+Streaming: on a terminal, and with `--buffer-lines N` on any input, a chunk is also
+translated as soon as the input pauses, i.e. when the lines read so far are all there is
+for now. So `nmt translate --buffer-lines N` can sit behind a pipe as a co-process (write a
+line or a few, read their translations), and a file, where more input is always waiting, is
+still read in chunks of N. Without it, a pipe is read in fixed chunks: where a chunk ends
+then never depends on timing, and neither do the printed scores (batch shapes change the
+last bits of the floats).
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import select
 import sys
 from collections.abc import Iterator
-from itertools import islice
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import torch
-
+from nmt.api import Translation, Translator
 from nmt.atomic import replacing
-from nmt.config import DecodeConfig
-from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
-from nmt.predict import (
-    DECODE_PRECISIONS,
-    Loaded,
-    decode_config,
-    load_models,
-    load_shortlist_for,
-    resolve_checkpoints,
-    translate_token_lists,
-)
-from nmt.search import Hypothesis
-from nmt.shortlist import Shortlist
-from nmt.textio import TextStats, iter_lines
-from nmt.tokenizer import Tokenizer
+from nmt.textio import TextStats, iter_line_blocks
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 4096
-_BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 
 
-def read_chunks(stream: BinaryIO, name: str, chunk_lines: int) -> Iterator[list[str]]:
+def _input_waiting(stream: BinaryIO) -> bool:
+    """Whether more of `stream` can be read without waiting. A regular file always can; a
+    stream without a file descriptor (in memory) counts as a file."""
+    try:
+        ready, _, _ = select.select([stream], [], [], 0)
+    except (AttributeError, OSError, ValueError):  # no fileno (in memory), or select can't (Windows pipes)
+        return True
+    return bool(ready)
+
+
+def read_chunks(stream: BinaryIO, name: str, chunk_lines: int, until_pause: bool = False) -> Iterator[list[str]]:
     """The stream's lines (`nmt.textio`'s policy, each cleaned line logged as NAME:LINE), in
-    chunks of at most `chunk_lines`."""
-    lines = iter_lines(stream, TextStats(name, log_each=True))
-    while chunk := list(islice(lines, chunk_lines)):
+    chunks of at most `chunk_lines`; with `until_pause`, also a shorter chunk whenever the
+    input pauses (see above)."""
+    chunk: list[str] = []
+    for lines in iter_line_blocks(stream, TextStats(name, log_each=True)):
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) >= chunk_lines:
+                yield chunk
+                chunk = []
+        if chunk and until_pause and not _input_waiting(stream):
+            yield chunk
+            chunk = []
+    if chunk:
         yield chunk
 
 
-def clean_output(text: str) -> str:
-    """A translation on one line: line breaks, tabs and other separators become spaces."""
-    return _BREAKS.sub(" ", text).strip()
-
-
-def format_line(hyps: list[Hypothesis], tokenizer: Tokenizer, nbest: int, scores: bool) -> str:
+def format_line(hyps: list[Translation], nbest: int, scores: bool) -> str:
+    """One output line: the best translation, or with --nbest / --scores the `nbest` best,
+    tab-separated, each after its score."""
     fields: list[str] = []
     for h in hyps[:nbest]:
         if scores:
             fields.append(f"{h.score:.4f}")
-        fields.append(clean_output(tokenizer.decode(h.tokens)))
-    if not hyps and (scores or nbest > 1):
-        return ""
+        fields.append(h.text)
     return "\t".join(fields)
 
 
-def translate_stream(loaded: Loaded, cfg: DecodeConfig, inp: BinaryIO, out: Any, *, name: str, nbest: int,
-                     scores: bool, device: torch.device, precision: str, workers: int = 1,
-                     shortlist: Shortlist | None = None, chunk_lines: int = CHUNK_LINES) -> int:
-    """Translate `inp` to `out` chunk by chunk; returns the number of lines written."""
-    limit = loaded.max_positions - 1
+def translate_stream(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
+                     scores: bool = False, buffer_lines: int = 0) -> int:
+    """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
+    buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal)."""
     bar = _bar()
     written = 0
-    for texts in read_chunks(inp, name, chunk_lines):
-        seqs = [loaded.tokenizer.encode(t) if t.strip() else [] for t in texts]
-        for n, s in enumerate(seqs, start=written + 1):
-            if len(s) > limit:
-                log.warning("%s:%d: %d tokens, truncated to the model's maximum of %d", name, n, len(s), limit)
-        hyps = translate_token_lists(loaded.model, seqs, cfg, nbest=nbest, device=device, precision=precision,
-                                     max_positions=loaded.max_positions, workers=workers, shortlist=shortlist)
+    streaming = buffer_lines > 0 or _isatty(inp)
+    for texts in read_chunks(inp, name, buffer_lines or CHUNK_LINES, until_pause=streaming):
+        hyps = translator.translate_nbest(texts, nbest, where=partial(_line_name, name, written + 1))
         for h in hyps:
-            out.write(format_line(h, loaded.tokenizer, nbest, scores) + "\n")
+            out.write(format_line(h, nbest, scores) + "\n")
         out.flush()
         written += len(texts)
         if bar is not None:
@@ -94,6 +97,17 @@ def translate_stream(loaded: Loaded, cfg: DecodeConfig, inp: BinaryIO, out: Any,
     if bar is not None:
         bar.close()
     return written
+
+
+def _isatty(stream: BinaryIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _line_name(name: str, first: int, i: int) -> str:
+    return f"{name}:{first + i}"
 
 
 def _bar() -> Any:
@@ -105,34 +119,24 @@ def _bar() -> Any:
 
 
 def translate_main(opts: TranslateOptions) -> None:
-    if opts.precision not in DECODE_PRECISIONS:
-        raise NmtError(f"--precision must be one of {', '.join(DECODE_PRECISIONS)}, got {opts.precision!r}")
-    if opts.threads > 0:
-        torch.set_num_threads(opts.threads)
-    if opts.workers < 0:
-        raise NmtError(f"--workers must be 0 (one per CPU thread) or more, got {opts.workers}")
-    # int8 decoding exists on the CPU only: there, auto means the CPU even where CUDA is present
-    device = resolve_device("cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device)
+    if opts.buffer_lines < 0:
+        raise NmtError(f"--buffer-lines must be 0 (automatic) or more, got {opts.buffer_lines}")
     if opts.input is not None and not Path(opts.input).is_file():
         raise NmtError(f"{opts.input}: input file not found")
-    loaded = load_models(resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision)
-    cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest)
-    shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
+    translator = Translator.from_options(opts)
     inp = open(opts.input, "rb") if opts.input else sys.stdin.buffer
-    name = str(opts.input or "<stdin>")
+    stream = partial(translate_stream, translator, inp, name=str(opts.input or "<stdin>"), nbest=opts.nbest,
+                     scores=opts.scores, buffer_lines=opts.buffer_lines)
     try:
         if opts.output:
             # written to a temporary next to it and renamed at the end: an error or an interrupt
             # leaves no partial file (and an existing one unchanged)
             with replacing(Path(opts.output), "the translations") as tmp, \
                     open(tmp, "w", encoding="utf-8", newline="\n") as out:
-                translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                                 device=device, precision=opts.precision, workers=opts.workers,
-                                 shortlist=shortlist)
+                stream(out)
         else:
             out = open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
-            translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                             device=device, precision=opts.precision, workers=opts.workers, shortlist=shortlist)
+            stream(out)
     finally:
         if opts.input:
             inp.close()

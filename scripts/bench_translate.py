@@ -162,7 +162,7 @@ def run_command(args: argparse.Namespace, ckpt: Path, src: list[str], expected: 
         got = out.read_text(encoding="utf-8").split("\n")[:-1]
     # the only child so far: its peak is ours to report (ru_maxrss is in KiB on Linux)
     rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    from nmt.translate import clean_output
+    from nmt.api import clean_output
 
     same = got == [clean_output(e) for e in expected]
     if not same:

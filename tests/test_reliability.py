@@ -393,6 +393,7 @@ def _fuzz_line(rng: random.Random) -> bytes:
 
 @pytest.mark.slow
 def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path):
+    from nmt.api import Translator
     from nmt.predict import load_models, translate_token_lists
     from nmt.tokenizer import Tokenizer, train_sentencepiece
     from nmt.translate import format_line, read_chunks
@@ -417,8 +418,10 @@ def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path
     texts = [t for chunk in read_chunks(io.BytesIO(b"\n".join(lines) + b"\n"), "fuzz", 4096) for t in chunk]
     seqs = [loaded.tokenizer.encode(t) if t.strip() else [] for t in texts]
     results = translate_token_lists(loaded.model, seqs, cfg, nbest=5, max_positions=loaded.max_positions)
-    for row, seq, hyps in zip(rows, seqs, results):
-        assert format_line(hyps, loaded.tokenizer, 5, True) == row  # the CLI prints what the library found
+    api = Translator(loaded, cfg, device=torch.device("cpu")).translate_nbest(texts, 5)
+    for row, seq, hyps, translations in zip(rows, seqs, results, api):
+        assert format_line(translations, 5, True) == row  # the CLI prints what the library found
+        assert [t.score for t in translations] == [h.score for h in hyps]
         if not seq:
             assert row == "" and hyps == []
             continue

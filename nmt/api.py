@@ -1,0 +1,224 @@
+"""The Python API: `Translator`, what `nmt translate` does, for a program.
+
+    from nmt import Translator
+    tr = Translator.load("runs/m30k/checkpoint_avg.pt", beam=5, device="cpu")
+    tr.translate(["A dog runs in the park.", ""])   # -> ["Ein Hund ...", ""]
+
+`Translator.load` takes the options of `nmt translate` that are not its stream I/O (device,
+precision, threads, workers, shortlist: `nmt.options.TranslateOptions`) and the decode
+settings (`nmt.config.DecodeConfig`: beam, lenpen, ...) as keyword arguments; both are
+declared once there, so the command's flags and the API's arguments are the same list.
+`nmt translate` is stream I/O over this class (nmt.translate).
+
+The guarantees are the command's: one result per input, in input order; an empty or
+whitespace-only input gives "" without touching the model; line breaks, NUL and undecodable
+characters inside an input are cleaned as the command cleans a line; an input longer than the
+model's maximum is truncated with a warning; a result never contains a line break or a tab;
+results do not depend on how inputs are batched. Mistakes raise `nmt.errors.NmtError` with a
+one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.config import DecodeConfig, coerce_option
+from nmt.device import resolve_device
+from nmt.errors import NmtError
+from nmt.options import TranslateOptions
+from nmt.predict import (
+    DECODE_PRECISIONS,
+    Loaded,
+    decode_config,
+    load_models,
+    load_shortlist_for,
+    resolve_checkpoints,
+    score_token_lists,
+    translate_token_lists,
+)
+from nmt.search import length_penalty
+from nmt.shortlist import Shortlist
+from nmt.textio import clean_text
+
+log = logging.getLogger(__name__)
+_BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+#: `Translator.load`'s keyword arguments besides the decode settings: the options of
+#: `nmt translate` that are not its stream I/O
+LOAD_OPTIONS = tuple(f.name for f in fields(TranslateOptions)
+                     if f.metadata.get("cli", True) and not f.metadata.get("io") and f.name != "checkpoints")
+DECODE_OPTIONS = tuple(f.name for f in fields(DecodeConfig) if f.metadata.get("cli", True))
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One hypothesis: its detokenized text, the score the beam search ranks by (log-prob
+    over the length penalty) and its log-probability (sum over its tokens and the EOS)."""
+
+    text: str
+    score: float
+    logprob: float
+
+
+def clean_output(text: str) -> str:
+    """A translation on one line: line breaks, tabs and other separators become spaces."""
+    return _BREAKS.sub(" ", text).strip()
+
+
+def _api_name(key: str) -> str:
+    return f"{key}="
+
+
+class Translator:
+    """Loaded checkpoint(s) with decode settings; translate, n-best, stream and score.
+
+    Make one with `Translator.load` (or `from_options`, which `nmt translate` uses). Methods
+    may be called any number of times; they are not meant to be called from several threads
+    at once (CPU `workers` already decode several batches in parallel).
+    """
+
+    def __init__(self, loaded: Loaded, decode: DecodeConfig, *, device: torch.device, precision: str = "fp32",
+                 workers: int = 0, shortlist: Shortlist | None = None):
+        self.loaded, self.decode, self.device = loaded, decode, device
+        self.precision, self.workers, self.shortlist = precision, workers, shortlist
+
+    @classmethod
+    def load(cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], **options: Any) -> Translator:
+        """Load one checkpoint, or several as an ensemble (mean of log-probabilities).
+
+        options: device ("auto", "cpu", "cuda", "cuda:N"), precision ("fp32", "bf16", "fp16",
+        "int8"), threads, workers, shortlist (a file from `nmt shortlist`), and any decode
+        setting over the checkpoint's own: beam, lenpen, lenpen_style, max_len_a, max_len_b,
+        min_len, no_repeat_ngram_size, batch_size, max_tokens. Defaults are `nmt translate`'s.
+        """
+        paths = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
+        if not paths:
+            raise NmtError("Translator.load needs at least one checkpoint")
+        unknown = sorted(set(options) - set(LOAD_OPTIONS) - set(DECODE_OPTIONS))
+        if unknown:
+            raise NmtError(f"Translator.load: unknown option {unknown[0]}= (options: "
+                           f"{', '.join(LOAD_OPTIONS + DECODE_OPTIONS)})")
+        decode = {k: coerce_option(DecodeConfig, k, options.pop(k), "Translator.load")
+                  for k in DECODE_OPTIONS if k in options}
+        options = {k: coerce_option(TranslateOptions, k, v, "Translator.load") for k, v in options.items()}
+        opts = TranslateOptions(checkpoints=[Path(p) for p in paths], decode=decode, **options)
+        return cls.from_options(opts, name=_api_name)
+
+    @classmethod
+    def from_options(cls, opts: TranslateOptions, name: Callable[[str], str] | None = None) -> Translator:
+        """The translator `opts` describe (their I/O fields aside). `name(key)` names an
+        option in errors: `--beam` for the command (the default), `beam=` for the API."""
+        name = name or (lambda key: f"--{key.replace('_', '-')}")
+        if opts.precision not in DECODE_PRECISIONS:
+            raise NmtError(f"{name('precision')} must be one of {', '.join(DECODE_PRECISIONS)}, "
+                           f"got {opts.precision!r}")
+        if opts.workers < 0:
+            raise NmtError(f"{name('workers')} must be 0 (one per CPU thread) or more, got {opts.workers}")
+        if opts.threads > 0:
+            torch.set_num_threads(opts.threads)
+        # int8 decoding exists on the CPU only: there, auto means the CPU even where CUDA is present
+        device = resolve_device("cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device)
+        loaded = load_models(resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision)
+        cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest, name=name)
+        shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
+        return cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
+                   shortlist=shortlist)
+
+    # ------------------------------------------------------------------ translation
+
+    def translate(self, texts: Sequence[str]) -> list[str]:
+        """The best translation of each text, in order; "" for an empty or blank text."""
+        return [hyps[0].text if hyps else "" for hyps in self.translate_nbest(texts, 1)]
+
+    def translate_nbest(self, texts: Sequence[str], nbest: int = 1, *,
+                        where: Callable[[int], str] | None = None) -> list[list[Translation]]:
+        """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
+        [] for an empty or blank text. `where(i)` names input i in warnings (default
+        "texts[i]"; the command passes FILE:LINE)."""
+        if not 1 <= nbest <= self.decode.beam:
+            raise NmtError(f"nbest must be between 1 and the beam size ({self.decode.beam}), got {nbest}")
+        seqs = self._encode(texts, where or (lambda i: f"texts[{i}]"))
+        hyps = translate_token_lists(self.loaded.model, seqs, self.decode, nbest=nbest, device=self.device,
+                                     precision=self.precision, max_positions=self.loaded.max_positions,
+                                     workers=self.workers, shortlist=self.shortlist)
+        decode = self.loaded.tokenizer.decode
+        return [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
+
+    def translate_stream(self, lines: Iterable[str], *, buffer_lines: int = 1) -> Iterator[str]:
+        """Translate an iterable of lines lazily, yielding one result per line in order.
+
+        At most `buffer_lines` lines are read ahead and translated together. The default, 1,
+        answers each line before the next is read (fairseq-interactive's default), for a
+        source that waits on the answer; a larger value batches, which is faster for text
+        that is already there (the results are the same).
+        """
+        if buffer_lines < 1:
+            raise NmtError(f"buffer_lines must be at least 1, got {buffer_lines}")
+        it = iter(lines)
+        while chunk := list(islice(it, buffer_lines)):
+            yield from self.translate(chunk)
+
+    # ------------------------------------------------------------------ forced decoding
+
+    def score(self, sources: Sequence[str], targets: Sequence[str], *, normalize: bool = False) -> list[float]:
+        """The model's log-probability (natural log) of each target given its source.
+
+        It is the sum of the log-probs of the target's tokens (as the checkpoint's
+        sentencepiece model splits the text) and of the final EOS: the `logprob` of a
+        `Translation`, the score of `--lenpen-style none`. With `normalize`, it is divided by
+        the length penalty of the decode settings (lenpen, lenpen_style) with |Y| = tokens +
+        EOS, which is the `score` beam search ranks hypotheses by and `--scores` prints.
+
+        Sources are cleaned and truncated as `translate` does. An empty or blank source gives
+        0.0 for an empty target and -inf for any other (that is what translation does with
+        it: "" for certain). A target too long for the model is an error. Always decodes over
+        the whole vocabulary (no shortlist).
+        """
+        if isinstance(targets, str):
+            raise NmtError("score takes a list of targets, one per source; got one str")
+        if len(sources) != len(targets):
+            raise NmtError(f"score: {len(sources)} sources but {len(targets)} targets")
+        srcs = self._encode(sources, lambda i: f"sources[{i}]")
+        tgts = self._encode(targets, None)
+        limit = self.loaded.max_positions - 1
+        for i, t in enumerate(tgts):
+            if len(t) > limit:
+                raise NmtError(f"targets[{i}]: {len(t)} tokens, more than the model's maximum of {limit}")
+        todo = [i for i, s in enumerate(srcs) if s]
+        lprobs = score_token_lists(self.loaded.model, [srcs[i] for i in todo], [tgts[i] for i in todo],
+                                   self.decode, device=self.device, precision=self.precision)
+        scores = [0.0 if not t else -math.inf for t in tgts]  # empty sources
+        for i, lp in zip(todo, lprobs, strict=True):
+            scores[i] = sum(lp)
+            if normalize:
+                scores[i] /= length_penalty(len(lp), self.decode.lenpen, self.decode.lenpen_style)
+        return scores
+
+    # ------------------------------------------------------------------ helpers
+
+    def _encode(self, texts: Sequence[str], where: Callable[[int], str] | None) -> list[list[int]]:
+        """Token ids of each text (cleaned); [] for blank ones. With `where`, a text longer
+        than the model's maximum is truncated, with a warning naming `where(i)`."""
+        if isinstance(texts, str):
+            raise NmtError("expected a list of sentences, got one str: pass [text]")
+        limit = self.loaded.max_positions - 1
+        seqs = []
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise NmtError(f"input {i} is {type(text).__name__}, not str")
+            text = clean_text(text)
+            seq = self.loaded.tokenizer.encode(text) if text.strip() else []
+            if where is not None and len(seq) > limit:
+                log.warning("%s: %d tokens, truncated to the model's maximum of %d", where(i), len(seq), limit)
+                seq = seq[:limit]
+            seqs.append(seq)
+        return seqs

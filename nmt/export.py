@@ -1,0 +1,208 @@
+"""`nmt export`: a checkpoint as a CTranslate2 model directory.
+
+The model is described with CTranslate2's own converter API (`ctranslate2.specs.TransformerSpec`
+filled from our modules, written by a `ctranslate2.converters.Converter`), never by writing its
+binary format by hand. `ctranslate2` is an optional dependency (`pip install nmt[ctranslate2]`).
+
+What has to line up (docs/architecture.md, "Exporting"):
+- positions: CTranslate2's built-in sinusoids count positions from 1, ours from 0 (and may be
+  learned), so the table is always stored explicitly (`position_encodings.encodings`, row i
+  = position i);
+- embeddings are scaled by sqrt(d_model) on both sides (`scale_embeddings`), the output
+  projection is the tied target embedding without bias;
+- post-norm layers (`pre_norm=False`) have no final LayerNorm; pre-norm has one per side
+  (our `encoder_norm` / `decoder_norm`); our LayerNorms use eps 1e-5;
+- self-attention's fused q/k/v rows are in CTranslate2's order (q, k, v), cross-attention's
+  fused k/v too (its query is separate);
+- the source is tokens + EOS (`add_source_eos`), the decoder starts from BOS
+  (`decoder_start_token`), the vocabulary is the sentencepiece pieces in id order.
+Anything else in a checkpoint (a model setting or a weight this mapping does not know) is
+refused with a one-line error rather than exported wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nmt.checkpoint import load_checkpoint
+from nmt.config import ModelConfig, config_from_dict
+from nmt.errors import NmtError
+from nmt.layers import CrossAttention, SelfAttention
+from nmt.model import Transformer
+from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+
+log = logging.getLogger(__name__)
+FORMATS = ("ctranslate2",)
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16", "float32")
+INSTALL_HINT = "pip install 'nmt[ctranslate2]' (or pip install ctranslate2)"
+# The model settings this export maps. A setting added to ModelConfig later is refused (unless
+# it has its default) until the mapping handles it. Dropouts do not exist at inference.
+EXPORTED_FIELDS = frozenset({"encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "dropout",
+                             "attention_dropout", "activation_dropout", "norm_first", "share_embeddings",
+                             "learned_positions", "max_positions"})
+MARKER = "config.json"  # an existing OUT_DIR is replaced (--force) only if it looks like an export
+
+
+def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2",
+           quantization: str | None = None, force: bool = False) -> Path:
+    """Write `checkpoint` as a `format` model directory `out_dir` (whole or not at all):
+    model.bin, config.json and shared_vocabulary.json of CTranslate2, and spm.model, the
+    sentencepiece model to tokenize with. Returns `out_dir`."""
+    if format not in FORMATS:
+        raise NmtError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise NmtError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    converters = _import_ctranslate2()
+    out = Path(out_dir)
+    _check_out_dir(out, force)
+    state = load_checkpoint(Path(checkpoint))
+    cfg = config_from_dict(state["config"], where=str(checkpoint)).model
+    _check_exportable(cfg, str(checkpoint))
+    tokenizer = Tokenizer.from_bytes(state["tokenizer"]["model"], name=f"{checkpoint}: sentencepiece model")
+    model = Transformer(cfg, int(state["vocab_size"]), pad_id=PAD)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:  # weights of another architecture
+        first = " ".join(str(e).split())[:300]
+        raise NmtError(f"{checkpoint}: its weights are not those of the Transformer this export maps "
+                       f"({first})") from None
+    spec = transformer_spec(model.eval(), tokenizer)
+
+    class _Converter(converters.Converter):  # type: ignore[name-defined]
+        def _load(self) -> Any:
+            return spec
+
+    work = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        _Converter().convert(str(work), quantization=quantization, force=True)
+        (work / "spm.model").write_bytes(tokenizer.model_bytes)
+        _replace_dir(work, out)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    log.info("wrote %s (CTranslate2%s, vocabulary %d)", out, f", {quantization}" if quantization else "",
+             tokenizer.vocab_size)
+    return out
+
+
+def _import_ctranslate2() -> Any:
+    try:
+        import ctranslate2.converters as converters
+    except ImportError:
+        raise NmtError(f"nmt export --format ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}") from None
+    return converters
+
+
+def _check_out_dir(out: Path, force: bool) -> None:
+    if not out.exists():
+        if not out.parent.is_dir():
+            raise NmtError(f"{out.parent}: no such directory")
+        return
+    if not out.is_dir():
+        raise NmtError(f"{out} exists and is not a directory")
+    if not any(out.iterdir()):
+        return
+    if not force:
+        raise NmtError(f"{out} exists and is not empty; use --force to replace it")
+    if not (out / MARKER).is_file() or not (out / "model.bin").is_file():
+        raise NmtError(f"{out} is not empty and is not a CTranslate2 model; refusing to replace it even "
+                       "with --force (choose a new or empty directory)")
+
+
+def _replace_dir(work: Path, dest: Path) -> None:
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+        dest.rename(old)
+    work.rename(dest)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def _check_exportable(cfg: ModelConfig, where: str) -> None:
+    for f in fields(ModelConfig):
+        if f.name not in EXPORTED_FIELDS and getattr(cfg, f.name) != f.default:
+            raise NmtError(f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be represented in "
+                           "a CTranslate2 model by this version of nmt export")
+
+
+# ------------------------------------------------------------------ the mapping
+
+
+def _np(t: torch.Tensor) -> Any:
+    return t.detach().float().cpu().numpy()
+
+
+def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
+    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights, with the vocabulary
+    and special tokens of `tokenizer`. Every parameter of the model must be used once."""
+    from ctranslate2.specs import transformer_spec as ts
+
+    cfg = model.cfg
+    spec = ts.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads,
+                                          pre_norm=cfg.norm_first)
+    used: set[int] = set()
+
+    def take(p: torch.Tensor) -> Any:
+        used.add(id(p))
+        return _np(p)
+
+    def linear(s: Any, m: nn.Linear) -> None:
+        s.weight = take(m.weight)
+        if m.bias is not None:
+            s.bias = take(m.bias)
+
+    def norm(s: Any, m: nn.Module) -> None:
+        assert isinstance(m, nn.LayerNorm) and m.eps == eps  # one epsilon in CTranslate2's config
+        s.gamma, s.beta = take(m.weight), take(m.bias)
+
+    sides: list[tuple[Any, Any, Any, nn.Module]] = [
+        (spec.encoder, model.src_embed, model.encoder, model.encoder_norm),
+        (spec.decoder, model.tgt_embed, model.decoder, model.decoder_norm),
+    ]
+    first_norm: Any = model.encoder_norm if cfg.norm_first else model.encoder[0].norms[0]  # type: ignore[index]
+    eps = first_norm.eps
+    for side, emb, layers, final in sides:
+        (side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings).weight = take(emb.tokens.weight)
+        side.scale_embeddings = True  # x sqrt(d_model), as nmt.layers.Embedding
+        table = emb.positions.weight if emb.learned else emb.sinusoids  # (max_positions, D), row i = position i
+        side.position_encodings.encodings = take(table) if emb.learned else _np(table)
+        if cfg.norm_first:
+            norm(side.layer_norm, final)
+        for s, layer in zip(side.layer, layers, strict=True):
+            attn: SelfAttention = layer.self_attn
+            linear(s.self_attention.linear[0], attn.qkv)  # fused (3D, D): q, k, v
+            linear(s.self_attention.linear[1], attn.out)
+            norm(s.self_attention.layer_norm, layer.norms[0])
+            if side is spec.decoder:
+                cross: CrossAttention = layer.cross_attn
+                linear(s.attention.linear[0], cross.q)
+                linear(s.attention.linear[1], cross.kv)  # fused (2D, D): k, v
+                linear(s.attention.linear[2], cross.out)
+                norm(s.attention.layer_norm, layer.norms[1])
+            linear(s.ffn.linear_0, layer.ffn.fc1)
+            linear(s.ffn.linear_1, layer.ffn.fc2)
+            norm(s.ffn.layer_norm, layer.norms[-1])
+    spec.decoder.projection.weight = take(model.tgt_embed.tokens.weight)  # tied, no bias
+    unused = [name for name, p in model.named_parameters() if id(p) not in used]
+    if unused:
+        raise NmtError(f"the CTranslate2 export does not know the weights {', '.join(unused[:3])}")
+
+    pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (
+        pieces[UNK], pieces[BOS], pieces[EOS])
+    spec.config.decoder_start_token = pieces[BOS]  # [BOS] + tokens, as nmt.tokenizer
+    spec.config.add_source_eos = True  # tokens + [EOS]
+    spec.config.layer_norm_epsilon = eps
+    return spec
