@@ -109,3 +109,67 @@ def copy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                validpref=str(raw / "valid"), destdir=str(dest), vocab_size=24,
                                byte_fallback=False, workers=1), progress=False)
     return dest
+
+
+# ------------------------------------------------------------------ checkpoints for prediction tests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def test_tokenizer(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory):
+    """A 500-piece sentencepiece model learnt on both sides of `raw_corpus`'s train split."""
+    from nmt.tokenizer import Tokenizer, train_sentencepiece
+
+    text = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
+    return Tokenizer(train_sentencepiece(text, tmp_path_factory.mktemp("spm") / "spm", 500))
+
+
+@pytest.fixture(scope="session")
+def save_random_model():
+    """save(path, tokenizer, seed, model={...}, decode={...}) -> path: a checkpoint of a randomly
+    initialised configs/tiny.yaml Transformer (settings overridden by `model` and `decode`).
+    A random model never chooses EOS: keep decoding short (the default max_len_a 0, b 6)."""
+    import torch
+
+    from nmt.checkpoint import atomic_save
+    from nmt.config import config_to_dict, load_config, replace
+    from nmt.model import Transformer
+    from nmt.tokenizer import PAD
+
+    def save(path: Path, tokenizer, seed: int = 1, model: dict | None = None, decode: dict | None = None) -> Path:
+        cfg = load_config(ROOT / "configs/tiny.yaml")
+        cfg = replace(cfg, model=model or {}, decode={"beam": 4, "max_len_a": 0.0, "max_len_b": 6, **(decode or {})})
+        torch.manual_seed(seed)
+        net = Transformer(cfg.model, tokenizer.vocab_size, pad_id=PAD)
+        atomic_save({"format_version": 1, "model": net.state_dict(), "config": config_to_dict(cfg),
+                     "vocab_size": tokenizer.vocab_size,
+                     "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
+                     "update": 0, "epoch": 0}, path)
+        return path
+
+    return save
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small Transformer (2+2 layers, d_model 64) trained for 300 updates on `prepared`
+    (~20 s): it ends its outputs with EOS on its own, so it decodes real sentences to real
+    lengths, as a random model does not."""
+    import torch
+
+    from nmt.config import load_config, replace
+    from nmt.train import train
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    cfg = replace(load_config(ROOT / "configs/tiny.yaml"), data={"dir": str(prepared[0])},
+                  model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128, "heads": 4},
+                  train={"run_dir": str(run), "max_updates": 300, "lr": 3e-3, "warmup_updates": 50,
+                         "max_tokens": 1024, "valid_bleu": False, "save_interval_updates": 0, "threads": 1},
+                  decode={"beam": 4, "max_len_a": 1.5, "max_len_b": 10})
+    threads = torch.get_num_threads()
+    try:
+        train(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    return run / "checkpoint_last.pt"
