@@ -61,7 +61,6 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         raise NmtError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise NmtError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
-    converters = _import_ctranslate2()
     out = Path(out_dir)
     _check_out_dir(out, force)
     state = load_checkpoint(Path(checkpoint))
@@ -75,6 +74,10 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         first = " ".join(str(e).split())[:300]
         raise NmtError(f"{checkpoint}: its weights are not those of the Transformer this export maps "
                        f"({first})") from None
+    if tokenizer.vocab_size != model.vocab_size:
+        raise NmtError(f"{checkpoint}: the model has {model.vocab_size} tokens, its sentencepiece model "
+                       f"{tokenizer.vocab_size}")
+    converters = _import_ctranslate2()
     spec = transformer_spec(model.eval(), tokenizer)
 
     class _Converter(converters.Converter):  # type: ignore[name-defined]

@@ -1,0 +1,216 @@
+"""`nmt export --format ctranslate2`: the exported model computes what ours computes.
+
+Against the real `ctranslate2` package where it is installed (`pip install -e ".[dev]"` brings
+it); those tests skip without it, the refusals run anyway. Per-token log-probabilities of forced decoding are compared
+on random models of every architecture variant (post-/pre-norm, sinusoidal/learned positions,
+tied/untied embeddings), which checks each fact of the mapping (positions counted from 0,
+embedding scale, final norms, fused q/k/v, BOS start, source EOS); greedy and beam outputs of
+a trained model are compared with `nmt translate`'s on real sentences.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt import Translator, cli
+from nmt.errors import NmtError
+from nmt.export import export
+from nmt.predict import score_token_lists
+
+try:
+    import ctranslate2 as ct2
+except ImportError:
+    ct2 = None
+needs_ctranslate2 = pytest.mark.skipif(ct2 is None, reason="ctranslate2 is not installed (pip install 'nmt[ctranslate2]')")
+
+VARIANTS = {
+    "post-norm, sinusoids, tied": {},
+    "pre-norm": {"norm_first": True},
+    "learned positions": {"learned_positions": True},
+    "untied source embeddings": {"share_embeddings": False},
+    "odd head size, 3 layers": {"d_model": 36, "heads": 3, "encoder_layers": 3, "decoder_layers": 2},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    """The in-process CLI points the root logger at this test's captured stderr; undo that, so
+    that a later test does not log to a closed stream."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def run_cli(*args: str) -> int:
+    try:
+        cli.main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def pieces(tokenizer, text: str) -> list[str]:
+    return [tokenizer.piece(i) for i in tokenizer.encode(text)]
+
+
+def ct2_translate(model_dir: Path, tokenizer, texts: list[str], beam: int, lenpen: float) -> list[str]:
+    """CTranslate2 with the settings that equal nmt's length-style search: |Y| counts the EOS
+    (return_end_token, then dropped), <unk> is never produced, lengths do not bind."""
+    translator = ct2.Translator(str(model_dir), device="cpu", intra_threads=1)
+    results = translator.translate_batch([pieces(tokenizer, t) for t in texts], beam_size=beam,
+                                         length_penalty=lenpen, return_end_token=True, disable_unk=True,
+                                         max_decoding_length=250, max_input_length=0)
+    out = []
+    for r in results:
+        hyp = r.hypotheses[0]
+        out.append(tokenizer.decode([tokenizer._sp.piece_to_id(p) for p in hyp if p != "</s>"]).strip())
+    return out
+
+
+@needs_ctranslate2
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_exported_model_gives_the_same_token_log_probs(variant, test_tokenizer, save_random_model, raw_corpus,
+                                                       tmp_path):
+    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=3, model=VARIANTS[variant])
+    export(ckpt, tmp_path / "ct2")
+    ours = Translator.load(ckpt, device="cpu")
+    tok = ours.loaded.tokenizer
+    sources, targets = raw_corpus.lines("test", "en")[:16], raw_corpus.lines("test", "de")[:16]
+    expected = score_token_lists(ours.loaded.model, [tok.encode(s) for s in sources],
+                                 [tok.encode(t) for t in targets], ours.decode)
+    got = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1).score_batch(
+        [pieces(tok, s) for s in sources], [pieces(tok, t) for t in targets])
+    for g, e, t in zip(got, expected, targets, strict=True):
+        assert g.tokens == [*pieces(tok, t), "</s>"]
+        assert g.log_probs == pytest.approx(e, abs=2e-4)
+
+
+@needs_ctranslate2
+def test_exported_greedy_and_beam_equal_nmt_translate(trained_checkpoint, raw_corpus, tmp_path):
+    """Real sentences (Multi30k val and test lines) through `nmt export` and `nmt translate`.
+    Only a near-tie may differ: then both outputs must score within 1e-3 under our model (the
+    two engines round differently in the last bits)."""
+    out_dir = tmp_path / "ct2"
+    assert run_cli("export", str(trained_checkpoint), str(out_dir)) == 0
+    assert sorted(p.name for p in out_dir.iterdir()) == ["config.json", "model.bin", "shared_vocabulary.json",
+                                                          "spm.model"]
+    texts = raw_corpus.lines("test", "en") + raw_corpus.lines("val", "en")
+    (tmp_path / "in.en").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    ours = Translator.load(trained_checkpoint, device="cpu")
+    tok = ours.loaded.tokenizer
+    for beam in (1, 5):
+        out = tmp_path / f"beam{beam}.de"
+        assert run_cli("translate", "-c", str(trained_checkpoint), "-i", str(tmp_path / "in.en"), "-o", str(out),
+                       "--device", "cpu", "--beam", str(beam), "--lenpen", "1.0", "--lenpen-style", "length",
+                       "--max-len-a", "3", "--max-len-b", "50") == 0
+        expected = out.read_text(encoding="utf-8").split("\n")[:-1]
+        got = ct2_translate(out_dir, tok, texts, beam, lenpen=1.0)
+        differ = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
+        assert len(differ) <= len(texts) // 20, differ
+        for i in differ:
+            a, b = ours.score([texts[i]] * 2, [expected[i], got[i]], normalize=True)
+            assert abs(a - b) < 1e-3, (beam, texts[i], expected[i], got[i], a, b)
+
+
+@needs_ctranslate2
+def test_quantized_exports_load_and_translate(trained_checkpoint, raw_corpus, tmp_path):
+    texts = raw_corpus.lines("test", "en")[:8]
+    tok = Translator.load(trained_checkpoint, device="cpu").loaded.tokenizer
+    fp32 = tmp_path / "fp32"
+    export(trained_checkpoint, fp32)
+    for quantization in ("int8", "int8_float32", "float16", "bfloat16"):
+        out = tmp_path / quantization
+        export(trained_checkpoint, out, quantization=quantization)
+        assert (out / "model.bin").stat().st_size < (fp32 / "model.bin").stat().st_size
+        if quantization.startswith("int8"):  # float16 / bfloat16 need a GPU or a CPU with them to run
+            got = ct2_translate(out, tok, texts, beam=2, lenpen=1.0)
+            assert len(got) == len(texts) and all(got)
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def _one_line_error(capfd, needle: str) -> None:
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0], err
+
+
+def test_without_ctranslate2_the_command_says_how_to_install_it(trained_checkpoint, tmp_path, monkeypatch, capfd):
+    real_import = builtins.__import__
+
+    def no_ctranslate2(name, *args, **kwargs):
+        if name.startswith("ctranslate2"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ctranslate2)
+    assert run_cli("export", str(trained_checkpoint), str(tmp_path / "out")) == 1
+    _one_line_error(capfd, "pip install 'nmt[ctranslate2]'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_weights_the_export_does_not_know_are_refused(test_tokenizer, save_random_model, tmp_path, capfd):
+    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer)
+    state = torch.load(ckpt, weights_only=True)
+    state["model"]["decoder.0.gate.weight"] = torch.zeros(4)  # a layer of some future architecture
+    torch.save(state, ckpt)
+    assert run_cli("export", str(ckpt), str(tmp_path / "out")) == 1
+    _one_line_error(capfd, "decoder.0.gate.weight")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # nothing left behind
+
+
+def test_model_settings_the_export_does_not_map_are_refused(test_tokenizer, save_random_model, tmp_path,
+                                                            monkeypatch, capfd):
+    import nmt.export
+
+    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, model={"learned_positions": True})
+    monkeypatch.setattr(nmt.export, "EXPORTED_FIELDS", nmt.export.EXPORTED_FIELDS - {"learned_positions"})
+    assert run_cli("export", str(ckpt), str(tmp_path / "out")) == 1
+    _one_line_error(capfd, "model.learned_positions=True cannot be represented")
+
+
+@needs_ctranslate2
+def test_an_existing_directory_needs_force_and_must_be_an_export(trained_checkpoint, tmp_path, capfd):
+    out = tmp_path / "out"
+    export(trained_checkpoint, out)
+    assert run_cli("export", str(trained_checkpoint), str(out)) == 1
+    _one_line_error(capfd, "use --force")
+    assert run_cli("export", str(trained_checkpoint), str(out), "--force", "--quantization", "int8") == 0
+    assert json.loads((out / "config.json").read_text())["add_source_eos"] is True
+    assert "wrote" in capfd.readouterr().err
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep me")
+    assert run_cli("export", str(trained_checkpoint), str(other), "--force") == 1
+    _one_line_error(capfd, "is not a CTranslate2 model")
+    assert (other / "todo.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--format", "onnx"], "--format must be one of ctranslate2"),
+    (["--quantization", "int4"], "--quantization must be one of"),
+])
+def test_bad_options_are_one_line(trained_checkpoint, tmp_path, capfd, args, needle):
+    assert run_cli("export", str(trained_checkpoint), str(tmp_path / "out"), *args) == 1
+    _one_line_error(capfd, needle)
+
+
+def test_a_missing_checkpoint_is_one_line(tmp_path, capfd):
+    with pytest.raises(NmtError, match="nope.pt"):
+        export(tmp_path / "nope.pt", tmp_path / "out")
