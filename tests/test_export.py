@@ -122,7 +122,7 @@ def test_exported_greedy_and_beam_equal_nmt_translate(trained_checkpoint, raw_co
         expected = out.read_text(encoding="utf-8").split("\n")[:-1]
         got = ct2_translate(out_dir, tok, texts, beam, lenpen=1.0)
         differ = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
-        assert len(differ) <= len(texts) // 20, differ
+        assert len(differ) <= 2, differ  # 0 of 100 differed when written, at beam 1 and 5
         for i in differ:
             a, b = ours.score([texts[i]] * 2, [expected[i], got[i]], normalize=True)
             assert abs(a - b) < 1e-3, (beam, texts[i], expected[i], got[i], a, b)
