@@ -1,0 +1,185 @@
+"""Benchmark CTranslate2 (after `nmt export`) against `nmt translate`: speed, peak memory, BLEU,
+and how many translations are identical.
+
+    .venv/bin/python scripts/bench_ctranslate2.py --checkpoint runs/m30k/checkpoint_avg.pt \\
+        [--data-dir ../shared/data/multi30k] [--test test_2016_flickr] [--beam 5] [--threads 2]
+
+The checkpoint is exported once per `--quantization` (float32 = no quantization) into a
+temporary directory with `nmt export`. Each engine then runs in its own subprocess, which
+loads the model, translates the test set and writes it; we report
+- `translate s`: the translation alone, timed inside that process (model loaded; the
+  sentencepiece encoding and decoding included for both engines), best of `--repeat`;
+- `process s` and `peak RSS MB`: the whole subprocess (start-up, imports, loading), its wall
+  time and its own peak resident memory (VmHWM at its end; a child's getrusage would start
+  from this process's own RSS, which Linux carries over fork and exec).
+nmt runs with `--threads T` and its default workers (one per thread), through the Python API
+that `nmt translate` is a reader/writer over; CTranslate2 with `inter_threads=T,
+intra_threads=1`, the same layout (`--layouts` adds others, e.g. 1x2).
+CTranslate2 decodes with the settings that equal nmt's `length` style (length_penalty =
+lenpen, |Y| counting EOS via return_end_token, disable_unk); the checkpoint's lenpen_style
+must be `length` (or `none` with lenpen 0) for the outputs to be comparable. Its length limit
+is one number (`max_decoding_length`, 256) where nmt's is max_len_a * source + max_len_b per
+sentence: outputs that reach nmt's limit (an under-trained model repeating itself) differ.
+Prints a markdown table; `--json FILE` writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared/data/multi30k"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    p.add_argument("--test", default="test_2016_flickr")
+    p.add_argument("--src", default="en")
+    p.add_argument("--tgt", default="de")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-size", type=int, help="default: the checkpoint's decode.batch_size")
+    p.add_argument("--quantization", default="float32,int8", help="comma-separated export types")
+    p.add_argument("--layouts", default="", help="CTranslate2 inter x intra threads besides Tx1, e.g. 1x2")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--worker", nargs=2, metavar=("ENGINE", "SPEC"), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------ the worker processes
+
+
+def _nmt_worker(spec: dict) -> dict:
+    import torch
+
+    from nmt import Translator
+
+    torch.set_num_threads(spec["threads"])
+    translator = Translator.load(spec["checkpoint"], device="cpu", beam=spec["beam"], batch_size=spec["batch_size"])
+    texts = Path(spec["input"]).read_text(encoding="utf-8").split("\n")[:-1]
+    best, out = float("inf"), []
+    for _ in range(spec["repeat"]):
+        start = time.perf_counter()
+        out = translator.translate(texts)
+        best = min(best, time.perf_counter() - start)
+    Path(spec["output"]).write_text("".join(t + "\n" for t in out), encoding="utf-8")
+    return {"translate_s": best}
+
+
+def _ct2_worker(spec: dict) -> dict:
+    import ctranslate2
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(Path(spec["model_dir"]) / "spm.model"))
+    translator = ctranslate2.Translator(spec["model_dir"], device="cpu", inter_threads=spec["inter"],
+                                       intra_threads=spec["intra"])
+    texts = Path(spec["input"]).read_text(encoding="utf-8").split("\n")[:-1]
+    best, out = float("inf"), []
+    for _ in range(spec["repeat"]):
+        start = time.perf_counter()
+        todo = [i for i, t in enumerate(texts) if t.strip()]
+        results = translator.translate_batch(
+            sp.encode([texts[i] for i in todo], out_type=str), max_batch_size=spec["batch_size"],
+            beam_size=spec["beam"], length_penalty=spec["lenpen"], return_end_token=True, disable_unk=True,
+            max_decoding_length=spec["max_decoding_length"])
+        out = [""] * len(texts)
+        for i, r in zip(todo, results, strict=True):
+            out[i] = sp.decode([p for p in r.hypotheses[0] if p != "</s>"])
+        best = min(best, time.perf_counter() - start)
+    Path(spec["output"]).write_text("".join(t + "\n" for t in out), encoding="utf-8")
+    return {"translate_s": best}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_worker(engine: str, spec: dict, threads: int) -> dict:
+    """This script as a subprocess in worker mode: its figures, wall time and own peak RSS."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--checkpoint", "-", "--worker", engine, json.dumps(spec)],
+                          stdout=subprocess.PIPE, env=env, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        sys.exit(f"{engine} worker failed ({proc.returncode})")
+    return {**json.loads(proc.stdout), "process_s": seconds}
+
+
+# ------------------------------------------------------------------ the benchmark
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        engine, spec = args.worker
+        figures = (_nmt_worker if engine == "nmt" else _ct2_worker)(json.loads(spec))
+        print(json.dumps({**figures, "peak_rss_mb": peak_rss_mb()}))
+        return
+    sys.path.insert(0, str(ROOT))
+    from nmt.checkpoint import load_checkpoint
+    from nmt.config import config_from_dict
+    from nmt.evaluate import score_corpus
+    from nmt.export import export
+    from nmt.textio import read_lines
+
+    decode = config_from_dict(load_checkpoint(args.checkpoint)["config"]).decode
+    if not (decode.lenpen_style == "length" or (decode.lenpen_style == "none" and decode.lenpen == 0)):
+        sys.exit(f"decode.lenpen_style {decode.lenpen_style}: CTranslate2 normalises by length only")
+    lenpen = decode.lenpen if decode.lenpen_style == "length" else 0.0
+    batch = args.batch_size or decode.batch_size
+    prefix = Path(args.data_dir) / args.test
+    src = list(read_lines(next(prefix.parent.glob(f"{prefix.name}.{args.src}*"))))
+    ref = list(read_lines(next(prefix.parent.glob(f"{prefix.name}.{args.tgt}*"))))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        inp = Path(tmp) / "src.txt"
+        inp.write_text("".join(s + "\n" for s in src), encoding="utf-8")
+        base = {"input": str(inp), "beam": args.beam, "batch_size": batch, "repeat": args.repeat}
+        runs = [("nmt translate (fp32)", "nmt", {"checkpoint": args.checkpoint, "threads": args.threads}, None)]
+        for q in args.quantization.split(","):
+            model_dir = Path(tmp) / q
+            export(args.checkpoint, model_dir, quantization=None if q == "float32" else q)
+            size = (model_dir / "model.bin").stat().st_size / 2**20
+            layouts = [(args.threads, 1)] + [tuple(map(int, x.split("x"))) for x in args.layouts.split(",") if x]
+            for inter, intra in layouts:
+                runs.append((f"CTranslate2 {q} ({inter}×{intra})", "ct2",
+                             {"model_dir": str(model_dir), "inter": inter, "intra": intra, "lenpen": lenpen,
+                              "max_decoding_length": 256}, size))
+        outputs = {}
+        for name, engine, spec, size in runs:
+            out = Path(tmp) / f"{len(outputs)}.txt"
+            figures = run_worker(engine, {**base, **spec, "output": str(out)}, args.threads)
+            hyps = out.read_text(encoding="utf-8").split("\n")[:-1]
+            outputs[name] = hyps
+            bleu = score_corpus(hyps, [ref], metrics=("bleu",))[0].score
+            same = sum(a == b for a, b in zip(hyps, outputs[runs[0][0]], strict=True))
+            rows.append({"engine": name, "model_mb": size, "sentences": len(src), **figures,
+                         "sent_per_s": len(src) / figures["translate_s"], "bleu": bleu, "same_as_nmt": same})
+    print(f"{args.test}, {len(src)} sentences, beam {args.beam}, batch {batch}, lenpen {lenpen}, "
+          f"{args.threads} threads\n")
+    print("| engine | translate s | sent/s | process s | peak RSS MB | BLEU | identical to nmt |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['engine']} | {r['translate_s']:.2f} | {r['sent_per_s']:.1f} | {r['process_s']:.1f} | "
+              f"{r['peak_rss_mb']:.0f} | {r['bleu']:.2f} | {r['same_as_nmt']} / {r['sentences']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
