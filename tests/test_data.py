@@ -167,6 +167,38 @@ def test_collate_layout(prepared):
     assert torch.equal(moved.target, batch.target) and moved.tgt_tokens == batch.tgt_tokens
 
 
+def test_batches_padded_to_a_multiple_keep_the_budget_and_repeat_shapes(prepared):
+    d = ParallelData.load(prepared[0], "train")
+    plain = make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)
+    padded = make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1, pad_to=8)
+    assert sorted(i for b in padded for i in b) == sorted(i for b in plain for i in b)  # every pair once
+    shapes = {1: set(), 8: set()}
+    for pad_to, batches in ((1, plain), (8, padded)):
+        for ids in batches:
+            batch = collate(d, ids, pad_to=pad_to)
+            assert batch.padded_positions <= 600 or len(ids) == 1
+            shapes[pad_to].add((batch.src.size(1), batch.target.size(1)))
+            assert batch.src.size(1) % pad_to == 0 and batch.target.size(1) % pad_to == 0
+    assert len(shapes[8]) < len(shapes[1])
+
+
+def test_prefetcher_yields_what_collate_makes_and_passes_errors_on(prepared):
+    from nmt.batches import Prefetcher
+
+    d = ParallelData.load(prepared[0], "train")
+    groups = [[b, None] for b in make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)]
+    with Prefetcher(d, groups, pad_to=8, pin_memory=False) as fetched:
+        got = list(fetched)
+    assert len(got) == len(groups)
+    for (ids, _), (batch, none) in zip(groups, got, strict=True):
+        want = collate(d, ids, pad_to=8)
+        assert none is None and torch.equal(batch.src, want.src) and torch.equal(batch.target_index, want.target_index)
+    with Prefetcher(d, groups, pad_to=1, pin_memory=False) as fetched:  # stopped early: no hang
+        next(iter(fetched))
+    with pytest.raises(IndexError), Prefetcher(d, [[np.array([10**9])]], pad_to=1, pin_memory=False) as bad:
+        list(bad)
+
+
 # ---------------------------------------------------------------- synthetic tasks
 
 

@@ -8,7 +8,8 @@ The default suite deselects them; without CUDA they fail rather than skip, so a 
 - resuming equals never stopping (fp32 and fp16, with the loss scaler's state);
 - `nmt translate --device cuda` keeps the I/O contract and agrees with the CPU; int8 decoding
   with --device auto runs on the CPU;
-- cuDNN's attention backend is off (it plans each new shape, see nmt.device.configure_cuda).
+- cuDNN's attention backend is off (it plans each new shape, see nmt.device.configure_cuda);
+- an fp32 or bf16 training update never makes the host wait for the GPU.
 """
 
 from __future__ import annotations
@@ -115,6 +116,28 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path)
     train_rows = records(tmp_path / "run", "train")
     assert [r["update"] for r in train_rows] == [1, 2, 3, 4, 5, 6]  # skipped updates are not counted
     assert all(r["loss"] == r["loss"] and r["loss"] < 20 for r in train_rows)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_update_never_synchronizes_with_the_host(prepared, tmp_path, precision):
+    """torch.cuda.set_sync_debug_mode("error") raises on any call that makes the host wait for
+    the GPU (a .item(), a boolean-mask index, a blocking copy), also inside torch's ops."""
+    from nmt.distributed import Env
+    from nmt.train import Trainer
+
+    cfg = run_cfg(prepared[0], tmp_path / "run", precision=precision, clip_norm=1.0, update_freq=2)
+    trainer = Trainer(cfg, Env(torch.device("cuda")), reset_optimizer=False, reset_data=False)
+    groups = trainer._epoch_batches(1)[:4]
+    trainer.train_update(groups[0])  # the first update allocates the optimizer state and handles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for group in groups[1:]:
+            assert trainer.train_update(group) is not None
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    trainer.check_finite()
+    trainer.close()
 
 
 @pytest.mark.parametrize("precision, tol", [("fp32", 1e-5), ("fp16", 1e-3)])

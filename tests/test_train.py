@@ -9,6 +9,7 @@ dropout 0 where exact equality is asserted.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -290,6 +291,37 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     assert_same_weights(dict(accumulating.model.named_parameters()), dict(big.model.named_parameters()), 1e-5)
 
 
+def test_an_update_reads_nothing_back_from_the_device(prepared, tmp_path, monkeypatch):
+    """What would make the host wait for a GPU (item, tolist, float(), bool(), int(), nonzero
+    on a tensor) happens nowhere in a one-process fp32/bf16 update; `check_finite` then
+    reads all the updates' losses and norms at once. (test_gpu.py checks the same on CUDA
+    with torch.cuda.set_sync_debug_mode, which also sees reads inside torch's kernels.)"""
+    trainer = make_trainer(tiny(prepared[0], tmp_path / "run", clip_norm=1.0, update_freq=2))
+    groups = trainer._epoch_batches(1)[:3]
+    reads: list[str] = []
+
+    def spy(name: str) -> Any:
+        real = getattr(torch.Tensor, name)
+
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            reads.append(name)
+            return real(self, *args, **kwargs)
+        return read
+
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    try:
+        stats = [trainer.train_update(g) for g in groups]
+    finally:
+        monkeypatch.undo()
+    assert reads == [] and all(s is not None for s in stats)
+    assert [u for u, _, _ in trainer.unchecked] == [1, 2, 3]
+    trainer.check_finite()
+    assert trainer.unchecked == []
+    trainer.close()
+    assert all(math.isfinite(s["loss"]) and s["loss"] > 0 and math.isfinite(s["gnorm"]) for s in stats)
+
+
 # ------------------------------------------------------------------ signals, NaN, overflow
 
 
@@ -335,18 +367,18 @@ def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run
 
 
 def test_nan_loss_stops_naming_the_update_and_leaves_checkpoints_intact(prepared, tmp_path, monkeypatch):
-    import nmt.train as trainmod
+    import nmt.loss as lossmod
 
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=3, save_interval_updates=2)
     train(cfg)
     before = snapshot(tmp_path / "run")
-    real_loss = trainmod.label_smoothed_nll_loss
+    real_loss = lossmod.projected_smoothed_loss
 
     def nan_loss(*args: Any) -> Any:
         loss, nll = real_loss(*args)
         return (loss * float("nan"), nll) if torch.is_grad_enabled() else (loss, nll)
 
-    monkeypatch.setattr(trainmod, "label_smoothed_nll_loss", nan_loss)
+    monkeypatch.setattr(lossmod, "projected_smoothed_loss", nan_loss)
     with pytest.raises(NmtError, match="non-finite loss at update 4"):
         train(replace(cfg, train={"max_updates": 10}))
     assert snapshot(tmp_path / "run") == before
