@@ -1,4 +1,5 @@
-"""Shared fixtures: a small raw en-de corpus and the dataset prepare-bpe makes of it.
+"""Shared fixtures: a small raw en-de corpus and the dataset prepare-bpe makes of it, and a
+prepared copy task. Shared plain functions are in helpers.py.
 
 The corpus is the first few hundred lines of Multi30k, found at `../shared/data/multi30k`
 next to the repository (the NMT_MULTI30K environment variable overrides). Where the data
@@ -16,9 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from nmt.data import synthetic_pairs, write_parallel
-from nmt.prepare import PrepareOptions, prepare_bpe
-from nmt.textio import read_lines
+pytest.register_assert_rewrite("helpers")  # its asserts explain themselves like the tests' own
+
+from helpers import synthetic_pairs, write_parallel  # noqa: E402
+
+from nmt.prepare import PrepareOptions, prepare_bpe  # noqa: E402
+from nmt.textio import read_lines  # noqa: E402
 
 MULTI30K = Path(
     os.environ.get("NMT_MULTI30K") or Path(__file__).resolve().parents[2] / "shared/data/multi30k"
@@ -109,3 +113,4 @@ def copy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                validpref=str(raw / "valid"), destdir=str(dest), vocab_size=24,
                                byte_fallback=False, workers=1), progress=False)
     return dest
+

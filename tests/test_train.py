@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import synthetic_pairs, write_parallel
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
@@ -227,7 +228,7 @@ def test_resume_on_changed_data_needs_reset_data(prepared, other_data, tmp_path)
 
 def test_resume_refuses_another_tokenizer_even_with_reset_data(prepared, tmp_path):
     raw = tmp_path / "raw"
-    datamod.write_parallel(datamod.synthetic_pairs("copy", 50, seed=3), raw / "train", "en", "de")
+    write_parallel(synthetic_pairs("copy", 50, seed=3), raw / "train", "en", "de")
     other = tmp_path / "copy-bin"
     prepare_bpe(PrepareOptions(source_lang="en", target_lang="de", trainpref=str(raw / "train"),
                                destdir=str(other), vocab_size=24, byte_fallback=False, workers=1), progress=False)
