@@ -6,11 +6,43 @@ tests/ on sys.path (`pythonpath = ["tests"]`).
 
 from __future__ import annotations
 
+import os
 import random
-from collections.abc import Sequence
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from nmt import cli
 from nmt.errors import NmtError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def nmt(*args: str, cwd: Path = ROOT, stdin: str | bytes = "", env: Mapping[str, str] | None = None,
+        timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+    """`python -m nmt ARGS` in a subprocess, its output captured. A str stdin gives str stdout
+    and stderr; bytes give bytes. `env`: variables set on top of os.environ. `check`: assert
+    that the command succeeded, showing the end of its stderr if not."""
+    r = subprocess.run([sys.executable, "-m", "nmt", *args], cwd=cwd, input=stdin, capture_output=True,
+                       text=isinstance(stdin, str), env=None if env is None else {**os.environ, **env},
+                       timeout=timeout)
+    if check:
+        assert r.returncode == 0, f"nmt {' '.join(args)} failed:\n{r.stderr[-3000:]}"
+    return r
+
+
+def nmt_here(*args: str) -> int:
+    """The real command line in this process (faster than a subprocess): its exit status."""
+    try:
+        cli.main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
 
 # ------------------------------------------------------------------ synthetic data
 
