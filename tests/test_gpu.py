@@ -13,21 +13,17 @@ The default suite deselects them; without CUDA they fail rather than skip, so a 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import nmt
+from helpers import TINY, nmt, records
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, load_config, replace
 from nmt.model import Transformer
 from nmt.train import train
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs/tiny.yaml"
 
 pytestmark = pytest.mark.gpu
 
@@ -42,11 +38,6 @@ def _needs_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def run_cfg(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
     return replace(load_config(TINY), data={"dir": str(data_dir)}, model=model or {},
                    train={"run_dir": str(run_dir), "log_interval": 1, "device": "cuda", **train_opts})
-
-
-def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-    return [r for r in rows if r["type"] == kind]
 
 
 # ------------------------------------------------------------------ model

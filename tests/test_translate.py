@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, nmt, nmt_here
+from helpers import ROOT, nmt, nmt_here, save_random_model
 
-from nmt.checkpoint import atomic_save
-from nmt.config import config_to_dict, load_config
-from nmt.model import Transformer
 from nmt.search import beam_search, greedy_search, length_penalty
 from nmt.shortlist import SPECIALS, Shortlist, load_shortlist, save_shortlist
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_sentencepiece
@@ -37,18 +34,6 @@ class Setup:
     other_spm: Path  # random model with another sentencepiece model
     sentences: list[str]  # 40 source sentences of varied length
     words: list[str]
-
-
-def _save(path: Path, tokenizer: Tokenizer, seed: int, **decode) -> Path:
-    cfg = load_config(ROOT / "configs/tiny.yaml")
-    cfg = replace(cfg, decode=replace(cfg.decode, beam=4, max_len_a=0.0, max_len_b=6, **decode))
-    torch.manual_seed(seed)
-    model = Transformer(cfg.model, tokenizer.vocab_size, pad_id=PAD)
-    atomic_save({"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
-                 "vocab_size": tokenizer.vocab_size,
-                 "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
-                 "update": 0, "epoch": 0}, path)
-    return path
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,9 +54,9 @@ def setup(raw_corpus, tmp_path_factory) -> Setup:
     other = Tokenizer(train_sentencepiece(train, root / "other", 450))
     sentences = raw_corpus.lines("test", "en")
     return Setup(
-        a=_save(root / "a.pt", spm, seed=1),
-        b=_save(root / "b.pt", spm, seed=2),
-        other_spm=_save(root / "other.pt", other, seed=3),
+        a=save_random_model(root / "a.pt", spm, seed=1),
+        b=save_random_model(root / "b.pt", spm, seed=2),
+        other_spm=save_random_model(root / "other.pt", other, seed=3),
         sentences=sentences,
         words=" ".join(train).split(),
     )
