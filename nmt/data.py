@@ -8,8 +8,6 @@ language:
 - `{split}.{lang}.idx`: little-endian int64 offsets into the .bin, one per sentence plus
   one (sentence i is `bin[idx[i]:idx[i+1]]`);
 - `{split}.raw.{lang}` (valid/test splits): the cleaned input text, one line per sentence.
-
-Also the synthetic copy / reverse / sort tasks the system tests learn.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -361,47 +358,3 @@ def shard_batches(batches: list, rank: int, world_size: int) -> list:
     mine = list(batches[rank::world_size])
     per_rank = -(-len(batches) // world_size)
     return mine + [None] * (per_rank - len(mine))
-
-
-# ---------------------------------------------------------------- synthetic tasks
-
-
-def synthetic_pairs(
-    task: str,
-    n: int,
-    *,
-    seed: int,
-    min_len: int = 3,
-    max_len: int = 12,
-    alphabet: Sequence[str] = "0123456789",
-) -> list[tuple[str, str]]:
-    """`n` pairs of space-separated symbol strings: the target copies, reverses or sorts
-    (in alphabet order) the source."""
-    rank = {symbol: i for i, symbol in enumerate(alphabet)}
-    transforms = {
-        "copy": lambda xs: xs,
-        "reverse": lambda xs: xs[::-1],
-        "sort": lambda xs: sorted(xs, key=rank.__getitem__),
-    }
-    if task not in transforms:
-        raise NmtError(f"unknown synthetic task {task!r} (copy, reverse or sort)")
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(n):
-        symbols = [rng.choice(alphabet) for _ in range(rng.randint(min_len, max_len))]
-        pairs.append((" ".join(symbols), " ".join(transforms[task](symbols))))
-    return pairs
-
-
-def write_parallel(
-    pairs: Sequence[tuple[str, str]], prefix: str | Path, src_lang: str, tgt_lang: str
-) -> tuple[Path, Path]:
-    """Write PREFIX.src_lang and PREFIX.tgt_lang, one sentence per line (for prepare-bpe)."""
-    paths = (Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}"))
-    paths[0].parent.mkdir(parents=True, exist_ok=True)
-    for side, path in enumerate(paths):
-        lines = [pair[side] for pair in pairs]
-        if any("\n" in line for line in lines):
-            raise ValueError("write_parallel: a sentence contains a newline")
-        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return paths

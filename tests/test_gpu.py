@@ -14,22 +14,17 @@ The default suite deselects them; without CUDA they fail rather than skip, so a 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers import TINY, nmt, records
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, load_config, replace
 from nmt.model import Transformer
 from nmt.train import train
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs/tiny.yaml"
 
 pytestmark = pytest.mark.gpu
 
@@ -44,11 +39,6 @@ def _needs_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def run_cfg(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
     return replace(load_config(TINY), data={"dir": str(data_dir)}, model=model or {},
                    train={"run_dir": str(run_dir), "log_interval": 1, "device": "cuda", **train_opts})
-
-
-def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-    return [r for r in rows if r["type"] == kind]
 
 
 # ------------------------------------------------------------------ model
@@ -168,11 +158,6 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, precision, tol):
 # ------------------------------------------------------------------ translate
 
 
-def nmt(*args: str, stdin: str = "", cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def trained(prepared, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model trained for 300 updates on the GPU: its last checkpoint."""
@@ -190,7 +175,7 @@ def test_translate_on_cuda_agrees_with_the_cpu(trained, raw_corpus, tmp_path):
     outs = {}
     for device in ("cpu", "cuda"):
         r = nmt("translate", "--checkpoint", str(trained), "--beam", "4", "--device", device, "--scores",
-                stdin=text, cwd=tmp_path)
+                stdin=text, cwd=tmp_path, timeout=600)
         assert r.returncode == 0, r.stderr
         outs[device] = r.stdout.split("\n")
         assert outs[device][-1] == "" and len(outs[device]) == len(lines) + 1
@@ -206,7 +191,7 @@ def test_translate_on_cuda_agrees_with_the_cpu(trained, raw_corpus, tmp_path):
 def test_translate_in_half_precision_keeps_the_io_contract(trained, raw_corpus, tmp_path, precision):
     lines = raw_corpus.lines("test", "en")
     r = nmt("translate", "--checkpoint", str(trained), "--device", "cuda", "--precision", precision,
-            "--batch-size", "7", stdin="\n".join(lines) + "\n", cwd=tmp_path)
+            "--batch-size", "7", stdin="\n".join(lines) + "\n", cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr
     out = r.stdout.split("\n")
     assert len(out) == len(lines) + 1 and out[-1] == ""
@@ -218,11 +203,12 @@ def test_int8_with_device_auto_decodes_on_the_cpu(trained, raw_corpus, tmp_path)
     outs = []
     for device in ("auto", "cpu"):
         r = nmt("translate", "--checkpoint", str(trained), "--precision", "int8", "--device", device,
-                stdin="\n".join(lines) + "\n", cwd=tmp_path)
+                stdin="\n".join(lines) + "\n", cwd=tmp_path, timeout=600)
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout)
     assert outs[0] == outs[1] and outs[0].count("\n") == len(lines)
-    r = nmt("translate", "--checkpoint", str(trained), "--precision", "int8", "--device", "cuda", cwd=tmp_path)
+    r = nmt("translate", "--checkpoint", str(trained), "--precision", "int8", "--device", "cuda", cwd=tmp_path,
+            timeout=600)
     assert r.returncode != 0 and "int8 is for CPU decoding" in r.stderr.strip().splitlines()[-1]
 
 
