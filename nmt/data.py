@@ -303,10 +303,10 @@ def make_batches(
         batches = Batches()
         for start in range(0, len(order), pool):
             chunk = order[start : start + pool]
-            batches.extend(_pack(chunk[np.lexsort((tgt[chunk], src[chunk]))], src, tgt, max_tokens, pad_to))
+            batches.extend(_pack(chunk[_length_order(src[chunk], tgt[chunk], pad_to)], src, tgt, max_tokens, pad_to))
         batches[:] = [batches[i] for i in rng.permutation(len(batches))]
     else:
-        batches = Batches(_pack(keep[np.lexsort((tgt[keep], src[keep]))], src, tgt, max_tokens, pad_to))
+        batches = Batches(_pack(keep[_length_order(src[keep], tgt[keep], pad_to)], src, tgt, max_tokens, pad_to))
     batches.excluded = len(src) - len(keep)
     batches.oversized = sum(
         1 for b in batches if len(b) == 1 and src[b[0]] + tgt[b[0]] + 2 > max_tokens
@@ -322,6 +322,14 @@ def make_batches(
             max_tokens,
         )
     return batches
+
+
+def _length_order(src: np.ndarray, tgt: np.ndarray, pad_to: int) -> np.ndarray:
+    """The order that puts pairs of similar lengths together: by source length, then target
+    length. With pad_to > 1 the source lengths that pad to the same width count as equal, so
+    that the target lengths sort within them (less target padding, for free)."""
+    key = (src + 1 + pad_to - 1) // pad_to if pad_to > 1 else src
+    return np.lexsort((tgt, key))
 
 
 def _pack(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int, pad_to: int = 1) -> list[np.ndarray]:
