@@ -1,4 +1,6 @@
-"""Shared fixtures: a small raw en-de corpus and the dataset prepare-bpe makes of it.
+"""Shared fixtures: a small raw en-de corpus and the dataset prepare-bpe makes of it, a
+prepared copy task, and `in_tmp` (run a test in its tmp_path). Shared plain functions are in
+helpers.py.
 
 The corpus is the first few hundred lines of Multi30k, found at `../shared/data/multi30k`
 next to the repository (the NMT_MULTI30K environment variable overrides). Where the data
@@ -13,12 +15,17 @@ import random
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
-from nmt.data import synthetic_pairs, write_parallel
-from nmt.prepare import PrepareOptions, prepare_bpe
-from nmt.textio import read_lines
+pytest.register_assert_rewrite("helpers")  # its asserts explain themselves like the tests' own
+
+from helpers import synthetic_pairs, write_parallel  # noqa: E402
+
+from nmt.prepare import PrepareOptions, prepare_bpe  # noqa: E402
+from nmt.textio import read_lines  # noqa: E402
 
 MULTI30K = Path(
     os.environ.get("NMT_MULTI30K") or Path(__file__).resolve().parents[2] / "shared/data/multi30k"
@@ -111,13 +118,22 @@ def copy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
-# ------------------------------------------------------------------ checkpoints for prediction tests
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Run the test in its tmp_path and restore torch's thread count after it: `nmt train`
+    writes .nmt-last-run into the working directory and sets torch's threads. Modules use it
+    with `pytestmark = pytest.mark.usefixtures("in_tmp")`."""
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
-ROOT = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------ models for the prediction tests
 
 
 @pytest.fixture(scope="session")
-def test_tokenizer(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory):
+def test_tokenizer(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A 500-piece sentencepiece model learnt on both sides of `raw_corpus`'s train split."""
     from nmt.tokenizer import Tokenizer, train_sentencepiece
 
@@ -126,47 +142,21 @@ def test_tokenizer(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
-def save_random_model():
-    """save(path, tokenizer, seed, model={...}, decode={...}) -> path: a checkpoint of a randomly
-    initialised configs/tiny.yaml Transformer (settings overridden by `model` and `decode`).
-    A random model never chooses EOS: keep decoding short (the default max_len_a 0, b 6)."""
-    import torch
-
-    from nmt.checkpoint import atomic_save
-    from nmt.config import config_to_dict, load_config, replace
-    from nmt.model import Transformer
-    from nmt.tokenizer import PAD
-
-    def save(path: Path, tokenizer, seed: int = 1, model: dict | None = None, decode: dict | None = None) -> Path:
-        cfg = load_config(ROOT / "configs/tiny.yaml")
-        cfg = replace(cfg, model=model or {}, decode={"beam": 4, "max_len_a": 0.0, "max_len_b": 6, **(decode or {})})
-        torch.manual_seed(seed)
-        net = Transformer(cfg.model, tokenizer.vocab_size, pad_id=PAD)
-        atomic_save({"format_version": 1, "model": net.state_dict(), "config": config_to_dict(cfg),
-                     "vocab_size": tokenizer.vocab_size,
-                     "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
-                     "update": 0, "epoch": 0}, path)
-        return path
-
-    return save
-
-
-@pytest.fixture(scope="session")
 def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small Transformer (2+2 layers, d_model 64) trained for 300 updates on `prepared`
     (~20 s): it ends its outputs with EOS on its own, so it decodes real sentences to real
     lengths, as a random model does not."""
-    import torch
+    from helpers import tiny
 
-    from nmt.config import load_config, replace
+    from nmt.config import replace
     from nmt.train import train
 
     run = tmp_path_factory.mktemp("trained") / "run"
-    cfg = replace(load_config(ROOT / "configs/tiny.yaml"), data={"dir": str(prepared[0])},
-                  model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128, "heads": 4},
-                  train={"run_dir": str(run), "max_updates": 300, "lr": 3e-3, "warmup_updates": 50,
-                         "max_tokens": 1024, "valid_bleu": False, "save_interval_updates": 0, "threads": 1},
-                  decode={"beam": 4, "max_len_a": 1.5, "max_len_b": 10})
+    cfg = tiny(prepared[0], run, model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128,
+                                        "heads": 4},
+               max_updates=300, lr=3e-3, warmup_updates=50, max_tokens=1024, valid_bleu=False,
+               save_interval_updates=0, log_interval=100)
+    cfg = replace(cfg, decode={"beam": 4, "max_len_a": 1.5, "max_len_b": 10})
     threads = torch.get_num_threads()
     try:
         train(cfg)

@@ -2,7 +2,7 @@
 results do not depend on batching or buffering, forced-decoding scores equal the search's own,
 blank and bad inputs are handled, and `nmt translate` answers a co-process line by line.
 
-The checkpoints hold randomly initialised tiny Transformers (see conftest.save_random_model):
+The checkpoints hold randomly initialised tiny Transformers (helpers.save_random_model):
 these are properties of the code, not of a trained model.
 """
 
@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, nmt, save_random_model
 
 from nmt import Translation, Translator
 from nmt.errors import NmtError
 from nmt.predict import score_token_lists, translate_token_lists
 
-ROOT = Path(__file__).resolve().parents[1]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 ANSWER_TIMEOUT = 60  # seconds a co-process may take per answer (model loading included)
 
 
@@ -36,7 +37,7 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def ckpt(test_tokenizer, save_random_model, tmp_path_factory) -> Path:
+def ckpt(test_tokenizer, tmp_path_factory) -> Path:
     return save_random_model(tmp_path_factory.mktemp("api") / "a.pt", test_tokenizer, seed=1)
 
 
@@ -50,19 +51,13 @@ def sentences(raw_corpus) -> list[str]:
     return raw_corpus.lines("test", "en")[:24]
 
 
-def run_nmt(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, env=env,
-                          timeout=120)
-
-
 # ------------------------------------------------------------------ the API equals the command
 
 
 def test_api_nbest_with_scores_equals_the_command_output(ckpt, translator, sentences):
     lines = [*sentences[:10], "", "  "]
-    r = run_nmt("translate", "-c", str(ckpt), "--device", "cpu", "--nbest", "3", "--scores", "--threads", "1",
-                stdin="".join(s + "\n" for s in lines).encode())
+    r = nmt("translate", "-c", str(ckpt), "--device", "cpu", "--nbest", "3", "--scores", "--threads", "1",
+            env=ONE_THREAD, stdin="".join(s + "\n" for s in lines).encode())
     assert r.returncode == 0, r.stderr.decode()
     expected = []
     for hyps in translator.translate_nbest(lines, 3):
@@ -80,9 +75,9 @@ def test_translate_is_the_first_of_the_nbest(translator, sentences):
 
 def test_decode_options_of_load_are_those_of_the_command(ckpt, sentences):
     api = Translator.load(ckpt, device="cpu", beam=2, lenpen=0.6, lenpen_style="gnmt", max_len_b=4)
-    r = run_nmt("translate", "-c", str(ckpt), "--device", "cpu", "--beam", "2", "--lenpen", "0.6",
-                "--lenpen-style", "gnmt", "--max-len-b", "4", "--threads", "1",
-                stdin="".join(s + "\n" for s in sentences[:6]).encode())
+    r = nmt("translate", "-c", str(ckpt), "--device", "cpu", "--beam", "2", "--lenpen", "0.6",
+            "--lenpen-style", "gnmt", "--max-len-b", "4", "--threads", "1",
+            env=ONE_THREAD, stdin="".join(s + "\n" for s in sentences[:6]).encode())
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout.decode().split("\n")[:-1] == api.translate(sentences[:6])
     assert (api.decode.beam, api.decode.lenpen_style) == (2, "gnmt")
@@ -270,6 +265,6 @@ def test_translate_answers_a_co_process_line_by_line(ckpt, translator, sentences
 
 
 def test_negative_buffer_lines_is_one_line(ckpt):
-    r = run_nmt("translate", "-c", str(ckpt), "--buffer-lines", "-1", stdin=b"A dog.\n")
+    r = nmt("translate", "-c", str(ckpt), "--buffer-lines", "-1", env=ONE_THREAD, stdin=b"A dog.\n")
     err = [line for line in r.stderr.decode().splitlines() if line.strip()]
     assert r.returncode == 1 and len(err) == 1 and "--buffer-lines" in err[0], r.stderr.decode()

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import nmt_here, save_random_model
 
-from nmt import Translator, cli
+from nmt import Translator
 from nmt.errors import NmtError
 from nmt.export import export
 from nmt.predict import score_token_lists
@@ -57,14 +58,6 @@ def restore_logging():
     root.setLevel(level)
 
 
-def run_cli(*args: str) -> int:
-    try:
-        cli.main(list(args))
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
-
-
 def pieces(tokenizer, text: str) -> list[str]:
     return [tokenizer.piece(i) for i in tokenizer.encode(text)]
 
@@ -85,7 +78,7 @@ def ct2_translate(model_dir: Path, tokenizer, texts: list[str], beam: int, lenpe
 
 @needs_ctranslate2
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_exported_model_gives_the_same_token_log_probs(variant, test_tokenizer, save_random_model, raw_corpus,
+def test_exported_model_gives_the_same_token_log_probs(variant, test_tokenizer, raw_corpus,
                                                        tmp_path):
     ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=3, model=VARIANTS[variant])
     export(ckpt, tmp_path / "ct2")
@@ -107,7 +100,7 @@ def test_exported_greedy_and_beam_equal_nmt_translate(trained_checkpoint, raw_co
     Only a near-tie may differ: then both outputs must score within 1e-3 under our model (the
     two engines round differently in the last bits)."""
     out_dir = tmp_path / "ct2"
-    assert run_cli("export", str(trained_checkpoint), str(out_dir)) == 0
+    assert nmt_here("export", str(trained_checkpoint), str(out_dir)) == 0
     assert sorted(p.name for p in out_dir.iterdir()) == ["config.json", "model.bin", "shared_vocabulary.json",
                                                           "spm.model"]
     texts = raw_corpus.lines("test", "en") + raw_corpus.lines("val", "en")
@@ -116,7 +109,7 @@ def test_exported_greedy_and_beam_equal_nmt_translate(trained_checkpoint, raw_co
     tok = ours.loaded.tokenizer
     for beam in (1, 5):
         out = tmp_path / f"beam{beam}.de"
-        assert run_cli("translate", "-c", str(trained_checkpoint), "-i", str(tmp_path / "in.en"), "-o", str(out),
+        assert nmt_here("translate", "-c", str(trained_checkpoint), "-i", str(tmp_path / "in.en"), "-o", str(out),
                        "--device", "cpu", "--beam", str(beam), "--lenpen", "1.0", "--lenpen-style", "length",
                        "--max-len-a", "3", "--max-len-b", "50") == 0
         expected = out.read_text(encoding="utf-8").split("\n")[:-1]
@@ -160,28 +153,28 @@ def test_without_ctranslate2_the_command_says_how_to_install_it(trained_checkpoi
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_ctranslate2)
-    assert run_cli("export", str(trained_checkpoint), str(tmp_path / "out")) == 1
+    assert nmt_here("export", str(trained_checkpoint), str(tmp_path / "out")) == 1
     _one_line_error(capfd, "pip install 'nmt[ctranslate2]'")
     assert not (tmp_path / "out").exists()
 
 
-def test_weights_the_export_does_not_know_are_refused(test_tokenizer, save_random_model, tmp_path, capfd):
-    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer)
+def test_weights_the_export_does_not_know_are_refused(test_tokenizer, tmp_path, capfd):
+    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=1)
     state = torch.load(ckpt, weights_only=True)
     state["model"]["decoder.0.gate.weight"] = torch.zeros(4)  # a layer of some future architecture
     torch.save(state, ckpt)
-    assert run_cli("export", str(ckpt), str(tmp_path / "out")) == 1
+    assert nmt_here("export", str(ckpt), str(tmp_path / "out")) == 1
     _one_line_error(capfd, "decoder.0.gate.weight")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # nothing left behind
 
 
-def test_model_settings_the_export_does_not_map_are_refused(test_tokenizer, save_random_model, tmp_path,
+def test_model_settings_the_export_does_not_map_are_refused(test_tokenizer, tmp_path,
                                                             monkeypatch, capfd):
     import nmt.export
 
-    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, model={"learned_positions": True})
+    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=1, model={"learned_positions": True})
     monkeypatch.setattr(nmt.export, "EXPORTED_FIELDS", nmt.export.EXPORTED_FIELDS - {"learned_positions"})
-    assert run_cli("export", str(ckpt), str(tmp_path / "out")) == 1
+    assert nmt_here("export", str(ckpt), str(tmp_path / "out")) == 1
     _one_line_error(capfd, "model.learned_positions=True cannot be represented")
 
 
@@ -189,15 +182,15 @@ def test_model_settings_the_export_does_not_map_are_refused(test_tokenizer, save
 def test_an_existing_directory_needs_force_and_must_be_an_export(trained_checkpoint, tmp_path, capfd):
     out = tmp_path / "out"
     export(trained_checkpoint, out)
-    assert run_cli("export", str(trained_checkpoint), str(out)) == 1
+    assert nmt_here("export", str(trained_checkpoint), str(out)) == 1
     _one_line_error(capfd, "use --force")
-    assert run_cli("export", str(trained_checkpoint), str(out), "--force", "--quantization", "int8") == 0
+    assert nmt_here("export", str(trained_checkpoint), str(out), "--force", "--quantization", "int8") == 0
     assert json.loads((out / "config.json").read_text())["add_source_eos"] is True
     assert "wrote" in capfd.readouterr().err
     other = tmp_path / "notes"
     other.mkdir()
     (other / "todo.txt").write_text("keep me")
-    assert run_cli("export", str(trained_checkpoint), str(other), "--force") == 1
+    assert nmt_here("export", str(trained_checkpoint), str(other), "--force") == 1
     _one_line_error(capfd, "is not a CTranslate2 model")
     assert (other / "todo.txt").read_text() == "keep me"
 
@@ -207,7 +200,7 @@ def test_an_existing_directory_needs_force_and_must_be_an_export(trained_checkpo
     (["--quantization", "int4"], "--quantization must be one of"),
 ])
 def test_bad_options_are_one_line(trained_checkpoint, tmp_path, capfd, args, needle):
-    assert run_cli("export", str(trained_checkpoint), str(tmp_path / "out"), *args) == 1
+    assert nmt_here("export", str(trained_checkpoint), str(tmp_path / "out"), *args) == 1
     _one_line_error(capfd, needle)
 
 
