@@ -264,6 +264,27 @@ def test_translate_answers_a_co_process_line_by_line(ckpt, translator, sentences
             proc.wait()
 
 
+def test_translate_answers_each_line_typed_on_a_terminal(ckpt, translator, sentences):
+    """No --buffer-lines: stdin is a terminal (a pseudo-terminal here), so each typed line is
+    answered at once."""
+    import pty
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "--device", "cpu",
+                             "--threads", "1"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, bufsize=0)
+    os.close(slave)
+    try:
+        for line in sentences[:2]:
+            os.write(master, line.encode() + b"\n")
+            assert _read_line(proc.stdout, ANSWER_TIMEOUT).decode() == translator.translate([line])[0] + "\n"
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(master)
+
+
 def test_negative_buffer_lines_is_one_line(ckpt):
     r = nmt("translate", "-c", str(ckpt), "--buffer-lines", "-1", env=ONE_THREAD, stdin=b"A dog.\n")
     err = [line for line in r.stderr.decode().splitlines() if line.strip()]

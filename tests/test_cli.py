@@ -5,7 +5,7 @@ import subprocess
 import pytest
 from helpers import nmt
 
-COMMANDS = ["prepare-bpe", "train", "average-checkpoints", "translate", "score"]
+COMMANDS = ["prepare-bpe", "train", "average-checkpoints", "translate", "score", "export"]
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:
