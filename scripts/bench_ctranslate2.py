@@ -17,9 +17,13 @@ that `nmt translate` is a reader/writer over; CTranslate2 with `inter_threads=T,
 intra_threads=1`, the same layout (`--layouts` adds others, e.g. 1x2).
 CTranslate2 decodes with the settings that equal nmt's `length` style (length_penalty =
 lenpen, |Y| counting EOS via return_end_token, disable_unk); the checkpoint's lenpen_style
-must be `length` (or `none` with lenpen 0) for the outputs to be comparable. Its length limit
-is one number (`max_decoding_length`, 256) where nmt's is max_len_a * source + max_len_b per
-sentence: outputs that reach nmt's limit (an under-trained model repeating itself) differ.
+must be `length` (or `none` with lenpen 0) for the outputs to be comparable. Sentences are
+batched as nmt batches them (sorted by length, `--batch-size` each) and submitted
+asynchronously, so that the inter_threads decode batches in parallel. CTranslate2's length
+limit (`max_decoding_length`) is one number per call, so each batch gets nmt's limit for its
+longest source, max_len_a * (tokens + 1) + max_len_b (+1 for the EOS step); where a shorter
+sentence of the batch reaches its own nmt limit (an under-trained model repeating itself),
+nmt stops it with EOS and CTranslate2 goes on, so such outputs differ.
 Prints a markdown table; `--json FILE` writes the figures.
 """
 
@@ -87,14 +91,19 @@ def _ct2_worker(spec: dict) -> dict:
     best, out = float("inf"), []
     for _ in range(spec["repeat"]):
         start = time.perf_counter()
-        todo = [i for i, t in enumerate(texts) if t.strip()]
-        results = translator.translate_batch(
-            sp.encode([texts[i] for i in todo], out_type=str), max_batch_size=spec["batch_size"],
-            beam_size=spec["beam"], length_penalty=spec["lenpen"], return_end_token=True, disable_unk=True,
-            max_decoding_length=spec["max_decoding_length"])
+        pieces = sp.encode(texts, out_type=str)
+        order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(pieces[i]))
+        pending = []  # nmt's batching by length, and its length limit per batch (the longest source's)
+        for b in range(0, len(order), spec["batch_size"]):
+            ids = order[b : b + spec["batch_size"]]
+            limit = max(int(spec["max_len_a"] * (len(pieces[i]) + 1) + spec["max_len_b"]) for i in ids) + 1
+            pending.append((ids, translator.translate_batch(
+                [pieces[i] for i in ids], beam_size=spec["beam"], length_penalty=spec["lenpen"],
+                return_end_token=True, disable_unk=True, max_decoding_length=limit, asynchronous=True)))
         out = [""] * len(texts)
-        for i, r in zip(todo, results, strict=True):
-            out[i] = sp.decode([p for p in r.hypotheses[0] if p != "</s>"])
+        for ids, results in pending:  # asynchronous: the inter_threads decode batches in parallel
+            for i, r in zip(ids, results, strict=True):
+                out[i] = sp.decode([p for p in r.result().hypotheses[0] if p != "</s>"])
         best = min(best, time.perf_counter() - start)
     Path(spec["output"]).write_text("".join(t + "\n" for t in out), encoding="utf-8")
     return {"translate_s": best}
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             for inter, intra in layouts:
                 runs.append((f"CTranslate2 {q} ({inter}×{intra})", "ct2",
                              {"model_dir": str(model_dir), "inter": inter, "intra": intra, "lenpen": lenpen,
-                              "max_decoding_length": 256}, size))
+                              "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b}, size))
         outputs = {}
         for name, engine, spec, size in runs:
             out = Path(tmp) / f"{len(outputs)}.txt"
