@@ -158,7 +158,14 @@ def _all_keys() -> list[str]:
 
 
 def _unknown(key: str, where: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
+    """An unknown key, with the closest known one: within its section where the section is
+    known (`train.foo` is not a misspelt `train`), else among all keys and sections."""
+    section, _, name = key.partition(".")
+    if section in SECTIONS and name:
+        names = [f.name for f in fields(SECTIONS[section])]
+        close = [f"{section}.{c}" for c in difflib.get_close_matches(name, names, n=1, cutoff=0.6)]
+    else:
+        close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return ConfigError(f"{where}: unknown key {key}{hint}")
 
@@ -214,16 +221,23 @@ def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any
     return cls(**kwargs)
 
 
-def _parse_override(item: str) -> tuple[str, Any]:
+def _parse_override(item: str) -> tuple[str, str]:
     if "=" not in item:
         raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=7e-4")
     key, text = item.split("=", 1)
-    key = key.strip()
+    return key.strip(), text
+
+
+def _override_value(section: str, name: str, text: str) -> Any:
+    """The value of `--set section.name=text`: a string key (a path, a language, a device) takes
+    the text as written (`runs/exp #2`, `2024`, `no`); any other is read as YAML (`7e-4`, `true`)."""
+    tp = _field_types(SECTIONS[section]).get(name)
+    if tp is str or (get_origin(tp) is Literal and all(isinstance(c, str) for c in get_args(tp))):
+        return text
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        return yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
-        value = text
-    return key, value
+        return text
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -247,8 +261,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML config (or start from defaults), apply `--set` overrides, validate."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                options: dict[str, tuple[str, Any]] | None = None) -> Config:
+    """Read a YAML config (or start from defaults), apply `--set` overrides, then `options`
+    (key -> (the command-line option that set it, its value), e.g. {"train.run_dir": ("--run-dir",
+    "runs/x")}: errors name that option), validate."""
     raw: dict[str, Any] = {}
     where: dict[str, str] = {"_file": str(path) if path else "defaults"}
     if path is not None:
@@ -261,12 +278,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             elif not isinstance(body, dict):
                 raise ConfigError(f"{path}: section {section} must be a mapping of keys")
     for item in overrides:
-        key, value = _parse_override(item)
+        key, text = _parse_override(item)
         section, _, name = key.partition(".")
         if section not in SECTIONS or not name:
             raise _unknown(key, "--set")
-        raw.setdefault(section, {})[name] = value
+        raw.setdefault(section, {})[name] = _override_value(section, name, text)
         where[key] = "--set"
+    for key, (option, value) in (options or {}).items():
+        section, _, name = key.partition(".")
+        raw.setdefault(section, {})[name] = value
+        where[key] = option
     cfg = Config(**{name: _build_section(name, raw.get(name, {}), where) for name in SECTIONS})
     validate(cfg, where)
     return cfg
@@ -345,20 +366,24 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
     check_decode(d, lambda key: f"{where.get('decode.' + key, where['_file'])}: decode.{key}")
 
 
-def check_decode(d: DecodeConfig, name: Callable[[str], str]) -> None:
+def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | None = None) -> None:
     """The bounds of the decode settings, in one place for a config file, a checkpoint and the
     options of `nmt translate`; `name(key)` says where a value came from ("--beam",
-    "cfg.yaml: decode.beam", ...)."""
+    "cfg.yaml: decode.beam", ...). With `vocab_size` (a model is loaded), also the bounds
+    that depend on it."""
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:
             raise ConfigError(f"{name(key)} {msg}, got {getattr(d, key)!r}")
 
     need(d.beam >= 1, "beam", "must be at least 1")
+    # step 0 takes the whole beam from one row's candidates (nmt.search)
+    need(vocab_size is None or d.beam < vocab_size, "beam", f"must be smaller than the vocabulary ({vocab_size})")
     need(math.isfinite(d.lenpen), "lenpen", "must be a finite number")
     need(d.lenpen_style in get_args(_field_types(DecodeConfig)["lenpen_style"]), "lenpen_style",
          "must be gnmt, length or none")
-    need(d.max_len_a >= 0, "max_len_a", "must not be negative")
+    need(math.isfinite(d.max_len_a) and d.max_len_a >= 0, "max_len_a", "must be a number, not negative")
+    need(d.max_len_b >= 0, "max_len_b", "must not be negative")
     need(d.max_len_b >= 1 or d.max_len_a > 0, "max_len_b", "must allow at least one token")
     need(d.min_len >= 0, "min_len", "must not be negative")
     need(d.no_repeat_ngram_size >= 0, "no_repeat_ngram_size", "must not be negative")

@@ -34,7 +34,7 @@ from nmt.model import Transformer, num_parameters, summary
 from nmt.oom import OomSkips, inject_oom_faults, is_oom
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
 from nmt.rundir import RunDir
-from nmt.tokenizer import PAD, Tokenizer
+from nmt.tokenizer import EOS, PAD, Tokenizer
 from nmt.train_metrics import TrainMetrics
 from nmt.train_state import (
     Progress,
@@ -74,6 +74,8 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
     if vocab_size is None:
         vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
+    if vocab_size < EOS + 1:
+        raise NmtError(f"--vocab-size must be at least {EOS + 1} (the special tokens), got {vocab_size}")
     model = Transformer(cfg.model, vocab_size, pad_id=PAD)
     return summary(model)
 
@@ -90,10 +92,13 @@ class Trainer:
         configure_cuda(env.device)
         self.run_dir = RunDir(Path(t.run_dir))
         self.meta = datamod.read_meta(cfg.data.dir)
-        self.fingerprint = data_fingerprint(self.meta)
         self.src_lang = cfg.data.source_lang or self.meta["source_lang"]
         self.tgt_lang = cfg.data.target_lang or self.meta["target_lang"]
+        self.fingerprint = data_fingerprint(self.meta, self.src_lang, self.tgt_lang)
         self.tokenizer = Tokenizer(Path(cfg.data.dir) / "spm.model")
+        if t.valid_bleu and t.valid_beam >= self.tokenizer.vocab_size:  # as decode.beam (config.check_decode)
+            raise NmtError(f"train.valid_beam must be smaller than the vocabulary ({self.tokenizer.vocab_size}), "
+                           f"got {t.valid_beam}")
         self.train_data = datamod.ParallelData.load(cfg.data.dir, cfg.data.train_split, self.src_lang, self.tgt_lang)
         self.valid_data = None
         if cfg.data.valid_split in self.meta.get("splits", {}):

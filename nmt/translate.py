@@ -14,16 +14,18 @@ batches and written back in input order, so memory stays flat on any input size.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterator
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-from nmt.atomic import replacing
+from nmt.atomic import TextWriter, clean_temporaries, replacing, target
 from nmt.config import DecodeConfig
 from nmt.device import resolve_device
 from nmt.errors import NmtError
@@ -107,32 +109,73 @@ def _bar() -> Any:
 def translate_main(opts: TranslateOptions) -> None:
     if opts.precision not in DECODE_PRECISIONS:
         raise NmtError(f"--precision must be one of {', '.join(DECODE_PRECISIONS)}, got {opts.precision!r}")
-    if opts.threads > 0:
-        torch.set_num_threads(opts.threads)
+    if opts.threads < 0:
+        raise NmtError(f"--threads must be 0 (torch's default) or more, got {opts.threads}")
     if opts.workers < 0:
         raise NmtError(f"--workers must be 0 (one per CPU thread) or more, got {opts.workers}")
+    if opts.threads > 0:
+        torch.set_num_threads(min(opts.threads, MAX_THREADS))
     # int8 decoding exists on the CPU only: there, auto means the CPU even where CUDA is present
     device = resolve_device("cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device)
-    if opts.input is not None and not Path(opts.input).is_file():
-        raise NmtError(f"{opts.input}: input file not found")
-    loaded = load_models(resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision)
-    cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest)
-    shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
-    inp = open(opts.input, "rb") if opts.input else sys.stdin.buffer
-    name = str(opts.input or "<stdin>")
+    inp, name = _input(opts.input)
+    output = target(opts.output, "-o") if opts.output else None  # before the models load
+    if output is None and (sys.stdout is None or _closed(1)):
+        raise NmtError("standard output is closed; give -o FILE")
     try:
-        if opts.output:
+        loaded = load_models(resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision)
+        source = str(opts.checkpoints[0]) if opts.checkpoints else "the checkpoint"
+        cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest, source=source,
+                            vocab_size=loaded.tokenizer.vocab_size)
+        shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
+        run = partial(translate_stream, loaded, cfg, inp, name=name, nbest=opts.nbest, scores=opts.scores,
+                      device=device, precision=opts.precision, workers=opts.workers, shortlist=shortlist)
+        if output is not None:
             # written to a temporary next to it and renamed at the end: an error or an interrupt
-            # leaves no partial file (and an existing one unchanged)
-            with replacing(Path(opts.output), "the translations") as tmp, \
-                    open(tmp, "w", encoding="utf-8", newline="\n") as out:
-                translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                                 device=device, precision=opts.precision, workers=opts.workers,
-                                 shortlist=shortlist)
+            # leaves no partial file (and an existing one unchanged); a killed run's is removed here
+            clean_temporaries(output.parent, name=output.name)
+            with replacing(output, "the translations") as tmp, open(tmp, "xb", buffering=0) as f:
+                run(TextWriter(f.fileno()))
         else:
-            out = open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
-            translate_stream(loaded, cfg, inp, out, name=name, nbest=opts.nbest, scores=opts.scores,
-                             device=device, precision=opts.precision, workers=opts.workers, shortlist=shortlist)
+            _to_stdout(run)
     finally:
         if opts.input:
             inp.close()
+
+
+MAX_THREADS = 4096  # torch refuses absurd thread counts with an error of its own
+
+
+def _closed(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return True
+    return False
+
+
+def _input(path: Path | None) -> tuple[BinaryIO, str]:
+    """The input stream and its name for messages: a file (or a named pipe, `<(...)`) or stdin."""
+    if path is None:
+        if sys.stdin is None or _closed(0):
+            raise NmtError("standard input is closed; give --input FILE")
+        return sys.stdin.buffer, "<stdin>"
+    if Path(path).is_dir():
+        raise NmtError(f"--input {path}: is a directory")
+    try:
+        return open(path, "rb"), str(path)
+    except FileNotFoundError:
+        raise NmtError(f"{path}: input file not found") from None
+    except OSError as e:
+        raise NmtError(f"--input {path}: cannot open ({e.strerror or e})") from None
+
+
+def _to_stdout(run: Any) -> None:
+    """`run(out)` writing to standard output; a failed write (a full disk, a file-size limit)
+    is one line. A closed pipe (the reader went away) goes to the CLI, which ends quietly."""
+    sys.stdout.flush()
+    try:
+        run(TextWriter(sys.stdout.fileno()))
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise NmtError(f"standard output: cannot write the translations ({e.strerror or e})") from None
