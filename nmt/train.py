@@ -74,9 +74,10 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
     if vocab_size is None:
         vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
-    if vocab_size < EOS + 1:
-        raise NmtError(f"--vocab-size must be at least {EOS + 1} (the special tokens), got {vocab_size}")
-    model = Transformer(cfg.model, vocab_size, pad_id=PAD)
+    if not EOS + 1 <= vocab_size < 2**31:  # the special tokens; token ids are at most int32
+        raise NmtError(f"--vocab-size must be between {EOS + 1} and {2**31 - 1}, got {vocab_size}")
+    with torch.device("meta"):  # shapes only: a big vocabulary costs no memory
+        model = Transformer(cfg.model, vocab_size, pad_id=PAD)
     return summary(model)
 
 
