@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from nmt import cli
+from nmt.checkpoint import atomic_save
 from nmt.config import SECTIONS, config_to_dict, load_config
 from nmt.model import Transformer
-from nmt.checkpoint import atomic_save
 from nmt.tokenizer import PAD, Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
