@@ -380,9 +380,14 @@ class Trainer:
                 self.run_dir.write_config(self.cfg)
                 log.info("new run in %s\n%s", self.run_dir.path, summary(self.model))
             return
-        check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
-        self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
-                                reset_optimizer=reset_optimizer, reset_data=reset_data)
+        try:
+            check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
+            self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
+                                    reset_optimizer=reset_optimizer, reset_data=reset_data)
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:  # loads, but not ours
+            reason = " ".join(str(e).split())[:200] or type(e).__name__
+            raise NmtError(f"{self.run_dir.path}: its checkpoint loads but cannot be resumed from "
+                           f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir") from None
         if self.env.is_main:
             self.run_dir.write_config(self.cfg)
             log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,

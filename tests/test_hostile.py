@@ -289,6 +289,24 @@ def test_checkpoint_that_loads_but_is_inconsistent_is_one_line(prepared, tmp_pat
         assert_one_line(code, err, str(bad))
 
 
+@pytest.mark.parametrize("damage", ["no progress", "weights of another shape"])
+def test_training_checkpoint_that_loads_but_cannot_be_resumed_is_one_line(prepared, tmp_path, capfd, damage):
+    run_dir = tmp_path / "run"
+    sets = tiny_sets(prepared[0], run_dir)
+    assert run_here(capfd, "train", str(TINY), *sets)[0] == 0
+    state = load_checkpoint(run_dir / "checkpoint_last.pt")
+    if damage == "no progress":
+        del state["train_state"]["progress"]
+    else:
+        key = next(iter(state["model"]))
+        state["model"][key] = torch.zeros(3)
+    for name in ("checkpoint_last.pt", "checkpoint_1.pt"):
+        (run_dir / name).unlink(missing_ok=True)
+    atomic_save(state, run_dir / "checkpoint_last.pt")
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.max_updates": 2}))
+    assert_one_line(code, err, str(run_dir), "cannot be resumed")
+
+
 @pytest.mark.parametrize("meta", [[1, 2], {"source_lang": "en"}, {"source_lang": 1, "target_lang": "de",
                                                                    "vocab_size": "x", "splits": {}}])
 def test_prepare_json_of_the_wrong_shape_is_one_line(prepared, tmp_path, capfd, meta):
