@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import typer
 
 from nmt import __version__
+from nmt.atomic import TextWriter
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 from nmt.options import PrepareOptions, TranslateOptions
@@ -366,19 +367,15 @@ def _run(command: Any, args: list[str]) -> None:
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt, EOFError):
-        print("nmt: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except Terminated:
-        print("nmt: stopped by SIGTERM", file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM)
+    except (typer.Abort, KeyboardInterrupt, EOFError, Terminated) as e:
+        print("nmt: stopped by SIGTERM" if isinstance(e, Terminated) else "nmt: interrupted", file=sys.stderr)
+        sys.exit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
     except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument
         if type(e).__name__ == "NoArgsIsHelpError":  # `nmt` alone: the help
             print(e.format_message(), file=sys.stderr)
             sys.exit(e.exit_code)
         ctx = getattr(e, "ctx", None)
-        where = ctx.command_path if ctx is not None else "nmt"
-        print(f"{where}: error: {e.format_message()}", file=sys.stderr)
+        print(f"{ctx.command_path if ctx else 'nmt'}: error: {e.format_message()}", file=sys.stderr)
         sys.exit(e.exit_code)
     except OSError as e:
         if e.errno != errno.EPIPE:
@@ -389,8 +386,6 @@ def _run(command: Any, args: list[str]) -> None:
 def echo(text: str) -> None:
     """Print `text` (and a newline unless it ends in one) on stdout: a closed or full stdout is one
     line naming it; a broken pipe ends quietly (main)."""
-    from nmt.atomic import TextWriter
-
     if sys.stdout is None:
         raise NmtError("standard output is closed")
     try:

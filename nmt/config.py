@@ -205,8 +205,7 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+_field_types = typing.get_type_hints
 
 
 def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any:
@@ -264,8 +263,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                 options: dict[str, tuple[str, Any]] | None = None) -> Config:
     """Read a YAML config (or start from defaults), apply `--set` overrides, then `options`
-    (key -> (the command-line option that set it, its value), e.g. {"train.run_dir": ("--run-dir",
-    "runs/x")}: errors name that option), validate."""
+    ({"train.run_dir": ("--run-dir", "runs/x")}: errors name the option), validate."""
     raw: dict[str, Any] = {}
     where: dict[str, str] = {"_file": str(path) if path else "defaults"}
     if path is not None:
