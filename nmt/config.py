@@ -114,6 +114,14 @@ class TrainConfig:
     log_interval: int = opt(50, "Log training metrics every N updates: loss and nll per target token over those N updates, their mean gnorm.")
     threads: int = opt(0, "CPU threads for torch; 0 = torch's default.")
     device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.")
+    pad_to_multiple: int = opt(
+        0, "Pad each batch's source and target lengths to a multiple of this, so that kernels and "
+        "torch.compile see few distinct shapes (the batch's token budget counts the padding); "
+        "0 = 8 on CUDA, 1 (no padding) on the CPU.")
+    compile: bool = opt(False, "Compile the model and loss with torch.compile (needs a C++ compiler on "
+                        "the CPU; the first updates of each new shape are slow).")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = opt(
+        "default", "torch.compile mode; reduce-overhead records CUDA graphs (one per batch shape).")
 
 
 @dataclass(frozen=True)
@@ -354,6 +362,7 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
     need(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
     need(t.adam_eps > 0, "train.adam_eps", "must be positive")
     need(t.log_interval >= 1, "train.log_interval", "must be at least 1")
+    need(t.pad_to_multiple >= 0, "train.pad_to_multiple", "must not be negative")
     need(t.valid_beam >= 1, "train.valid_beam", "must be at least 1")
     need(t.fp16_init_scale > 0 and t.fp16_min_scale > 0, "train.fp16_init_scale",
          "and train.fp16_min_scale must be positive")

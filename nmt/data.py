@@ -8,8 +8,6 @@ language:
 - `{split}.{lang}.idx`: little-endian int64 offsets into the .bin, one per sentence plus
   one (sentence i is `bin[idx[i]:idx[i+1]]`);
 - `{split}.raw.{lang}` (valid/test splits): the cleaned input text, one line per sentence.
-
-Also the synthetic copy / reverse / sort tasks the system tests learn.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +204,10 @@ class Batch:
     ids: torch.Tensor  # (B,) long: dataset indices; stays on the CPU
     src_tokens: int  # non-pad source positions (EOS included)
     tgt_tokens: int  # non-pad target positions (EOS included): the loss's token count
+    # the real (non-pad) target positions, made on the CPU so that the device never has to
+    # tell the host how many there are (a boolean mask would: a sync in every forward)
+    target_index: torch.Tensor  # (M,) long: flat positions in (B * T), row-major
+    target_tokens: torch.Tensor  # (M,) long: target[target_index], the loss's labels
 
     def __len__(self) -> int:
         return self.src.size(0)
@@ -220,20 +221,35 @@ class Batch:
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
         return dataclasses.replace(
-            self, src=fn(self.src), prev_output=fn(self.prev_output), target=fn(self.target)
+            self, src=fn(self.src), prev_output=fn(self.prev_output), target=fn(self.target),
+            target_index=fn(self.target_index), target_tokens=fn(self.target_tokens),
         )
+
+    @property
+    def padded_positions(self) -> int:
+        """Source and target positions of the padded tensors (what a batch costs to run)."""
+        return self.src.numel() + self.target.numel()
+
+
+def padded_length(length: int, multiple: int) -> int:
+    """`length` rounded up to a multiple of `multiple` (1: unchanged)."""
+    return -(-length // multiple) * multiple
 
 
 def collate(
-    data: ParallelData, indices: Sequence[int] | np.ndarray, pin_memory: bool = False
+    data: ParallelData, indices: Sequence[int] | np.ndarray, pin_memory: bool = False, pad_to: int = 1
 ) -> Batch:
-    """Pad the pairs `indices` of `data` into a Batch (rows in the order of `indices`)."""
+    """Pad the pairs `indices` of `data` into a Batch (rows in the order of `indices`).
+
+    With pad_to > 1 both lengths are padded up to a multiple of it, so that the tensors of an
+    epoch take few distinct shapes (kernels, attention backends and torch.compile see
+    repeats); the padding is masked like any other and changes no result."""
     ids = np.array(indices, dtype=np.int64)  # a copy: batch.ids must not alias the batch list
     if len(ids) == 0:
         raise ValueError("collate: empty batch")
     src_len, tgt_len = data.src_sizes[ids], data.tgt_sizes[ids]
-    src = np.full((len(ids), int(src_len.max()) + 1), PAD, dtype=np.int64)
-    prev = np.full((len(ids), int(tgt_len.max()) + 1), PAD, dtype=np.int64)
+    src = np.full((len(ids), padded_length(int(src_len.max()) + 1, pad_to)), PAD, dtype=np.int64)
+    prev = np.full((len(ids), padded_length(int(tgt_len.max()) + 1, pad_to)), PAD, dtype=np.int64)
     target = np.full_like(prev, PAD)
     for row, i in enumerate(ids):
         n, m = src_len[row], tgt_len[row]
@@ -242,6 +258,9 @@ def collate(
         prev[row, 0] = BOS
         prev[row, 1 : m + 1] = target[row, :m] = data.tgt(i)
         target[row, m] = EOS
+    width = target.shape[1]
+    real = np.arange(width)[None, :] <= tgt_len[:, None]  # (B, T): tokens and the EOS
+    target_index = np.flatnonzero(real)
     batch = Batch(
         torch.from_numpy(src),
         torch.from_numpy(prev),
@@ -249,6 +268,8 @@ def collate(
         torch.from_numpy(ids),
         int(src_len.sum()) + len(ids),
         int(tgt_len.sum()) + len(ids),
+        torch.from_numpy(target_index),
+        torch.from_numpy(target.reshape(-1)[target_index]),
     )
     return batch.pin_memory() if pin_memory else batch
 
@@ -273,6 +294,7 @@ def make_batches(
     epoch: int,
     shuffle: bool = True,
     max_positions: int | None = None,
+    pad_to: int = 1,
 ) -> Batches:
     """Group pair indices into batches of at most `max_tokens` padded positions.
 
@@ -285,6 +307,7 @@ def make_batches(
     (validation). Every kept pair is in exactly one batch. Pairs that exceed max_tokens on
     their own are not dropped but batched alone (counted in `.oversized`, logged), since
     prepare-bpe's max_len already bounds training pairs and valid/test must stay whole.
+    With pad_to > 1 (see `collate`) a batch costs its lengths rounded up to that multiple.
     """
     src = np.asarray(src_sizes, dtype=np.int64)
     tgt = np.asarray(tgt_sizes, dtype=np.int64)
@@ -301,10 +324,10 @@ def make_batches(
         batches = Batches()
         for start in range(0, len(order), pool):
             chunk = order[start : start + pool]
-            batches.extend(_pack(chunk[np.lexsort((tgt[chunk], src[chunk]))], src, tgt, max_tokens))
+            batches.extend(_pack(chunk[_length_order(src[chunk], tgt[chunk], pad_to)], src, tgt, max_tokens, pad_to))
         batches[:] = [batches[i] for i in rng.permutation(len(batches))]
     else:
-        batches = Batches(_pack(keep[np.lexsort((tgt[keep], src[keep]))], src, tgt, max_tokens))
+        batches = Batches(_pack(keep[_length_order(src[keep], tgt[keep], pad_to)], src, tgt, max_tokens, pad_to))
     batches.excluded = len(src) - len(keep)
     batches.oversized = sum(
         1 for b in batches if len(b) == 1 and src[b[0]] + tgt[b[0]] + 2 > max_tokens
@@ -322,10 +345,21 @@ def make_batches(
     return batches
 
 
-def _pack(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+def _length_order(src: np.ndarray, tgt: np.ndarray, pad_to: int) -> np.ndarray:
+    """The order that puts pairs of similar lengths together: by source length, then target
+    length. With pad_to > 1 the source lengths that pad to the same width count as equal, so
+    that the target lengths sort within them (less target padding, for free)."""
+    key = (src + 1 + pad_to - 1) // pad_to if pad_to > 1 else src
+    return np.lexsort((tgt, key))
+
+
+def _pack(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int, pad_to: int = 1) -> list[np.ndarray]:
     """Cut `order` greedily into consecutive batches within the padded-token budget."""
     cuts = [0]
     start = max_s = max_t = 0
+    if pad_to > 1:  # the lengths as collate pads them (EOS, BOS/EOS, then the multiple)
+        src = (-(-(src + 1) // pad_to)) * pad_to - 1
+        tgt = (-(-(tgt + 1) // pad_to)) * pad_to - 1
     # plain ifs, not max(): this loop runs once per pair per epoch (3x faster)
     for i, (s, t) in enumerate(zip(src[order].tolist(), tgt[order].tolist(), strict=True)):
         if s > max_s:
@@ -353,47 +387,3 @@ def shard_batches(batches: list, rank: int, world_size: int) -> list:
     mine = list(batches[rank::world_size])
     per_rank = -(-len(batches) // world_size)
     return mine + [None] * (per_rank - len(mine))
-
-
-# ---------------------------------------------------------------- synthetic tasks
-
-
-def synthetic_pairs(
-    task: str,
-    n: int,
-    *,
-    seed: int,
-    min_len: int = 3,
-    max_len: int = 12,
-    alphabet: Sequence[str] = "0123456789",
-) -> list[tuple[str, str]]:
-    """`n` pairs of space-separated symbol strings: the target copies, reverses or sorts
-    (in alphabet order) the source."""
-    rank = {symbol: i for i, symbol in enumerate(alphabet)}
-    transforms = {
-        "copy": lambda xs: xs,
-        "reverse": lambda xs: xs[::-1],
-        "sort": lambda xs: sorted(xs, key=rank.__getitem__),
-    }
-    if task not in transforms:
-        raise NmtError(f"unknown synthetic task {task!r} (copy, reverse or sort)")
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(n):
-        symbols = [rng.choice(alphabet) for _ in range(rng.randint(min_len, max_len))]
-        pairs.append((" ".join(symbols), " ".join(transforms[task](symbols))))
-    return pairs
-
-
-def write_parallel(
-    pairs: Sequence[tuple[str, str]], prefix: str | Path, src_lang: str, tgt_lang: str
-) -> tuple[Path, Path]:
-    """Write PREFIX.src_lang and PREFIX.tgt_lang, one sentence per line (for prepare-bpe)."""
-    paths = (Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}"))
-    paths[0].parent.mkdir(parents=True, exist_ok=True)
-    for side, path in enumerate(paths):
-        lines = [pair[side] for pair in pairs]
-        if any("\n" in line for line in lines):
-            raise ValueError("write_parallel: a sentence contains a newline")
-        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return paths

@@ -114,11 +114,28 @@ class Transformer(nn.Module):
         the padded positions (~15% of them with Multi30k's batches). Under autocast the
         logits stay in the autocast dtype (no fp32 copy); the caller's loss upcasts.
         """
+        x = self._decode_all(src, prev_output)
+        return self.output(x if target_mask is None else x[target_mask])
+
+    def decoder_states(self, src: Tensor, prev_output: Tensor, index: Tensor) -> Tensor:
+        """The final decoder states (after the final norm) at the flat positions `index` (M,)
+        of (B * T): what the output projection turns into logits (training's loss, nmt.loss).
+        An index made on the host, unlike a boolean mask, costs the device no sync."""
+        x = self._decode_all(src, prev_output)
+        return self.decoder_norm(x.reshape(-1, x.size(-1)).index_select(0, index))
+
+    @property
+    def output_weight(self) -> Tensor:
+        """(V, D): the output projection, tied to the target embedding."""
+        return self.tgt_embed.tokens.weight
+
+    def _decode_all(self, src: Tensor, prev_output: Tensor) -> Tensor:
+        """src (B, S), prev_output (B, T) -> decoder output (B, T, D) before the final norm."""
         memory, mask = self.run_encoder(src)
         x = self.tgt_embed(prev_output)
         for layer, memory_kv in zip(self.decoder, self.cross_keys_values(memory), strict=True):
             x, _ = layer(x, memory_kv, mask)
-        return self.output(x if target_mask is None else x[target_mask])
+        return x
 
     # ------------------------------------------------------------------ search protocol
     # No gradients here (the search never needs them, and `append` writes into a buffer);

@@ -1,4 +1,6 @@
-"""Optimisation pieces: the learning-rate schedule, label-smoothed loss, fp16 loss scaling.
+"""Optimisation pieces: the learning-rate and dropout schedules, fp16 loss scaling, Adam.
+
+The loss is `nmt.loss`.
 
 Each is small and pure enough to be tested on its own (tests/test_optim.py).
 """
@@ -6,10 +8,8 @@ Each is small and pure enough to be tested on its own (tests/test_optim.py).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
@@ -43,71 +43,6 @@ def dropout_at(update: int, cfg: TrainConfig, dropout: float) -> float:
     if update >= end:
         return cfg.dropout_ramp_to
     return dropout + (cfg.dropout_ramp_to - dropout) * (update - start) / (end - start)
-
-
-def label_smoothed_nll_loss(
-    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed label-smoothed cross-entropy and summed NLL over non-padding targets.
-
-    logits (N, V) in any dtype, target (N,). Computed in fp32. The smoothed target puts
-    1 - epsilon on the gold token and epsilon / (V - 1) on every other token (as fairseq),
-    so loss = (1 - epsilon - eps_i) * nll + eps_i * sum_v(-log p_v), eps_i = epsilon / (V-1).
-    The gradient comes from `_SmoothedCrossEntropy` in one pass over (N, V).
-    """
-    if not logits.requires_grad:
-        return _smoothed_ce(logits, target, epsilon, ignore_index)[:2]
-    loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon, ignore_index)
-    return loss, nll
-
-
-def _smoothed_ce(logits: torch.Tensor, target: torch.Tensor, epsilon: float,
-                 ignore_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, nll, lprobs (N, V) fp32, keep (N,) bool): the forward pass of the loss."""
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) fp32
-    keep = target != ignore_index
-    gold = lprobs.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
-    nll = -torch.where(keep, gold, 0.0).sum()
-    if epsilon == 0.0:
-        return nll, nll.detach(), lprobs, keep
-    # the (N,) row sums masked, not rows of lprobs selected: no (N, V) copy
-    smooth = -torch.where(keep, lprobs.sum(dim=-1), 0.0).sum()
-    eps_i = epsilon / (lprobs.size(-1) - 1)
-    return (1.0 - epsilon - eps_i) * nll + eps_i * smooth, nll.detach(), lprobs, keep
-
-
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Label-smoothed cross-entropy with a hand-written backward.
-
-    Per kept row, loss = -(a * lp[gold] + b * sum_v lp[v]) with a = 1 - epsilon - eps_i,
-    b = eps_i, so d loss / d logit_v = (a + b V) p_v - b - a [v = gold]. Computed in place in
-    the saved log-probabilities: autograd's chain (log_softmax, gather, sum, where) costs
-    several (N, V) passes and buffers, ~8% of a CPU training update at V = 8000.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, epsilon: float,
-                ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, nll, lprobs, keep = _smoothed_ce(logits, target, epsilon, ignore_index)
-        ctx.save_for_backward(lprobs, target, keep)
-        ctx.epsilon, ctx.dtype = epsilon, logits.dtype
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_loss: torch.Tensor, grad_nll: Any) -> tuple[Any, ...]:
-        lprobs, target, keep = ctx.saved_tensors
-        vocab = lprobs.size(-1)
-        b = ctx.epsilon / (vocab - 1) if ctx.epsilon else 0.0
-        a = 1.0 - ctx.epsilon - b
-        grad = lprobs.exp_().mul_(a + b * vocab)  # the saved buffer becomes the gradient
-        if b:
-            grad.sub_(b)
-        rows = keep.nonzero().squeeze(1)
-        grad[rows, target[rows]] -= a
-        grad.mul_(torch.where(keep, grad_loss.float(), 0.0).unsqueeze(1))
-        return grad.to(ctx.dtype), None, None, None
 
 
 class DynamicLossScaler:

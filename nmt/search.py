@@ -219,15 +219,21 @@ def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: in
 def _finish(ends: Tensor, top_rows: Tensor, top_scores: Tensor, top_lp: Tensor, tokens: Tensor,
             pos_scores: Tensor, sent_ids: Tensor, penalty: float, beam: int,
             finished: list[list[Hypothesis]], worst: Tensor) -> None:
-    """Move the candidates `ends` (Bn, beam) marks (EOS among a sentence's top `beam`) to the
-    sentences' finished lists, keep each list's best `beam`, and update `worst` (Bn,), the
-    beam-th finished score of each live sentence."""
+    """Move the candidates `ends` (Bn, beam; a CPU bool tensor) marks (EOS among a sentence's
+    top `beam`) to the sentences' finished lists, keep each list's best `beam`, and update
+    `worst` (Bn,), the beam-th finished score of each live sentence. The hypotheses come to
+    the host in one copy (tokens, token log-probs and score side by side in float64, exact
+    for token ids below 2^53)."""
     b, c = ends.nonzero(as_tuple=True)
-    rows = top_rows[b, c]
-    hyp_pos = torch.cat([pos_scores[rows], top_lp[b, c].unsqueeze(1)], 1).tolist()
+    device = top_rows.device
+    bd, cd = b.to(device), c.to(device)
+    rows = top_rows[bd, cd]
+    step = tokens.size(1)
+    packed = torch.cat([tokens[rows].double(), pos_scores[rows].double(), top_lp[bd, cd].double().unsqueeze(1),
+                        top_scores[bd, cd].double().unsqueeze(1)], 1).tolist()  # (k, 2 * step + 2)
     ids = sent_ids.tolist()
-    for i, toks, pos, logprob in zip(b.tolist(), tokens[rows].tolist(), hyp_pos,
-                                     top_scores[b, c].tolist(), strict=True):
+    for i, row in zip(b.tolist(), packed, strict=True):
+        toks, pos, logprob = [int(x) for x in row[:step]], row[step : 2 * step + 1], row[-1]
         finished[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos))
     for i in set(b.tolist()):
         hyps = finished[ids[i]]
@@ -237,7 +243,7 @@ def _finish(ends: Tensor, top_rows: Tensor, top_scores: Tensor, top_lp: Tensor, 
             worst[i] = hyps[-1].score
 
 
-# Long (~95 lines, a third of them the docstring) because one step of the search should read
+# Long (~100 lines, a fifth of them the docstring) because one step of the search should read
 # top to bottom: candidates, finished hypotheses, the live beam, the stopping rule, pruning.
 def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
                 pad: int = 0, unk: int = 1, bos: int = 2, eos: int = 3,
@@ -304,9 +310,6 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
 
         # EOS among the top `beam` candidates finishes a hypothesis (fairseq)
         ends = is_eos[:, :beam] & top_scores[:, :beam].isfinite()
-        if ends.any():
-            _finish(ends, top_rows, top_scores, top_lp, tokens, pos_scores, sent_ids, lenpen(step + 1),
-                    beam, finished, worst)
 
         # the live beam: the best `beam` candidates that do not end in EOS, in score order
         # (at most `beam` of the 2*beam end in EOS, one per row)
@@ -315,7 +318,12 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
         rows = top_rows.gather(1, order)
         scores, new_tok, new_lp = (t.gather(1, order) for t in (top_scores, top_tok, top_lp))
 
-        bound = scores.max(1).values.double().cpu()  # (Bn,) best live log-prob
+        # the step's one copy to the host: which candidates end, each sentence's best live log-prob
+        host = torch.cat([ends.view(-1).float(), scores.max(1).values.float()]).cpu()
+        ends_host, bound = host[: ends.numel()].view_as(ends).bool(), host[ends.numel() :].double()
+        if ends_host.any():
+            _finish(ends_host, top_rows, top_scores, top_lp, tokens, pos_scores, sent_ids, lenpen(step + 1),
+                    beam, finished, worst)
         if exact:
             bound = bound / lenpen(step + 2)
         done = ending | (bound <= worst)  # (bound is -inf when no live row is finite)

@@ -26,16 +26,18 @@ import torch.distributed as dist
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt import validate as validation
+from nmt.batches import Prefetcher, epoch_groups
 from nmt.config import Config
 from nmt.device import autocast, configure_cuda
 from nmt.distributed import Env, setup_env, teardown_env
 from nmt.errors import NmtError
+from nmt.loss import TranslationLoss
 from nmt.model import Transformer, num_parameters, summary
 from nmt.oom import OomSkips, inject_oom_faults, is_oom
-from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, label_smoothed_nll_loss, lr_at
+from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at
 from nmt.rundir import RunDir
 from nmt.tokenizer import EOS, PAD, Tokenizer
-from nmt.train_metrics import TrainMetrics
+from nmt.train_metrics import TrainMetrics, UpdateStats
 from nmt.train_state import (
     Progress,
     build_checkpoint,
@@ -108,14 +110,24 @@ class Trainer:
             )
         torch.manual_seed(t.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size, pad_id=PAD).to(env.device)
-        self.net: torch.nn.Module = self.model
+        # the model and its loss as one module: what DDP wraps and torch.compile compiles
+        self.objective = TranslationLoss(self.model, t.label_smoothing)
+        self.net: Any = self.objective
+        self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         if env.world_size > 1:
             ids = [env.device.index] if env.device.type == "cuda" else None
             # No buffer broadcast: the only buffers are the sinusoids, equal everywhere, and a
             # collective in the forward would let a rank that ran out of memory there fall out
             # of step with the others.
-            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids,
+            self.ddp = torch.nn.parallel.DistributedDataParallel(self.objective, device_ids=ids,
                                                                  broadcast_buffers=False)
+            self.net = self.ddp
+        if t.compile:
+            self.net = torch.compile(self.net, mode=None if t.compile_mode == "default" else t.compile_mode)
+        # lengths padded to a multiple of this: few distinct shapes for kernels and compile
+        self.pad_to = t.pad_to_multiple or (8 if env.device.type == "cuda" else 1)
+        # (update, loss sum, gradient norm) of updates whose finiteness the host has not read yet
+        self.unchecked: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.optimizer = build_optimizer(list(self.model.parameters()), t)
         self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale) if t.precision == "fp16" else None
         self.progress = Progress()
@@ -123,7 +135,7 @@ class Trainer:
         self.dummy_ids: Any = None
         self.interrupted_by: int | None = None
         self.oom = OomSkips(env, self.run_dir.path)
-        inject_oom_faults(self.model, env.rank, lambda: self.progress.update + 1)
+        inject_oom_faults(self.objective, env.rank, lambda: self.progress.update + 1)
         try:
             if env.is_main:
                 self.run_dir.open(self.tokenizer.model_bytes)
@@ -143,20 +155,28 @@ class Trainer:
         batches = datamod.make_batches(
             self.train_data.src_sizes, self.train_data.tgt_sizes, t.max_tokens,
             seed=t.seed, epoch=epoch, shuffle=True, max_positions=self.cfg.model.max_positions,
+            pad_to=self.pad_to,
         )
         if batches.excluded and self.env.is_main:
             log.warning("epoch %d: %d pairs longer than model.max_positions - 1 left out", epoch, batches.excluded)
         self.dummy_ids = batches[0][:1] if len(batches) else None  # one sentence: cheap, weight 0
-        local = datamod.shard_batches(batches, self.env.rank, self.env.world_size)
-        return [local[i : i + t.update_freq] for i in range(0, len(local), t.update_freq)]
+        return epoch_groups(batches, self.env.rank, self.env.world_size, t.update_freq)
 
-    def train_update(self, group: list[Any]) -> dict[str, float] | None:
-        """Forward/backward over `group` (update_freq batches), then one optimizer step.
+    def train_update(self, group: list[Any]) -> UpdateStats | None:
+        """Forward/backward over `group` (update_freq batches: index arrays, or batches that
+        `collate` made already), then one optimizer step.
 
         Returns the update's statistics, or None when it was skipped: an fp16 overflow, or a
         rank that ran out of memory (then every rank skips it; the update is not counted).
         Gradients are sums over target tokens, divided at the end by the total token count
         over all batches and ranks: accumulation equals one large batch.
+
+        The host never waits for the device here in one process with bf16 or fp32: token
+        counts come from the CPU-side batch, loss sums and the gradient norm stay on the
+        device (`UpdateStats`), and whether they were finite is read later, all at once
+        (`check_finite`), before anything is logged or saved. fp16 reads the gradient norm
+        now (whether to skip this update and halve the scale), and DDP reads the ranks'
+        out-of-memory flag (whether every rank skips).
         """
         env, t = self.env, self.cfg.train
         self.net.train()
@@ -166,7 +186,7 @@ class Trainer:
         sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, nll: no sync per batch
         ntokens = nsent = 0.0
         oom = False
-        for j, ids in enumerate(group):
+        for j, item in enumerate(group):
             # DDP all-reduces the gradients in the backward of the last batch: a rank whose shard
             # ran out, or that ran out of memory, runs a dummy batch with weight 0 there, so
             # that every rank takes part (DDP would hang otherwise).
@@ -174,7 +194,7 @@ class Trainer:
             if oom and not (sync and env.world_size > 1):
                 continue
             try:
-                loss, nll, batch_tokens, batch_sents = self._forward_backward(None if oom else ids, scale, sync)
+                loss, nll, batch_tokens, batch_sents = self._forward_backward(None if oom else item, scale, sync)
             except Exception as e:
                 if not is_oom(e):
                     raise
@@ -186,18 +206,17 @@ class Trainer:
             sums += torch.stack([loss, nll]).double()
             ntokens += batch_tokens
             nsent += batch_sents
-        stats = torch.cat([sums, torch.tensor([ntokens, nsent, float(oom)], dtype=torch.float64, device=env.device)])
+        ooms = float(oom)
         if env.world_size > 1:
+            stats = torch.cat([sums, torch.tensor([ntokens, nsent, ooms], dtype=torch.float64, device=env.device)])
             dist.all_reduce(stats)
-        loss_sum, nll_sum, ntokens, nsent, ooms = stats.tolist()
+            ntokens, nsent, ooms = stats[2:].tolist()  # every rank must agree to skip
+            sums = stats[:2]
         if ooms:
             self.oom.skip(int(ooms), self.optimizer, self.progress)
             return None
         self.oom.reset()
         next_update = self.progress.update + 1
-        if self.scaler is None and not math.isfinite(loss_sum):
-            raise NmtError(f"non-finite loss at update {next_update}; stopped without saving "
-                           f"(checkpoints in {self.run_dir.path} are intact). Try a lower train.lr or train.clip_norm")
         # DDP averaged the gradients over ranks; make them a mean over all target tokens.
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
@@ -206,34 +225,50 @@ class Trainer:
             gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
         else:
             gnorm = torch.nn.utils.get_total_norm(grads)
-        gnorm_f = float(gnorm)
         if self.scaler is not None:
-            overflow = not math.isfinite(gnorm_f)
+            overflow = not math.isfinite(float(gnorm))
             self.scaler.update(overflow, next_update)
             if overflow:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.progress.skipped_overflow += 1
                 log.info("fp16 overflow at update %d: skipped, loss scale now %g", next_update, self.scaler.scale)
                 return None
-        elif not math.isfinite(gnorm_f):
-            raise NmtError(f"non-finite gradient norm at update {next_update}; stopped without saving "
-                           f"(checkpoints in {self.run_dir.path} are intact)")
+        else:
+            self.unchecked.append((next_update, sums[0], gnorm))
         lr = lr_at(next_update - self.progress.schedule_offset, t, self.cfg.model.d_model)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.update = next_update
-        return {"loss": loss_sum / max(ntokens, 1) / math.log(2), "nll": nll_sum / max(ntokens, 1) / math.log(2),
-                "tokens": ntokens, "sentences": nsent, "lr": lr, "gnorm": gnorm_f}
+        return UpdateStats(sums[0], sums[1], gnorm, ntokens, nsent, lr)
 
-    def _forward_backward(self, ids: Any, scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-        """One batch (the dummy batch with weight 0 for ids None): (loss, nll, tokens, sentences) × weight."""
+    def check_finite(self) -> None:
+        """Read the loss sums and gradient norms of the updates since the last check (one
+        wait for the device) and stop at the first non-finite one, naming its update. Called
+        before anything is logged, validated or saved, so no checkpoint holds its weights."""
+        if not self.unchecked:
+            return
+        values = torch.stack([torch.stack([loss.float(), gnorm.float()]) for _, loss, gnorm in self.unchecked])
+        updates = [u for u, _, _ in self.unchecked]
+        self.unchecked.clear()
+        for update, (loss, gnorm) in zip(updates, values.tolist(), strict=True):
+            if not math.isfinite(loss):
+                raise NmtError(f"non-finite loss at update {update}; stopped without saving (checkpoints in "
+                               f"{self.run_dir.path} are intact). Try a lower train.lr or train.clip_norm")
+            if not math.isfinite(gnorm):
+                raise NmtError(f"non-finite gradient norm at update {update}; stopped without saving "
+                               f"(checkpoints in {self.run_dir.path} are intact)")
+
+    def _forward_backward(self, item: Any, scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        """One batch (the dummy batch with weight 0 for None): (loss, nll, tokens, sentences) × weight."""
         env = self.env
-        weight = 1.0 if ids is not None else 0.0
-        batch = datamod.collate(self.train_data, ids if ids is not None else self.dummy_ids,
-                                pin_memory=env.device.type == "cuda").to(env.device)
-        with (nullcontext() if sync else self.net.no_sync()):  # type: ignore[operator]
+        weight = 1.0 if item is not None else 0.0
+        batch = item if isinstance(item, datamod.Batch) else datamod.collate(
+            self.train_data, item if item is not None else self.dummy_ids, pin_memory=env.device.type == "cuda",
+            pad_to=self.pad_to)
+        batch = batch.to(env.device)
+        with (nullcontext() if sync or self.ddp is None else self.ddp.no_sync()):
             loss, nll = self._batch_loss(self.net, batch)
             try:
                 (loss * (scale * weight)).backward()
@@ -246,14 +281,11 @@ class Trainer:
                 raise
         return loss.detach() * weight, nll.detach() * weight, batch.tgt_tokens * weight, len(batch) * weight
 
-    def _batch_loss(self, net: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Label-smoothed loss and NLL summed over the batch's real target tokens. The model
-        computes logits for those positions only (no output projection for padding)."""
-        t = self.cfg.train
-        real = batch.target != PAD
-        with autocast(self.env.device, t.precision):
-            logits = net(batch.src, batch.prev_output, real)  # (M, V)
-        return label_smoothed_nll_loss(logits, batch.target[real], t.label_smoothing, PAD)
+    def _batch_loss(self, net: torch.nn.Module, batch: datamod.Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Label-smoothed loss and NLL summed over the batch's real target tokens (`nmt.loss`:
+        no logits for padding, no (tokens x vocabulary) tensor in fp32 at once)."""
+        with autocast(self.env.device, self.cfg.train.precision):
+            return net(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
 
     # ---------------------------------------------------------------- the loop
 
@@ -290,22 +322,31 @@ class Trainer:
                 p.epoch, p.updates_in_epoch = p.epoch + 1, 0
                 reason = stop_reason(cfg, p)
                 continue
-            for group in groups[p.updates_in_epoch :]:
-                stats = self.train_update(group)
-                p.updates_in_epoch += 1
-                epoch_end = p.updates_in_epoch == len(groups)
-                p.elapsed = elapsed0 + time.monotonic() - start
-                reason = self._after_update(stats, epoch_end, metrics)
-                if reason is not None or epoch_end:
-                    break
+            with self._prepared(groups[p.updates_in_epoch :]) as todo:
+                for group in todo:
+                    stats = self.train_update(group)
+                    p.updates_in_epoch += 1
+                    epoch_end = p.updates_in_epoch == len(groups)
+                    p.elapsed = elapsed0 + time.monotonic() - start
+                    reason = self._after_update(stats, epoch_end, metrics)
+                    if reason is not None or epoch_end:
+                        break
         metrics.close()
         log.info("done: %s at update %d, epoch %d, %.0f s of training", reason, p.update, p.epoch, p.elapsed)
         return reason
 
-    def _after_update(self, stats: dict[str, float] | None, epoch_end: bool, metrics: TrainMetrics) -> str | None:
+    def _prepared(self, groups: list[list[Any]]) -> Any:
+        """The updates' batches, collated ahead in a background thread on a GPU (nmt.batches)."""
+        if self.env.device.type != "cuda":
+            return nullcontext(groups)
+        return Prefetcher(self.train_data, groups, pad_to=self.pad_to, pin_memory=True)
+
+    def _after_update(self, stats: UpdateStats | None, epoch_end: bool, metrics: TrainMetrics) -> str | None:
         """Log, validate and save as the intervals say; returns why to stop, if it is time."""
         cfg, t, p = self.cfg, self.cfg.train, self.progress
         if stats is not None:
+            if p.update % t.log_interval == 0:  # a log record must not carry a NaN's numbers
+                self.check_finite()
             metrics.add(stats, p, self.scaler.scale if self.scaler is not None else None)
         if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
             p.epoch, p.updates_in_epoch = p.epoch + 1, 0  # epoch and its validation runs once
@@ -340,6 +381,7 @@ class Trainer:
         return flag
 
     def _validate_and_save(self, numbered: bool) -> None:
+        self.check_finite()
         best = False
         if self.valid_data is not None and self.env.is_main:
             started = time.monotonic()
@@ -361,12 +403,13 @@ class Trainer:
         """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.validate, with this trainer's loss."""
         assert self.valid_data is not None
         return validation.validate(self.cfg, self.model, self.tokenizer, self.valid_data, self.tgt_lang,
-                                   self.env.device, self._batch_loss)
+                                   self.env.device, lambda batch: self._batch_loss(self.objective, batch))
 
     # ---------------------------------------------------------------- checkpoints
 
     def save(self, numbered: bool, best: bool) -> None:
         """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
+        self.check_finite()
         if self.env.is_main:
             state = build_checkpoint(self.cfg, self.model, self.tokenizer, self.optimizer, self.scaler,
                                      self.progress, self.fingerprint, self.env.device)

@@ -8,11 +8,15 @@ current lr, and throughput since the last log line, validation or save.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from nmt.config import Config
 from nmt.distributed import Env
@@ -21,7 +25,37 @@ from nmt.train_state import Progress
 
 log = logging.getLogger(__name__)
 
-_NO_LOSSES = {"loss_sum": 0.0, "nll_sum": 0.0, "loss_tokens": 0.0, "gnorm_sum": 0.0, "loss_updates": 0}
+_NO_LOSSES = {"loss_tokens": 0.0, "loss_updates": 0}
+
+
+@dataclass
+class UpdateStats(Mapping[str, float]):
+    """What one update produced (`Trainer.train_update`). The loss sums and the gradient norm
+    stay on the device: `stats["loss"]` reads them (and waits for the device); the train
+    records sum them on the device and read them once per log line."""
+
+    loss_sum: torch.Tensor  # label-smoothed loss summed over the target tokens, nats (0-dim)
+    nll_sum: torch.Tensor  # the same for the NLL
+    gnorm: torch.Tensor  # the gradient norm before clipping (0-dim)
+    tokens: float  # target tokens of the update (all ranks)
+    sentences: float
+    lr: float
+
+    KEYS = ("loss", "nll", "tokens", "sentences", "lr", "gnorm")
+
+    def __getitem__(self, key: str) -> float:
+        """loss and nll in bits per target token, gnorm, tokens, sentences, lr (as floats)."""
+        per_token = max(self.tokens, 1.0) * math.log(2)
+        values = {"loss": lambda: float(self.loss_sum) / per_token, "nll": lambda: float(self.nll_sum) / per_token,
+                  "gnorm": lambda: float(self.gnorm), "tokens": lambda: self.tokens,
+                  "sentences": lambda: self.sentences, "lr": lambda: self.lr}
+        return values[key]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.KEYS)
+
+    def __len__(self) -> int:
+        return len(self.KEYS)
 
 
 class TrainMetrics:
@@ -31,18 +65,18 @@ class TrainMetrics:
         self.cfg, self.emit = cfg, emit
         # throughput since the last log/validation/save; loss, nll and gnorm since the last log line
         self.window: dict[str, float] = {"tokens": 0.0, "time": time.monotonic(), "updates": 0, **_NO_LOSSES}
+        self.sums: torch.Tensor | None = None  # (3,) on the device: loss, nll (nats), gnorm
         self.bar = _progress_bar(env, initial_update, cfg.train.max_updates)
 
-    def add(self, stats: dict[str, float], p: Progress, loss_scale: float | None) -> None:
+    def add(self, stats: UpdateStats, p: Progress, loss_scale: float | None) -> None:
         """Count an update that was taken (`stats` from Trainer.train_update); log when it is time."""
         window = self.window
-        window["tokens"] += stats["tokens"]
+        window["tokens"] += stats.tokens
         window["updates"] += 1
-        window["loss_sum"] += stats["loss"] * stats["tokens"]
-        window["nll_sum"] += stats["nll"] * stats["tokens"]
-        window["loss_tokens"] += stats["tokens"]
-        window["gnorm_sum"] += stats["gnorm"]
+        window["loss_tokens"] += stats.tokens
         window["loss_updates"] += 1
+        update = torch.stack([stats.loss_sum.double(), stats.nll_sum.double(), stats.gnorm.double()])
+        self.sums = update if self.sums is None else self.sums + update
         self._log(stats, p, loss_scale)
 
     def restart_throughput(self) -> None:
@@ -53,7 +87,7 @@ class TrainMetrics:
         if self.bar is not None:  # a bar without a total is falsy
             self.bar.close()
 
-    def _log(self, stats: dict[str, float], p: Progress, loss_scale: float | None) -> None:
+    def _log(self, stats: UpdateStats, p: Progress, loss_scale: float | None) -> None:
         t, window, bar = self.cfg.train, self.window, self.bar
         if bar is not None:
             bar.update(1)
@@ -61,10 +95,11 @@ class TrainMetrics:
             return
         now = time.monotonic()
         dt = max(now - window["time"], 1e-9)
-        ntok = max(window["loss_tokens"], 1.0)
-        loss, nll = window["loss_sum"] / ntok, window["nll_sum"] / ntok
+        ntok = max(window["loss_tokens"], 1.0) * math.log(2)
+        loss_sum, nll_sum, gnorm_sum = self.sums.tolist() if self.sums is not None else (0.0, 0.0, 0.0)
+        loss, nll = loss_sum / ntok, nll_sum / ntok
         record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll,
-                  "ppl": 2**nll, "lr": stats["lr"], "gnorm": window["gnorm_sum"] / max(window["loss_updates"], 1),
+                  "ppl": 2**nll, "lr": stats.lr, "gnorm": gnorm_sum / max(window["loss_updates"], 1),
                   "updates_logged": int(window["loss_updates"]), "tgt_tokens": window["loss_tokens"],
                   "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
                   "elapsed": p.elapsed, "oom_skipped": p.oom_skipped}
@@ -76,7 +111,7 @@ class TrainMetrics:
         if t.dropout_ramp_end:
             record["dropout"] = dropout_at(p.update, t, self.cfg.model.dropout)
         if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats['lr']:.2e}",
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats.lr:.2e}",
                             tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)
         if p.update % t.log_interval == 0:
             self.emit(record)
@@ -84,6 +119,7 @@ class TrainMetrics:
                      "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
                      record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
             window.update(tokens=0.0, time=now, updates=0, **_NO_LOSSES)
+            self.sums = None
 
 
 def _rss_mb() -> float | None:

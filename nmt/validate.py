@@ -15,8 +15,8 @@ from nmt.predict import translate_token_lists
 from nmt.tokenizer import Tokenizer
 from nmt.train_state import Progress
 
-# (net, batch) -> label-smoothed loss and NLL summed over the batch's target tokens
-BatchLoss = Callable[[torch.nn.Module, datamod.Batch], tuple[torch.Tensor, torch.Tensor]]
+# batch -> label-smoothed loss and NLL summed over the batch's target tokens
+BatchLoss = Callable[[datamod.Batch], tuple[torch.Tensor, torch.Tensor]]
 
 
 def validate(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, valid_data: datamod.ParallelData,
@@ -32,7 +32,7 @@ def validate(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, valid_da
     with torch.no_grad():
         for ids in batches:
             batch = datamod.collate(valid_data, ids).to(device)
-            loss, nll = batch_loss(model, batch)
+            loss, nll = batch_loss(batch)
             loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.tgt_tokens
     nll_bits = nll_sum / max(ntok, 1) / math.log(2)
     result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits,

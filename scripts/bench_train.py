@@ -1,22 +1,37 @@
-"""Benchmark the trainer: target tokens/s and peak memory of a fixed number of updates.
+"""Benchmark the trainer: real target tokens/s, padding, peak memory, model FLOP/s and MFU.
 
-    .venv/bin/python scripts/bench_train.py [--data-dir ../shared/data/multi30k] [--precision fp32 bf16]
-        [--threads 2] [--max-tokens 4096] [--device cpu] [--updates 30] [--json FILE]
+    .venv/bin/python scripts/bench_train.py [--workload multi30k|wmt] [--config C ...]
+        [--precision fp32 bf16 ...] [--device cpu|cuda] [--updates 30] [--set KEY=VALUE ...]
+        [--repo CHECKOUT] [--json FILE]
 
-Multi30k en-de is prepared once (vocab 8000) into a temporary directory (or --prepared DIR,
-reused if it exists). Each measurement runs in a fresh subprocess, so that its peak RSS
-(getrusage) is its own: the model of --config (default configs/multi30k.yaml: 3+3 layers,
-d_model 256) trains --warmup updates, then --updates timed ones through
-`Trainer.train_update` (forward, backward, optimizer step; no validation or checkpoints).
-On CUDA the peak is torch.cuda.max_memory_allocated, and --gpu-base also measures
-configs/base.yaml in bf16 and fp16 with model FLOP/s as a fraction of --peak-tflops.
-Prints one markdown table row per measurement; --json FILE writes the figures.
+Workloads (each prepared once into a temporary directory, or --prepared DIR):
+- multi30k: Multi30k en-de from --data-dir, a joint 8k sentencepiece vocabulary (the demo's
+  data); default config configs/multi30k.yaml.
+- wmt: a synthetic WMT'14 en-de-shaped corpus that needs no download (`synthetic_wmt`):
+  a 32,000-piece joint vocabulary, 150,000 pairs whose lengths are drawn like WMT'14 en-de
+  after a 32k BPE (means ~28 source and ~30 target tokens, a long tail clipped at 250);
+  default configs base.yaml and big.yaml. Token ids are uniform: speed does not depend on
+  which tokens they are.
+
+Each measurement runs in a fresh subprocess (its peak memory is its own): --warmup updates,
+then --updates timed ones through `Trainer.train_update` (forward, backward, optimizer step,
+no validation or checkpoints), then on CUDA --profile updates under torch.profiler for the
+share of wall time the GPU is busy. Figures per row:
+- real target tok/s: non-pad target tokens (EOS included) per second;
+- padding: the share of padded source+target positions that are padding;
+- shapes/epoch: distinct (batch size, source length, target length) of one epoch's batches;
+- model TFLOP/s and MFU: `real_token_flops` (docs/benchmarks.md has the formula) over the
+  timed updates' real tokens, divided by the time; MFU against --peak-tflops (by GPU name:
+  H100/H200 989 dense bf16/fp16).
+--set KEY=VALUE (repeatable) overrides the config (e.g. train.compile=true); --repo runs
+another checkout's nmt (PYTHONPATH), to compare commits in the same minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -27,9 +42,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared/data/multi30k"
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16/fp16 tensor cores
+WMT_VOCAB, WMT_PAIRS = 32000, 150_000
+# WMT'14 en-de after a joint 32k BPE: ~4.5M pairs with mean ~28 (en) and ~30 (de) pieces; the
+# length distribution is close to log-normal. Source: lognormal(mu, sigma) with sigma 0.6 and
+# mean 28; target = source x lognormal ratio (median 1.07, sigma 0.2); both clipped to [1, 250].
+WMT_SRC_MU, WMT_SRC_SIGMA, WMT_RATIO_MEDIAN, WMT_RATIO_SIGMA = 3.15, 0.6, 1.07, 0.2
 
 
-def prepare(data_dir: Path, dest: Path, vocab: int) -> None:
+def prepare_multi30k(data_dir: Path, dest: Path, vocab: int) -> None:
     from nmt.prepare import PrepareOptions, prepare_bpe
 
     if (dest / "prepare.json").is_file():
@@ -39,61 +59,121 @@ def prepare(data_dir: Path, dest: Path, vocab: int) -> None:
                 progress=False)
 
 
-def train_flops(model_cfg, vocab: int, src_shape: tuple[int, int], tgt_shape: tuple[int, int]) -> float:
-    """Forward+backward FLOPs of one padded batch (3x the forward's multiply-adds x 2)."""
-    (b, s), (_, t) = src_shape, tgt_shape
+def synthetic_wmt(dest: Path, pairs: int = WMT_PAIRS, vocab: int = WMT_VOCAB, seed: int = 1) -> None:
+    """A prepared data directory (nmt.data's format) with WMT-shaped lengths and a
+    `vocab`-piece sentencepiece model (a word model over made-up words: only its size matters)."""
+    import numpy as np
+    import sentencepiece as spm
+
+    if (dest / "prepare.json").is_file():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    src = np.clip(np.rint(rng.lognormal(WMT_SRC_MU, WMT_SRC_SIGMA, pairs)), 1, 250).astype(np.int64)
+    ratio = rng.lognormal(np.log(WMT_RATIO_MEDIAN), WMT_RATIO_SIGMA, pairs)
+    tgt = np.clip(np.rint(src * ratio), 1, 250).astype(np.int64)
+    for lang, lengths in (("en", src), ("de", tgt)):
+        tokens = rng.integers(4, vocab, int(lengths.sum()), dtype=np.uint16)
+        tokens.astype("<u2").tofile(dest / f"train.{lang}.bin")
+        offsets = np.zeros(len(lengths) + 1, dtype="<i8")
+        np.cumsum(lengths, out=offsets[1:])
+        offsets.tofile(dest / f"train.{lang}.idx")
+    words = [f"w{i}" for i in range(vocab + 1000)]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(" ".join(words[i : i + 20]) for i in range(0, len(words), 20)),
+        model_prefix=str(dest / "spm"), vocab_size=vocab, model_type="word", pad_id=0, unk_id=1, bos_id=2,
+        eos_id=3, minloglevel=2)
+    meta = {"format_version": 1, "source_lang": "en", "target_lang": "de", "vocab_size": vocab, "dtype": "uint16",
+            "splits": {"train": {"pairs": pairs}}, "fingerprint": f"synthetic-wmt-{pairs}-{vocab}-{seed}",
+            "synthetic": {"src_mean": float(src.mean()), "tgt_mean": float(tgt.mean()),
+                          "src_p99": float(np.percentile(src, 99)), "tgt_max": int(tgt.max())}}
+    (dest / "prepare.json").write_text(json.dumps(meta, indent=1))
+
+
+def real_token_flops(model_cfg, vocab: int, src_lens, tgt_lens) -> float:
+    """Training FLOPs (forward + backward = 3 x forward) of sentence pairs with these real
+    lengths (source with EOS, target with BOS), padding excluded. Per pair, with d = d_model,
+    f = ffn_dim, s and t the lengths:
+    encoder layer 2s(4d^2 + 2df) + 4s^2 d; decoder layer 2t(4d^2 + 2df) + 2t^2 d (causal
+    self-attention: half the scores) + 2t(2d^2) + 2s(2d^2) + 4tsd (cross-attention);
+    output projection 2tdV."""
+    import numpy as np
+
+    s, t = np.asarray(src_lens, dtype=np.float64), np.asarray(tgt_lens, dtype=np.float64)
     d, f = model_cfg.d_model, model_cfg.ffn_dim
-    enc_layer = 2 * b * s * (4 * d * d + 2 * d * f) + 4 * b * s * s * d
-    dec_layer = 2 * b * t * (4 * d * d + 2 * d * f) + 4 * b * t * t * d  # self-attention and FFN
-    dec_layer += 2 * b * t * 2 * d * d + 2 * b * s * 2 * d * d + 4 * b * t * s * d  # cross-attention
-    output = 2 * b * t * d * vocab
-    forward = model_cfg.encoder_layers * enc_layer + model_cfg.decoder_layers * dec_layer + output
-    return 3.0 * forward
+    enc = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d
+    dec = 2 * t * (4 * d * d + 2 * d * f) + 2 * t * t * d + 2 * t * 2 * d * d + 2 * s * 2 * d * d + 4 * t * s * d
+    forward = model_cfg.encoder_layers * enc + model_cfg.decoder_layers * dec + 2 * t * d * vocab
+    return float(3.0 * forward.sum())
+
+
+def gpu_busy_share(trainer, groups, device) -> float:
+    """The share of wall time in which a CUDA kernel runs, over `groups` updates (profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for group in groups:
+            trainer.train_update(group)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernel_us = 0.0
+    for event in prof.key_averages():
+        if str(getattr(event, "device_type", "")).endswith("CUDA"):
+            kernel_us += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+    return min(1.0, kernel_us / 1e6 / wall)
 
 
 def measure(spec: dict) -> dict:
     """In the child: build a Trainer, run warm-up and timed updates, report."""
+    import numpy as np
     import torch
 
-    from nmt.config import load_config, replace
+    from nmt.config import load_config
     from nmt.train import Env, Trainer
 
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
-    cfg = load_config(spec["config"])
-    train_opts = {"run_dir": spec["run_dir"], "precision": spec["precision"], "device": spec["device"],
-                  "update_freq": 1, "valid_bleu": False}
-    if spec["max_tokens"]:
-        train_opts["max_tokens"] = spec["max_tokens"]
-    cfg = replace(cfg, data={"dir": spec["prepared"]}, train=train_opts)
+    sets = [f"data.dir={spec['prepared']}", f"train.run_dir={spec['run_dir']}", f"train.precision={spec['precision']}",
+            f"train.device={spec['device']}", "train.valid_bleu=false", *spec["sets"]]
+    cfg = load_config(spec["config"], sets)
     device = torch.device(spec["device"])
     trainer = Trainer(cfg, Env(device), reset_optimizer=False, reset_data=False)
-    groups = trainer._epoch_batches(1)
-    need = spec["warmup"] + spec["updates"]
-    groups = (groups * (need // len(groups) + 1))[:need]
-    flops = 0.0
+    epoch = trainer._epoch_batches(1)
+    need = spec["warmup"] + spec["updates"] + spec["profile"]
+    groups = (epoch * (need // len(epoch) + 1))[:need]
+    data, pad_to = trainer.train_data, getattr(trainer, "pad_to", 1)
+
+    def padded(n):
+        return -(-(n + 1) // pad_to) * pad_to
+
+    shapes = {(len(ids), padded(int(data.src_sizes[ids].max())), padded(int(data.tgt_sizes[ids].max())))
+              for group in epoch for ids in group if ids is not None}
     cuda = device.type == "cuda"
-    for i, group in enumerate(groups):
+    flops = tokens = positions = real_positions = 0.0
+    for i, group in enumerate(groups[: spec["warmup"] + spec["updates"]]):
         if i == spec["warmup"]:
             if cuda:
                 torch.cuda.synchronize()
-            start, tokens = time.perf_counter(), 0.0
+            start = time.perf_counter()
         stats = trainer.train_update(group)
         if i >= spec["warmup"] and stats is not None:
-            tokens += stats["tokens"]
+            tokens += stats["tokens"] if isinstance(stats, dict) else stats.tokens
             for ids in group:
-                src_len = int(trainer.train_data.src_sizes[ids].max()) + 1
-                tgt_len = int(trainer.train_data.tgt_sizes[ids].max()) + 1
-                flops += train_flops(cfg.model, trainer.tokenizer.vocab_size, (len(ids), src_len),
-                                     (len(ids), tgt_len))
+                s, t = data.src_sizes[ids] + 1, data.tgt_sizes[ids] + 1
+                flops += real_token_flops(cfg.model, trainer.tokenizer.vocab_size, s, t)
+                positions += len(ids) * (padded(int(s.max()) - 1) + padded(int(t.max()) - 1))
+                real_positions += float(np.sum(s) + np.sum(t))
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    if hasattr(trainer, "close"):  # (older trainers: to compare before/after a change)
-        trainer.close()
     result = {
         "config": Path(spec["config"]).name, "device": str(device), "precision": spec["precision"],
-        "threads": torch.get_num_threads(), "max_tokens": cfg.train.max_tokens, "updates": spec["updates"],
-        "tgt_tokens_per_s": tokens / seconds, "seconds": seconds,
+        "sets": spec["sets"], "repo": spec["repo"], "threads": torch.get_num_threads(),
+        "max_tokens": cfg.train.max_tokens, "update_freq": cfg.train.update_freq, "updates": spec["updates"],
+        "tgt_tokens_per_s": tokens / seconds, "seconds": seconds, "padding": 1 - real_positions / max(positions, 1),
+        "shapes_per_epoch": len(shapes), "batches_per_epoch": sum(len(g) for g in epoch),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "model_tflops": flops / seconds / 1e12,
     }
@@ -103,31 +183,45 @@ def measure(spec: dict) -> dict:
         peak = spec["peak_tflops"] or next((v for k, v in PEAK_TFLOPS.items() if k in result["gpu"]), 0.0)
         if peak and spec["precision"] != "fp32":
             result["mfu"] = result["model_tflops"] / peak
+        if spec["profile"]:
+            result["gpu_busy"] = gpu_busy_share(trainer, groups[-spec["profile"]:], device)
+    if hasattr(trainer, "close"):
+        trainer.close()
     return result
+
+
+HEADER = ("| config | device | precision | options | max_tokens × freq | real tgt tok/s | padding | shapes/epoch "
+          "| peak memory | model TFLOP/s | MFU | GPU busy |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
 
 def row(r: dict) -> str:
     mem = f"{r['peak_cuda_gb']:.2f} GB (CUDA)" if "peak_cuda_gb" in r else f"{r['peak_rss_gb']:.2f} GB (RSS)"
     mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
-    return (f"| {r['config']} | {r['device']} | {r['precision']} | {r['threads']} | {r['max_tokens']} | "
-            f"{r['tgt_tokens_per_s']:,.0f} | {mem} | {r['model_tflops']:.3f} | {mfu} |")
+    busy = f"{100 * r['gpu_busy']:.0f}%" if "gpu_busy" in r else "-"
+    opts = " ".join(r["sets"]) + (f" [{Path(r['repo']).name}]" if r["repo"] else "")
+    return (f"| {r['config']} | {r['device']} | {r['precision']} | {opts or '-'} | {r['max_tokens']} × "
+            f"{r['update_freq']} | {r['tgt_tokens_per_s']:,.0f} | {100 * r['padding']:.1f}% | "
+            f"{r['shapes_per_epoch']} | {mem} | {r['model_tflops']:.3f} | {mfu} | {busy} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--workload", choices=["multi30k", "wmt"], default="multi30k")
+    ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="Multi30k raw files")
     ap.add_argument("--prepared", type=Path, help="prepared data directory (made if missing)")
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--config", type=Path, default=REPO / "configs/multi30k.yaml")
-    ap.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--config", type=Path, nargs="+", help="default: multi30k.yaml, or base.yaml big.yaml for wmt")
+    ap.add_argument("--precision", nargs="+", default=None, help="default: fp32 on CPU, bf16 on CUDA")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
-    ap.add_argument("--max-tokens", type=int, default=0, help="0 = the config's")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--updates", type=int, default=30)
-    ap.add_argument("--gpu-base", action="store_true", help="on CUDA: also configs/base.yaml in bf16 and fp16")
+    ap.add_argument("--profile", type=int, default=None, help="updates under the profiler (CUDA; default 5)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="config override, repeatable")
+    ap.add_argument("--repo", type=Path, help="run this checkout's nmt instead (PYTHONPATH)")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="0 = by GPU name (H100: 989 dense bf16)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-header", action="store_true")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
@@ -138,22 +232,27 @@ def main() -> None:
 
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     device = "cpu" if device == "auto" else device
+    precisions = args.precision or (["bf16"] if device.startswith("cuda") else ["fp32"])
+    default_configs = ["base.yaml", "big.yaml"] if args.workload == "wmt" else ["multi30k.yaml"]
+    configs = [c.resolve() for c in args.config] if args.config else [REPO / "configs" / c for c in default_configs]
+    profile = args.profile if args.profile is not None else (5 if device.startswith("cuda") else 0)
+    env = {**os.environ, **({"PYTHONPATH": str(args.repo.resolve())} if args.repo else {})}
     with tempfile.TemporaryDirectory() as tmp:
         prepared = args.prepared or Path(tmp) / "data-bin"
-        prepare(args.data_dir, prepared, args.vocab)
-        runs = [(args.config.resolve(), p) for p in args.precision]
-        if args.gpu_base and device.startswith("cuda"):
-            runs += [(REPO / "configs/base.yaml", "bf16"), (REPO / "configs/base.yaml", "fp16")]
-        print("| config | device | precision | threads | max_tokens | tgt tok/s | peak memory | model TFLOP/s | MFU |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        if args.workload == "wmt":
+            synthetic_wmt(prepared)
+        else:
+            prepare_multi30k(args.data_dir, prepared, 8000)
+        if not args.no_header:
+            print(HEADER)
         results = []
-        for i, (config, precision) in enumerate(runs):
-            spec = {"config": str(config), "precision": precision, "threads": args.threads,
-                    "max_tokens": args.max_tokens, "device": device, "prepared": str(prepared),
-                    "run_dir": str(Path(tmp) / f"run{i}"), "warmup": args.warmup, "updates": args.updates,
-                    "peak_tflops": args.peak_tflops}
+        for i, (config, precision) in enumerate((c, p) for c in configs for p in precisions):
+            spec = {"config": str(config), "precision": precision, "threads": args.threads, "device": device,
+                    "prepared": str(prepared.resolve()), "run_dir": str(Path(tmp) / f"run{i}"), "warmup": args.warmup,
+                    "updates": args.updates, "profile": profile, "peak_tflops": args.peak_tflops, "sets": args.sets,
+                    "repo": str(args.repo or "")}
             out = subprocess.run([sys.executable, __file__, "--_child", json.dumps(spec)], cwd=tmp,
-                                 capture_output=True, text=True)
+                                 capture_output=True, text=True, env=env)
             if out.returncode:
                 print(f"| {config.name} | {device} | {precision} | failed: {out.stderr.strip()[-300:]} |")
                 continue

@@ -1,4 +1,6 @@
-"""Shared fixtures: a small raw en-de corpus and the dataset prepare-bpe makes of it.
+"""Shared fixtures: a small raw en-de corpus and the dataset prepare-bpe makes of it, a
+prepared copy task, and `in_tmp` (run a test in its tmp_path). Shared plain functions are in
+helpers.py.
 
 The corpus is the first few hundred lines of Multi30k, found at `../shared/data/multi30k`
 next to the repository (the NMT_MULTI30K environment variable overrides). Where the data
@@ -13,12 +15,17 @@ import random
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
-from nmt.data import synthetic_pairs, write_parallel
-from nmt.prepare import PrepareOptions, prepare_bpe
-from nmt.textio import read_lines
+pytest.register_assert_rewrite("helpers")  # its asserts explain themselves like the tests' own
+
+from helpers import synthetic_pairs, write_parallel  # noqa: E402
+
+from nmt.prepare import PrepareOptions, prepare_bpe  # noqa: E402
+from nmt.textio import read_lines  # noqa: E402
 
 MULTI30K = Path(
     os.environ.get("NMT_MULTI30K") or Path(__file__).resolve().parents[2] / "shared/data/multi30k"
@@ -109,3 +116,14 @@ def copy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                validpref=str(raw / "valid"), destdir=str(dest), vocab_size=24,
                                byte_fallback=False, workers=1), progress=False)
     return dest
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Run the test in its tmp_path and restore torch's thread count after it: `nmt train`
+    writes .nmt-last-run into the working directory and sets torch's threads. Modules use it
+    with `pytestmark = pytest.mark.usefixtures("in_tmp")`."""
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

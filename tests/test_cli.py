@@ -1,24 +1,11 @@
 """The command line: help, version, one-line errors with non-zero exits, no tracebacks."""
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers import nmt
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["prepare-bpe", "train", "average-checkpoints", "translate", "score"]
-
-
-def nmt(*args: str, cwd: Path = ROOT, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "nmt", *args],
-        cwd=cwd,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:

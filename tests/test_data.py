@@ -1,4 +1,4 @@
-"""Memory-mapped splits, token-based batching, sharding, collation, synthetic tasks."""
+"""Memory-mapped splits, token-based batching, sharding, collation."""
 
 from __future__ import annotations
 
@@ -16,11 +16,8 @@ from nmt.data import (
     read_meta,
     read_raw,
     shard_batches,
-    synthetic_pairs,
-    write_parallel,
 )
 from nmt.errors import NmtError
-from nmt.prepare import PrepareOptions, prepare_bpe
 from nmt.tokenizer import BOS, EOS, PAD, Tokenizer
 
 
@@ -167,43 +164,33 @@ def test_collate_layout(prepared):
     assert torch.equal(moved.target, batch.target) and moved.tgt_tokens == batch.tgt_tokens
 
 
-# ---------------------------------------------------------------- synthetic tasks
+def test_batches_padded_to_a_multiple_keep_the_budget_and_repeat_shapes(prepared):
+    d = ParallelData.load(prepared[0], "train")
+    plain = make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)
+    padded = make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1, pad_to=8)
+    assert sorted(i for b in padded for i in b) == sorted(i for b in plain for i in b)  # every pair once
+    shapes = {1: set(), 8: set()}
+    for pad_to, batches in ((1, plain), (8, padded)):
+        for ids in batches:
+            batch = collate(d, ids, pad_to=pad_to)
+            assert batch.padded_positions <= 600 or len(ids) == 1
+            shapes[pad_to].add((batch.src.size(1), batch.target.size(1)))
+            assert batch.src.size(1) % pad_to == 0 and batch.target.size(1) % pad_to == 0
+    assert len(shapes[8]) < len(shapes[1])
 
 
-def test_synthetic_tasks():
-    alphabet = "0123456789"
-    for task, expect in (
-        ("copy", lambda xs: xs),
-        ("reverse", lambda xs: xs[::-1]),
-        ("sort", sorted),
-    ):
-        pairs = synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
-        assert pairs == synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
-        for src, tgt in pairs:
-            symbols = src.split()
-            assert 2 <= len(symbols) <= 6 and set(symbols) <= set(alphabet)
-            assert tgt.split() == expect(symbols)
-    assert synthetic_pairs("copy", 20, seed=1) != synthetic_pairs("copy", 20, seed=2)
-    with pytest.raises(NmtError, match="unknown synthetic task"):
-        synthetic_pairs("shuffle", 1, seed=0)
+def test_prefetcher_yields_what_collate_makes_and_passes_errors_on(prepared):
+    from nmt.batches import Prefetcher
 
-
-def test_synthetic_task_through_prepare(tmp_path):
-    pairs = synthetic_pairs("reverse", 200, seed=0)
-    write_parallel(pairs, tmp_path / "raw" / "train", "src", "tgt")
-    write_parallel(pairs[:20], tmp_path / "raw" / "valid", "src", "tgt")
-    opts = PrepareOptions(
-        source_lang="src",
-        target_lang="tgt",
-        trainpref=str(tmp_path / "raw/train"),
-        validpref=str(tmp_path / "raw/valid"),
-        destdir=str(tmp_path / "bin"),
-        vocab_size=20,
-        byte_fallback=False,
-        workers=1,
-    )
-    report = prepare_bpe(opts, progress=False)
-    assert report["splits"]["train"]["kept"] == 200 and report["vocab_size"] == 20
-    tok = Tokenizer.from_file(tmp_path / "bin" / "spm.model")
-    data = ParallelData.load(tmp_path / "bin", "valid")
-    assert [(tok.decode(data.src(i)), tok.decode(data.tgt(i))) for i in range(20)] == pairs[:20]
+    d = ParallelData.load(prepared[0], "train")
+    groups = [[b, None] for b in make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)]
+    with Prefetcher(d, groups, pad_to=8, pin_memory=False) as fetched:
+        got = list(fetched)
+    assert len(got) == len(groups)
+    for (ids, _), (batch, none) in zip(groups, got, strict=True):
+        want = collate(d, ids, pad_to=8)
+        assert none is None and torch.equal(batch.src, want.src) and torch.equal(batch.target_index, want.target_index)
+    with Prefetcher(d, groups, pad_to=1, pin_memory=False) as fetched:  # stopped early: no hang
+        next(iter(fetched))
+    with pytest.raises(IndexError), Prefetcher(d, [[np.array([10**9])]], pad_to=1, pin_memory=False) as bad:
+        list(bad)

@@ -16,15 +16,10 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import TINY, nmt_here, save_random_model
 
-from nmt import cli
-from nmt.checkpoint import atomic_save
-from nmt.config import SECTIONS, config_to_dict, load_config
-from nmt.model import Transformer
-from nmt.tokenizer import PAD, Tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs/tiny.yaml"
+from nmt.config import SECTIONS
+from nmt.tokenizer import Tokenizer
 
 INTS = ["-1", "0", "1", "3", str(2**63), str(10**30)]
 FLOATS = ["-1", "0", "0.5", "1e308", "nan", "inf", "-inf"]
@@ -48,13 +43,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 def world(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The files the cases refer to: {ckpt}, {data}, {input}, {empty}, {garbage}, {dir}, ..."""
     root = tmp_path_factory.mktemp("fuzz")
-    tok = Tokenizer(prepared[0] / "spm.model")
-    cfg = load_config(TINY)
-    torch.manual_seed(1)
-    model = Transformer(cfg.model, tok.vocab_size, pad_id=PAD)
-    atomic_save({"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
-                 "vocab_size": tok.vocab_size, "tokenizer": {"model": tok.model_bytes, "sha256": tok.sha256},
-                 "update": 0, "epoch": 0}, root / "a.pt")
+    save_random_model(root / "a.pt", Tokenizer(prepared[0] / "spm.model"), 1)
     (root / "in.txt").write_text("A man.\nTwo dogs run.\n")
     (root / "ref.txt").write_text("Ein Mann.\nZwei Hunde laufen.\n")
     (root / "empty").write_bytes(b"")
@@ -151,11 +140,7 @@ def _check(world: dict[str, str], capfd: pytest.CaptureFixture, argv: tuple[str,
     for key, value in world.items():  # not str.format: a value may hold braces ("{a: 1}")
         args = [a.replace(f"{{{key}}}", value) for a in args]
     capfd.readouterr()
-    try:
-        cli.main(args)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    code = nmt_here(*args)
     err = capfd.readouterr().err
     assert "Traceback" not in err, (args, err)
     if code != 0:

@@ -8,27 +8,23 @@ The default suite deselects them; without CUDA they fail rather than skip, so a 
 - resuming equals never stopping (fp32 and fp16, with the loss scaler's state);
 - `nmt translate --device cuda` keeps the I/O contract and agrees with the CPU; int8 decoding
   with --device auto runs on the CPU;
-- cuDNN's attention backend is off (it plans each new shape, see nmt.device.configure_cuda).
+- cuDNN's attention backend is off (it plans each new shape, see nmt.device.configure_cuda);
+- an fp32 or bf16 training update never makes the host wait for the GPU.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers import TINY, nmt, records
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, load_config, replace
 from nmt.model import Transformer
 from nmt.train import train
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs/tiny.yaml"
 
 pytestmark = pytest.mark.gpu
 
@@ -43,11 +39,6 @@ def _needs_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def run_cfg(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
     return replace(load_config(TINY), data={"dir": str(data_dir)}, model=model or {},
                    train={"run_dir": str(run_dir), "log_interval": 1, "device": "cuda", **train_opts})
-
-
-def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-    return [r for r in rows if r["type"] == kind]
 
 
 # ------------------------------------------------------------------ model
@@ -117,6 +108,28 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path)
     assert all(r["loss"] == r["loss"] and r["loss"] < 20 for r in train_rows)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_update_never_synchronizes_with_the_host(prepared, tmp_path, precision):
+    """torch.cuda.set_sync_debug_mode("error") raises on any call that makes the host wait for
+    the GPU (a .item(), a boolean-mask index, a blocking copy), also inside torch's ops."""
+    from nmt.distributed import Env
+    from nmt.train import Trainer
+
+    cfg = run_cfg(prepared[0], tmp_path / "run", precision=precision, clip_norm=1.0, update_freq=2)
+    trainer = Trainer(cfg, Env(torch.device("cuda")), reset_optimizer=False, reset_data=False)
+    groups = trainer._epoch_batches(1)[:4]
+    trainer.train_update(groups[0])  # the first update allocates the optimizer state and handles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for group in groups[1:]:
+            assert trainer.train_update(group) is not None
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    trainer.check_finite()
+    trainer.close()
+
+
 @pytest.mark.parametrize("precision, tol", [("fp32", 1e-5), ("fp16", 1e-3)])
 def test_resume_equals_uninterrupted(prepared, tmp_path, precision, tol):
     cfg = run_cfg(prepared[0], tmp_path / "a", precision=precision, max_tokens=1024, validate_interval_updates=4)
@@ -145,11 +158,6 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, precision, tol):
 # ------------------------------------------------------------------ translate
 
 
-def nmt(*args: str, stdin: str = "", cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def trained(prepared, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model trained for 300 updates on the GPU: its last checkpoint."""
@@ -167,7 +175,7 @@ def test_translate_on_cuda_agrees_with_the_cpu(trained, raw_corpus, tmp_path):
     outs = {}
     for device in ("cpu", "cuda"):
         r = nmt("translate", "--checkpoint", str(trained), "--beam", "4", "--device", device, "--scores",
-                stdin=text, cwd=tmp_path)
+                stdin=text, cwd=tmp_path, timeout=600)
         assert r.returncode == 0, r.stderr
         outs[device] = r.stdout.split("\n")
         assert outs[device][-1] == "" and len(outs[device]) == len(lines) + 1
@@ -183,7 +191,7 @@ def test_translate_on_cuda_agrees_with_the_cpu(trained, raw_corpus, tmp_path):
 def test_translate_in_half_precision_keeps_the_io_contract(trained, raw_corpus, tmp_path, precision):
     lines = raw_corpus.lines("test", "en")
     r = nmt("translate", "--checkpoint", str(trained), "--device", "cuda", "--precision", precision,
-            "--batch-size", "7", stdin="\n".join(lines) + "\n", cwd=tmp_path)
+            "--batch-size", "7", stdin="\n".join(lines) + "\n", cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr
     out = r.stdout.split("\n")
     assert len(out) == len(lines) + 1 and out[-1] == ""
@@ -195,11 +203,12 @@ def test_int8_with_device_auto_decodes_on_the_cpu(trained, raw_corpus, tmp_path)
     outs = []
     for device in ("auto", "cpu"):
         r = nmt("translate", "--checkpoint", str(trained), "--precision", "int8", "--device", device,
-                stdin="\n".join(lines) + "\n", cwd=tmp_path)
+                stdin="\n".join(lines) + "\n", cwd=tmp_path, timeout=600)
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout)
     assert outs[0] == outs[1] and outs[0].count("\n") == len(lines)
-    r = nmt("translate", "--checkpoint", str(trained), "--precision", "int8", "--device", "cuda", cwd=tmp_path)
+    r = nmt("translate", "--checkpoint", str(trained), "--precision", "int8", "--device", "cuda", cwd=tmp_path,
+            timeout=600)
     assert r.returncode != 0 and "int8 is for CPU decoding" in r.stderr.strip().splitlines()[-1]
 
 

@@ -7,6 +7,7 @@ docs/reliability.md lists each case with the test here that proves it.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -20,20 +21,16 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import ROOT, TINY, nmt, nmt_here, save_random_model, set_args, tiny
 
-from nmt import cli
 from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from nmt.config import config_to_dict, load_config, replace
 from nmt.errors import NmtError
-from nmt.model import Transformer
 from nmt.rundir import RunDir, lock_run_dir
 from nmt.textio import TextStats, iter_lines
-from nmt.tokenizer import PAD, Tokenizer
+from nmt.tokenizer import Tokenizer
 from nmt.train import train
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs/tiny.yaml"
 
 
 @pytest.fixture(autouse=True)
@@ -52,19 +49,14 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 def run_here(capfd: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
     """`nmt ARGS` in this process: (exit status, stdout, stderr)."""
     capfd.readouterr()
-    try:
-        cli.main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    code = nmt_here(*args)
     out, err = capfd.readouterr()
     return code, out, err
 
 
 def run_process(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
-    """`nmt ARGS` in a subprocess; bytes in and out unless told otherwise."""
+    """`nmt ARGS` in a subprocess whose stdout is a given file (helpers.nmt captures it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    kwargs.setdefault("capture_output", "stdout" not in kwargs)
     return subprocess.run([sys.executable, "-m", "nmt", *args], env=env, timeout=120, **kwargs)
 
 
@@ -81,25 +73,19 @@ def assert_one_line(code: int, err: str, *needles: str, status: int = 1) -> str:
 @pytest.fixture(scope="module")
 def ckpt(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random tiny model on the prepared data's sentencepiece model (vocabulary 500)."""
-    return _save(tmp_path_factory.mktemp("hostile") / "a.pt", prepared[0] / "spm.model")
+    return save_random_model(tmp_path_factory.mktemp("hostile") / "a.pt", Tokenizer(prepared[0] / "spm.model"), 1)
 
 
 def _save(path: Path, spm: Path, **changes: Any) -> Path:
-    tok = Tokenizer(spm)
-    cfg = load_config(TINY)
-    torch.manual_seed(1)
-    model = Transformer(cfg.model, tok.vocab_size, pad_id=PAD)
-    state = {"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
-             "vocab_size": tok.vocab_size, "tokenizer": {"model": tok.model_bytes, "sha256": tok.sha256},
-             "update": 0, "epoch": 0}
+    """A random model's checkpoint with some of its entries replaced."""
+    state = load_checkpoint(save_random_model(path, Tokenizer(spm), 1))
     atomic_save({**state, **changes}, path)
     return path
 
 
 def tiny_sets(data_dir: Path, run_dir: Path, **extra: object) -> list[str]:
-    sets = {"data.dir": data_dir, "train.run_dir": run_dir, "train.device": "cpu", "train.threads": 1,
-            "train.max_updates": 1, **extra}
-    return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+    return set_args({"data.dir": data_dir, "train.run_dir": run_dir, "train.device": "cpu", "train.threads": 1,
+                     "train.max_updates": 1, **extra})
 
 
 def dead_pid() -> int:
@@ -176,8 +162,7 @@ def test_unknown_key_is_suggested_from_its_own_section():
 
 def test_resume_on_the_reversed_direction_is_refused_naming_both(prepared, tmp_path):
     data, run_dir = prepared[0], tmp_path / "run"
-    cfg = replace(load_config(TINY), data={"dir": str(data)},
-                  train={"run_dir": str(run_dir), "device": "cpu", "threads": 1, "max_updates": 1})
+    cfg = tiny(data, run_dir, max_updates=1)
     train(cfg)
     reversed_data = tmp_path / "de-en"
     shutil.copytree(data, reversed_data)  # the same files, fingerprint and sentencepiece model
@@ -502,12 +487,11 @@ def test_score_reads_invalid_utf8_the_same_from_stdin_and_hyp(tmp_path):
     ref, hyp = tmp_path / "ref.txt", tmp_path / "hyp.txt"
     ref.write_text("a house\nthe cat\n")
     hyp.write_bytes(b"a h\xffuse\nthe cat\n")
-    from_file = run_process("score", "--ref", str(ref), "--hyp", str(hyp), "--json", text=True)
-    from_stdin = run_process("score", "--ref", str(ref), "--json", input=hyp.read_text(errors="surrogateescape"),
-                             text=True, errors="surrogateescape")
-    assert from_file.returncode == from_stdin.returncode == 0, from_file.stderr + from_stdin.stderr
+    from_file = nmt("score", "--ref", str(ref), "--hyp", str(hyp), "--json", stdin=b"", check=True)
+    from_stdin = nmt("score", "--ref", str(ref), "--json", stdin=hyp.read_bytes(), check=True)
     assert json.loads(from_file.stdout) == json.loads(from_stdin.stdout)
-    assert f"{hyp}:1: invalid UTF-8" in from_file.stderr and "<stdin>:1: invalid UTF-8" in from_stdin.stderr
+    assert f"{hyp}:1: invalid UTF-8" in from_file.stderr.decode()
+    assert "<stdin>:1: invalid UTF-8" in from_stdin.stderr.decode()
 
 
 # ------------------------------------------------------------------ 11. wording
@@ -515,7 +499,7 @@ def test_score_reads_invalid_utf8_the_same_from_stdin_and_hyp(tmp_path):
 
 def test_one_line_with_three_problems_is_one_cleaned_line():
     stats = TextStats("x.de")
-    lines = list(iter_lines(__import__("io").BytesIO(b"a\xff\x00b\x0bc\nclean\n"), stats))
+    lines = list(iter_lines(io.BytesIO(b"a\xff\x00b\x0bc\nclean\n"), stats))
     assert len(lines) == 2
     assert stats.summary().startswith("x.de: cleaned 1 line (")
 

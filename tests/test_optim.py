@@ -7,7 +7,8 @@ import torch
 
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
-from nmt.optim import DynamicLossScaler, dropout_at, label_smoothed_nll_loss, lr_at
+from nmt.loss import label_smoothed_nll_loss
+from nmt.optim import DynamicLossScaler, dropout_at, lr_at
 
 
 def test_noam_schedule_matches_the_paper_formula():

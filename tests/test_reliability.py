@@ -4,7 +4,7 @@ disk or unusable run directory, out-of-memory batches (also under DDP), flat mem
 random bytes through `nmt translate`.
 
 Tiny models on the conftest's prepared sample, on the CPU, one thread, dropout 0 where runs
-are compared for equality. The helpers come from test_train, test_ddp and test_translate.
+are compared for equality. Each test runs in its tmp_path (conftest's in_tmp).
 """
 
 from __future__ import annotations
@@ -25,28 +25,33 @@ from typing import Any
 
 import pytest
 import torch
-from test_ddp import TORCHRUN, assert_equal_runs, settings, train_single
-from test_train import (  # noqa: F401  (_in_tmp: the autouse fixture, reused)
+from helpers import (
     THREADS,
     TINY,
-    _in_tmp,
+    assert_equal_runs,
     assert_same_weights,
+    ddp_settings,
     losses,
     make_trainer,
+    needs_torchrun,
+    nmt,
+    nmt_here,
     records,
+    save_random_model,
+    set_args,
     tiny,
+    torchrun_command,
+    train_single,
     updates_per_epoch,
     weights,
 )
-from test_translate import _save
 
 from nmt import checkpoint as ckpt
-from nmt import cli
 from nmt.config import load_config, replace
 from nmt.oom import FAULT_OOM_ENV
 from nmt.train import train
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("in_tmp")
 
 
 @pytest.fixture(autouse=True)
@@ -59,10 +64,6 @@ def _restore_logging() -> Any:
     root.setLevel(level)
 
 
-def set_args(sets: dict[str, object]) -> list[str]:
-    return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
-
-
 def train_sets(data_dir: Path, run_dir: Path, **extra: object) -> dict[str, object]:
     return {"data.dir": data_dir, "train.run_dir": run_dir, "train.log_interval": 1, "train.device": "cpu",
             "train.threads": THREADS, **extra}
@@ -70,11 +71,7 @@ def train_sets(data_dir: Path, run_dir: Path, **extra: object) -> dict[str, obje
 
 def nmt_train_here(sets: dict[str, object]) -> int:
     """`nmt train configs/tiny.yaml --set ...` in this process; its exit status."""
-    try:
-        cli.main(["train", str(TINY), *set_args(sets)])
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
+    return nmt_here("train", str(TINY), *set_args(sets))
 
 
 def nmt_train_process(sets: dict[str, object], cwd: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen:
@@ -294,7 +291,7 @@ def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, t
     try:
         groups = oomed._epoch_batches(1)
         clean._epoch_batches(1)  # sets its dummy batch
-        real_forward, calls = oomed.model.forward, []
+        real_forward, calls = oomed.model.decoder_states, []  # the forward pass of training
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             calls.append(1)
@@ -302,7 +299,7 @@ def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, t
                 raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
             return real_forward(*args, **kwargs)
 
-        oomed.model.forward = forward  # type: ignore[method-assign]
+        oomed.model.decoder_states = forward  # type: ignore[method-assign]
         assert oomed.train_update(groups[0]) is not None
         assert oomed.train_update(groups[1]) is None
         assert all(p.grad is None for p in oomed.model.parameters())
@@ -319,9 +316,8 @@ def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, t
 
 def torchrun_or_kill(sets: dict[str, object], cwd: Path, timeout: float) -> tuple[int, str]:
     """test_ddp's torchrun, in its own process group: a hang fails the test and leaves no workers."""
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "nmt", "train", str(TINY), *set_args(sets)]
-    proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(torchrun_command(sets), cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -331,15 +327,14 @@ def torchrun_or_kill(sets: dict[str, object], cwd: Path, timeout: float) -> tupl
     return proc.returncode, err
 
 
-@pytest.mark.skipif(not TORCHRUN.exists() or not torch.distributed.is_available(),
-                    reason="needs torchrun and torch.distributed")
+@needs_torchrun
 def test_oom_on_one_ddp_rank_makes_every_rank_skip_the_update(prepared, tmp_path, monkeypatch, caplog):
     """Rank 1 runs out of memory at update 3 (the NMT_FAULT_OOM_AT seam): both ranks skip it and
     the run equals one process with update_freq 2 that skips the same batches; no hang."""
     monkeypatch.chdir(tmp_path)
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
     monkeypatch.setenv(FAULT_OOM_ENV, "1:3")
-    returncode, err = torchrun_or_kill(settings(prepared[0], ddp_dir, 6), tmp_path, timeout=180)
+    returncode, err = torchrun_or_kill(ddp_settings(prepared[0], ddp_dir, 6), tmp_path, timeout=180)
     assert returncode == 0, err[-3000:]
     assert "out of memory at update 3 on rank 1" in err
     monkeypatch.setenv(FAULT_OOM_ENV, "0:3")
@@ -398,14 +393,14 @@ def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path
     from nmt.translate import format_line, read_chunks
 
     text = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
-    model = _save(tmp_path / "random.pt", Tokenizer(train_sentencepiece(text, tmp_path / "spm", 500)), seed=1)
+    tokenizer = Tokenizer(train_sentencepiece(text, tmp_path / "spm", 500))
+    model = save_random_model(tmp_path / "random.pt", tokenizer, seed=1)
     rng = random.Random(7)
     lines = [_fuzz_line(rng) for _ in range(1000)]
     lines[0] = b"\xef\xbb\xbf" + lines[0]  # a BOM
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = ["--beam", "5", "--nbest", "5", "--scores", "--max-len-a", "0", "--max-len-b", "4", "--threads", "1"]
-    done = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", str(model), *args],
-                          input=b"\n".join(lines) + b"\n", capture_output=True, env=env, timeout=600)
+    done = nmt("translate", "-c", str(model), *args, stdin=b"\n".join(lines) + b"\n", cwd=tmp_path,
+               env={"OMP_NUM_THREADS": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout.decode("utf-8")  # strict: valid UTF-8
     rows = out.split("\n")

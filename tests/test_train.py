@@ -8,8 +8,7 @@ dropout 0 where exact equality is asserted.
 
 from __future__ import annotations
 
-import json
-import os
+import math
 import signal
 import subprocess
 import sys
@@ -19,62 +18,29 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import (
+    THREADS,
+    TINY,
+    assert_same_weights,
+    losses,
+    make_trainer,
+    records,
+    synthetic_pairs,
+    tiny,
+    updates_per_epoch,
+    weights,
+    write_parallel,
+)
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
-from nmt.config import Config, load_config, replace
+from nmt.config import replace
 from nmt.errors import NmtError
 from nmt.optim import DynamicLossScaler, dropout_at, lr_at
 from nmt.prepare import PrepareOptions, prepare_bpe
-from nmt.train import Env, Trainer, train
+from nmt.train import Trainer, train
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs/tiny.yaml"
-# One thread: these models are tiny, and a shared 2-core machine thrashes with more.
-THREADS = int(os.environ.get("NMT_TEST_THREADS", "1"))
-
-
-@pytest.fixture(autouse=True)
-def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """`nmt train` writes .nmt-last-run into the working directory and sets torch's threads."""
-    monkeypatch.chdir(tmp_path)
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
-    base = load_config(TINY)
-    return replace(base, data={"dir": str(data_dir)}, model=model or {},
-                   train={"run_dir": str(run_dir), "log_interval": 1, "device": "cpu", "threads": THREADS,
-                          **train_opts})
-
-
-def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["type"] == kind]
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    return {r["update"]: r["loss"] for r in records(run_dir, "train")}
-
-
-def weights(run_dir: Path, name: str = "checkpoint_last.pt") -> dict[str, torch.Tensor]:
-    return ckpt.load_checkpoint(run_dir / name)["model"]
-
-
-def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.allclose(a[key], b[key], rtol=0, atol=atol), key
-
-
-def updates_per_epoch(cfg: Config) -> int:
-    meta = datamod.read_meta(cfg.data.dir)
-    d = datamod.ParallelData.load(cfg.data.dir, "train", meta["source_lang"], meta["target_lang"])
-    batches = datamod.make_batches(d.src_sizes, d.tgt_sizes, cfg.train.max_tokens, seed=cfg.train.seed, epoch=1,
-                                   max_positions=cfg.model.max_positions)
-    return -(-len(batches) // cfg.train.update_freq)
+pytestmark = pytest.mark.usefixtures("in_tmp")
 
 
 def snapshot(run_dir: Path) -> dict[str, tuple[int, bytes]]:
@@ -227,7 +193,7 @@ def test_resume_on_changed_data_needs_reset_data(prepared, other_data, tmp_path)
 
 def test_resume_refuses_another_tokenizer_even_with_reset_data(prepared, tmp_path):
     raw = tmp_path / "raw"
-    datamod.write_parallel(datamod.synthetic_pairs("copy", 50, seed=3), raw / "train", "en", "de")
+    write_parallel(synthetic_pairs("copy", 50, seed=3), raw / "train", "en", "de")
     other = tmp_path / "copy-bin"
     prepare_bpe(PrepareOptions(source_lang="en", target_lang="de", trainpref=str(raw / "train"),
                                destdir=str(other), vocab_size=24, byte_fallback=False, workers=1), progress=False)
@@ -251,11 +217,6 @@ def test_reset_optimizer_restarts_the_schedule(prepared, tmp_path):
 
 
 # ------------------------------------------------------------------ accumulation
-
-
-def make_trainer(cfg: Config) -> Trainer:
-    torch.set_num_threads(cfg.train.threads)  # as train() does
-    return Trainer(cfg, Env(torch.device("cpu")), reset_optimizer=False, reset_data=False)
 
 
 def test_accumulation_equals_one_big_batch(prepared, tmp_path):
@@ -288,6 +249,37 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     for key, g in grads["big"].items():
         assert torch.allclose(grads["acc"][key], g, rtol=1e-4, atol=1e-7), key
     assert_same_weights(dict(accumulating.model.named_parameters()), dict(big.model.named_parameters()), 1e-5)
+
+
+def test_an_update_reads_nothing_back_from_the_device(prepared, tmp_path, monkeypatch):
+    """What would make the host wait for a GPU (item, tolist, float(), bool(), int(), nonzero
+    on a tensor) happens nowhere in a one-process fp32/bf16 update; `check_finite` then
+    reads all the updates' losses and norms at once. (test_gpu.py checks the same on CUDA
+    with torch.cuda.set_sync_debug_mode, which also sees reads inside torch's kernels.)"""
+    trainer = make_trainer(tiny(prepared[0], tmp_path / "run", clip_norm=1.0, update_freq=2))
+    groups = trainer._epoch_batches(1)[:3]
+    reads: list[str] = []
+
+    def spy(name: str) -> Any:
+        real = getattr(torch.Tensor, name)
+
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            reads.append(name)
+            return real(self, *args, **kwargs)
+        return read
+
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    try:
+        stats = [trainer.train_update(g) for g in groups]
+    finally:
+        monkeypatch.undo()
+    assert reads == [] and all(s is not None for s in stats)
+    assert [u for u, _, _ in trainer.unchecked] == [1, 2, 3]
+    trainer.check_finite()
+    assert trainer.unchecked == []
+    trainer.close()
+    assert all(math.isfinite(s["loss"]) and s["loss"] > 0 and math.isfinite(s["gnorm"]) for s in stats)
 
 
 # ------------------------------------------------------------------ signals, NaN, overflow
@@ -335,18 +327,18 @@ def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run
 
 
 def test_nan_loss_stops_naming_the_update_and_leaves_checkpoints_intact(prepared, tmp_path, monkeypatch):
-    import nmt.train as trainmod
+    import nmt.loss as lossmod
 
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=3, save_interval_updates=2)
     train(cfg)
     before = snapshot(tmp_path / "run")
-    real_loss = trainmod.label_smoothed_nll_loss
+    real_loss = lossmod.projected_smoothed_loss
 
     def nan_loss(*args: Any) -> Any:
         loss, nll = real_loss(*args)
         return (loss * float("nan"), nll) if torch.is_grad_enabled() else (loss, nll)
 
-    monkeypatch.setattr(trainmod, "label_smoothed_nll_loss", nan_loss)
+    monkeypatch.setattr(lossmod, "projected_smoothed_loss", nan_loss)
     with pytest.raises(NmtError, match="non-finite loss at update 4"):
         train(replace(cfg, train={"max_updates": 10}))
     assert snapshot(tmp_path / "run") == before

@@ -8,26 +8,22 @@ random model never chooses EOS, so decoding is kept short with max_len_a = 0, ma
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, nmt, nmt_here, save_random_model
 
-from nmt import cli
-from nmt.checkpoint import atomic_save
-from nmt.config import config_to_dict, load_config
-from nmt.model import Transformer
 from nmt.predict import load_models, translate_token_lists
 from nmt.search import beam_search, greedy_search, length_penalty
 from nmt.shortlist import SPECIALS, Shortlist, load_shortlist, save_shortlist
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_sentencepiece
 
-ROOT = Path(__file__).resolve().parents[1]
+# the commands in a subprocess: this checkout's nmt, one OpenMP thread
+ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 MAX_POSITIONS = 256  # configs/tiny.yaml
 
 
@@ -38,18 +34,6 @@ class Setup:
     other_spm: Path  # random model with another sentencepiece model
     sentences: list[str]  # 40 source sentences of varied length
     words: list[str]
-
-
-def _save(path: Path, tokenizer: Tokenizer, seed: int, **decode) -> Path:
-    cfg = load_config(ROOT / "configs/tiny.yaml")
-    cfg = replace(cfg, decode=replace(cfg.decode, beam=4, max_len_a=0.0, max_len_b=6, **decode))
-    torch.manual_seed(seed)
-    model = Transformer(cfg.model, tokenizer.vocab_size, pad_id=PAD)
-    atomic_save({"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
-                 "vocab_size": tokenizer.vocab_size,
-                 "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
-                 "update": 0, "epoch": 0}, path)
-    return path
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -70,28 +54,12 @@ def setup(raw_corpus, tmp_path_factory) -> Setup:
     other = Tokenizer(train_sentencepiece(train, root / "other", 450))
     sentences = raw_corpus.lines("test", "en")
     return Setup(
-        a=_save(root / "a.pt", spm, seed=1),
-        b=_save(root / "b.pt", spm, seed=2),
-        other_spm=_save(root / "other.pt", other, seed=3),
+        a=save_random_model(root / "a.pt", spm, seed=1),
+        b=save_random_model(root / "b.pt", spm, seed=2),
+        other_spm=save_random_model(root / "other.pt", other, seed=3),
         sentences=sentences,
         words=" ".join(train).split(),
     )
-
-
-def nmt(*args: str, stdin: bytes = b"", cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """The real command in a subprocess; bytes in, bytes out."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True,
-                          cwd=cwd, env=env, timeout=120)
-
-
-def nmt_here(*args: str) -> int:
-    """The real command line in this process (faster than a subprocess): its exit status."""
-    try:
-        cli.main(list(args))
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
 
 
 def translate_file(tmp_path: Path, lines: list[str], *args: str, name: str = "out") -> bytes:
@@ -125,7 +93,7 @@ def test_io_contract_one_output_line_per_input_line(setup):
         b" \r",  # whitespace-only, CRLF
         b"A woman sings.",  # no final newline
     ]
-    r = nmt("translate", "-c", str(setup.a), stdin=b"\n".join(lines))
+    r = nmt("translate", "-c", str(setup.a), stdin=b"\n".join(lines), env=ENV)
     assert r.returncode == 0, r.stderr.decode()
     out = r.stdout.decode("utf-8")  # strict: the output is valid UTF-8
     assert out.endswith("\n")
@@ -143,18 +111,18 @@ def test_io_contract_one_output_line_per_input_line(setup):
 
 
 def test_empty_input_gives_empty_output(setup):
-    r = nmt("translate", "-c", str(setup.a), stdin=b"")
+    r = nmt("translate", "-c", str(setup.a), stdin=b"", env=ENV)
     assert (r.returncode, r.stdout) == (0, b""), r.stderr.decode()
 
 
 def test_missing_checkpoint_is_one_line(tmp_path):
-    one_line_error(nmt("translate", "-c", str(tmp_path / "nope.pt"), stdin=b"hi\n"), "nope.pt")
+    one_line_error(nmt("translate", "-c", str(tmp_path / "nope.pt"), stdin=b"hi\n", env=ENV), "nope.pt")
 
 
 def test_corrupt_checkpoint_is_one_line(setup, tmp_path):
     bad = tmp_path / "truncated.pt"
     bad.write_bytes(setup.a.read_bytes()[:5000])
-    one_line_error(nmt("translate", "-c", str(bad), stdin=b"hi\n"), "truncated.pt")
+    one_line_error(nmt("translate", "-c", str(bad), stdin=b"hi\n", env=ENV), "truncated.pt")
 
 
 def test_batching_does_not_change_the_output(setup, tmp_path):
@@ -198,7 +166,7 @@ def test_a_failing_batch_stops_the_workers_with_its_error(setup, monkeypatch):
 
 
 def test_negative_workers_is_one_line(setup):
-    one_line_error(nmt("translate", "-c", str(setup.a), "--workers", "-1", stdin=b"a\n"), "--workers")
+    one_line_error(nmt("translate", "-c", str(setup.a), "--workers", "-1", stdin=b"a\n", env=ENV), "--workers")
 
 
 def test_nbest_with_scores(setup, tmp_path):
@@ -290,10 +258,10 @@ def test_last_run_prefers_the_averaged_checkpoint(setup, tmp_path):
     shutil.copyfile(setup.b, run / "checkpoint_best.pt")
     (tmp_path / ".nmt-last-run").write_text(f"{run}\n", encoding="utf-8")
     text = "".join(s + "\n" for s in setup.sentences[:4]).encode()
-    r = nmt("translate", stdin=text, cwd=tmp_path)
+    r = nmt("translate", stdin=text, cwd=tmp_path, env=ENV)
     assert r.returncode == 0, r.stderr.decode()
     assert "checkpoint_avg.pt" in r.stderr.decode()
-    assert r.stdout == nmt("translate", "-c", str(setup.a), stdin=text).stdout
+    assert r.stdout == nmt("translate", "-c", str(setup.a), stdin=text, env=ENV).stdout
 
 
 def test_last_run_falls_back_to_best(setup, tmp_path, monkeypatch, capfd):
@@ -322,7 +290,7 @@ def test_input_and_output_files(setup, tmp_path, capfd):
     captured = capfd.readouterr()
     assert captured.out == ""  # -o: nothing on stdout
     text = "".join(s + "\n" for s in lines).encode()
-    assert out == nmt("translate", "-c", str(setup.a), stdin=text).stdout
+    assert out == nmt("translate", "-c", str(setup.a), stdin=text, env=ENV).stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
 
 
@@ -443,14 +411,14 @@ def test_shortlist_of_another_vocabulary_is_one_line(setup, tmp_path):
     other = load_models([setup.other_spm], torch.device("cpu"))
     path = tmp_path / "other.pt"
     save_shortlist(_random_shortlist(other, seed=2), path)
-    one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(path), stdin=b"A dog.\n"),
+    one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(path), stdin=b"A dog.\n", env=ENV),
                    "other.pt: made for another vocabulary")
     one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(tmp_path / "none.pt"),
-                       stdin=b"A dog.\n"), "none.pt: shortlist file not found")
+                       stdin=b"A dog.\n", env=ENV), "none.pt: shortlist file not found")
     loaded = load_models([setup.a], torch.device("cpu"))
     save_shortlist(_random_shortlist(loaded, seed=3, frequent=0), tmp_path / "short.pt")
     one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(tmp_path / "short.pt"), "--beam", "5",
-                       stdin=b"A dog.\n"), "short.pt: 0 frequent tokens are too few for beam 5")
+                       stdin=b"A dog.\n", env=ENV), "short.pt: 0 frequent tokens are too few for beam 5")
 
 
 def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
@@ -460,7 +428,7 @@ def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
     sl = load_shortlist(out, vocab_size=report["vocab_size"], spm_sha256=report["spm"]["sha256"])
     assert sl.candidates.shape == (report["vocab_size"], 10) and sl.frequent.numel() == 20
     assert (sl.candidates[:, 0] >= SPECIALS).sum() > 100  # most source tokens have a translation
-    r = nmt("shortlist", str(data_dir), "-o", str(out), "--top", "-1")
+    r = nmt("shortlist", str(data_dir), "-o", str(out), "--top", "-1", stdin=b"", env=ENV)
     one_line_error(r, "--top")
 
 
@@ -488,5 +456,5 @@ def test_int8_with_a_shortlist_of_every_token_changes_nothing(setup):
 
 
 def test_unknown_precision_is_one_line(setup):
-    one_line_error(nmt("translate", "-c", str(setup.a), "--precision", "int4", stdin=b"a\n"),
+    one_line_error(nmt("translate", "-c", str(setup.a), "--precision", "int4", stdin=b"a\n", env=ENV),
                    "--precision must be one of fp32, bf16, fp16, int8, got 'int4'")

@@ -1,0 +1,216 @@
+"""Plain helpers that several test modules share (the shared fixtures are in conftest.py).
+
+Test modules import them with `from helpers import ...`: pyproject's pytest settings put
+tests/ on sys.path (`pythonpath = ["tests"]`). No test module imports another one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nmt import checkpoint as ckpt
+from nmt import cli
+from nmt import data as datamod
+from nmt.checkpoint import atomic_save
+from nmt.config import Config, config_to_dict, load_config, replace
+from nmt.errors import NmtError
+from nmt.model import Transformer
+from nmt.tokenizer import PAD, Tokenizer
+from nmt.train import Env, Trainer, train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs/tiny.yaml"
+# One thread: these models are tiny, and a shared 2-core machine thrashes with more.
+THREADS = int(os.environ.get("NMT_TEST_THREADS", "1"))
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+needs_torchrun = pytest.mark.skipif(not TORCHRUN.exists() or not torch.distributed.is_available(),
+                                    reason="needs torchrun and torch.distributed")
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def nmt(*args: str, cwd: Path = ROOT, stdin: str | bytes = "", env: Mapping[str, str] | None = None,
+        timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+    """`python -m nmt ARGS` in a subprocess, its output captured. A str stdin gives str stdout
+    and stderr; bytes give bytes. `env`: variables set on top of os.environ. `check`: assert
+    that the command succeeded, showing the end of its stderr if not."""
+    r = subprocess.run([sys.executable, "-m", "nmt", *args], cwd=cwd, input=stdin, capture_output=True,
+                       text=isinstance(stdin, str), env=None if env is None else {**os.environ, **env},
+                       timeout=timeout)
+    if check:
+        assert r.returncode == 0, f"nmt {' '.join(args)} failed:\n{r.stderr[-3000:]}"
+    return r
+
+
+def nmt_here(*args: str) -> int:
+    """The real command line in this process (faster than a subprocess): its exit status."""
+    try:
+        cli.main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def set_args(sets: Mapping[str, object]) -> list[str]:
+    """`--set key=value` for each item."""
+    return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+
+
+# ------------------------------------------------------------------ synthetic data
+
+
+def synthetic_pairs(
+    task: str,
+    n: int,
+    *,
+    seed: int,
+    min_len: int = 3,
+    max_len: int = 12,
+    alphabet: Sequence[str] = "0123456789",
+) -> list[tuple[str, str]]:
+    """`n` pairs of space-separated symbol strings: the target copies, reverses or sorts
+    (in alphabet order) the source."""
+    rank = {symbol: i for i, symbol in enumerate(alphabet)}
+    transforms = {
+        "copy": lambda xs: xs,
+        "reverse": lambda xs: xs[::-1],
+        "sort": lambda xs: sorted(xs, key=rank.__getitem__),
+    }
+    if task not in transforms:
+        raise NmtError(f"unknown synthetic task {task!r} (copy, reverse or sort)")
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        symbols = [rng.choice(alphabet) for _ in range(rng.randint(min_len, max_len))]
+        pairs.append((" ".join(symbols), " ".join(transforms[task](symbols))))
+    return pairs
+
+
+def write_parallel(
+    pairs: Sequence[tuple[str, str]], prefix: str | Path, src_lang: str, tgt_lang: str
+) -> tuple[Path, Path]:
+    """Write PREFIX.src_lang and PREFIX.tgt_lang, one sentence per line (for prepare-bpe)."""
+    paths = (Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}"))
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    for side, path in enumerate(paths):
+        lines = [pair[side] for pair in pairs]
+        if any("\n" in line for line in lines):
+            raise ValueError("write_parallel: a sentence contains a newline")
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return paths
+
+
+# ------------------------------------------------------------------ models and training runs
+
+
+def save_random_model(path: Path, tokenizer: Tokenizer, seed: int, **decode: Any) -> Path:
+    """A checkpoint of a randomly initialised configs/tiny.yaml Transformer with this tokenizer,
+    decoding with beam 4 and at most 6 tokens (a random model never chooses EOS)."""
+    cfg = load_config(TINY)
+    cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, beam=4, max_len_a=0.0, max_len_b=6,
+                                                              **decode))
+    torch.manual_seed(seed)
+    model = Transformer(cfg.model, tokenizer.vocab_size, pad_id=PAD)
+    atomic_save({"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
+                 "vocab_size": tokenizer.vocab_size,
+                 "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
+                 "update": 0, "epoch": 0}, path)
+    return path
+
+
+def tiny(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
+    """configs/tiny.yaml on the CPU with THREADS threads, logging every update."""
+    base = load_config(TINY)
+    return replace(base, data={"dir": str(data_dir)}, model=model or {},
+                   train={"run_dir": str(run_dir), "log_interval": 1, "device": "cpu", "threads": THREADS,
+                          **train_opts})
+
+
+def make_trainer(cfg: Config) -> Trainer:
+    torch.set_num_threads(cfg.train.threads)  # as train() does
+    return Trainer(cfg, Env(torch.device("cpu")), reset_optimizer=False, reset_data=False)
+
+
+def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The records of one type ("train", "valid", ...) in RUN_DIR/metrics.jsonl."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["update"]: r["loss"] for r in records(run_dir, "train")}
+
+
+def weights(run_dir: Path, name: str = "checkpoint_last.pt") -> dict[str, torch.Tensor]:
+    return ckpt.load_checkpoint(run_dir / name)["model"]
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=0, atol=atol), key
+
+
+def updates_per_epoch(cfg: Config) -> int:
+    meta = datamod.read_meta(cfg.data.dir)
+    d = datamod.ParallelData.load(cfg.data.dir, "train", meta["source_lang"], meta["target_lang"])
+    batches = datamod.make_batches(d.src_sizes, d.tgt_sizes, cfg.train.max_tokens, seed=cfg.train.seed, epoch=1,
+                                   max_positions=cfg.model.max_positions)
+    return -(-len(batches) // cfg.train.update_freq)
+
+
+# ------------------------------------------------------------------ data-parallel runs (torchrun)
+
+
+def ddp_settings(data_dir: Path, run_dir: Path, max_updates: int, max_tokens: int = 1024) -> dict[str, object]:
+    # dropout 0: each rank has its own dropout masks, one process draws them in another order
+    return {"data.dir": str(data_dir), "train.run_dir": str(run_dir), "train.max_updates": max_updates,
+            "train.max_tokens": max_tokens, "train.log_interval": 1, "train.device": "cpu", "train.threads": 1,
+            "train.save_interval_updates": 3, "train.validate_interval_updates": 4, "model.dropout": 0.0}
+
+
+def torchrun_command(sets: Mapping[str, object]) -> list[str]:
+    """`torchrun` with 2 processes of `nmt train configs/tiny.yaml --set ...`."""
+    return [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "nmt", "train", str(TINY),
+            *set_args(sets)]
+
+
+def train_single(prepared: tuple[Path, dict], run_dir: Path, max_updates: int, max_tokens: int = 1024) -> Config:
+    """One process seeing both ranks' batches: update_freq 2 over the same batch stream."""
+    sets = ddp_settings(prepared[0], run_dir, max_updates, max_tokens)
+    cfg = load_config(TINY, [f"{k}={v}" for k, v in sets.items()] + ["train.update_freq=2"])
+    threads = torch.get_num_threads()
+    try:
+        train(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    return cfg
+
+
+def assert_equal_runs(ddp_dir: Path, single_dir: Path) -> None:
+    a = ckpt.load_checkpoint(ddp_dir / "checkpoint_last.pt")
+    b = ckpt.load_checkpoint(single_dir / "checkpoint_last.pt")
+    assert a["update"] == b["update"] and a["epoch"] == b["epoch"]
+    assert not any(k.startswith("module.") for k in a["model"])  # the bare model, no DDP prefix
+    for key, value in b["model"].items():
+        assert torch.allclose(a["model"][key], value, rtol=0, atol=1e-5), key
+    train_a, train_b = records(ddp_dir, "train"), records(single_dir, "train")
+    assert [r["update"] for r in train_a] == [r["update"] for r in train_b]  # logged once, by rank 0
+    for ra, rb in zip(train_a, train_b, strict=True):
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+    valid_a, valid_b = records(ddp_dir, "valid"), records(single_dir, "valid")
+    assert [r["update"] for r in valid_a] == [r["update"] for r in valid_b]
+    assert sorted(p.name for p in ddp_dir.glob("*.pt")) == sorted(p.name for p in single_dir.glob("*.pt"))

@@ -1,0 +1,132 @@
+"""The training objective: the chunked projection + label-smoothed loss equals the plain one
+(loss, NLL and both gradients), in fp32 and under bf16 autocast, for any chunking; the model's
+decoder states at host-made indices equal its masked forward; padding lengths to a multiple
+changes no loss or gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt import data as datamod
+from nmt.config import ModelConfig
+from nmt.loss import TranslationLoss, label_smoothed_nll_loss, projected_smoothed_loss
+from nmt.model import Transformer
+from nmt.tokenizer import PAD
+
+
+def reference(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float):
+    return label_smoothed_nll_loss(F.linear(states, weight), target, eps, ignore_index=PAD)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64, None])
+def test_chunked_loss_and_gradients_equal_the_plain_loss(eps, chunk_rows):
+    torch.manual_seed(0)
+    states = torch.randn(37, 16, requires_grad=True)
+    weight = torch.randn(29, 16, requires_grad=True)
+    target = torch.randint(4, 29, (37,))
+    loss, nll = projected_smoothed_loss(states, weight, target, eps, chunk_rows)
+    (1.7 * loss).backward()
+    ref_states, ref_weight = states.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    ref_loss, ref_nll = reference(ref_states, ref_weight, target, eps)
+    (1.7 * ref_loss).backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(states.grad, ref_states.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weight.grad, ref_weight.grad, rtol=1e-5, atol=1e-6)
+    assert not nll.requires_grad
+
+
+def test_chunked_loss_under_bf16_autocast_is_close_to_the_plain_loss():
+    torch.manual_seed(1)
+    states = torch.randn(50, 32, requires_grad=True)
+    weight = torch.randn(40, 32, requires_grad=True)
+    target = torch.randint(4, 40, (50,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = projected_smoothed_loss(states, weight, target, 0.1, 8)
+        ref_states, ref_weight = states.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+        ref_loss, _ = reference(ref_states, ref_weight, target, 0.1)
+    loss.backward()
+    ref_loss.backward()
+    assert loss.dtype == torch.float32 and weight.grad.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss, rtol=2e-2, atol=0)
+    torch.testing.assert_close(states.grad, ref_states.grad, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(weight.grad, ref_weight.grad, rtol=5e-2, atol=5e-2)
+
+
+def test_without_gradients_the_loss_is_the_same():
+    torch.manual_seed(2)
+    states, weight, target = torch.randn(20, 8), torch.randn(15, 8), torch.randint(4, 15, (20,))
+    with torch.no_grad():
+        loss, nll = projected_smoothed_loss(states, weight, target, 0.1, 3)
+    ref_loss, ref_nll = reference(states, weight, target, 0.1)
+    torch.testing.assert_close((loss, nll), (ref_loss, ref_nll), rtol=1e-5, atol=1e-5)
+
+
+def small_model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4, dropout=0.0,
+                      max_positions=64)
+    return Transformer(cfg, 50, pad_id=PAD).eval()
+
+
+def test_decoder_states_at_host_indices_equal_the_masked_forward(prepared):
+    data = datamod.ParallelData.load(prepared[0], "valid")
+    model = Transformer(small_model().cfg, int(data.src_data.tokens.max()) + 1, pad_id=PAD).eval()
+    batch = datamod.collate(data, [3, 9, 1, 20, 7])
+    mask = batch.target != PAD
+    assert torch.equal(batch.target_index, mask.reshape(-1).nonzero().squeeze(1))
+    assert torch.equal(batch.target_tokens, batch.target[mask])
+    with torch.no_grad():
+        logits = model(batch.src, batch.prev_output, mask)
+        states = model.decoder_states(batch.src, batch.prev_output, batch.target_index)
+        torch.testing.assert_close(F.linear(states, model.output_weight), logits)
+
+
+def test_padding_to_a_multiple_of_8_changes_no_loss_or_gradient(prepared):
+    data = datamod.ParallelData.load(prepared[0], "train")
+    vocab = int(max(data.src_data.tokens.max(), data.tgt_data.tokens.max())) + 1
+    model = Transformer(small_model().cfg, vocab, pad_id=PAD)
+    objective = TranslationLoss(model, 0.1)
+    ids = next(list(range(i, i + 12)) for i in range(len(data))  # lengths that 8 changes
+               if datamod.collate(data, list(range(i, i + 12))).src.size(1) % 8)
+    results = []
+    for pad_to in (1, 8):
+        batch = datamod.collate(data, ids, pad_to=pad_to)
+        assert batch.src.size(1) % pad_to == 0 and batch.target.size(1) % pad_to == 0
+        model.zero_grad()
+        loss, nll = objective(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
+        loss.backward()
+        results.append((loss.detach(), nll, {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (loss1, nll1, grads1), (loss8, nll8, grads8) = results
+    torch.testing.assert_close(loss8, loss1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll8, nll1, rtol=1e-5, atol=1e-5)
+    for key, grad in grads1.items():
+        torch.testing.assert_close(grads8[key], grad, rtol=1e-4, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow
+def test_compiled_objective_gives_the_loss_and_gradients_of_the_eager_one(prepared):
+    """train.compile: torch.compile of the model and loss (inductor, on the CPU here) changes
+    the loss and gradients of a fixed batch by float rounding only; a second batch shape
+    (pad_to 8 keeps shapes few) runs too."""
+    data = datamod.ParallelData.load(prepared[0], "train")
+    vocab = int(max(data.src_data.tokens.max(), data.tgt_data.tokens.max())) + 1
+    model = Transformer(small_model().cfg, vocab, pad_id=PAD)
+    eager = TranslationLoss(model, 0.1)
+    compiled = torch.compile(TranslationLoss(model, 0.1))
+    for ids in (list(range(8)), list(range(100, 116))):
+        batch = datamod.collate(data, ids, pad_to=8)
+        results = []
+        for objective in (eager, compiled):
+            model.zero_grad()
+            loss, nll = objective(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
+            loss.backward()
+            results.append((loss.detach(), nll, {k: p.grad.clone() for k, p in model.named_parameters()}))
+        (loss_e, nll_e, grads_e), (loss_c, nll_c, grads_c) = results
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(nll_c, nll_e, rtol=1e-5, atol=1e-4)
+        for key, grad in grads_e.items():
+            torch.testing.assert_close(grads_c[key], grad, rtol=1e-3, atol=1e-5, msg=key)
