@@ -70,7 +70,7 @@ def read_meta(data_dir: str | Path) -> dict:
 # The keys of prepare.json that nmt reads, and their types
 _META_SHAPE: dict[str, type | tuple[type, ...]] = {
     "source_lang": str, "target_lang": str, "vocab_size": int, "dtype": str, "splits": dict,
-    "spm": dict, "fingerprint": str,
+    "spm": dict,
 }
 
 
@@ -82,8 +82,9 @@ def _check_meta(meta: object, path: Path) -> None:
     for key, tp in _META_SHAPE.items():
         if not isinstance(meta.get(key), tp) or isinstance(meta.get(key), bool):
             raise NmtError(f"{path}: not a prepare-bpe report ({key} missing or not a {tp.__name__})")  # type: ignore[union-attr]
-    if not isinstance(meta["spm"].get("sha256"), str) or meta["dtype"] not in ("uint16", "int32"):
-        raise NmtError(f"{path}: not a prepare-bpe report (spm.sha256 or dtype)")
+    if not isinstance(meta["spm"].get("sha256"), str) or meta["dtype"] not in ("uint16", "int32") \
+            or not isinstance(meta.get("fingerprint", ""), str):
+        raise NmtError(f"{path}: not a prepare-bpe report (spm.sha256, dtype or fingerprint)")
 
 
 def read_raw(data_dir: str | Path, split: str, lang: str) -> list[str]:
