@@ -19,21 +19,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from nmt.errors import ConfigError
-
-REQUIRED: Any = dataclasses.MISSING  # opt(REQUIRED, ...): a field without a default
-
-
-def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), cli: bool = True) -> Any:
-    """A dataclass field with its help text attached: `docs/config.md` and the command-line
-    options made from a dataclass (nmt.cli) both read it. `flags` names the option where
-    `--field-name` alone will not do (e.g. ("--input", "-i")); `cli=False` keeps a field off
-    the command line."""
-    return field(default=default, metadata={"help": help, "flags": flags, "cli": cli})
-
-
-def opt_list(help: str, *, flags: tuple[str, ...] = ()) -> Any:
-    """`opt` for a list option (repeatable on the command line), empty by default."""
-    return field(default_factory=list, metadata={"help": help, "flags": flags, "cli": True})
+from nmt.fields import coerce as _coerce
+from nmt.fields import opt
 
 
 @dataclass(frozen=True)
@@ -178,41 +165,6 @@ def _unknown(key: str, where: str) -> ConfigError:
     return ConfigError(f"{where}: unknown key {key}{hint}")
 
 
-def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
-    """Check `value` against the field type `tp`; return it converted where lossless."""
-
-    def bad(expected: str) -> ConfigError:
-        return ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
-
-    if get_origin(tp) is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            raise bad("one of " + ", ".join(repr(c) for c in choices))
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad("true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad("an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise bad("a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad("a string")
-    raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
-
-
 _field_types = typing.get_type_hints
 
 
@@ -353,17 +305,15 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
     need(t.dropout_ramp_end == 0 or t.dropout_ramp_end > t.dropout_ramp_start, "train.dropout_ramp_end",
          f"({t.dropout_ramp_end}) must be 0 or above train.dropout_ramp_start ({t.dropout_ramp_start})")
     need(0.0 <= t.dropout_ramp_to < 1.0, "train.dropout_ramp_to", "must be in [0, 1)")
-    for key in ("clip_norm", "max_time", "weight_decay", "warmup_init_lr"):
+    for key in ("clip_norm", "max_time", "weight_decay", "warmup_init_lr", "max_updates", "max_epochs",
+                "save_interval_updates", "keep_last", "validate_interval_updates", "patience", "threads",
+                "pad_to_multiple"):
         need(getattr(t, key) >= 0, f"train.{key}", "must not be negative")
-    for key in ("max_updates", "max_epochs", "save_interval_updates", "keep_last",
-                "validate_interval_updates", "patience", "threads"):
-        need(getattr(t, key) >= 0, f"train.{key}", "must not be negative")
-    need(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", "must be in [0, 1)")
-    need(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
+    for key in ("adam_beta1", "adam_beta2"):
+        need(0.0 <= getattr(t, key) < 1.0, f"train.{key}", "must be in [0, 1)")
     need(t.adam_eps > 0, "train.adam_eps", "must be positive")
-    need(t.log_interval >= 1, "train.log_interval", "must be at least 1")
-    need(t.pad_to_multiple >= 0, "train.pad_to_multiple", "must not be negative")
-    need(t.valid_beam >= 1, "train.valid_beam", "must be at least 1")
+    for key in ("log_interval", "valid_beam"):
+        need(getattr(t, key) >= 1, f"train.{key}", "must be at least 1")
     need(t.fp16_init_scale > 0 and t.fp16_min_scale > 0, "train.fp16_init_scale",
          "and train.fp16_min_scale must be positive")
     need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.config import REQUIRED, opt, opt_list
+from nmt.fields import REQUIRED, opt, opt_list
 
 
 def default_workers() -> int:
