@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
-from nmt.config import DecodeConfig, coerce_option
+from nmt.config import DecodeConfig
 from nmt.device import resolve_device
 from nmt.errors import NmtError
+from nmt.fields import coerce_option
 from nmt.options import TranslateOptions
 from nmt.predict import (
     DECODE_PRECISIONS,
@@ -74,8 +75,15 @@ def clean_output(text: str) -> str:
     return _BREAKS.sub(" ", text).strip()
 
 
+MAX_THREADS = 4096  # torch refuses absurd thread counts with an error of its own
+
+
 def _api_name(key: str) -> str:
     return f"{key}="
+
+
+def _cli_name(key: str) -> str:
+    return f"--{key.replace('_', '-')}"
 
 
 class Translator:
@@ -113,22 +121,33 @@ class Translator:
         opts = TranslateOptions(checkpoints=[Path(p) for p in paths], decode=decode, **options)
         return cls.from_options(opts, name=_api_name)
 
-    @classmethod
-    def from_options(cls, opts: TranslateOptions, name: Callable[[str], str] | None = None) -> Translator:
-        """The translator `opts` describe (their I/O fields aside). `name(key)` names an
-        option in errors: `--beam` for the command (the default), `beam=` for the API."""
-        name = name or (lambda key: f"--{key.replace('_', '-')}")
+    @staticmethod
+    def check_options(opts: TranslateOptions, name: Callable[[str], str] | None = None) -> None:
+        """The bounds of the options that are not decode settings (those are checked against
+        the checkpoint's in `from_options`). `name(key)` names an option in errors: `--threads`
+        for the command (the default), `threads=` for the API."""
+        name = name or _cli_name
         if opts.precision not in DECODE_PRECISIONS:
             raise NmtError(f"{name('precision')} must be one of {', '.join(DECODE_PRECISIONS)}, "
                            f"got {opts.precision!r}")
+        if opts.threads < 0:
+            raise NmtError(f"{name('threads')} must be 0 (torch's default) or more, got {opts.threads}")
         if opts.workers < 0:
             raise NmtError(f"{name('workers')} must be 0 (one per CPU thread) or more, got {opts.workers}")
+
+    @classmethod
+    def from_options(cls, opts: TranslateOptions, name: Callable[[str], str] | None = None) -> Translator:
+        """The translator `opts` describe (their I/O fields aside), options named in errors by
+        `name` (see `check_options`)."""
+        cls.check_options(opts, name)
         if opts.threads > 0:
-            torch.set_num_threads(opts.threads)
+            torch.set_num_threads(min(opts.threads, MAX_THREADS))
         # int8 decoding exists on the CPU only: there, auto means the CPU even where CUDA is present
         device = resolve_device("cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device)
         loaded = load_models(resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision)
-        cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest, name=name)
+        source = str(opts.checkpoints[0]) if opts.checkpoints else "the checkpoint"
+        cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest, source=source,
+                            vocab_size=loaded.tokenizer.vocab_size, option=name)
         shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
         return cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
                    shortlist=shortlist)

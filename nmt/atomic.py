@@ -14,6 +14,8 @@ import logging
 import os
 import re
 import secrets
+import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,9 @@ from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
 
-TEMPORARY = re.compile(r"\..+\.tmp-(\d+)-[0-9a-f]+")
+# `.{name}.tmp-{pid}-{hex}`; prepare-bpe's directories also `.{name}.old-{pid}-{hex}` (the old
+# output between its rename and its removal)
+TEMPORARY = re.compile(r"\.(.+)\.(?:tmp|old)-(\d+)-[0-9a-f]+")
 
 
 def temporary_name(path: str | Path) -> Path:
@@ -52,14 +56,36 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def target(path: str | Path, option: str = "") -> Path:
+    """The file that writing `path` replaces: a symlink's target (written through, the link
+    stays), checked to be a possible file name: not a directory, in a directory that exists.
+    `option` (e.g. "-o") is named in the NmtError."""
+    path = Path(path)
+    name = f"{option} {path}" if option else str(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.is_dir() or not path.name or path.name in (".", ".."):
+        raise NmtError(f"{name}: is a directory; give a file name")
+    if not path.parent.is_dir():
+        what = "not a directory" if path.parent.exists() else "no such directory"
+        raise NmtError(f"{name}: cannot write there ({path.parent}: {what})")
+    return path
+
+
 @contextlib.contextmanager
 def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
     """Yield a temporary for the caller to fill, then rename it over `path` and fsync the
     directory. On failure the temporary goes away and `path` keeps its previous content;
-    an OSError (disk full, directory gone) becomes an NmtError naming `path`."""
+    an OSError (disk full, directory gone) becomes an NmtError naming `path`.
+
+    A symlink is written through (its target is replaced, the link stays) and a replaced
+    file keeps its permission bits; its owner, extended attributes and other hard links
+    to the old content are not carried over (docs/reliability.md)."""
+    path = target(path)
     tmp = temporary_name(path)
     try:
         yield tmp
+        _keep_mode(path, tmp)
         os.replace(tmp, path)
         fsync_path(path.parent)
     except BaseException as exc:
@@ -72,27 +98,70 @@ def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
         raise
 
 
+def _keep_mode(old: Path, new: Path) -> None:
+    """Give `new` the permission bits of `old` (an existing file it is about to replace)."""
+    try:
+        mode = stat.S_IMODE(old.stat().st_mode)
+    except FileNotFoundError:
+        return
+    os.chmod(new, mode)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of `data` to `fd`, or raise the OSError. A short write (a file-size limit,
+    `ulimit -f`) is retried, so that its error surfaces: Python's buffered files have been seen
+    to report success after a short final write, leaving the rest unwritten."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class TextWriter:
+    """Text to a file descriptor through `write_all`: `write` collects, `flush` writes. For
+    outputs whose every byte counts (translations, `nmt score`, the resolved config)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.parts = fd, []  # type: tuple[int, list[str]]
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        data, self.parts = "".join(self.parts).encode("utf-8"), []
+        write_all(self.fd, data)
+
+
 def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file") -> None:
     """Write `data` to `path` so that a kill leaves the old file or the new one (fsync, rename,
     fsync the directory), and a temporary that `clean_temporaries` recognises."""
-    with replacing(Path(path), what) as tmp, open(tmp, "xb") as f:
-        f.write(data)
-        f.flush()
+    with replacing(Path(path), what) as tmp, open(tmp, "xb", buffering=0) as f:
+        write_all(f.fileno(), data)
         os.fsync(f.fileno())
 
 
-def clean_temporaries(directory: str | Path) -> int:
-    """Remove temporaries left by killed writers in `directory`; return how many.
-
-    A temporary whose writer process is still alive on this machine is left alone.
+def clean_temporaries(directory: str | Path, name: str | None = None, directories: bool = False) -> int:
+    """Remove temporaries left by killed writers in `directory` (only those of the file
+    `name`, if given; also whole directories, prepare-bpe's, with `directories`); return how
+    many. A temporary whose writer process is still alive on this machine is left alone.
     """
     removed = 0
-    for entry in Path(directory).iterdir() if Path(directory).is_dir() else []:
+    try:
+        entries = list(Path(directory).iterdir()) if Path(directory).is_dir() else []
+    except OSError:  # unreadable: nothing we may clean
+        entries = []
+    for entry in entries:
         match = TEMPORARY.fullmatch(entry.name)
-        if match is None or not entry.is_file() or process_alive(int(match.group(1))):
+        if match is None or (name is not None and match.group(1) != name):
             continue
-        entry.unlink(missing_ok=True)
-        removed += 1
+        is_dir = entry.is_dir() and not entry.is_symlink()
+        if (is_dir and not directories) or (not is_dir and not entry.is_file()):
+            continue
+        if process_alive(int(match.group(2))):
+            continue
+        with contextlib.suppress(OSError):
+            shutil.rmtree(entry) if is_dir else entry.unlink(missing_ok=True)
+            removed += 1
     if removed:
         log.info("removed %d leftover temporary file(s) from %s", removed, directory)
     return removed

@@ -1,4 +1,8 @@
-"""An epoch's training batches, and their preparation off the device's critical path.
+"""The data of a training run, its epochs' batches, and their preparation off the device's
+critical path.
+
+`TrainingData.load` reads what a config's data.dir holds for training: the direction, the
+tokenizer, the train and valid splits, and the fingerprint that resuming checks.
 
 `epoch_groups` gives this rank's updates of an epoch (each a list of update_freq index
 arrays; None where a rank has run out and must run a dummy batch). On a GPU, `Prefetcher`
@@ -13,13 +17,43 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nmt import data as datamod
+from nmt.config import Config
+from nmt.errors import NmtError
+from nmt.tokenizer import Tokenizer
+from nmt.train_state import data_fingerprint
 
 PREFETCH_UPDATES = 2  # updates collated ahead of the one on the device
+
+
+@dataclass
+class TrainingData:
+    src_lang: str
+    tgt_lang: str
+    fingerprint: str  # the training data's, direction included (nmt.train_state)
+    tokenizer: Tokenizer
+    train: datamod.ParallelData
+    valid: datamod.ParallelData | None  # None where data.dir has no data.valid_split
+
+    @classmethod
+    def load(cls, cfg: Config) -> TrainingData:
+        d, t = cfg.data, cfg.train
+        meta = datamod.read_meta(d.dir)
+        src, tgt = d.source_lang or meta["source_lang"], d.target_lang or meta["target_lang"]
+        tokenizer = Tokenizer(Path(d.dir) / "spm.model")
+        if t.valid_bleu and t.valid_beam >= tokenizer.vocab_size:  # as decode.beam (config.check_decode)
+            raise NmtError(f"train.valid_beam must be smaller than the vocabulary ({tokenizer.vocab_size}), "
+                           f"got {t.valid_beam}")
+        train = datamod.ParallelData.load(d.dir, d.train_split, src, tgt)
+        valid = datamod.ParallelData.load(d.dir, d.valid_split, src, tgt) if d.valid_split in meta.get("splits", {}) \
+            else None
+        return cls(src, tgt, data_fingerprint(meta, src, tgt), tokenizer, train, valid)
 
 
 def epoch_groups(batches: Sequence[Any], rank: int, world_size: int, update_freq: int) -> list[list[Any]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nmt.atomic import fsync_path, replacing
+from nmt.atomic import fsync_path, replacing, target
 from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,8 @@ REQUIRED_KEYS = ("format_version", "model", "config")
 KEPT_KEYS = ("format_version", "config", "vocab_size", "tokenizer", "update", "epoch")
 
 _UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
+# What marks a directory as a run directory of `nmt train` (nmt.rundir writes them)
+RUN_DIR_MARKERS = ("config.yaml", "metrics.jsonl", "train.log", "train.lock", "checkpoint_last.pt")
 
 
 def to_cpu(obj: Any) -> Any:
@@ -94,6 +96,11 @@ def load_checkpoint(
     missing = [key for key in REQUIRED_KEYS if key not in ckpt]
     if missing:
         raise NmtError(f"{path}: corrupt or truncated checkpoint (missing {', '.join(missing)})")
+    model, config = ckpt["model"], ckpt["config"]
+    if not isinstance(model, dict) or not all(isinstance(t, torch.Tensor) for t in model.values()):
+        raise NmtError(f"{path}: not an nmt checkpoint (its model is not a dict of tensors)")
+    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+        raise NmtError(f"{path}: not an nmt checkpoint (its config is not a dict of sections)")
     if ckpt["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
         raise NmtError(
             f"{path}: unsupported checkpoint format_version {ckpt['format_version']!r} "
@@ -208,6 +215,7 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
     for path in paths:
         if not path.is_file():
             raise NmtError(f"{path}: checkpoint not found")
+    check_average_output(paths, Path(out))
 
     first = paths[0]
     first_tokenizer = None
@@ -247,6 +255,20 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
     atomic_save(result, out)
     log.info("averaged %d checkpoint(s) into %s", len(paths), out)
     return result
+
+
+def check_average_output(inputs: list[Path], out: Path) -> None:
+    """Refuse an output that is one of the inputs (by any name: hard links, symlinks) or a name
+    that `nmt train` owns in a run directory: overwriting them loses a training checkpoint that
+    resuming needs (an average has no training state)."""
+    out = target(out, "-o")
+    if out.exists() and any(os.path.samefile(out, p) for p in inputs):
+        raise NmtError(f"-o {out}: is one of the checkpoints being averaged; write the average "
+                       "elsewhere (e.g. checkpoint_avg.pt)")
+    owned = out.name in ("checkpoint_last.pt", "checkpoint_best.pt") or _UPDATE_CHECKPOINT.fullmatch(out.name)
+    if owned and any((out.parent / marker).exists() for marker in RUN_DIR_MARKERS):
+        raise NmtError(f"-o {out}: {out.name} is a name `nmt train` owns in the run directory "
+                       f"{out.parent}; write the average as e.g. {out.parent / 'checkpoint_avg.pt'}")
 
 
 def _check_compatible(

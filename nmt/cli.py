@@ -7,10 +7,13 @@ mistakes; `main()` prints it as one line (`nmt: error: ...`) and exits 1. Usage 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import inspect
 import logging
 import os
+import signal
 import sys
 import typing
 from collections.abc import Callable
@@ -20,6 +23,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import typer
 
 from nmt import __version__
+from nmt.atomic import TextWriter
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 from nmt.options import PrepareOptions, TranslateOptions
@@ -144,7 +148,7 @@ SetOption = Annotated[
 def train_cmd(
     config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/base.yaml.")],
     set_: SetOption = None,
-    run_dir: Annotated[Path | None, typer.Option(help="Run directory (overrides train.run_dir).")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Run directory (overrides train.run_dir).")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (overrides train.device).")] = None,
     dump_config: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
     dry_run: Annotated[
@@ -166,19 +170,19 @@ def train_cmd(
     """
     from nmt import config as cfgmod
 
-    overrides = list(set_ or [])
+    options: dict[str, tuple[str, Any]] = {}  # taken as given (a path is not YAML); errors name the option
     if run_dir is not None:
-        overrides.append(f"train.run_dir={run_dir}")
+        options["train.run_dir"] = ("--run-dir", run_dir)
     if device is not None:
-        overrides.append(f"train.device={device}")
-    cfg = cfgmod.load_config(config, overrides)
+        options["train.device"] = ("--device", device)
+    cfg = cfgmod.load_config(config, list(set_ or []), options)
     if dump_config:
-        typer.echo(cfgmod.dump_config(cfg), nl=False)
+        echo(cfgmod.dump_config(cfg))
         return
     if dry_run:
         from nmt.train import dry_run as _dry_run
 
-        typer.echo(_dry_run(cfg, vocab_size))
+        echo(_dry_run(cfg, vocab_size))
         return
     from nmt.train import train
 
@@ -279,8 +283,10 @@ def shortlist_cmd(
     --top translations of each of its tokens. Example: nmt shortlist data-bin/m30k -o
     data-bin/m30k/shortlist.pt
     """
+    from nmt.atomic import target
     from nmt.shortlist import learn_shortlist, save_shortlist
 
+    target(output, "-o")  # before the work
     shortlist = learn_shortlist(data_dir, top=top, frequent=frequent, iterations=iterations,
                                 max_sentences=max_sentences)
     save_shortlist(shortlist, output)
@@ -314,6 +320,11 @@ def score_cmd(
 
     if (ref is None) == (test_set is None):
         raise NmtError("give either --ref FILE or --test-set NAME --langpair XX-YY")
+    names_of_metrics = tuple(dict.fromkeys(m.strip().lower() for m in metrics.split(",") if m.strip()))
+    if not names_of_metrics:
+        raise NmtError(f"--metrics {metrics!r}: give at least one of {', '.join(evaluate.METRICS)}")
+    if hyp is None and sys.stdin is None:
+        raise NmtError("standard input is closed; give --hyp FILE")
     if test_set is not None:
         if not langpair:
             raise NmtError("--test-set needs --langpair, e.g. --langpair en-de")
@@ -327,28 +338,52 @@ def score_cmd(
         hyps = evaluate.read_lines(hyp)
     else:
         hyps = evaluate.read_stream(sys.stdin.buffer)
-    results = evaluate.score_corpus(
-        hyps,
-        ref_streams,
-        metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()),
-        tokenize=tokenize,
-        lowercase=lowercase,
-        names=names,
-    )
-    typer.echo(evaluate.format_results(results, json=json_))
+    results = evaluate.score_corpus(hyps, ref_streams, metrics=names_of_metrics, tokenize=tokenize,
+                                    lowercase=lowercase, names=names, hyp_name=str(hyp or "<stdin>"))
+    echo(evaluate.format_results(results, json=json_))
 
 
 # ------------------------------------------------------------------ entry point
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like KeyboardInterrupt for SIGINT, so that what is
+    being written is cleaned up (temporaries removed, old files kept) before the exit (143).
+    `nmt train` handles SIGTERM itself while it trains (a checkpoint, then exit 143)."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader of our stdout went away (`nmt translate ... | head`): not our error, as for any
+    Unix filter. Exit 0, quietly; stdout goes to /dev/null so that the interpreter's last flush
+    of it cannot complain either."""
+    if sys.stdout is not None:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: one-line errors, non-zero exits, tracebacks only with --debug."""
+    """Console entry point: one-line errors, non-zero exits, tracebacks only with --debug.
+
+    The command runs under our own handlers rather than the CLI framework's: its handlers
+    would exit 1 on a broken pipe and 130 on Ctrl-C without a word."""
     args = sys.argv[1:] if argv is None else argv
     command = typer.main.get_command(app)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        code = command.main(args=args, prog_name="nmt", standalone_mode=False)
-        if isinstance(code, int) and code:
-            sys.exit(code)
+        _run(command, list(args))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(command: Any, args: list[str]) -> None:
+    try:
+        with command.make_context("nmt", args) as ctx:
+            command.invoke(ctx)
     except NmtError as e:
         if _DEBUG or "--debug" in args:
             raise
@@ -356,18 +391,33 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except typer.Abort:
-        print("nmt: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt, EOFError, Terminated) as e:
+        print("nmt: stopped by SIGTERM" if isinstance(e, Terminated) else "nmt: interrupted", file=sys.stderr)
+        sys.exit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
     except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument
+        if type(e).__name__ == "NoArgsIsHelpError":  # `nmt` alone: the help
+            print(e.format_message(), file=sys.stderr)
+            sys.exit(e.exit_code)
         ctx = getattr(e, "ctx", None)
-        where = ctx.command_path if ctx is not None else "nmt"
-        print(f"{where}: error: {e.format_message()}", file=sys.stderr)
+        print(f"{ctx.command_path if ctx else 'nmt'}: error: {e.format_message()}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("nmt: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            raise
+        _quiet_broken_pipe()
+
+
+def echo(text: str) -> None:
+    """Print `text` (and a newline unless it ends in one) on stdout: a closed or full stdout is one
+    line naming it; a broken pipe ends quietly (main)."""
+    if sys.stdout is None:
+        raise NmtError("standard output is closed")
+    try:
+        sys.stdout.flush()
+        out = TextWriter(sys.stdout.fileno())
+        out.write(text if text.endswith("\n") else text + "\n")
+        out.flush()
     except BrokenPipeError:
-        # `nmt translate ... | head`: the reader went away; not an error of ours.
-        sys.stderr.close()
-        sys.exit(0)
+        raise
+    except OSError as e:
+        raise NmtError(f"standard output: cannot write ({e.strerror or e})") from None

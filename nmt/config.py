@@ -19,21 +19,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from nmt.errors import ConfigError
-
-REQUIRED: Any = dataclasses.MISSING  # opt(REQUIRED, ...): a field without a default
-
-
-def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), cli: bool = True) -> Any:
-    """A dataclass field with its help text attached: `docs/config.md` and the command-line
-    options made from a dataclass (nmt.cli) both read it. `flags` names the option where
-    `--field-name` alone will not do (e.g. ("--input", "-i")); `cli=False` keeps a field off
-    the command line."""
-    return field(default=default, metadata={"help": help, "flags": flags, "cli": cli})
-
-
-def opt_list(help: str, *, flags: tuple[str, ...] = ()) -> Any:
-    """`opt` for a list option (repeatable on the command line), empty by default."""
-    return field(default_factory=list, metadata={"help": help, "flags": flags, "cli": True})
+from nmt.fields import coerce as _coerce
+from nmt.fields import opt
 
 
 @dataclass(frozen=True)
@@ -166,57 +153,19 @@ def _all_keys() -> list[str]:
 
 
 def _unknown(key: str, where: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
+    """An unknown key, with the closest known one: within its section where the section is
+    known (`train.foo` is not a misspelt `train`), else among all keys and sections."""
+    section, _, name = key.partition(".")
+    if section in SECTIONS and name:
+        names = [f.name for f in fields(SECTIONS[section])]
+        close = [f"{section}.{c}" for c in difflib.get_close_matches(name, names, n=1, cutoff=0.6)]
+    else:
+        close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return ConfigError(f"{where}: unknown key {key}{hint}")
 
 
-def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
-    """Check `value` against the field type `tp`; return it converted where lossless."""
-
-    def bad(expected: str) -> ConfigError:
-        return ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
-
-    if get_origin(tp) is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            raise bad("one of " + ", ".join(repr(c) for c in choices))
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad("true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad("an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise bad("a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad("a string")
-    raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
-
-
-def coerce_option(cls: type, key: str, value: Any, where: str) -> Any:
-    """`value` checked against the type of field `key` of the dataclass `cls` (bool, int,
-    float, str or a Literal; other types pass), for a keyword argument `key=` of `where`."""
-    tp = _field_types(cls)[key]
-    if tp in (bool, int, float, str) or get_origin(tp) is Literal:
-        return _coerce(value, tp, f"{key}=", where)
-    return value
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+_field_types = typing.get_type_hints
 
 
 def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any:
@@ -231,16 +180,23 @@ def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any
     return cls(**kwargs)
 
 
-def _parse_override(item: str) -> tuple[str, Any]:
+def _parse_override(item: str) -> tuple[str, str]:
     if "=" not in item:
         raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=7e-4")
     key, text = item.split("=", 1)
-    key = key.strip()
+    return key.strip(), text
+
+
+def _override_value(section: str, name: str, text: str) -> Any:
+    """The value of `--set section.name=text`: a string key (a path, a language, a device) takes
+    the text as written (`runs/exp #2`, `2024`, `no`); any other is read as YAML (`7e-4`, `true`)."""
+    tp = _field_types(SECTIONS[section]).get(name)
+    if tp is str or (get_origin(tp) is Literal and all(isinstance(c, str) for c in get_args(tp))):
+        return text
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        return yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
-        value = text
-    return key, value
+        return text
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -264,8 +220,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML config (or start from defaults), apply `--set` overrides, validate."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                options: dict[str, tuple[str, Any]] | None = None) -> Config:
+    """Read a YAML config (or start from defaults), apply `--set` overrides, then `options`
+    ({"train.run_dir": ("--run-dir", "runs/x")}: errors name the option), validate."""
     raw: dict[str, Any] = {}
     where: dict[str, str] = {"_file": str(path) if path else "defaults"}
     if path is not None:
@@ -278,12 +236,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             elif not isinstance(body, dict):
                 raise ConfigError(f"{path}: section {section} must be a mapping of keys")
     for item in overrides:
-        key, value = _parse_override(item)
+        key, text = _parse_override(item)
         section, _, name = key.partition(".")
         if section not in SECTIONS or not name:
             raise _unknown(key, "--set")
-        raw.setdefault(section, {})[name] = value
+        raw.setdefault(section, {})[name] = _override_value(section, name, text)
         where[key] = "--set"
+    for key, (option, value) in (options or {}).items():
+        section, _, name = key.partition(".")
+        raw.setdefault(section, {})[name] = value
+        where[key] = option
     cfg = Config(**{name: _build_section(name, raw.get(name, {}), where) for name in SECTIONS})
     validate(cfg, where)
     return cfg
@@ -343,17 +305,15 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
     need(t.dropout_ramp_end == 0 or t.dropout_ramp_end > t.dropout_ramp_start, "train.dropout_ramp_end",
          f"({t.dropout_ramp_end}) must be 0 or above train.dropout_ramp_start ({t.dropout_ramp_start})")
     need(0.0 <= t.dropout_ramp_to < 1.0, "train.dropout_ramp_to", "must be in [0, 1)")
-    for key in ("clip_norm", "max_time", "weight_decay", "warmup_init_lr"):
+    for key in ("clip_norm", "max_time", "weight_decay", "warmup_init_lr", "max_updates", "max_epochs",
+                "save_interval_updates", "keep_last", "validate_interval_updates", "patience", "threads",
+                "pad_to_multiple"):
         need(getattr(t, key) >= 0, f"train.{key}", "must not be negative")
-    for key in ("max_updates", "max_epochs", "save_interval_updates", "keep_last",
-                "validate_interval_updates", "patience", "threads"):
-        need(getattr(t, key) >= 0, f"train.{key}", "must not be negative")
-    need(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", "must be in [0, 1)")
-    need(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
+    for key in ("adam_beta1", "adam_beta2"):
+        need(0.0 <= getattr(t, key) < 1.0, f"train.{key}", "must be in [0, 1)")
     need(t.adam_eps > 0, "train.adam_eps", "must be positive")
-    need(t.log_interval >= 1, "train.log_interval", "must be at least 1")
-    need(t.pad_to_multiple >= 0, "train.pad_to_multiple", "must not be negative")
-    need(t.valid_beam >= 1, "train.valid_beam", "must be at least 1")
+    for key in ("log_interval", "valid_beam"):
+        need(getattr(t, key) >= 1, f"train.{key}", "must be at least 1")
     need(t.fp16_init_scale > 0 and t.fp16_min_scale > 0, "train.fp16_init_scale",
          "and train.fp16_min_scale must be positive")
     need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
@@ -363,20 +323,24 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
     check_decode(d, lambda key: f"{where.get('decode.' + key, where['_file'])}: decode.{key}")
 
 
-def check_decode(d: DecodeConfig, name: Callable[[str], str]) -> None:
+def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | None = None) -> None:
     """The bounds of the decode settings, in one place for a config file, a checkpoint and the
     options of `nmt translate`; `name(key)` says where a value came from ("--beam",
-    "cfg.yaml: decode.beam", ...)."""
+    "cfg.yaml: decode.beam", ...). With `vocab_size` (a model is loaded), also the bounds
+    that depend on it."""
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:
             raise ConfigError(f"{name(key)} {msg}, got {getattr(d, key)!r}")
 
     need(d.beam >= 1, "beam", "must be at least 1")
+    # step 0 takes the whole beam from one row's candidates (nmt.search)
+    need(vocab_size is None or d.beam < vocab_size, "beam", f"must be smaller than the vocabulary ({vocab_size})")
     need(math.isfinite(d.lenpen), "lenpen", "must be a finite number")
     need(d.lenpen_style in get_args(_field_types(DecodeConfig)["lenpen_style"]), "lenpen_style",
          "must be gnmt, length or none")
-    need(d.max_len_a >= 0, "max_len_a", "must not be negative")
+    need(math.isfinite(d.max_len_a) and d.max_len_a >= 0, "max_len_a", "must be a number, not negative")
+    need(d.max_len_b >= 0, "max_len_b", "must not be negative")
     need(d.max_len_b >= 1 or d.max_len_a > 0, "max_len_b", "must allow at least one token")
     need(d.min_len >= 0, "min_len", "must not be negative")
     need(d.no_repeat_ngram_size >= 0, "no_repeat_ngram_size", "must not be negative")

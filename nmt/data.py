@@ -56,13 +56,35 @@ def read_meta(data_dir: str | Path) -> dict:
         raise NmtError(f"{data_dir}: data directory not found (data.dir; run nmt prepare-bpe)")
     path = data_dir / META_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise NmtError(
             f"{path} not found: data.dir is not a directory written by nmt prepare-bpe"
         ) from None
     except (OSError, ValueError) as e:
         raise NmtError(f"{path}: cannot read ({e})") from None
+    _check_meta(meta, path)
+    return meta
+
+
+# The keys of prepare.json that nmt reads, and their types
+_META_SHAPE: dict[str, type | tuple[type, ...]] = {
+    "source_lang": str, "target_lang": str, "vocab_size": int, "dtype": str, "splits": dict,
+    "spm": dict,
+}
+
+
+def _check_meta(meta: object, path: Path) -> None:
+    """prepare.json must be what prepare-bpe writes: valid JSON of another shape is refused
+    here, naming the key, rather than failing later with a KeyError."""
+    if not isinstance(meta, dict):
+        raise NmtError(f"{path}: not a prepare-bpe report (expected a JSON object, got {type(meta).__name__})")
+    for key, tp in _META_SHAPE.items():
+        if not isinstance(meta.get(key), tp) or isinstance(meta.get(key), bool):
+            raise NmtError(f"{path}: not a prepare-bpe report ({key} missing or not a {tp.__name__})")  # type: ignore[union-attr]
+    if not isinstance(meta["spm"].get("sha256"), str) or meta["dtype"] not in ("uint16", "int32") \
+            or not isinstance(meta.get("fingerprint", ""), str):
+        raise NmtError(f"{path}: not a prepare-bpe report (spm.sha256, dtype or fingerprint)")
 
 
 def read_raw(data_dir: str | Path, split: str, lang: str) -> list[str]:

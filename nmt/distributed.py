@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,3 +51,21 @@ def teardown_env(env: Env) -> None:
     """Leave the process group that setup_env joined (train() may run again in this process)."""
     if env.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def wrap_for_training(objective: torch.nn.Module, env: Env, compile: bool = False,
+                      compile_mode: str = "default") -> tuple[Any, Any]:
+    """(the DDP wrapper or None, the module to call): `objective` under DDP when there are
+    several processes, then compiled with torch.compile if asked."""
+    ddp = None
+    net: Any = objective
+    if env.world_size > 1:
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        # No buffer broadcast: the only buffers are the sinusoids, equal everywhere, and a
+        # collective in the forward would let a rank that ran out of memory there fall out
+        # of step with the others.
+        ddp = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
+        net = ddp
+    if compile:
+        net = torch.compile(net, mode=None if compile_mode == "default" else compile_mode)
+    return ddp, net

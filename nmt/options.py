@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.config import REQUIRED, opt, opt_list
+from nmt.fields import REQUIRED, opt, opt_list
 
 
 def io_opt(default: Any, help: str, *, flags: tuple[str, ...] = ()) -> Any:

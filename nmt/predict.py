@@ -82,7 +82,11 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
     if not marker.exists():
         raise NmtError("no --checkpoint given and no `nmt train` run recorded in this directory "
                        f"({LAST_RUN_FILE} not found)")
-    run_dir = Path(marker.read_text(encoding="utf-8").strip())
+    try:
+        run_dir = Path(marker.read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a UTF-8 path"
+        raise NmtError(f"{marker.resolve()}: cannot read the last run ({reason}); give --checkpoint") from None
     for name in ("checkpoint_avg.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
         if (run_dir / name).exists():
             log.info("using %s (the last `nmt train` run here)", run_dir / name)
@@ -100,20 +104,38 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
     for path in paths:
         state = load_checkpoint(path, mmap=True)  # the weights are copied into the model once
         cfg = config_from_dict(state["config"], where=str(path))
-        tok_hash = state["tokenizer"]["sha256"]
+        model_bytes, tok_hash, vocab_size = _tokenizer_entry(state, path)
         if first_hash is not None and tok_hash != first_hash:
             raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
         if tokenizer is None:
-            tokenizer = Tokenizer.from_bytes(state["tokenizer"]["model"])
+            tokenizer = Tokenizer.from_bytes(model_bytes, name=f"{path}: its sentencepiece model")
             first_cfg, first_hash = cfg, tok_hash
-        model = Transformer(cfg.model, int(state["vocab_size"]), pad_id=PAD)
-        model.load_state_dict(state["model"])
+        if tokenizer.vocab_size != vocab_size:
+            raise NmtError(f"{path}: vocab_size {vocab_size} differs from its sentencepiece model's "
+                           f"{tokenizer.vocab_size}; the checkpoint is inconsistent")
+        model = Transformer(cfg.model, vocab_size, pad_id=PAD)
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as e:  # missing or unexpected keys, other shapes
+            first = " ".join(str(e).split())[:300]
+            raise NmtError(f"{path}: the weights do not match the checkpoint's config ({first})") from None
         model = model.to(device).eval()
         models.append(quantize_decoder(model) if precision == "int8" else model)
         del state
     assert tokenizer is not None and first_cfg is not None
     max_pos = min(m.cfg.max_positions for m in models)
     return Loaded(models[0] if len(models) == 1 else Ensemble(models), tokenizer, first_cfg, max_pos)
+
+
+def _tokenizer_entry(state: dict[str, Any], path: Path) -> tuple[bytes, str, int]:
+    """The checkpoint's sentencepiece model bytes, their sha256 and its vocab_size, checked."""
+    entry, vocab_size = state.get("tokenizer"), state.get("vocab_size")
+    if not isinstance(entry, dict) or not isinstance(entry.get("model"), bytes) \
+            or not isinstance(entry.get("sha256"), str):
+        raise NmtError(f"{path}: the checkpoint holds no sentencepiece model (tokenizer); it cannot translate")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+        raise NmtError(f"{path}: the checkpoint's vocab_size is missing or not a positive integer")
+    return entry["model"], entry["sha256"], vocab_size
 
 
 # ------------------------------------------------------------------ the prediction path
@@ -266,15 +288,21 @@ def score_token_lists(
     return results
 
 
-def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1,
-                  name: Callable[[str], str] | None = None) -> DecodeConfig:
+def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1, *,
+                  source: str = "the checkpoint", vocab_size: int | None = None,
+                  option: Callable[[str], str] | None = None) -> DecodeConfig:
     """The checkpoint's decode settings with the command's (or the API's) on top, checked
-    where they came from: `--beam 0` is named as an option (or as `name(key)`, e.g. the API's
-    `beam=`), a checkpoint's decode.beam as a key."""
-    check_decode(base, lambda key: f"the checkpoint's decode.{key}")
+    where they came from: `--beam 0` is named as an option (or as `option(key)`, e.g. the
+    API's `beam=`), a value stored in the checkpoint `source` as its key (`a.pt: decode.beam`);
+    a stored value that an option overrides is not checked. With `vocab_size`, the bounds that
+    depend on the model too (beam < vocabulary)."""
     cfg = replace(base, **overrides)
-    name = name or (lambda key: f"--{key.replace('_', '-')}")
-    check_decode(cfg, lambda key: name(key) if key in overrides else f"decode.{key}")
+    option = option or (lambda key: f"--{key.replace('_', '-')}")
+
+    def name(key: str) -> str:
+        return option(key) if key in overrides else f"{source}: decode.{key}"
+
+    check_decode(cfg, name, vocab_size)
     if nbest < 1 or nbest > cfg.beam:
-        raise NmtError(f"{name('nbest')} must be between 1 and the beam size ({cfg.beam}), got {nbest}")
+        raise NmtError(f"{option('nbest')} must be between 1 and the beam size ({cfg.beam}), got {nbest}")
     return cfg

@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from nmt import __version__
-from nmt.atomic import temporary_name
+from nmt.atomic import clean_temporaries, temporary_name
 from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
 from nmt.errors import NmtError
 from nmt.options import PrepareOptions
@@ -57,13 +58,11 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     """Run prepare-bpe; returns the report also written to `destdir/prepare.json`."""
     start = time.time()
     _check_options(opts)
-    dest = Path(opts.destdir)
+    dest = _destdir(opts.destdir)
     _check_destdir(dest, opts.force)
     reused = Tokenizer.from_file(opts.spm_model) if opts.spm_model else None
     splits = _find_splits(opts)  # reads every file once: after the cheap checks
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    work = temporary_name(dest)
-    work.mkdir()
+    work = _work_dir(dest)
     try:
         tok = _tokenizer(opts, splits[0], reused, work)
         dtype = token_dtype(tok.vocab_size)
@@ -153,6 +152,29 @@ def _find_splits(opts: PrepareOptions) -> list[_Split]:
     return splits
 
 
+def _destdir(destdir: str) -> Path:
+    """--destdir as the directory to replace: a symlink's target (the link stays)."""
+    dest = Path(destdir)
+    if dest.is_symlink():
+        dest = Path(os.path.realpath(dest))
+    if not dest.name or dest.name in (".", ".."):
+        raise NmtError(f"--destdir {destdir}: name a directory to create or replace, not {destdir!r}")
+    return dest
+
+
+def _work_dir(dest: Path) -> Path:
+    """Create the hidden sibling of `dest` that the output is written to, after removing those
+    of killed runs (only where their process is gone)."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        clean_temporaries(dest.parent, name=dest.name, directories=True)
+        work = temporary_name(dest)
+        work.mkdir()
+    except OSError as e:
+        raise NmtError(f"--destdir {dest}: cannot create it ({e.strerror or e})") from None
+    return work
+
+
 def _check_destdir(dest: Path, force: bool) -> None:
     if not dest.exists():
         return
@@ -173,6 +195,7 @@ def _replace_dir(work: Path, dest: Path) -> None:
     """Move the finished output into place, replacing an old one."""
     old = None
     if dest.exists():
+        os.chmod(work, stat.S_IMODE(dest.stat().st_mode))  # the replaced directory's permissions stay
         old = dest.parent / f".{dest.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
         dest.rename(old)
     work.rename(dest)
@@ -368,5 +391,6 @@ def _stats_report(stats: TextStats) -> dict:
         "invalid_utf8": stats.invalid_utf8,
         "nul": stats.nul,
         "line_breaks": stats.line_breaks,
+        "lines": stats.cleaned_lines,
         "first_lines": stats.first_lines,
     }

@@ -2,11 +2,14 @@
 
 It holds `config.yaml` (resolved), `spm.model`, `train.log`, `metrics.jsonl` and the
 checkpoints (`checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint_<update>.pt`). Only
-rank 0 opens it. Every write error on it is an NmtError naming the file.
+rank 0 opens it, and holds its lock (`train.lock`) while it is open: a second `nmt train`
+on the same directory stops with one line naming the directory and the holder's pid. Every
+write error on it is an NmtError naming the file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -21,6 +24,41 @@ from nmt.config import Config, dump_config
 from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
+LOCK_FILE = "train.lock"
+
+
+class RunDirLock:
+    """An advisory lock (flock) on RUN/train.lock, which holds the holder's pid for the message
+    of the next comer. The kernel drops a flock when the process ends, however it ends
+    (`kill -9` included): no stale lock to clean up. The file itself stays."""
+
+    def __init__(self, fd: int):
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the only descriptor releases the flock
+            self.fd = None
+
+
+def lock_run_dir(path: Path) -> RunDirLock:
+    """Lock the run directory `path` (which must exist) for this process, or raise an NmtError
+    naming it and the pid of the process that holds it."""
+    lock_path = path / LOCK_FILE
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise NmtError(f"{lock_path}: cannot open the run directory's lock ({e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise NmtError(f"{path}: another nmt train (pid {holder}) is using this run directory; "
+                       "wait for it to finish, stop it, or choose another train.run_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return RunDirLock(fd)
 
 
 class RunDir:
@@ -30,15 +68,17 @@ class RunDir:
         self.path = path
         self.metrics_file: Any = None
         self._log_handler: logging.Handler | None = None
+        self._lock: RunDirLock | None = None
 
     def open(self, spm_model: bytes) -> None:
         """Create the run directory, clean up after a killed run, open train.log and metrics.jsonl,
         write spm.model (the tokenizer's bytes) if it is missing and record the run in .nmt-last-run."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            clean_temporaries(self.path)
         except OSError as e:
             raise NmtError(f"{self.path}: cannot write the run directory ({e.strerror or e})") from None
+        self._lock = lock_run_dir(self.path)  # before anything in it is touched
+        clean_temporaries(self.path)
         log_path, metrics_path = self.path / "train.log", self.path / "metrics.jsonl"
         try:
             handler = _RunLogHandler(log_path)
@@ -61,9 +101,9 @@ class RunDir:
             log.warning("cannot record the run in %s (%s)", Path(ckpt.LAST_RUN_FILE).resolve(), e.strerror or e)
 
     def close(self) -> None:
-        """Close metrics.jsonl and detach train.log (train() may run again in this process).
-
-        Write errors are ignored here: the one that stopped training has been reported."""
+        """Close metrics.jsonl, detach train.log (train() may run again in this process) and
+        release the lock. Write errors are ignored here: the one that stopped training has been
+        reported."""
         if self.metrics_file is not None:
             with suppress(OSError):
                 self.metrics_file.close()
@@ -73,6 +113,9 @@ class RunDir:
             with suppress(OSError):
                 self._log_handler.close()
             self._log_handler = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def emit(self, record: dict[str, Any]) -> None:
         """Append one JSON line to metrics.jsonl (nothing where it is not open: ranks > 0)."""
@@ -88,10 +131,18 @@ class RunDir:
 
     def save_checkpoint(self, state: dict[str, Any], update: int, *, numbered: bool, best: bool,
                         keep_last: int) -> None:
-        """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt
-        (one file, the others links to it), then prune numbered ones beyond `keep_last`."""
-        names = ([f"checkpoint_{update}.pt"] if numbered else []) + (
-            ["checkpoint_best.pt"] if best else []) + ["checkpoint_last.pt"]
+        """Write checkpoint_<update>.pt (if numbered) and checkpoint_last.pt (one file: last is a
+        hard link to the numbered one), checkpoint_best.pt (a file of its own), then prune
+        numbered ones beyond `keep_last`.
+
+        Why best is written apart: it is the one checkpoint nothing replaces later, so damage to
+        the shared file (a truncation in place, a bad block) must not reach it. last and the
+        newest numbered checkpoint stay one file: a second copy would double the write of
+        every save, and resuming already falls back from a damaged last to the previous
+        numbered checkpoint (docs/reliability.md)."""
+        names = ([f"checkpoint_{update}.pt"] if numbered else []) + ["checkpoint_last.pt"]
+        if best:
+            ckpt.atomic_save(state, self.path / "checkpoint_best.pt")
         first = self.path / names[0]
         ckpt.atomic_save(state, first)
         for name in names[1:]:
@@ -102,7 +153,7 @@ class RunDir:
             except OSError as e:
                 raise NmtError(f"{e.filename or self.path}: cannot delete an old checkpoint "
                                f"({e.strerror or e})") from None
-        log.info("saved %s", ", ".join(names))
+        log.info("saved %s", ", ".join(names + (["checkpoint_best.pt"] if best else [])))
 
 
 class _RunLogHandler(logging.FileHandler):

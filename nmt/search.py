@@ -61,10 +61,12 @@ def length_penalty(length: int, alpha: float, style: str) -> float:
     least 1. "gnmt": ((5 + length) / 6)^alpha (Wu et al. 2016); "length": length^alpha
     (fairseq / Marian normalisation); "none": 1.
     """
-    if style == "gnmt":
-        return ((5.0 + length) / 6.0) ** alpha
-    if style == "length":
-        return float(length) ** alpha
+    base = (5.0 + length) / 6.0 if style == "gnmt" else float(length)
+    if style in ("gnmt", "length"):
+        try:
+            return base**alpha
+        except OverflowError:  # an absurd --lenpen (1e308): every score becomes 0, no crash
+            return math.inf
     if style == "none":
         return 1.0
     raise ValueError(f"unknown length penalty style {style!r} (gnmt, length or none)")
@@ -77,7 +79,8 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | 
     EOS included); capped at max_len - 1 so that BOS + output fit in `max_len` positions.
     """
     src_len = (src != pad).sum(1).cpu().double()
-    out = (cfg.max_len_a * src_len + cfg.max_len_b).long()  # truncates like int()
+    # in doubles, capped below int64's limit: --max-len-b 1e30 or --max-len-a 1e308 mean "no limit"
+    out = (cfg.max_len_a * src_len + float(cfg.max_len_b)).clamp(max=2.0**62).long()  # truncates like int()
     if max_len is not None:
         out = out.clamp(max=max_len - 1)
     return out.clamp(min=0)

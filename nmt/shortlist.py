@@ -110,6 +110,7 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
     if top < 0 or frequent < 0 or iterations < 1 or max_sentences < 1:
         raise NmtError("--top and --frequent must not be negative, --iterations and --max-sentences at least 1")
     meta = read_meta(data_dir)
+    top, frequent = min(top, int(meta["vocab_size"])), min(frequent, int(meta["vocab_size"]))  # more is all
     data = ParallelData.load(data_dir, "train")
     V = int(meta["vocab_size"])
     n = len(data)

@@ -54,9 +54,11 @@ class TextStats:
     line_breaks: int = 0
     first_lines: list[int] = field(default_factory=list)
     log_each: bool = False  # log each line whose bytes were not UTF-8 as it is read (FILE:LINE)
+    cleaned_lines: int = 0  # lines with at least one of the problems above
 
     @property
     def cleaned(self) -> int:
+        """Problems cleaned (a line may have several: see `cleaned_lines`)."""
         return self.invalid_utf8 + self.nul + self.line_breaks
 
     def _note(self, lineno: int, lossy: bool = False) -> None:
@@ -66,7 +68,8 @@ class TextStats:
             log.warning("%s:%d: invalid UTF-8 replaced by U+FFFD", self.path, lineno)
 
     def summary(self) -> str:
-        """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8); first: 3, 9'."""
+        """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8 -> U+FFFD); first: 3, 9'
+        (a line with several problems counts once as a line and once under each problem)."""
         kinds = [
             f"{n} {what}"
             for n, what in (
@@ -77,7 +80,8 @@ class TextStats:
             if n
         ]
         first = ", ".join(map(str, self.first_lines))
-        return f"{self.path}: cleaned {self.cleaned} lines ({'; '.join(kinds)}); first: {first}"
+        n = self.cleaned_lines
+        return f"{self.path}: cleaned {n} line{'' if n == 1 else 's'} ({'; '.join(kinds)}); first: {first}"
 
 
 def find_text(prefix: str | Path, lang: str) -> Path:
@@ -124,6 +128,13 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
 
 
 def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
+    before = stats.cleaned
+    line = _clean_line(raw, lineno, stats)
+    stats.cleaned_lines += stats.cleaned > before
+    return line
+
+
+def _clean_line(raw: bytes, lineno: int, stats: TextStats) -> str:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -152,6 +163,16 @@ def iter_line_blocks(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK
     Fast path: a whole block is decoded at once; only blocks with something to clean are
     handled line by line.
     """
+    try:
+        yield from _line_blocks(stream, stats, block_size)
+    except (OSError, EOFError, zlib.error) as e:
+        if isinstance(e, BrokenPipeError):
+            raise
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise NmtError(f"{stats.path}: cannot read ({reason})") from None
+
+
+def _line_blocks(stream: BinaryIO, stats: TextStats, block_size: int) -> Iterator[list[str]]:
     first = True
     for block in _blocks(stream, block_size):
         if first and block.startswith(_BOM):
@@ -199,10 +220,7 @@ def read_lines(
     path = Path(path)
     stats = stats if stats is not None else TextStats(str(path))
     with open_bytes(path) as f:
-        try:
-            yield from iter_lines(f, stats, block_size)
-        except (OSError, EOFError, zlib.error) as e:
-            raise NmtError(f"{path}: cannot read ({e})") from None
+        yield from iter_lines(f, stats, block_size)  # read errors: an NmtError naming stats.path
 
 
 def count_lines(path: str | Path, block_size: int = BLOCK_SIZE) -> int:

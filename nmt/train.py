@@ -26,23 +26,22 @@ import torch.distributed as dist
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt import validate as validation
-from nmt.batches import Prefetcher, epoch_groups
+from nmt.batches import Prefetcher, TrainingData, epoch_groups
 from nmt.config import Config
 from nmt.device import autocast, configure_cuda
-from nmt.distributed import Env, setup_env, teardown_env
+from nmt.distributed import Env, setup_env, teardown_env, wrap_for_training
 from nmt.errors import NmtError
 from nmt.loss import TranslationLoss
 from nmt.model import Transformer, num_parameters, summary
 from nmt.oom import OomSkips, inject_oom_faults, is_oom
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at
 from nmt.rundir import RunDir
-from nmt.tokenizer import PAD, Tokenizer
-from nmt.train_metrics import TrainMetrics, UpdateStats
+from nmt.tokenizer import EOS, PAD
+from nmt.train_metrics import FiniteChecks, TrainMetrics, UpdateStats
 from nmt.train_state import (
     Progress,
     build_checkpoint,
     check_compatible,
-    data_fingerprint,
     restore,
     stop_reason,
 )
@@ -76,7 +75,10 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
     if vocab_size is None:
         vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
-    model = Transformer(cfg.model, vocab_size, pad_id=PAD)
+    if not EOS + 1 <= vocab_size < 2**31:  # the special tokens; token ids are at most int32
+        raise NmtError(f"--vocab-size must be between {EOS + 1} and {2**31 - 1}, got {vocab_size}")
+    with torch.device("meta"):  # shapes only: a big vocabulary costs no memory
+        model = Transformer(cfg.model, vocab_size, pad_id=PAD)
     return summary(model)
 
 
@@ -91,37 +93,18 @@ class Trainer:
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
         configure_cuda(env.device)
         self.run_dir = RunDir(Path(t.run_dir))
-        self.meta = datamod.read_meta(cfg.data.dir)
-        self.fingerprint = data_fingerprint(self.meta)
-        self.src_lang = cfg.data.source_lang or self.meta["source_lang"]
-        self.tgt_lang = cfg.data.target_lang or self.meta["target_lang"]
-        self.tokenizer = Tokenizer(Path(cfg.data.dir) / "spm.model")
-        self.train_data = datamod.ParallelData.load(cfg.data.dir, cfg.data.train_split, self.src_lang, self.tgt_lang)
-        self.valid_data = None
-        if cfg.data.valid_split in self.meta.get("splits", {}):
-            self.valid_data = datamod.ParallelData.load(
-                cfg.data.dir, cfg.data.valid_split, self.src_lang, self.tgt_lang
-            )
+        data = TrainingData.load(cfg)
+        self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
+        self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
         torch.manual_seed(t.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size, pad_id=PAD).to(env.device)
         # the model and its loss as one module: what DDP wraps and torch.compile compiles
         self.objective = TranslationLoss(self.model, t.label_smoothing)
-        self.net: Any = self.objective
-        self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
-        if env.world_size > 1:
-            ids = [env.device.index] if env.device.type == "cuda" else None
-            # No buffer broadcast: the only buffers are the sinusoids, equal everywhere, and a
-            # collective in the forward would let a rank that ran out of memory there fall out
-            # of step with the others.
-            self.ddp = torch.nn.parallel.DistributedDataParallel(self.objective, device_ids=ids,
-                                                                 broadcast_buffers=False)
-            self.net = self.ddp
-        if t.compile:
-            self.net = torch.compile(self.net, mode=None if t.compile_mode == "default" else t.compile_mode)
+        self.ddp, self.net = wrap_for_training(self.objective, env, t.compile, t.compile_mode)
         # lengths padded to a multiple of this: few distinct shapes for kernels and compile
         self.pad_to = t.pad_to_multiple or (8 if env.device.type == "cuda" else 1)
         # (update, loss sum, gradient norm) of updates whose finiteness the host has not read yet
-        self.unchecked: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.unchecked = FiniteChecks()
         self.optimizer = build_optimizer(list(self.model.parameters()), t)
         self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale) if t.precision == "fp16" else None
         self.progress = Progress()
@@ -228,7 +211,7 @@ class Trainer:
                 log.info("fp16 overflow at update %d: skipped, loss scale now %g", next_update, self.scaler.scale)
                 return None
         else:
-            self.unchecked.append((next_update, sums[0], gnorm))
+            self.unchecked.add(next_update, sums[0], gnorm)
         lr = lr_at(next_update - self.progress.schedule_offset, t, self.cfg.model.d_model)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -238,21 +221,9 @@ class Trainer:
         return UpdateStats(sums[0], sums[1], gnorm, ntokens, nsent, lr)
 
     def check_finite(self) -> None:
-        """Read the loss sums and gradient norms of the updates since the last check (one
-        wait for the device) and stop at the first non-finite one, naming its update. Called
+        """Stop at the first non-finite update since the last check (`FiniteChecks`). Called
         before anything is logged, validated or saved, so no checkpoint holds its weights."""
-        if not self.unchecked:
-            return
-        values = torch.stack([torch.stack([loss.float(), gnorm.float()]) for _, loss, gnorm in self.unchecked])
-        updates = [u for u, _, _ in self.unchecked]
-        self.unchecked.clear()
-        for update, (loss, gnorm) in zip(updates, values.tolist(), strict=True):
-            if not math.isfinite(loss):
-                raise NmtError(f"non-finite loss at update {update}; stopped without saving (checkpoints in "
-                               f"{self.run_dir.path} are intact). Try a lower train.lr or train.clip_norm")
-            if not math.isfinite(gnorm):
-                raise NmtError(f"non-finite gradient norm at update {update}; stopped without saving "
-                               f"(checkpoints in {self.run_dir.path} are intact)")
+        self.unchecked.check(self.run_dir.path)
 
     def _forward_backward(self, item: Any, scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
         """One batch (the dummy batch with weight 0 for None): (loss, nll, tokens, sentences) × weight."""
@@ -417,9 +388,14 @@ class Trainer:
                 self.run_dir.write_config(self.cfg)
                 log.info("new run in %s\n%s", self.run_dir.path, summary(self.model))
             return
-        check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
-        self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
-                                reset_optimizer=reset_optimizer, reset_data=reset_data)
+        try:
+            check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
+            self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
+                                    reset_optimizer=reset_optimizer, reset_data=reset_data)
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:  # loads, but not ours
+            reason = " ".join(str(e).split())[:200] or type(e).__name__
+            raise NmtError(f"{self.run_dir.path}: its checkpoint loads but cannot be resumed from "
+                           f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir") from None
         if self.env.is_main:
             self.run_dir.write_config(self.cfg)
             log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,

@@ -14,12 +14,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt.config import Config
 from nmt.distributed import Env
+from nmt.errors import NmtError
 from nmt.optim import dropout_at
 from nmt.train_state import Progress
 
@@ -56,6 +58,38 @@ class UpdateStats(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self.KEYS)
+
+
+class FiniteChecks:
+    """The (update, loss sum, gradient norm) of updates whose finiteness the host has not read
+    yet: `check` reads them all at once (one wait for the device) and stops at the first
+    non-finite one, naming its update."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+
+    def add(self, update: int, loss_sum: torch.Tensor, gnorm: torch.Tensor) -> None:
+        self.pending.append((update, loss_sum, gnorm))
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def updates(self) -> list[int]:
+        return [u for u, _, _ in self.pending]
+
+    def check(self, run_dir: Path) -> None:
+        if not self.pending:
+            return
+        values = torch.stack([torch.stack([loss.float(), gnorm.float()]) for _, loss, gnorm in self.pending])
+        updates = self.updates()
+        self.pending.clear()
+        for update, (loss, gnorm) in zip(updates, values.tolist(), strict=True):
+            if not math.isfinite(loss):
+                raise NmtError(f"non-finite loss at update {update}; stopped without saving (checkpoints in "
+                               f"{run_dir} are intact). Try a lower train.lr or train.clip_norm")
+            if not math.isfinite(gnorm):
+                raise NmtError(f"non-finite gradient norm at update {update}; stopped without saving "
+                               f"(checkpoints in {run_dir} are intact)")
 
 
 class TrainMetrics:

@@ -50,9 +50,21 @@ def stop_reason(cfg: Config, p: Progress) -> str | None:
     return None
 
 
-def data_fingerprint(meta: dict[str, Any]) -> str:
-    """The prepared data's fingerprint (prepare.json): whether the training data is still the same."""
-    return str(meta.get("fingerprint", ""))
+def data_fingerprint(meta: dict[str, Any], source_lang: str, target_lang: str) -> str:
+    """Whether the training data is still the same: the prepared files' fingerprint (prepare.json:
+    the sentencepiece model and the train files) and the direction read from them, e.g.
+    "3f2a...:en->de". The same files read de->en are other training data."""
+    return f"{meta.get('fingerprint', '')}:{source_lang}->{target_lang}"
+
+
+def _direction_changed(old_fp: str, new_fp: str) -> str | None:
+    """`old->new` where both fingerprints name a direction and they differ (checkpoints written
+    before the direction was part of the fingerprint have none: their files still count)."""
+    old_files, _, old_direction = old_fp.partition(":")
+    new_files, _, new_direction = new_fp.partition(":")
+    if old_direction and old_direction != new_direction:
+        return f"the run translates {old_direction} but the data is now read {new_direction}"
+    return None
 
 
 def build_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, optimizer: torch.optim.Optimizer,
@@ -126,8 +138,11 @@ def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, f
     # training data is still the same.
     data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}" for k, v in new["data"].items()
                     if k not in ("dir", "valid_split") and old["data"].get(k) != v]
-    old_fp = state["train_state"].get("fingerprint")
-    if old_fp != fingerprint:
+    old_fp = str(state["train_state"].get("fingerprint") or "")
+    direction = _direction_changed(old_fp, fingerprint)
+    if direction:
+        data_changed.append(direction)
+    if old_fp.partition(":")[0] != fingerprint.partition(":")[0]:
         data_changed.append(f"the prepared data in {cfg.data.dir} (fingerprint)")
     if data_changed:
         raise NmtError(f"{run_dir}: resume refused, the training data changed ({'; '.join(data_changed)}); "

@@ -23,6 +23,7 @@ last bits of the floats).
 from __future__ import annotations
 
 import logging
+import os
 import select
 import sys
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nmt.api import Translation, Translator
-from nmt.atomic import replacing
+from nmt.atomic import TextWriter, clean_temporaries, replacing, target
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
 from nmt.textio import TextStats, iter_line_blocks
@@ -121,22 +122,59 @@ def _bar() -> Any:
 def translate_main(opts: TranslateOptions) -> None:
     if opts.buffer_lines < 0:
         raise NmtError(f"--buffer-lines must be 0 (automatic) or more, got {opts.buffer_lines}")
-    if opts.input is not None and not Path(opts.input).is_file():
-        raise NmtError(f"{opts.input}: input file not found")
-    translator = Translator.from_options(opts)
-    inp = open(opts.input, "rb") if opts.input else sys.stdin.buffer
-    stream = partial(translate_stream, translator, inp, name=str(opts.input or "<stdin>"), nbest=opts.nbest,
-                     scores=opts.scores, buffer_lines=opts.buffer_lines)
+    Translator.check_options(opts)  # before any file is touched
+    inp, name = _input(opts.input)
+    output = target(opts.output, "-o") if opts.output else None  # before the models load
+    if output is None and (sys.stdout is None or _closed(1)):
+        raise NmtError("standard output is closed; give -o FILE")
     try:
-        if opts.output:
+        translator = Translator.from_options(opts)
+        run = partial(translate_stream, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
+                      buffer_lines=opts.buffer_lines)
+        if output is not None:
             # written to a temporary next to it and renamed at the end: an error or an interrupt
-            # leaves no partial file (and an existing one unchanged)
-            with replacing(Path(opts.output), "the translations") as tmp, \
-                    open(tmp, "w", encoding="utf-8", newline="\n") as out:
-                stream(out)
+            # leaves no partial file (and an existing one unchanged); a killed run's is removed here
+            clean_temporaries(output.parent, name=output.name)
+            with replacing(output, "the translations") as tmp, open(tmp, "xb", buffering=0) as f:
+                run(TextWriter(f.fileno()))
         else:
-            out = open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
-            stream(out)
+            _to_stdout(run)
     finally:
         if opts.input:
             inp.close()
+
+
+def _closed(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return True
+    return False
+
+
+def _input(path: Path | None) -> tuple[BinaryIO, str]:
+    """The input stream and its name for messages: a file (or a named pipe, `<(...)`) or stdin."""
+    if path is None:
+        if sys.stdin is None or _closed(0):
+            raise NmtError("standard input is closed; give --input FILE")
+        return sys.stdin.buffer, "<stdin>"
+    if Path(path).is_dir():
+        raise NmtError(f"--input {path}: is a directory")
+    try:
+        return open(path, "rb"), str(path)
+    except FileNotFoundError:
+        raise NmtError(f"{path}: input file not found") from None
+    except OSError as e:
+        raise NmtError(f"--input {path}: cannot open ({e.strerror or e})") from None
+
+
+def _to_stdout(run: Any) -> None:
+    """`run(out)` writing to standard output; a failed write (a full disk, a file-size limit)
+    is one line. A closed pipe (the reader went away) goes to the CLI, which ends quietly."""
+    sys.stdout.flush()
+    try:
+        run(TextWriter(sys.stdout.fileno()))
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise NmtError(f"standard output: cannot write the translations ({e.strerror or e})") from None

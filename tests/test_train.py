@@ -275,9 +275,9 @@ def test_an_update_reads_nothing_back_from_the_device(prepared, tmp_path, monkey
     finally:
         monkeypatch.undo()
     assert reads == [] and all(s is not None for s in stats)
-    assert [u for u, _, _ in trainer.unchecked] == [1, 2, 3]
+    assert trainer.unchecked.updates() == [1, 2, 3]
     trainer.check_finite()
-    assert trainer.unchecked == []
+    assert trainer.unchecked.updates() == []
     trainer.close()
     assert all(math.isfinite(s["loss"]) and s["loss"] > 0 and math.isfinite(s["gnorm"]) for s in stats)
 

@@ -1,0 +1,519 @@
+"""Hostile and careless use (issue 19): the run-directory lock, --set values as written, the
+direction in the data fingerprint, average-checkpoints never overwriting what training owns,
+one line for every mistake, quiet broken pipes, stale temporaries, kept file metadata, score.
+
+docs/reliability.md lists each case with the test here that proves it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import ROOT, TINY, nmt, nmt_here, save_random_model, set_args, tiny
+
+from nmt.atomic import atomic_write_bytes, clean_temporaries
+from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
+from nmt.config import config_to_dict, load_config, replace
+from nmt.errors import NmtError
+from nmt.rundir import RunDir, lock_run_dir
+from nmt.textio import TextStats, iter_lines
+from nmt.tokenizer import Tokenizer
+from nmt.train import train
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """In a temporary working directory (train writes .nmt-last-run there); cli.main reconfigures
+    the root logger and train sets torch's threads: both are undone."""
+    monkeypatch.chdir(tmp_path)
+    root = logging.getLogger()
+    handlers, level, threads = list(root.handlers), root.level, torch.get_num_threads()
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    torch.set_num_threads(threads)
+
+
+def run_here(capfd: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    """`nmt ARGS` in this process: (exit status, stdout, stderr)."""
+    capfd.readouterr()
+    code = nmt_here(*args)
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def run_process(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
+    """`nmt ARGS` in a subprocess whose stdout is a given file (helpers.nmt captures it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "nmt", *args], env=env, timeout=120, **kwargs)
+
+
+def assert_one_line(code: int, err: str, *needles: str, status: int = 1) -> str:
+    """Exit `status`, exactly one stderr line starting with `nmt`, no traceback, naming `needles`."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == status and len(lines) == 1 and lines[0].startswith("nmt"), (code, err)
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def ckpt(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny model on the prepared data's sentencepiece model (vocabulary 500)."""
+    return save_random_model(tmp_path_factory.mktemp("hostile") / "a.pt", Tokenizer(prepared[0] / "spm.model"), 1)
+
+
+def _save(path: Path, spm: Path, **changes: Any) -> Path:
+    """A random model's checkpoint with some of its entries replaced."""
+    state = load_checkpoint(save_random_model(path, Tokenizer(spm), 1))
+    atomic_save({**state, **changes}, path)
+    return path
+
+
+def tiny_sets(data_dir: Path, run_dir: Path, **extra: object) -> list[str]:
+    return set_args({"data.dir": data_dir, "train.run_dir": run_dir, "train.device": "cpu", "train.threads": 1,
+                     "train.max_updates": 1, **extra})
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# ------------------------------------------------------------------ 1. the run-directory lock
+
+
+def test_second_trainer_on_a_run_directory_is_refused_naming_it_and_the_holder_pid(prepared, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from nmt.rundir import lock_run_dir; "
+         "lock_run_dir(Path(sys.argv[1])); print('locked', flush=True); time.sleep(120)", str(run_dir)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir))
+        assert_one_line(code, err, str(run_dir), f"pid {holder.pid}")
+        assert not (run_dir / "checkpoint_last.pt").exists()
+    finally:
+        holder.kill()  # SIGKILL: no clean-up runs, the lock must go with the process
+        holder.wait()
+    lock = lock_run_dir(run_dir)
+    lock.release()
+
+
+def test_the_lock_is_held_while_the_run_directory_is_open(tmp_path):
+    first = RunDir(tmp_path / "run")
+    first.open(b"spm")
+    try:
+        with pytest.raises(NmtError, match=rf"{tmp_path / 'run'}.*pid {os.getpid()}"):
+            RunDir(tmp_path / "run").open(b"spm")
+    finally:
+        first.close()
+    second = RunDir(tmp_path / "run")  # closed: free again
+    second.open(b"spm")
+    second.close()
+
+
+# ------------------------------------------------------------------ 2. --set values and paths
+
+
+def test_set_values_of_string_keys_are_taken_as_written():
+    cfg = load_config(TINY, ["train.run_dir=runs/exp #2", "data.dir=2024", "train.lr=7e-4", "decode.beam=3",
+                             "data.source_lang=no", "train.device=cpu"])
+    assert cfg.train.run_dir == "runs/exp #2" and cfg.data.dir == "2024" and cfg.data.source_lang == "no"
+    assert cfg.train.lr == 7e-4 and cfg.decode.beam == 3
+
+
+def test_run_dir_option_is_a_path_and_its_errors_name_the_option(capfd):
+    code, out, err = run_here(capfd, "train", str(TINY), "--run-dir", "2024", "--dump-config")
+    assert code == 0 and "run_dir: '2024'" in out, err
+    code, out, _ = run_here(capfd, "train", str(TINY), "--run-dir", "runs/exp #2", "--dump-config")
+    assert code == 0 and "run_dir: 'runs/exp #2'" in out
+    code, _, err = run_here(capfd, "train", str(TINY), "--run-dir", "", "--dump-config")
+    line = assert_one_line(code, err, "--run-dir", "train.run_dir")
+    assert "--set" not in line
+
+
+def test_unknown_key_is_suggested_from_its_own_section():
+    with pytest.raises(NmtError) as e:
+        load_config(TINY, ["train.foo=1"])
+    assert "did you mean train?" not in str(e.value) and "train.foo" in str(e.value)
+    with pytest.raises(NmtError, match=r"did you mean train\.lr\?"):
+        load_config(TINY, ["train.lrr=1"])
+
+
+# ------------------------------------------------------------------ 3. the direction
+
+
+def test_resume_on_the_reversed_direction_is_refused_naming_both(prepared, tmp_path):
+    data, run_dir = prepared[0], tmp_path / "run"
+    cfg = tiny(data, run_dir, max_updates=1)
+    train(cfg)
+    reversed_data = tmp_path / "de-en"
+    shutil.copytree(data, reversed_data)  # the same files, fingerprint and sentencepiece model
+    meta = json.loads((reversed_data / "prepare.json").read_text())
+    meta["source_lang"], meta["target_lang"] = meta["target_lang"], meta["source_lang"]
+    (reversed_data / "prepare.json").write_text(json.dumps(meta))
+    more = replace(cfg, data={"dir": str(reversed_data)}, train={"max_updates": 2})
+    with pytest.raises(NmtError, match=r"resume refused.*en->de.*de->en.*--reset-data"):
+        train(more)
+    assert train(more, reset_data=True).update == 2
+
+
+# ------------------------------------------------------------------ 4. average-checkpoints
+
+
+def test_average_refuses_an_output_that_is_one_of_its_inputs(ckpt, tmp_path, capfd):
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    shutil.copy(ckpt, a)
+    os.link(a, b)  # another name of the same file counts too
+    before = a.read_bytes()
+    for out in (a, b, tmp_path / "." / "a.pt"):
+        code, _, err = run_here(capfd, "average-checkpoints", str(a), str(tmp_path / "b.pt"), "-o", str(out))
+        assert_one_line(code, err, "-o", "one of the checkpoints")
+    assert a.read_bytes() == before
+
+
+@pytest.mark.parametrize("name", ["checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_7.pt"])
+def test_average_refuses_the_names_training_owns_in_a_run_directory(ckpt, tmp_path, name):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("{}\n")
+    shutil.copy(ckpt, run_dir / "checkpoint_5.pt")
+    with pytest.raises(NmtError, match=rf"{name}.*nmt train.*checkpoint_avg\.pt"):
+        average_checkpoints([run_dir / "checkpoint_5.pt"], run_dir / name)
+    assert not (run_dir / name).exists()
+    average_checkpoints([run_dir / "checkpoint_5.pt"], run_dir / "checkpoint_avg.pt")
+    average_checkpoints([run_dir / "checkpoint_5.pt"], tmp_path / name)  # not a run directory: fine
+
+
+# ------------------------------------------------------------------ 5. one line for every mistake
+
+
+def test_output_that_is_a_directory_is_one_line(ckpt, prepared, tmp_path, capfd):
+    cases = [("translate", "-c", str(ckpt), "-i", os.devnull, "-o", "."),
+             ("average-checkpoints", str(ckpt), "-o", "."),
+             ("shortlist", str(prepared[0]), "-o", "."),
+             ("translate", "-c", str(ckpt), "-i", os.devnull, "-o", str(tmp_path))]
+    for args in cases:
+        code, _, err = run_here(capfd, *args)
+        assert_one_line(code, err, "is a directory")
+
+
+@pytest.mark.parametrize("under", ["file", "proc"])
+def test_destdir_that_cannot_be_created_is_one_line(prepared, raw_corpus, tmp_path, capfd, under):
+    (tmp_path / "file").write_text("x")
+    dest = tmp_path / "file" / "out" if under == "file" else Path("/proc/nmt-out")
+    code, _, err = run_here(capfd, "prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("train"),
+                            "--spm-model", str(prepared[0] / "spm.model"), "--destdir", str(dest))
+    assert_one_line(code, err, "--destdir", str(dest))
+
+
+DECODE_MISTAKES = [
+    (("--beam", "501"), "--beam"),  # the vocabulary is 500
+    (("--max-len-b", "-5"), "--max-len-b"),
+    (("--max-len-a", "-1"), "--max-len-a"),
+    (("--min-len", "-1"), "--min-len"),
+    (("--no-repeat-ngram-size", "-1"), "--no-repeat-ngram-size"),
+    (("--threads", "-1"), "--threads"),
+]
+
+
+@pytest.mark.parametrize(("args", "needle"), DECODE_MISTAKES, ids=[a[0] for a, _ in DECODE_MISTAKES])
+def test_translate_option_out_of_bounds_is_one_line(ckpt, capfd, args, needle):
+    code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, *args)
+    assert_one_line(code, err, needle)
+
+
+def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(ckpt, prepared, tmp_path, capfd):
+    cfg = config_to_dict(load_config(TINY))
+    cfg["decode"]["beam"] = 0
+    bad = _save(tmp_path / "beam0.pt", prepared[0] / "spm.model", config=cfg)
+    code, _, err = run_here(capfd, "translate", "-c", str(bad), "-i", os.devnull)
+    line = assert_one_line(code, err, str(bad), "decode.beam")
+    assert "--beam" not in line
+    code, _, err = run_here(capfd, "translate", "-c", str(bad), "-i", os.devnull, "--beam", "2")
+    assert code == 0, err
+
+
+def _inconsistent(spm: Path) -> dict[str, dict[str, Any]]:
+    cfg = config_to_dict(load_config(TINY))
+    wider = {**cfg, "model": {**cfg["model"], "d_model": 64, "ffn_dim": 128}}
+    return {
+        "tokenizer missing": {"tokenizer": None},
+        "tokenizer not sentencepiece": {"tokenizer": {"model": b"garbage", "sha256": "0"}},
+        "config not matching the weights": {"config": wider},
+        "vocab size changed": {"vocab_size": 499},
+        "model not a dict": {"model": [torch.zeros(1)]},
+        "config not a dict": {"config": "model"},
+    }
+
+
+@pytest.mark.parametrize("case", list(_inconsistent(Path())))
+def test_checkpoint_that_loads_but_is_inconsistent_is_one_line(prepared, tmp_path, capfd, case):
+    bad = _save(tmp_path / "bad.pt", prepared[0] / "spm.model", **_inconsistent(prepared[0])[case])
+    code, _, err = run_here(capfd, "translate", "-c", str(bad), "-i", os.devnull)
+    assert_one_line(code, err, str(bad))
+    code, _, err = run_here(capfd, "average-checkpoints", str(bad), str(bad), "-o", str(tmp_path / "avg.pt"))
+    if case in ("model not a dict", "config not a dict"):
+        assert_one_line(code, err, str(bad))
+
+
+@pytest.mark.parametrize("damage", ["no progress", "weights of another shape"])
+def test_training_checkpoint_that_loads_but_cannot_be_resumed_is_one_line(prepared, tmp_path, capfd, damage):
+    run_dir = tmp_path / "run"
+    sets = tiny_sets(prepared[0], run_dir)
+    assert run_here(capfd, "train", str(TINY), *sets)[0] == 0
+    state = load_checkpoint(run_dir / "checkpoint_last.pt")
+    if damage == "no progress":
+        del state["train_state"]["progress"]
+    else:
+        key = next(iter(state["model"]))
+        state["model"][key] = torch.zeros(3)
+    for name in ("checkpoint_last.pt", "checkpoint_1.pt"):
+        (run_dir / name).unlink(missing_ok=True)
+    atomic_save(state, run_dir / "checkpoint_last.pt")
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.max_updates": 2}))
+    assert_one_line(code, err, str(run_dir), "cannot be resumed")
+
+
+@pytest.mark.parametrize("meta", [[1, 2], {"source_lang": "en"}, {"source_lang": 1, "target_lang": "de",
+                                                                   "vocab_size": "x", "splits": {}}])
+def test_prepare_json_of_the_wrong_shape_is_one_line(prepared, tmp_path, capfd, meta):
+    data = tmp_path / "data"
+    shutil.copytree(prepared[0], data)
+    (data / "prepare.json").write_text(json.dumps(meta))
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(data, tmp_path / "run"))
+    assert_one_line(code, err, str(data / "prepare.json"))
+    code, _, err = run_here(capfd, "shortlist", str(data), "-o", str(tmp_path / "s.pt"))
+    assert_one_line(code, err, str(data / "prepare.json"))
+
+
+@pytest.mark.parametrize("marker", ["directory", "not utf-8"])
+def test_unreadable_last_run_marker_is_one_line(tmp_path, capfd, marker):
+    if marker == "directory":
+        (tmp_path / ".nmt-last-run").mkdir()
+    else:
+        (tmp_path / ".nmt-last-run").write_bytes(b"\xff\xfe runs\n")
+    code, _, err = run_here(capfd, "translate", "-i", os.devnull)
+    assert_one_line(code, err, ".nmt-last-run", "--checkpoint")
+
+
+@pytest.mark.parametrize("stream", ["stdin", "stdout"])
+def test_closed_standard_stream_is_one_line(ckpt, stream):
+    redirect = "<&-" if stream == "stdin" else ">&- </dev/null"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["bash", "-c", f'"{sys.executable}" -m nmt translate -c "{ckpt}" {redirect}'],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert_one_line(r.returncode, r.stderr, f"standard {'input' if stream == 'stdin' else 'output'}")
+
+
+def _full_stdout_commands(ckpt: Path, tmp_path: Path) -> dict[str, tuple[list[str], bytes]]:
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b c\n" * 3)
+    return {"translate": (["translate", "-c", str(ckpt)], b"\n" * 10000 + b"a house\n"),
+            "score": (["score", "--ref", str(ref)], b"a b c\n" * 3),
+            "dump-config": (["train", str(TINY), "--dump-config"], b"")}
+
+
+@pytest.mark.parametrize("command", ["translate", "score", "dump-config"])
+@pytest.mark.parametrize("limit", ["/dev/full", "file size limit"])
+def test_standard_output_that_cannot_be_written_is_one_line(ckpt, tmp_path, command, limit):
+    args, stdin = _full_stdout_commands(ckpt, tmp_path)[command]
+    if limit == "/dev/full":
+        with open("/dev/full", "wb") as out:
+            r = run_process(*args, input=stdin, stdout=out, stderr=subprocess.PIPE)
+    else:
+        import resource
+
+        def small_files() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+
+        with open(tmp_path / "out.txt", "wb") as out:
+            r = run_process(*args, input=stdin, stdout=out, stderr=subprocess.PIPE, preexec_fn=small_files)
+    assert_one_line(r.returncode, r.stderr.decode(), "standard output")
+
+
+# ------------------------------------------------------------------ 6. broken pipes and signals
+
+
+def test_a_reader_that_goes_away_ends_translate_quietly(ckpt, tmp_path):
+    (tmp_path / "in.txt").write_bytes(b"\n" * 400_000)  # empty lines: many output lines, no model work
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["bash", "-o", "pipefail", "-c",
+                        f'"{sys.executable}" -m nmt translate -c "{ckpt}" < in.txt | head -1'],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "\n" and r.stderr == "", r.stderr
+
+
+def _started_on_a_fifo(ckpt: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Any]:
+    """translate reading a named pipe: once we have opened its other end, nmt is past its start-up."""
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(fifo), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while True:  # opened without blocking: a translate that exits early must not hang the test
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader yet
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+    os.set_blocking(fd, True)
+    return proc, os.fdopen(fd, "w")
+
+
+def test_ctrl_c_in_translate_says_so_and_exits_130(ckpt, tmp_path):
+    proc, writer = _started_on_a_fifo(ckpt, tmp_path)
+    try:
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        writer.close()
+    assert_one_line(proc.returncode, err, "interrupted", status=130)
+
+
+def test_sigterm_in_translate_leaves_no_temporary_and_exits_143(ckpt, tmp_path):
+    proc, writer = _started_on_a_fifo(ckpt, tmp_path, "-o", str(tmp_path / "out.txt"))
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".out.txt.tmp-*")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert list(tmp_path.glob(".out.txt.tmp-*")), "translate never started its output"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        writer.close()
+    assert_one_line(proc.returncode, err, "SIGTERM", status=143)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fifo"]
+
+
+# ------------------------------------------------------------------ 8. stale temporaries
+
+
+def test_translate_removes_the_temporaries_of_dead_writers_of_its_output(ckpt, tmp_path, capfd):
+    dead = tmp_path / f".out.txt.tmp-{dead_pid()}-0123abcd"
+    alive = tmp_path / f".out.txt.tmp-{os.getpid()}-0123abcd"
+    other = tmp_path / f".other.txt.tmp-{dead_pid()}-0123abcd"
+    for path in (dead, alive, other):
+        path.write_text("partial")
+    code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, "-o", str(tmp_path / "out.txt"))
+    assert code == 0, err
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_prepare_removes_the_work_directories_of_dead_runs(prepared, raw_corpus, tmp_path, capfd):
+    pid = dead_pid()
+    leftovers = [tmp_path / f".data.tmp-{pid}-0123abcd", tmp_path / f".data.old-{pid}-0123abcd"]
+    for path in leftovers:
+        (path / "sub").mkdir(parents=True)
+        (path / "sub" / "train.en.bin").write_bytes(b"x")
+    alive = tmp_path / f".data.tmp-{os.getpid()}-0123abcd"
+    alive.mkdir()
+    code, _, err = run_here(capfd, "prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("train"),
+                            "--spm-model", str(prepared[0] / "spm.model"), "--destdir", str(tmp_path / "data"))
+    assert code == 0, err
+    assert not any(p.exists() for p in leftovers) and alive.is_dir()
+
+
+def test_clean_temporaries_takes_directories_only_when_asked(tmp_path):
+    leftover = tmp_path / f".x.tmp-{dead_pid()}-0123abcd"
+    leftover.mkdir()
+    assert clean_temporaries(tmp_path) == 0 and leftover.is_dir()
+    assert clean_temporaries(tmp_path, name="x", directories=True) == 1 and not leftover.exists()
+
+
+# ------------------------------------------------------------------ 9. file metadata
+
+
+def test_replacing_a_file_keeps_its_mode(tmp_path):
+    path = tmp_path / "out.txt"
+    path.write_text("old")
+    path.chmod(0o600)
+    atomic_write_bytes(b"new", path)
+    assert path.read_bytes() == b"new" and (path.stat().st_mode & 0o777) == 0o600
+
+
+def test_writing_onto_a_symlink_writes_through_it(tmp_path):
+    target, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    target.write_text("old")
+    link.symlink_to(target.name)
+    atomic_write_bytes(b"new", link)
+    assert link.is_symlink() and target.read_bytes() == b"new"
+    dangling = tmp_path / "dangling.txt"
+    dangling.symlink_to("made.txt")
+    atomic_write_bytes(b"made", dangling)
+    assert dangling.is_symlink() and (tmp_path / "made.txt").read_bytes() == b"made"
+
+
+# ------------------------------------------------------------------ 10. score
+
+
+def test_score_with_no_metric_is_one_line(tmp_path, capfd):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b\n")
+    for metrics in ("", " , "):
+        code, _, err = run_here(capfd, "score", "--ref", str(ref), "--hyp", str(ref), "--metrics", metrics)
+        assert_one_line(code, err, "--metrics")
+
+
+def test_score_line_count_mismatch_names_both_files(tmp_path, capfd):
+    ref, hyp = tmp_path / "ref.txt", tmp_path / "hyp.txt"
+    ref.write_text("a b\nc d\n")
+    hyp.write_text("a b\n")
+    code, _, err = run_here(capfd, "score", "--ref", str(ref), "--hyp", str(hyp))
+    assert_one_line(code, err, str(ref), str(hyp), "1", "2")
+
+
+def test_score_reads_invalid_utf8_the_same_from_stdin_and_hyp(tmp_path):
+    ref, hyp = tmp_path / "ref.txt", tmp_path / "hyp.txt"
+    ref.write_text("a house\nthe cat\n")
+    hyp.write_bytes(b"a h\xffuse\nthe cat\n")
+    from_file = nmt("score", "--ref", str(ref), "--hyp", str(hyp), "--json", stdin=b"", check=True)
+    from_stdin = nmt("score", "--ref", str(ref), "--json", stdin=hyp.read_bytes(), check=True)
+    assert json.loads(from_file.stdout) == json.loads(from_stdin.stdout)
+    assert f"{hyp}:1: invalid UTF-8" in from_file.stderr.decode()
+    assert "<stdin>:1: invalid UTF-8" in from_stdin.stderr.decode()
+
+
+# ------------------------------------------------------------------ 11. wording
+
+
+def test_one_line_with_three_problems_is_one_cleaned_line():
+    stats = TextStats("x.de")
+    lines = list(iter_lines(io.BytesIO(b"a\xff\x00b\x0bc\nclean\n"), stats))
+    assert len(lines) == 2
+    assert stats.summary().startswith("x.de: cleaned 1 line (")
+
+
+# ------------------------------------------------------------------ checkpoint_best.pt on its own
+
+
+def test_best_checkpoint_is_its_own_file_and_survives_damage_to_the_last(tmp_path):
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    state = {"format_version": 1, "model": {"w": torch.ones(3)}, "config": {}, "update": 4}
+    run_dir.save_checkpoint(state, 4, numbered=True, best=True, keep_last=0)
+    last, best, numbered = (run_dir.path / n for n in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_4.pt"))
+    assert os.path.samefile(last, numbered) and not os.path.samefile(last, best)
+    with open(last, "r+b") as f:  # damage in place, as a careless copy or a bad disk would
+        f.truncate(100)
+    assert torch.equal(load_checkpoint(best)["model"]["w"], torch.ones(3))
