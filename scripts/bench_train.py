@@ -30,6 +30,7 @@ another checkout's nmt (PYTHONPATH), to compare commits in the same minutes.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -83,7 +84,9 @@ def synthetic_wmt(dest: Path, pairs: int = WMT_PAIRS, vocab: int = WMT_VOCAB, se
         sentence_iterator=iter(" ".join(words[i : i + 20]) for i in range(0, len(words), 20)),
         model_prefix=str(dest / "spm"), vocab_size=vocab, model_type="word", pad_id=0, unk_id=1, bos_id=2,
         eos_id=3, minloglevel=2)
+    spm_sha256 = hashlib.sha256((dest / "spm.model").read_bytes()).hexdigest()
     meta = {"format_version": 1, "source_lang": "en", "target_lang": "de", "vocab_size": vocab, "dtype": "uint16",
+            "spm": {"model": "spm.model", "sha256": spm_sha256, "source": "synthetic"},
             "splits": {"train": {"pairs": pairs}}, "fingerprint": f"synthetic-wmt-{pairs}-{vocab}-{seed}",
             "synthetic": {"src_mean": float(src.mean()), "tgt_mean": float(tgt.mean()),
                           "src_p99": float(np.percentile(src, 99)), "tgt_max": int(tgt.max())}}
