@@ -159,7 +159,7 @@ class TranslationLoss(nn.Module):
     target_tokens) of a `nmt.data.Batch` -> (label-smoothed loss, NLL), summed over the
     real target tokens. The model's parameters are this module's `model.*`."""
 
-    def __init__(self, model: nn.Module, epsilon: float, chunk_rows: int | None = None):
+    def __init__(self, model: Any, epsilon: float, chunk_rows: int | None = None):
         super().__init__()
         self.model, self.epsilon, self.chunk_rows = model, epsilon, chunk_rows
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,9 @@ from torch import Tensor, nn
 from nmt.config import ModelConfig
 from nmt.layers import KV, DecoderLayer, Embedding, EncoderLayer, Layer, token_embedding
 from nmt.quantize import Int8Linear
+
+if TYPE_CHECKING:
+    from nmt.rnn import RNN
 
 
 @dataclass
@@ -236,7 +239,7 @@ def source_rows(sources: int, group: int, index: Tensor) -> tuple[Tensor | None,
     return (used if grouped else used[source]), (n // b if grouped else 1)
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int = 0) -> nn.Module:
+def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int = 0) -> Transformer | RNN:
     """The network `cfg.arch` names: a `Transformer` or an `nmt.rnn.RNN`. Both give training
     `forward` / `decoder_states` / `output_weight` and the search its protocol."""
     if cfg.arch == "rnn":

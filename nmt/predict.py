@@ -116,7 +116,7 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
                            f"{tokenizer.vocab_size}; the checkpoint is inconsistent")
         if precision == "int8" and cfg.model.arch != "transformer":
             raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
-        model = build_model(cfg.model, vocab_size, pad_id=PAD)
+        model: Any = build_model(cfg.model, vocab_size, pad_id=PAD)
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as e:  # missing or unexpected keys, other shapes
