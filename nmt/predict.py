@@ -69,7 +69,7 @@ class _Shortlisted:
 
 @dataclass
 class Loaded:
-    model: Any  # a Transformer or an Ensemble of them
+    model: Any  # a Transformer, an RNN (nmt.rnn) or an Ensemble of them
     tokenizer: Tokenizer
     config: Config
     max_positions: int
