@@ -25,13 +25,14 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nmt.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
 from nmt.config import DecodeConfig
 from nmt.device import resolve_device
 from nmt.errors import NmtError
@@ -47,9 +48,10 @@ from nmt.predict import (
     score_token_lists,
     translate_token_lists,
 )
-from nmt.search import length_penalty
+from nmt.search import Hypothesis, length_penalty
 from nmt.shortlist import Shortlist
 from nmt.textio import clean_text
+from nmt.tokenizer import EOS
 
 log = logging.getLogger(__name__)
 _BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
@@ -61,13 +63,28 @@ DECODE_OPTIONS = tuple(f.name for f in fields(DecodeConfig) if f.metadata.get("c
 
 
 @dataclass(frozen=True)
+class Attention:
+    """The cross-attention of one translation: weights (L, H, T, S) float32 per decoder layer
+    and head, row t (a target piece) summing to one over the source pieces; the pieces
+    (sentencepiece's, each side ending in `</s>`)."""
+
+    weights: Any  # numpy.ndarray (L, H, T, S)
+    source: list[str]  # S pieces
+    target: list[str]  # T pieces
+
+
+@dataclass(frozen=True)
 class Translation:
     """One hypothesis: its detokenized text, the score the beam search ranks by (log-prob
-    over the length penalty) and its log-probability (sum over its tokens and the EOS)."""
+    over the length penalty) and its log-probability (sum over its tokens and the EOS).
+    Asked for: its hard alignment, (source piece, target piece) index pairs without the
+    `</s>`s, and its attention (nmt.alignment)."""
 
     text: str
     score: float
     logprob: float
+    alignment: list[tuple[int, int]] | None = None
+    attention: Attention | None = None
 
 
 def clean_output(text: str) -> str:
@@ -95,18 +112,21 @@ class Translator:
     """
 
     def __init__(self, loaded: Loaded, decode: DecodeConfig, *, device: torch.device, precision: str = "fp32",
-                 workers: int = 0, shortlist: Shortlist | None = None):
+                 workers: int = 0, shortlist: Shortlist | None = None, alignment_layer: int | None = None):
         self.loaded, self.decode, self.device = loaded, decode, device
         self.precision, self.workers, self.shortlist = precision, workers, shortlist
+        self.alignment_layer = alignment_layer  # as given: checked against the model when used
 
     @classmethod
     def load(cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], **options: Any) -> Translator:
         """Load one checkpoint, or several as an ensemble (mean of log-probabilities).
 
         options: device ("auto", "cpu", "cuda", "cuda:N"), precision ("fp32", "bf16", "fp16",
-        "int8"), threads, workers, shortlist (a file from `nmt shortlist`), and any decode
-        setting over the checkpoint's own: beam, lenpen, lenpen_style, max_len_a, max_len_b,
-        min_len, no_repeat_ngram_size, batch_size, max_tokens. Defaults are `nmt translate`'s.
+        "int8"), threads, workers, shortlist (a file from `nmt shortlist`), alignment_layer (the
+        decoder layer of `translate_nbest(..., alignment=True)`), and any decode setting over the
+        checkpoint's own: beam, lenpen, lenpen_style, max_len_a, max_len_b, min_len,
+        no_repeat_ngram_size, sampling, topk, topp, temperature, seed, batch_size, max_tokens.
+        Defaults are `nmt translate`'s.
         """
         paths = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
         if not paths:
@@ -134,6 +154,9 @@ class Translator:
             raise NmtError(f"{name('threads')} must be 0 (torch's default) or more, got {opts.threads}")
         if opts.workers < 0:
             raise NmtError(f"{name('workers')} must be 0 (one per CPU thread) or more, got {opts.workers}")
+        layer = opts.alignment_layer
+        if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
+            raise NmtError(f"{name('alignment_layer')} must be an integer or None, got {layer!r}")
 
     @classmethod
     def from_options(cls, opts: TranslateOptions, name: Callable[[str], str] | None = None) -> Translator:
@@ -149,8 +172,12 @@ class Translator:
         cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest, source=source,
                             vocab_size=loaded.tokenizer.vocab_size, option=name)
         shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
-        return cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
-                   shortlist=shortlist)
+        translator = cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
+                         shortlist=shortlist, alignment_layer=opts.alignment_layer)
+        layers = layer_count(loaded.model)
+        if opts.alignment_layer is not None and layers:  # checked against the model now, not at the first line
+            resolve_layer(opts.alignment_layer, layers, (name or _cli_name)("alignment_layer"))
+        return translator
 
     # ------------------------------------------------------------------ translation
 
@@ -158,19 +185,43 @@ class Translator:
         """The best translation of each text, in order; "" for an empty or blank text."""
         return [hyps[0].text if hyps else "" for hyps in self.translate_nbest(texts, 1)]
 
-    def translate_nbest(self, texts: Sequence[str], nbest: int = 1, *,
-                        where: Callable[[int], str] | None = None) -> list[list[Translation]]:
+    def translate_nbest(self, texts: Sequence[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
+                        first_index: int = 0, alignment: bool = False,
+                        attention: bool = False) -> list[list[Translation]]:
         """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
         [] for an empty or blank text. `where(i)` names input i in warnings (default
-        "texts[i]"; the command passes FILE:LINE)."""
+        "texts[i]"; the command passes FILE:LINE). With sampling, text i is input sentence
+        first_index + i of the seed's generators (nmt.sampling; the command passes the line
+        number, so chunking does not matter). With `alignment` / `attention`, each Translation
+        carries its hard alignment (of the `alignment_layer`) / its attention matrices."""
         if not 1 <= nbest <= self.decode.beam:
             raise NmtError(f"nbest must be between 1 and the beam size ({self.decode.beam}), got {nbest}")
+        if nbest > 1 and self.decode.sampling:
+            raise NmtError(f"nbest {nbest} needs beam search: sampling gives one output per input")
+        layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
         seqs = self._encode(texts, where or (lambda i: f"texts[{i}]"))
         hyps = translate_token_lists(self.loaded.model, seqs, self.decode, nbest=nbest, device=self.device,
                                      precision=self.precision, max_positions=self.loaded.max_positions,
-                                     workers=self.workers, shortlist=self.shortlist)
+                                     workers=self.workers, shortlist=self.shortlist, first_index=first_index)
         decode = self.loaded.tokenizer.decode
-        return [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
+        out = [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
+        if alignment or attention:
+            self._attach_attention(seqs, hyps, out, layer, alignment, attention)
+        return out
+
+    def _attach_attention(self, seqs: list[list[int]], hyps: list[list[Hypothesis]], out: list[list[Translation]],
+                          layer: int, alignment: bool, attention: bool) -> None:
+        """Fill in each translation's alignment and/or attention (nmt.alignment), in place."""
+        pairs = [(i, k) for i, hs in enumerate(hyps) for k in range(len(hs))]
+        weights = attention_matrices(self.loaded.model, [seqs[i] for i, _ in pairs],
+                                     [hyps[i][k].tokens for i, k in pairs], device=self.device,
+                                     precision=self.precision)
+        piece = self.loaded.tokenizer.piece
+        for (i, k), w in zip(pairs, weights, strict=True):
+            att = None
+            if attention:
+                att = Attention(w, [piece(t) for t in [*seqs[i], EOS]], [piece(t) for t in [*hyps[i][k].tokens, EOS]])
+            out[i][k] = replace(out[i][k], alignment=hard_alignment(w, layer) if alignment else None, attention=att)
 
     def translate_stream(self, lines: Iterable[str], *, buffer_lines: int = 1) -> Iterator[str]:
         """Translate an iterable of lines lazily, yielding one result per line in order.
@@ -182,9 +233,10 @@ class Translator:
         """
         if buffer_lines < 1:
             raise NmtError(f"buffer_lines must be at least 1, got {buffer_lines}")
-        it = iter(lines)
+        it, first = iter(lines), 0
         while chunk := list(islice(it, buffer_lines)):
-            yield from self.translate(chunk)
+            yield from (hyps[0].text if hyps else "" for hyps in self.translate_nbest(chunk, first_index=first))
+            first += len(chunk)
 
     # ------------------------------------------------------------------ forced decoding
 

@@ -292,3 +292,20 @@ def _check_compatible(
                 f"average: key {key} has dtype {dtypes[key]} in {first} "
                 f"but {tensor.dtype} in {path}"
             )
+
+
+def average_command(inputs: list[Path], output: Path, last: int | None) -> None:
+    """`nmt average-checkpoints`: the `last` latest numbered checkpoints of one run directory,
+    or the given files, averaged into `output`."""
+    if last is not None:
+        if len(inputs) != 1 or not inputs[0].is_dir():
+            raise NmtError("--last N takes exactly one run directory")
+        if last < 1:
+            raise NmtError("--last must be at least 1")
+        paths = select_for_average(inputs[0], last)
+    else:
+        if any(p.is_dir() for p in inputs):
+            raise NmtError(f"{next(p for p in inputs if p.is_dir())} is a directory: add --last N")
+        paths = list(inputs)
+    average_checkpoints(paths, output)
+    log.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(p.name for p in paths), output)

@@ -30,7 +30,7 @@ from nmt.options import PrepareOptions, TranslateOptions
 
 app = typer.Typer(
     name="nmt",
-    help="Neural machine translation: prepare data, train a Transformer, average, translate, score.",
+    help="Neural machine translation: prepare data, train, average, translate, score, plot.",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -49,9 +49,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
-    ] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
@@ -138,10 +136,7 @@ _options_command("prepare-bpe", PrepareOptions, _prepare_bpe)
 
 # ------------------------------------------------------------------ train
 
-SetOption = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a config key, e.g. --set train.lr=7e-4 (repeatable)."),
-]
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key, e.g. --set train.lr=7e-4 (repeatable).")]
 
 
 @app.command("train")
@@ -151,30 +146,20 @@ def train_cmd(
     run_dir: Annotated[str | None, typer.Option(help="Run directory (overrides train.run_dir).")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (overrides train.device).")] = None,
     dump_config: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
-    dry_run: Annotated[
-        bool, typer.Option(help="Build the model without data, print its summary and parameter count.")
-    ] = False,
-    vocab_size: Annotated[
-        int | None, typer.Option(help="Vocabulary size for --dry-run (default: from data.dir).")
-    ] = None,
-    reset_optimizer: Annotated[
-        bool, typer.Option(help="On resume: keep the weights, start a fresh optimizer and schedule.")
-    ] = False,
-    reset_data: Annotated[
-        bool, typer.Option(help="On resume: accept changed training data; restart the epoch.")
-    ] = False,
+    dry_run: Annotated[bool, typer.Option(help="Build the model without data, print its summary and parameter count.")] = False,
+    vocab_size: Annotated[int | None, typer.Option(help="Vocabulary size for --dry-run (default: from data.dir).")] = None,
+    reset_optimizer: Annotated[bool, typer.Option(help="On resume: keep the weights, start a fresh optimizer and schedule.")] = False,
+    reset_data: Annotated[bool, typer.Option(help="On resume: accept changed training data; restart the epoch.")] = False,
 ) -> None:
-    """Train a Transformer; running it again on the same run directory resumes exactly.
+    """Train a Transformer (or an RNN: model.arch); running it again on the run directory resumes exactly.
 
     Many GPUs: torchrun --standalone --nproc_per_node N -m nmt train CONFIG
     """
     from nmt import config as cfgmod
 
-    options: dict[str, tuple[str, Any]] = {}  # taken as given (a path is not YAML); errors name the option
-    if run_dir is not None:
-        options["train.run_dir"] = ("--run-dir", run_dir)
-    if device is not None:
-        options["train.device"] = ("--device", device)
+    # taken as given (a path is not YAML); errors name the option
+    options = {key: (flag, value) for key, flag, value in (("train.run_dir", "--run-dir", run_dir),
+                                                           ("train.device", "--device", device)) if value is not None}
     cfg = cfgmod.load_config(config, list(set_ or []), options)
     if dump_config:
         echo(cfgmod.dump_config(cfg))
@@ -199,31 +184,16 @@ def train_cmd(
 def average_cmd(
     inputs: Annotated[list[Path], typer.Argument(help="A run directory (with --last) or checkpoint files.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the average.")],
-    last: Annotated[
-        int | None, typer.Option(help="Average the N latest checkpoint_<update>.pt of RUN_DIR.")
-    ] = None,
+    last: Annotated[int | None, typer.Option(help="Average the N latest checkpoint_<update>.pt of RUN_DIR.")] = None,
 ) -> None:
     """Average model weights of several checkpoints (fp32 accumulation, original dtypes).
 
     Examples: nmt average-checkpoints runs/m30k --last 5 -o runs/m30k/checkpoint_avg.pt;
     nmt average-checkpoints a.pt b.pt c.pt -o avg.pt
     """
-    from nmt.checkpoint import average_checkpoints, select_for_average
+    from nmt.checkpoint import average_command
 
-    if last is not None:
-        if len(inputs) != 1 or not inputs[0].is_dir():
-            raise NmtError("--last N takes exactly one run directory")
-        if last < 1:
-            raise NmtError("--last must be at least 1")
-        paths = select_for_average(inputs[0], last)
-    else:
-        if any(p.is_dir() for p in inputs):
-            raise NmtError(f"{next(p for p in inputs if p.is_dir())} is a directory: add --last N")
-        paths = list(inputs)
-    average_checkpoints(paths, output)
-    logging.getLogger(__name__).info(
-        "averaged %d checkpoints (%s) into %s", len(paths), ", ".join(p.name for p in paths), output
-    )
+    average_command(inputs, output, last)
 
 
 # ------------------------------------------------------------------ translate
@@ -283,15 +253,10 @@ def shortlist_cmd(
     --top translations of each of its tokens. Example: nmt shortlist data-bin/m30k -o
     data-bin/m30k/shortlist.pt
     """
-    from nmt.atomic import target
-    from nmt.shortlist import learn_shortlist, save_shortlist
+    from nmt.shortlist import shortlist_command
 
-    target(output, "-o")  # before the work
-    shortlist = learn_shortlist(data_dir, top=top, frequent=frequent, iterations=iterations,
-                                max_sentences=max_sentences)
-    save_shortlist(shortlist, output)
-    logging.getLogger(__name__).info("wrote %s (%d source tokens x top %d, %d frequent)", output,
-                                     shortlist.vocab_size, top, shortlist.frequent.numel())
+    shortlist_command(data_dir, output, top=top, frequent=frequent, iterations=iterations,
+                      max_sentences=max_sentences)
 
 
 # ------------------------------------------------------------------ score
@@ -299,13 +264,9 @@ def shortlist_cmd(
 
 @app.command("score")
 def score_cmd(
-    ref: Annotated[
-        list[Path] | None, typer.Option("--ref", "-r", help="Reference file(s); repeat for several.")
-    ] = None,
+    ref: Annotated[list[Path] | None, typer.Option("--ref", "-r", help="Reference file(s); repeat for several.")] = None,
     hyp: Annotated[Path | None, typer.Option(help="Hypotheses (default stdin).")] = None,
-    test_set: Annotated[
-        str | None, typer.Option(help="A sacreBLEU test set instead of --ref, e.g. wmt14.")
-    ] = None,
+    test_set: Annotated[str | None, typer.Option(help="A sacreBLEU test set instead of --ref, e.g. wmt14.")] = None,
     langpair: Annotated[str | None, typer.Option(help="Language pair for --test-set, e.g. en-de.")] = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf",
     tokenize: Annotated[str | None, typer.Option(help="sacreBLEU tokenizer (default 13a).")] = None,
@@ -316,31 +277,48 @@ def score_cmd(
 
     Examples: nmt score --ref ref.de < out.de; nmt score --test-set wmt14 --langpair en-de < out.de
     """
-    from nmt import evaluate
+    from nmt.evaluate import score_command
 
-    if (ref is None) == (test_set is None):
-        raise NmtError("give either --ref FILE or --test-set NAME --langpair XX-YY")
-    names_of_metrics = tuple(dict.fromkeys(m.strip().lower() for m in metrics.split(",") if m.strip()))
-    if not names_of_metrics:
-        raise NmtError(f"--metrics {metrics!r}: give at least one of {', '.join(evaluate.METRICS)}")
     if hyp is None and sys.stdin is None:
         raise NmtError("standard input is closed; give --hyp FILE")
-    if test_set is not None:
-        if not langpair:
-            raise NmtError("--test-set needs --langpair, e.g. --langpair en-de")
-        _, refs = evaluate.load_test_set(test_set, langpair)
-        ref_streams, names = refs, [f"{test_set}:{langpair}"] * len(refs)
-    else:
-        assert ref is not None
-        ref_streams = [evaluate.read_lines(p) for p in ref]
-        names = [str(p) for p in ref]
-    if hyp is not None:
-        hyps = evaluate.read_lines(hyp)
-    else:
-        hyps = evaluate.read_stream(sys.stdin.buffer)
-    results = evaluate.score_corpus(hyps, ref_streams, metrics=names_of_metrics, tokenize=tokenize,
-                                    lowercase=lowercase, names=names, hyp_name=str(hyp or "<stdin>"))
-    echo(evaluate.format_results(results, json=json_))
+    echo(score_command(ref, hyp if hyp is not None else sys.stdin.buffer, test_set=test_set, langpair=langpair,
+                       metrics=metrics, tokenize=tokenize, lowercase=lowercase, json=json_))
+
+
+# ------------------------------------------------------------------ plot
+
+plot_app = typer.Typer(help="Attention maps and learning curves (needs matplotlib: pip install 'nmt[plot]').")
+app.add_typer(plot_app, name="plot", no_args_is_help=True)
+
+
+@plot_app.command("attention")
+def plot_attention_cmd(
+    attention: Annotated[Path, typer.Argument(help="A file from nmt translate --attention FILE.npz.")],
+    out_dir: Annotated[Path, typer.Option("--output", "-o", help="Directory for attention_<line>.png.")],
+    layer: Annotated[int | None, typer.Option(help="Only this decoder layer (0-based, negative from the end).")] = None,
+    average: Annotated[bool, typer.Option(help="One panel averaged over layers and heads.")] = False,
+    sentences: Annotated[int, typer.Option(help="Only the first N sentences; 0 = all.")] = 0,
+) -> None:
+    """Heat maps of cross-attention, one PNG per sentence (heads averaged, a panel per layer).
+
+    Example: nmt plot attention att.npz -o maps/"""
+    from nmt.plot import plot_attention
+
+    plot_attention(attention, out_dir, layer=layer, average=average, sentences=sentences)
+
+
+@plot_app.command("curves")
+def plot_curves_cmd(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories of nmt train (metrics.jsonl).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The figure to write, e.g. curves.png.")],
+    label: Annotated[list[str] | None, typer.Option(help="A name per run for the legend (repeat).")] = None,
+) -> None:
+    """Loss, perplexity, valid BLEU and lr against updates and wall time, runs on one figure.
+
+    Example: nmt plot curves runs/a runs/b -o curves.png"""
+    from nmt.plot import plot_curves
+
+    plot_curves(run_dirs, output, labels=label or [])
 
 
 # ------------------------------------------------------------------ entry point

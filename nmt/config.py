@@ -34,6 +34,19 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    arch: Literal["transformer", "rnn"] = opt(
+        "transformer", "transformer (Vaswani et al. 2017) or rnn: a bidirectional RNN encoder and an "
+        "attentional RNN decoder (Bahdanau et al. 2015); the rnn_* and cell/attention keys below "
+        "apply to rnn only, the Transformer keys (layers, heads, ffn_dim, norm_first, positions) "
+        "to transformer only.")
+    cell: Literal["gru", "lstm"] = opt("gru", "rnn: the recurrent cell of encoder and decoder.")
+    attention: Literal["bahdanau", "none"] = opt(
+        "bahdanau", "rnn: bahdanau = additive attention over the encoder states at every target "
+        "step; none = the decoder sees one fixed summary vector of the source (the bottleneck "
+        "attention lifted).")
+    rnn_hidden: int = opt(512, "rnn: hidden size of each encoder direction and of the decoder; also "
+                          "the attention's inner size. d_model is the embedding and readout size.")
+    rnn_layers: int = opt(1, "rnn: stacked bidirectional encoder layers (the decoder has one).")
     encoder_layers: int = opt(6, "Number of encoder layers.")
     decoder_layers: int = opt(6, "Number of decoder layers.")
     d_model: int = opt(512, "Model (embedding) dimension.")
@@ -109,6 +122,8 @@ class TrainConfig:
                         "the CPU; the first updates of each new shape are slow).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = opt(
         "default", "torch.compile mode; reduce-overhead records CUDA graphs (one per batch shape).")
+    tensorboard: bool = opt(False, "Also write the metrics.jsonl records as TensorBoard scalars to "
+                            "RUN_DIR/tensorboard (needs the tensorboard package).")
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,16 @@ class DecodeConfig:
     min_len: int = opt(1, "EOS is blocked until the hypothesis has this many tokens.")
     no_repeat_ngram_size: int = opt(0, "Forbid repeating n-grams of this size; 0 = off.")
     allow_unk: bool = opt(False, "Allow the search to produce <unk>.", cli=False)
+    sampling: bool = opt(False, "Sample each output token from the model's distribution instead of "
+                         "beam search (for back-translation and generation); see topk, topp, "
+                         "temperature, seed.")
+    topk: int = opt(0, "Sampling: draw from the k likeliest tokens only; 0 = all. 1 = greedy.")
+    topp: float = opt(1.0, "Sampling: draw from the smallest set of likeliest tokens whose "
+                      "probability reaches p (nucleus sampling, Holtzman et al. 2020); 1 = all.")
+    temperature: float = opt(1.0, "Sampling: divide the log-probabilities by this before sampling "
+                             "(<1 sharper, >1 flatter).")
+    seed: int = opt(1, "Sampling: input sentence i draws from a generator seeded by (seed, i), so "
+                    "a seed repeats its outputs whatever the batching.")
     batch_size: int = opt(128, "Sentences per translation batch.")
     max_tokens: int = opt(0, "Source tokens per translation batch; 0 = use batch_size.")
 
@@ -289,7 +314,8 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
             raise ConfigError(f"{where.get(key, where['_file'])}: {key} {msg}")
 
     m, t, d = cfg.model, cfg.train, cfg.decode
-    for key in ("encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "max_positions"):
+    for key in ("encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "max_positions",
+                "rnn_hidden", "rnn_layers"):
         need(getattr(m, key) >= 1, f"model.{key}", "must be at least 1")
     need(m.d_model % m.heads == 0, "model.heads", f"({m.heads}) must divide model.d_model ({m.d_model})")
     for key in ("dropout", "attention_dropout", "activation_dropout"):
@@ -345,6 +371,10 @@ def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | 
     need(d.min_len >= 0, "min_len", "must not be negative")
     need(d.no_repeat_ngram_size >= 0, "no_repeat_ngram_size", "must not be negative")
     need(d.batch_size >= 1, "batch_size", "must be at least 1")
+    need(d.topk >= 0, "topk", "must not be negative")
+    need(0.0 < d.topp <= 1.0, "topp", "must be in (0, 1]")
+    need(math.isfinite(d.temperature) and d.temperature > 0, "temperature", "must be a positive number")
+    need(0 <= d.seed < 2**62, "seed", "must be between 0 and 2^62")
     need(d.max_tokens >= 0, "max_tokens", "must not be negative")
 
 

@@ -190,3 +190,29 @@ def _placement_hint(dataset, langpair: str, exc: BaseException) -> str:
         f"{'exists' if len(files) == 1 else 'exist'}; the SACREBLEU environment variable "
         f"moves the test-set directory (now {os.path.dirname(dataset._outdir)})"
     )
+
+
+def score_command(refs: Sequence[Path] | None, hyp: Path | BinaryIO, *, test_set: str | None = None,
+                  langpair: str | None = None, metrics: str = "bleu,chrf", tokenize: str | None = None,
+                  lowercase: bool = False, json: bool = False) -> str:
+    """`nmt score`: the hypotheses of a file or stream against reference files or a sacreBLEU
+    test set, formatted (text or JSON)."""
+    if (refs is None) == (test_set is None):
+        raise NmtError("give either --ref FILE or --test-set NAME --langpair XX-YY")
+    names_of_metrics = tuple(dict.fromkeys(m.strip().lower() for m in metrics.split(",") if m.strip()))
+    if not names_of_metrics:
+        raise NmtError(f"--metrics {metrics!r}: give at least one of {', '.join(METRICS)}")
+    if test_set is not None:
+        if not langpair:
+            raise NmtError("--test-set needs --langpair, e.g. --langpair en-de")
+        _, ref_streams = load_test_set(test_set, langpair)
+        names = [f"{test_set}:{langpair}"] * len(ref_streams)
+    else:
+        assert refs is not None
+        ref_streams = [read_lines(p) for p in refs]
+        names = [str(p) for p in refs]
+    is_path = isinstance(hyp, (str, Path))
+    hyps = read_lines(hyp) if is_path else read_stream(hyp)  # type: ignore[arg-type]
+    results = score_corpus(hyps, ref_streams, metrics=names_of_metrics, tokenize=tokenize, lowercase=lowercase,
+                           names=names, hyp_name=str(hyp) if is_path else "<stdin>")
+    return format_results(results, json=json)

@@ -48,7 +48,9 @@ INSTALL_HINT = "pip install 'nmt[ctranslate2]' (or pip install ctranslate2)"
 # it has its default) until the mapping handles it. Dropouts do not exist at inference.
 EXPORTED_FIELDS = frozenset({"encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "dropout",
                              "attention_dropout", "activation_dropout", "norm_first", "share_embeddings",
-                             "learned_positions", "max_positions"})
+                             "learned_positions", "max_positions",
+                             # arch is checked first (transformer only); the rnn keys do not apply
+                             "arch", "cell", "attention", "rnn_hidden", "rnn_layers"})
 MARKER = "config.json"  # an existing OUT_DIR is replaced (--force) only if it looks like an export
 
 
@@ -65,6 +67,8 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
     _check_out_dir(out, force)
     state = load_checkpoint(Path(checkpoint))
     cfg = config_from_dict(state["config"], where=str(checkpoint)).model
+    if cfg.arch != "transformer":
+        raise NmtError(f"{checkpoint}: model.arch {cfg.arch} cannot be exported; CTranslate2 export maps a Transformer only")
     _check_exportable(cfg, str(checkpoint))
     tokenizer = Tokenizer.from_bytes(state["tokenizer"]["model"], name=f"{checkpoint}: sentencepiece model")
     model = Transformer(cfg, int(state["vocab_size"]), pad_id=PAD)

@@ -170,12 +170,21 @@ class CrossAttention(nn.Module):
         k, v = self.kv(memory).view(B, S, 2, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, Dh)
         return k, v
 
-    def forward(self, x: Tensor, kv: KV, mask: Tensor) -> Tensor:
-        """x (B, T, D), kv from `keys_values`, mask (B, 1, 1, S) True at real source: -> (B, T, D)"""
+    def forward(self, x: Tensor, kv: KV, mask: Tensor, weights: list[Tensor] | None = None) -> Tensor:
+        """x (B, T, D), kv from `keys_values`, mask (B, 1, 1, S) True at real source: -> (B, T, D).
+
+        With a list `weights`, the attention is computed explicitly (no fused kernel) and its
+        weights (B, H, T, S) are appended to the list (alignment, attention maps)."""
         B, T, D = x.shape
         q = self.q(x).view(B, T, self.heads, D // self.heads).transpose(1, 2)  # (B, H, T, Dh)
-        y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        if weights is not None:
+            scores = q @ kv[0].transpose(-1, -2) / math.sqrt(D // self.heads)  # (B, H, T, S)
+            w = scores.float().masked_fill(~mask, -math.inf).softmax(-1)
+            weights.append(w)
+            y = w.to(kv[1].dtype) @ kv[1]  # (B, H, T, Dh)
+        else:
+            y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask,
+                                               dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
 
 
@@ -229,19 +238,20 @@ class DecoderLayer(Layer):
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
 
-    def forward(self, x: Tensor, memory_kv: KV, src_mask: Tensor,
-                cache: KV | None = None, cache_rows: Tensor | None = None) -> tuple[Tensor, KV]:
+    def forward(self, x: Tensor, memory_kv: KV, src_mask: Tensor, cache: KV | None = None,
+                cache_rows: Tensor | None = None, weights: list[Tensor] | None = None) -> tuple[Tensor, KV]:
         """x (R, T, D) -> (R, T, D) and this layer's self-attention keys/values (R, H, L, Dh).
 
         Without `cache` the T positions attend causally (training, or search step 0); with it,
         the new position attends to every cached one. `memory_kv` / `src_mask` have B <= R rows:
         decoder rows r*g .. r*g+g-1 (g = R / B, e.g. the beams of a sentence) read source r.
+        With a list `weights`, the cross-attention weights are appended to it (`CrossAttention`).
         """
         h, cache = self.self_attn(self.pre(x, 0), causal=cache is None, cache=cache,
                                   cache_rows=cache_rows)
         x = self.add(x, h, 0)
         # the g rows sharing a source act as g*T query positions of one row: (B, g*T, D)
         B = src_mask.size(0)
-        h = self.cross_attn(self.pre(x, 1).reshape(B, -1, x.size(-1)), memory_kv, src_mask)
+        h = self.cross_attn(self.pre(x, 1).reshape(B, -1, x.size(-1)), memory_kv, src_mask, weights)
         x = self.add(x, h.view_as(x), 1)
         return self.add(x, self.ffn(self.pre(x, 2)), 2), cache

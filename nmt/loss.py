@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.model import Transformer
-
 # rows of one chunk: at most this many (rows x vocabulary) elements, 64 MB in fp32
 CHUNK_ELEMENTS = 1 << 24
 
@@ -161,7 +159,7 @@ class TranslationLoss(nn.Module):
     target_tokens) of a `nmt.data.Batch` -> (label-smoothed loss, NLL), summed over the
     real target tokens. The model's parameters are this module's `model.*`."""
 
-    def __init__(self, model: Transformer, epsilon: float, chunk_rows: int | None = None):
+    def __init__(self, model: Any, epsilon: float, chunk_rows: int | None = None):
         super().__init__()
         self.model, self.epsilon, self.chunk_rows = model, epsilon, chunk_rows
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,9 @@ from torch import Tensor, nn
 from nmt.config import ModelConfig
 from nmt.layers import KV, DecoderLayer, Embedding, EncoderLayer, Layer, token_embedding
 from nmt.quantize import Int8Linear
+
+if TYPE_CHECKING:
+    from nmt.rnn import RNN
 
 
 @dataclass
@@ -129,6 +132,18 @@ class Transformer(nn.Module):
         """(V, D): the output projection, tied to the target embedding."""
         return self.tgt_embed.tokens.weight
 
+    def attention_weights(self, src: Tensor, prev_output: Tensor) -> Tensor:
+        """Teacher-forced cross-attention: src (B, S), prev_output (B, T) -> weights (B, L, H, T, S)
+        of each decoder layer and head; row t is the attention while predicting target token t
+        (what the search saw at that step, since cached decoding equals this full pass). Computed
+        explicitly, only here: training and search keep the fused attention kernel."""
+        memory, mask = self.run_encoder(src)
+        x = self.tgt_embed(prev_output)
+        weights: list[Tensor] = []
+        for layer, memory_kv in zip(self.decoder, self.cross_keys_values(memory), strict=True):
+            x, _ = layer(x, memory_kv, mask, weights=weights)
+        return torch.stack(weights, 1)
+
     def _decode_all(self, src: Tensor, prev_output: Tensor) -> Tensor:
         """src (B, S), prev_output (B, T) -> decoder output (B, T, D) before the final norm."""
         memory, mask = self.run_encoder(src)
@@ -195,21 +210,43 @@ class Transformer(nn.Module):
         Source K/V are shared by rows of a sentence as long as the new rows stay grouped
         (sentence-major, same count per sentence); otherwise each row gets its own copy.
         """
-        B = state.src_mask.size(0)
-        source = torch.arange(B, device=index.device).repeat_interleave(state.group)[index]  # (N',)
-        used, source = torch.unique(source, return_inverse=True)  # sources still read, renumbered
-        n, b = index.numel(), used.numel()
-        grouped = b > 0 and n % b == 0 and torch.equal(
-            source, torch.arange(b, device=index.device).repeat_interleave(n // b))
-        take = used if grouped else used[source]  # source rows of the new state
+        take, group = source_rows(state.src_mask.size(0), state.group, index)
         src_mask, cross_kv, blocked = state.src_mask, state.cross_kv, state.blocked
-        if not (grouped and b == B):  # else the source rows are unchanged: no copy
+        if take is not None:
             src_mask = src_mask.index_select(0, take)
             cross_kv = [(k.index_select(0, take), v.index_select(0, take)) for k, v in cross_kv]
             blocked = None if blocked is None else blocked.index_select(0, take)
         rows = index if state.self_kv_rows is None else state.self_kv_rows[index]
-        return replace(state, src_mask=src_mask, cross_kv=cross_kv, group=n // b if grouped else 1,
+        return replace(state, src_mask=src_mask, cross_kv=cross_kv, group=group,
                        self_kv_rows=rows if state.self_kv else None, blocked=blocked)
+
+
+def source_rows(sources: int, group: int, index: Tensor) -> tuple[Tensor | None, int]:
+    """A reorder of decoder rows (new row i = old row index[i]) over a state whose source rows
+    are each shared by `group` consecutive decoder rows -> the source rows of the new state
+    (None: unchanged, no copy) and its new group.
+
+    Source rows stay shared as long as the new rows stay grouped (sentence-major, the same
+    count per sentence); otherwise each new row gets its own source row (group 1).
+    """
+    source = torch.arange(sources, device=index.device).repeat_interleave(group)[index]  # (N',)
+    used, source = torch.unique(source, return_inverse=True)  # sources still read, renumbered
+    n, b = index.numel(), used.numel()
+    grouped = b > 0 and n % b == 0 and torch.equal(
+        source, torch.arange(b, device=index.device).repeat_interleave(n // b))
+    if grouped and b == sources:
+        return None, n // b
+    return (used if grouped else used[source]), (n // b if grouped else 1)
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int = 0) -> Transformer | RNN:
+    """The network `cfg.arch` names: a `Transformer` or an `nmt.rnn.RNN`. Both give training
+    `forward` / `decoder_states` / `output_weight` and the search its protocol."""
+    if cfg.arch == "rnn":
+        from nmt.rnn import RNN  # here: nmt.rnn imports this module
+
+        return RNN(cfg, vocab_size, pad_id)
+    return Transformer(cfg, vocab_size, pad_id)
 
 
 def num_parameters(model: nn.Module) -> int:
@@ -217,16 +254,16 @@ def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def summary(model: Transformer) -> str:
+def summary(model: nn.Module) -> str:
     """A few lines: the architecture, parameters per top-level module, the total."""
-    c = model.cfg
-    lines = [
+    c = cast(ModelConfig, model.cfg)
+    describe = getattr(model, "describe", None)
+    lines = [describe()] if describe is not None else [
         f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, "
         f"{c.heads} heads, ffn {c.ffn_dim}, {'pre' if c.norm_first else 'post'}-norm, "
         f"{'learned' if c.learned_positions else 'sinusoidal'} positions, "
         f"vocab {model.vocab_size}, "
-        f"{'all embeddings tied' if c.share_embeddings else 'decoder input/output tied'}"
-    ]
+        f"{'all embeddings tied' if c.share_embeddings else 'decoder input/output tied'}"]
     seen: set[int] = set()
     for name, child in model.named_children():
         params = [p for p in child.parameters() if id(p) not in seen]

@@ -66,6 +66,14 @@ class TranslateOptions:
     decode: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
     nbest: int = io_opt(1, "Hypotheses per input line (tab-separated with --scores).")
     scores: bool = io_opt(False, "Prefix each output with its score and a tab.")
+    alignment: bool = io_opt(
+        False, "After each translation, a tab and its hard alignment in Pharaoh format (source-target "
+        "pairs `i-j` of sentencepiece pieces, 0-based, without </s>): for each target piece the source "
+        "piece with the most cross-attention of --alignment-layer, averaged over heads.")
+    attention: Path | None = io_opt(
+        None, "Write the cross-attention of each translation (every decoder layer and head, the best "
+        "hypothesis) with its source and target pieces to this .npz file (kept in memory until the "
+        "end: meant for a few sentences; draw it with `nmt plot attention`).")
     buffer_lines: int = io_opt(
         0, "Translate after this many lines, or as soon as the input pauses (nothing more waiting "
         "on the pipe), so that a co-process gets each answer before it sends the next line; 1 = "
@@ -80,5 +88,8 @@ class TranslateOptions:
                        "shared out among them); 0 = one per thread. GPU: always 1.")
     shortlist: Path | None = opt(None, "A file from `nmt shortlist`: decode each sentence over its "
                                  "likely target tokens only (faster, approximate; off by default).")
+    alignment_layer: int | None = opt(
+        None, "Decoder layer whose cross-attention gives --alignment: 0-based, negative from the end; "
+        "default: the last (the RNN has one).")
 
 

@@ -21,9 +21,10 @@ from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, config_from_dict
 from nmt.device import PRECISIONS, autocast, configure_cuda
 from nmt.errors import NmtError
-from nmt.model import Transformer
+from nmt.model import build_model
 from nmt.quantize import check_int8, quantize_decoder
-from nmt.search import Hypothesis, beam_search
+from nmt.sampling import sampler
+from nmt.search import Hypothesis, beam_search, token_search
 from nmt.shortlist import SPECIALS, Shortlist, load_shortlist
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
@@ -68,7 +69,7 @@ class _Shortlisted:
 
 @dataclass
 class Loaded:
-    model: Any  # a Transformer or an Ensemble of them
+    model: Any  # a Transformer, an RNN (nmt.rnn) or an Ensemble of them
     tokenizer: Tokenizer
     config: Config
     max_positions: int
@@ -113,7 +114,9 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
         if tokenizer.vocab_size != vocab_size:
             raise NmtError(f"{path}: vocab_size {vocab_size} differs from its sentencepiece model's "
                            f"{tokenizer.vocab_size}; the checkpoint is inconsistent")
-        model = Transformer(cfg.model, vocab_size, pad_id=PAD)
+        if precision == "int8" and cfg.model.arch != "transformer":
+            raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
+        model: Any = build_model(cfg.model, vocab_size, pad_id=PAD)
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as e:  # missing or unexpected keys, other shapes
@@ -183,8 +186,11 @@ def translate_token_lists(
     max_positions: int | None = None,
     workers: int = 1,
     shortlist: Shortlist | None = None,
+    first_index: int = 0,
 ) -> list[list[Hypothesis]]:
-    """Beam-search every token sequence (without EOS); results in input order.
+    """Beam-search every token sequence (without EOS); results in input order. With
+    `cfg.sampling`, one sample each instead (nmt.sampling): sequence i draws from the generator
+    of input sentence first_index + i.
 
     Sequences longer than max_positions - 1 are truncated (the caller warns). Batches are
     formed by length for speed; the results do not depend on how sentences are batched.
@@ -221,8 +227,13 @@ def translate_token_lists(
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
         amp = autocast(device, "fp32" if precision == "int8" else precision)  # int8: the model is quantised
         with torch.inference_mode(), amp:  # both are per thread
-            hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS, eos=EOS,
-                               max_len=max_positions)
+            if cfg.sampling:
+                pick = sampler(cfg, [first_index + i for i in ids])
+                hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, pad=PAD, unk=UNK,
+                                                  bos=BOS, eos=EOS, max_len=max_positions)]
+            else:
+                hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS,
+                                   eos=EOS, max_len=max_positions)
         for i, h in zip(ids, hyps):
             if vocab is not None:  # token columns -> token ids
                 h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]
@@ -305,4 +316,6 @@ def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1,
     check_decode(cfg, name, vocab_size)
     if nbest < 1 or nbest > cfg.beam:
         raise NmtError(f"{option('nbest')} must be between 1 and the beam size ({cfg.beam}), got {nbest}")
+    if cfg.sampling and nbest > 1:
+        raise NmtError(f"{option('nbest')} {nbest} needs beam search: sampling gives one output per input")
     return cfg

@@ -64,9 +64,10 @@ def lock_run_dir(path: Path) -> RunDirLock:
 class RunDir:
     """`open()` it (rank 0), `emit()` metrics records, `save_checkpoint()`, then `close()`."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, tensorboard: bool = False):
+        self.path, self.tensorboard = path, tensorboard
         self.metrics_file: Any = None
+        self._board: Any = None  # a torch.utils.tensorboard SummaryWriter with train.tensorboard
         self._log_handler: logging.Handler | None = None
         self._lock: RunDirLock | None = None
 
@@ -92,6 +93,8 @@ class RunDir:
             self.metrics_file = open(metrics_path, "a", encoding="utf-8")
         except OSError as e:
             raise NmtError(f"{metrics_path}: cannot write metrics ({e.strerror or e})") from None
+        if self.tensorboard:
+            self._board = _summary_writer(self.path / "tensorboard")
         spm = self.path / "spm.model"
         if not spm.exists():
             atomic_write_bytes(spm_model, spm, "the sentencepiece model")
@@ -108,6 +111,10 @@ class RunDir:
             with suppress(OSError):
                 self.metrics_file.close()
             self.metrics_file = None
+        if self._board is not None:
+            with suppress(OSError):
+                self._board.close()
+            self._board = None
         if self._log_handler is not None:
             logging.getLogger().removeHandler(self._log_handler)
             with suppress(OSError):
@@ -125,6 +132,12 @@ class RunDir:
                 self.metrics_file.flush()
             except OSError as e:
                 raise NmtError(f"{self.metrics_file.name}: cannot write metrics ({e.strerror or e})") from None
+        if self._board is not None:  # the same numbers as scalars "train/loss", "valid/valid_bleu", ...
+            kind, step = record.get("type", "train"), record.get("update", 0)
+            for key, value in record.items():
+                if key not in ("type", "update") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._board.add_scalar(f"{kind}/{key}", value, step)
+            self._board.flush()
 
     def write_config(self, cfg: Config) -> None:
         atomic_write_bytes(dump_config(cfg).encode("utf-8"), self.path / "config.yaml", "the config")
@@ -154,6 +167,16 @@ class RunDir:
                 raise NmtError(f"{e.filename or self.path}: cannot delete an old checkpoint "
                                f"({e.strerror or e})") from None
         log.info("saved %s", ", ".join(names + (["checkpoint_best.pt"] if best else [])))
+
+
+def _summary_writer(path: Path) -> Any:
+    """A TensorBoard writer to `path` (train.tensorboard), or a one-line error saying what to install."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise NmtError("train.tensorboard: true needs the tensorboard package: pip install tensorboard "
+                       "(or pip install 'nmt[tensorboard]')") from None
+    return SummaryWriter(log_dir=str(path))
 
 
 class _RunLogHandler(logging.FileHandler):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -173,6 +174,17 @@ def _block_(scores: Tensor, step: int, history: Tensor, at_max: Tensor | None,
         scores[:, eos] = torch.where(at_max, model_eos, scores[:, eos])
 
 
+Pick = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""(scores (N, V) of the live rows' next token, sentence of each row (N,) CPU) -> the chosen
+tokens' log-probs (N,) and the tokens (N,): greedy's first maximum, or a sample."""
+
+
+def first_maximum(scores: Tensor, sent_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy's pick: each row's highest score, ties to the lower token id (`top_candidates`)."""
+    best_score, best = top_candidates(scores, scores.new_zeros(scores.size(0), 1), 1)
+    return best_score.view(-1), best.view(-1)
+
+
 def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: int = 0,
                   unk: int = 1, bos: int = 2, eos: int = 3,
                   max_len: int | None = None) -> list[list[int]]:
@@ -181,11 +193,24 @@ def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: in
     Same length limits and token rules as `beam_search` (which it equals with beam 1).
     `max_len` is the model's number of positions; see `max_output_lengths`.
     """
+    hyps = token_search(model, src, cfg, first_maximum, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len)
+    return [h.tokens for h in hyps]
+
+
+def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick, *, pad: int = 0,
+                 unk: int = 1, bos: int = 2, eos: int = 3, max_len: int | None = None) -> list[Hypothesis]:
+    """src (B, S) -> one hypothesis per sentence, one token per step chosen by `pick` (greedy:
+    `first_maximum`; sampling: `nmt.sampling.sampler`) among the tokens the rules allow.
+
+    Same length limits and token rules as `beam_search`. Scores are those of the model's
+    log-probs (normalised by the length penalty of `cfg`, as beam search ranks them).
+    """
     bsz, device = src.size(0), src.device
     max_out = max_output_lengths(src, cfg, pad, max_len)  # (N,) CPU, N = live rows
-    out: list[list[int]] = [[] for _ in range(bsz)]
+    out: list[Hypothesis] = [Hypothesis([], 0.0, 0.0, []) for _ in range(bsz)]
     sent_ids = torch.arange(bsz)  # (N,) CPU: sentence of each live row
     tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (N, step)
+    pos_scores = torch.empty(bsz, 0, device=device)  # (N, step)
     last = torch.full((bsz,), bos, dtype=torch.long, device=device)
     if not bsz:
         return out
@@ -196,22 +221,25 @@ def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: in
         ending = max_out <= step
         at_max = ending.to(device) if ending.any() else None
         _block_(scores, step, tokens, at_max, cfg, pad, unk, bos, eos)
-        best_score, best = top_candidates(scores, scores.new_zeros(scores.size(0), 1), 1)
-        best_score, best = best_score.view(-1), best.view(-1)  # (N,): the first maximum
+        best_score, best = pick(scores, sent_ids)  # (N,)
         # a row ends with EOS, or when every token is blocked (no finite continuation)
         done = ((best == eos) | best_score.isneginf()).cpu() | ending
         if done.any():
-            for i, toks in zip(sent_ids[done].tolist(), tokens[done.to(device)].tolist(),
-                               strict=True):
-                out[i] = toks
+            ended = done.to(device)
+            finals = torch.cat([pos_scores[ended], best_score[ended].unsqueeze(1)], 1).tolist()
+            for i, toks, pos in zip(sent_ids[done].tolist(), tokens[ended].tolist(), finals, strict=True):
+                logprob = sum(pos)
+                out[i] = Hypothesis(toks, logprob / length_penalty(len(pos), cfg.lenpen, cfg.lenpen_style),
+                                    logprob, pos)
             keep = (~done).nonzero().view(-1)
             if not keep.numel():
                 break
             sent_ids, max_out = sent_ids[keep], max_out[keep]
             keep = keep.to(device)
-            tokens, best = tokens[keep], best[keep]
+            tokens, pos_scores, best, best_score = tokens[keep], pos_scores[keep], best[keep], best_score[keep]
             state = model.reorder(state, keep)
         tokens = torch.cat([tokens, best.unsqueeze(1)], 1)
+        pos_scores = torch.cat([pos_scores, best_score.unsqueeze(1)], 1)
         last = best
     return out
 

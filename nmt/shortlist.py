@@ -100,25 +100,9 @@ def _chunks(data: ParallelData, ids: np.ndarray) -> list[np.ndarray]:
     return [c for c in np.split(ids, cuts) if len(c)]
 
 
-def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100, iterations: int = 5,
-                    max_sentences: int = 1_000_000) -> Shortlist:
-    """IBM Model 1 p(t|s) on the `train` split of a `nmt prepare-bpe` directory -> Shortlist.
-
-    At most `max_sentences` pairs are used (evenly spaced through the corpus), which is
-    plenty for the top translations of every frequent token.
-    """
-    if top < 0 or frequent < 0 or iterations < 1 or max_sentences < 1:
-        raise NmtError("--top and --frequent must not be negative, --iterations and --max-sentences at least 1")
-    meta = read_meta(data_dir)
-    top, frequent = min(top, int(meta["vocab_size"])), min(frequent, int(meta["vocab_size"]))  # more is all
-    data = ParallelData.load(data_dir, "train")
-    V = int(meta["vocab_size"])
-    n = len(data)
-    ids = np.unique(np.linspace(0, n - 1, min(n, max_sentences)).round().astype(np.int64))
-    ids = ids[(data.src_sizes[ids] > 0) & (data.tgt_sizes[ids] > 0)]
-    if not len(ids):
-        raise NmtError(f"{data_dir}: the train split has no non-empty sentence pair")
-    chunks = _chunks(data, ids)
+def model1(data: ParallelData, chunks: list[np.ndarray], V: int, iterations: int) -> tuple[Tensor, Tensor]:
+    """IBM Model 1 by EM on the sentence pairs `chunks` (see `_chunks`) of `data`: the pairs
+    (s, t) that co-occur, as sorted keys s * V + t (s = V is the NULL word), and p(t|s) of each."""
     null = V  # source id of the NULL word; pair key = s * V + t
 
     def chunk_pairs(chunk: np.ndarray) -> tuple[Tensor, Tensor]:
@@ -138,7 +122,31 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
             counts.index_add_(0, pair, p / total[position])
         norm = torch.zeros(V + 1, dtype=counts.dtype).index_add_(0, key_src, counts)
         prob = counts / norm[key_src]
-        log.info("shortlist: IBM model 1 iteration %d of %d done", it + 1, iterations)
+        log.info("IBM model 1: iteration %d of %d done", it + 1, iterations)
+    return keys, prob
+
+
+def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100, iterations: int = 5,
+                    max_sentences: int = 1_000_000) -> Shortlist:
+    """IBM Model 1 p(t|s) on the `train` split of a `nmt prepare-bpe` directory -> Shortlist.
+
+    At most `max_sentences` pairs are used (evenly spaced through the corpus), which is
+    plenty for the top translations of every frequent token.
+    """
+    if top < 0 or frequent < 0 or iterations < 1 or max_sentences < 1:
+        raise NmtError("--top and --frequent must not be negative, --iterations and --max-sentences at least 1")
+    meta = read_meta(data_dir)
+    top, frequent = min(top, int(meta["vocab_size"])), min(frequent, int(meta["vocab_size"]))  # more is all
+    data = ParallelData.load(data_dir, "train")
+    V = int(meta["vocab_size"])
+    n = len(data)
+    ids = np.unique(np.linspace(0, n - 1, min(n, max_sentences)).round().astype(np.int64))
+    ids = ids[(data.src_sizes[ids] > 0) & (data.tgt_sizes[ids] > 0)]
+    if not len(ids):
+        raise NmtError(f"{data_dir}: the train split has no non-empty sentence pair")
+    chunks = _chunks(data, ids)
+    keys, prob = model1(data, chunks, V, iterations)
+    key_src = keys // V
 
     # per source token (not NULL), its targets by descending p(t|s)
     order = torch.sort(prob, descending=True, stable=True).indices
@@ -155,6 +163,19 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
         counts_tgt += torch.from_numpy(np.bincount(np.concatenate([data.tgt(i) for i in chunk]), minlength=V))
     frequent_ids = counts_tgt.topk(min(frequent, V)).indices.sort().values
     return Shortlist(candidates, frequent_ids, V, meta["spm"]["sha256"], meta["source_lang"], meta["target_lang"])
+
+
+def shortlist_command(data_dir: Path, output: Path, *, top: int, frequent: int, iterations: int,
+                      max_sentences: int) -> None:
+    """`nmt shortlist`: learn a shortlist and write it to `output` (checked before the work)."""
+    from nmt.atomic import target
+
+    target(output, "-o")
+    shortlist = learn_shortlist(data_dir, top=top, frequent=frequent, iterations=iterations,
+                                max_sentences=max_sentences)
+    save_shortlist(shortlist, output)
+    log.info("wrote %s (%d source tokens x top %d, %d frequent)", output, shortlist.vocab_size, top,
+             shortlist.frequent.numel())
 
 
 # ------------------------------------------------------------------ files

@@ -32,7 +32,7 @@ from nmt.device import autocast, configure_cuda
 from nmt.distributed import Env, setup_env, teardown_env, wrap_for_training
 from nmt.errors import NmtError
 from nmt.loss import TranslationLoss
-from nmt.model import Transformer, num_parameters, summary
+from nmt.model import build_model, num_parameters, summary
 from nmt.oom import OomSkips, inject_oom_faults, is_oom
 from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at
 from nmt.rundir import RunDir
@@ -78,7 +78,7 @@ def dry_run(cfg: Config, vocab_size: int | None) -> str:
     if not EOS + 1 <= vocab_size < 2**31:  # the special tokens; token ids are at most int32
         raise NmtError(f"--vocab-size must be between {EOS + 1} and {2**31 - 1}, got {vocab_size}")
     with torch.device("meta"):  # shapes only: a big vocabulary costs no memory
-        model = Transformer(cfg.model, vocab_size, pad_id=PAD)
+        model = build_model(cfg.model, vocab_size, pad_id=PAD)
     return summary(model)
 
 
@@ -92,12 +92,12 @@ class Trainer:
         if t.precision == "fp16" and env.device.type != "cuda":
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
         configure_cuda(env.device)
-        self.run_dir = RunDir(Path(t.run_dir))
+        self.run_dir = RunDir(Path(t.run_dir), tensorboard=t.tensorboard)
         data = TrainingData.load(cfg)
         self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
         self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
         torch.manual_seed(t.seed)
-        self.model = Transformer(cfg.model, self.tokenizer.vocab_size, pad_id=PAD).to(env.device)
+        self.model = build_model(cfg.model, self.tokenizer.vocab_size, pad_id=PAD).to(env.device)
         # the model and its loss as one module: what DDP wraps and torch.compile compiles
         self.objective = TranslationLoss(self.model, t.label_smoothing)
         self.ddp, self.net = wrap_for_training(self.objective, env, t.compile, t.compile_mode)

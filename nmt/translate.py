@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from nmt.alignment import layer_count, pharaoh, resolve_layer, save_attention
 from nmt.api import Translation, Translator
 from nmt.atomic import TextWriter, clean_temporaries, replacing, target
 from nmt.errors import NmtError
@@ -69,28 +70,39 @@ def read_chunks(stream: BinaryIO, name: str, chunk_lines: int, until_pause: bool
         yield chunk
 
 
-def format_line(hyps: list[Translation], nbest: int, scores: bool) -> str:
+def format_line(hyps: list[Translation], nbest: int, scores: bool, alignment: bool = False) -> str:
     """One output line: the best translation, or with --nbest / --scores the `nbest` best,
-    tab-separated, each after its score."""
+    tab-separated, each after its score; with --alignment each followed by a tab and its
+    Pharaoh alignment (an empty input line stays empty)."""
     fields: list[str] = []
     for h in hyps[:nbest]:
         if scores:
             fields.append(f"{h.score:.4f}")
         fields.append(h.text)
+        if alignment:
+            fields.append(pharaoh(h.alignment or []))
     return "\t".join(fields)
 
 
 def translate_stream(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
-                     scores: bool = False, buffer_lines: int = 0) -> int:
+                     scores: bool = False, buffer_lines: int = 0, alignment: bool = False,
+                     attention: list[Any] | None = None) -> int:
     """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
-    buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal)."""
+    buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
+    With a list `attention`, (line index, weights, source pieces, target pieces) of each
+    non-empty line's best translation are appended to it (nmt.alignment.save_attention)."""
     bar = _bar()
     written = 0
     streaming = buffer_lines > 0 or _isatty(inp)
     for texts in read_chunks(inp, name, buffer_lines or CHUNK_LINES, until_pause=streaming):
-        hyps = translator.translate_nbest(texts, nbest, where=partial(_line_name, name, written + 1))
-        for h in hyps:
-            out.write(format_line(h, nbest, scores) + "\n")
+        hyps = translator.translate_nbest(texts, nbest, where=partial(_line_name, name, written + 1),
+                                          first_index=written, alignment=alignment,
+                                          attention=attention is not None)
+        for i, h in enumerate(hyps):
+            out.write(format_line(h, nbest, scores, alignment) + "\n")
+            if attention is not None and h and h[0].attention is not None:
+                a = h[0].attention
+                attention.append((written + i, a.weights, a.source, a.target))
         out.flush()
         written += len(texts)
         if bar is not None:
@@ -125,12 +137,17 @@ def translate_main(opts: TranslateOptions) -> None:
     Translator.check_options(opts)  # before any file is touched
     inp, name = _input(opts.input)
     output = target(opts.output, "-o") if opts.output else None  # before the models load
+    if opts.attention:
+        target(opts.attention, "--attention")
     if output is None and (sys.stdout is None or _closed(1)):
         raise NmtError("standard output is closed; give -o FILE")
     try:
         translator = Translator.from_options(opts)
+        if opts.alignment or opts.attention:  # a model without attention says so before any input is read
+            resolve_layer(opts.alignment_layer, layer_count(translator.loaded.model))
+        attention: list[Any] | None = [] if opts.attention else None
         run = partial(translate_stream, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
-                      buffer_lines=opts.buffer_lines)
+                      buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention)
         if output is not None:
             # written to a temporary next to it and renamed at the end: an error or an interrupt
             # leaves no partial file (and an existing one unchanged); a killed run's is removed here
@@ -139,6 +156,9 @@ def translate_main(opts: TranslateOptions) -> None:
                 run(TextWriter(f.fileno()))
         else:
             _to_stdout(run)
+        if opts.attention and attention is not None:
+            save_attention(opts.attention, attention)
+            log.info("wrote the attention of %d translations to %s", len(attention), opts.attention)
     finally:
         if opts.input:
             inp.close()

@@ -25,7 +25,7 @@ from nmt import data as datamod
 from nmt.checkpoint import atomic_save
 from nmt.config import Config, config_to_dict, load_config, replace
 from nmt.errors import NmtError
-from nmt.model import Transformer
+from nmt.model import build_model
 from nmt.tokenizer import PAD, Tokenizer
 from nmt.train import Env, Trainer, train
 
@@ -118,14 +118,14 @@ def write_parallel(
 
 def save_random_model(path: Path, tokenizer: Tokenizer, seed: int, model: dict[str, Any] | None = None,
                       **decode: Any) -> Path:
-    """A checkpoint of a randomly initialised configs/tiny.yaml Transformer (its settings
+    """A checkpoint of a randomly initialised configs/tiny.yaml model (its settings
     changed by `model`) with this tokenizer, decoding with beam 4 and at most 6 tokens (a
     random model never chooses EOS)."""
     cfg = load_config(TINY)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **(model or {})),
                               decode=dataclasses.replace(cfg.decode, beam=4, max_len_a=0.0, max_len_b=6, **decode))
     torch.manual_seed(seed)
-    model = Transformer(cfg.model, tokenizer.vocab_size, pad_id=PAD)
+    model = build_model(cfg.model, tokenizer.vocab_size, pad_id=PAD)
     atomic_save({"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
                  "vocab_size": tokenizer.vocab_size,
                  "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},

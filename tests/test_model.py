@@ -1,4 +1,5 @@
-"""Properties of nmt.model.Transformer: causality, padding invariance, cached == full decoding,
+"""Properties of nmt.model.Transformer and nmt.rnn.RNN: causality, padding invariance,
+cached == full decoding (both architectures, every variant); for the Transformer also
 parameter counts against the closed form, weight tying, dropout, bf16 autocast."""
 
 from pathlib import Path
@@ -8,7 +9,7 @@ import torch
 
 from nmt.config import ModelConfig, load_config
 from nmt.layers import Dropout
-from nmt.model import Transformer, num_parameters, summary
+from nmt.model import Transformer, build_model, num_parameters, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 41  # tiny vocabulary; ids 0..3 are pad, unk, bos, eos
@@ -19,15 +20,21 @@ VARIANTS = {
     "pre-norm": {"norm_first": True},
     "learned-positions": {"learned_positions": True},
     "separate-embeddings": {"share_embeddings": False, "norm_first": True},
+    # the RNN encoder-decoder (nmt.rnn) behind the same protocol
+    "rnn-gru": {"arch": "rnn"},
+    "rnn-lstm": {"arch": "rnn", "cell": "lstm", "share_embeddings": False},
+    "rnn-no-attention": {"arch": "rnn", "attention": "none"},
+    "rnn-2-layers": {"arch": "rnn", "rnn_layers": 2},
 }
+RNNS = [name for name in VARIANTS if name.startswith("rnn")]
 
 
 def make(seed: int = 0, **overrides) -> Transformer:
     cfg = dict(encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4,
-               max_positions=64, dropout=0.1)
+               max_positions=64, dropout=0.1, rnn_hidden=24)
     cfg.update(overrides)
     torch.manual_seed(seed)
-    return Transformer(ModelConfig(**cfg), V).eval()
+    return build_model(ModelConfig(**cfg), V).eval()  # type: ignore[return-value]
 
 
 def tokens(*lengths: int, width: int | None = None, bos: bool = False, seed: int = 1):
@@ -42,7 +49,7 @@ def tokens(*lengths: int, width: int | None = None, bos: bool = False, seed: int
     return out
 
 
-@pytest.mark.parametrize("variant", ["post-norm", "pre-norm"])
+@pytest.mark.parametrize("variant", ["post-norm", "pre-norm", *RNNS])
 def test_future_target_tokens_do_not_change_earlier_logits(variant):
     model = make(**VARIANTS[variant])
     src, prev = tokens(6, 4), tokens(7, 7, bos=True)
@@ -53,7 +60,7 @@ def test_future_target_tokens_do_not_change_earlier_logits(variant):
     assert not torch.allclose(a[:, 4:], b[:, 4:])
 
 
-@pytest.mark.parametrize("variant", ["post-norm", "pre-norm"])
+@pytest.mark.parametrize("variant", ["post-norm", "pre-norm", *RNNS])
 def test_padding_does_not_change_logits(variant):
     model = make(**VARIANTS[variant])
     src, prev = tokens(5, 9, seed=3), tokens(4, 8, bos=True, seed=4)  # row 0 padded on both sides
@@ -90,7 +97,30 @@ def test_cached_decoding_equals_full_forward_through_reorders(variant):
             log_probs, state = model.decode_step(prev[rows, t], state)
             assert log_probs.dtype == torch.float32 and log_probs.shape == (len(rows), V)
             torch.testing.assert_close(log_probs, full[rows, t], rtol=0, atol=1e-5)
-    assert state.step == prev.size(1)
+    assert getattr(state, "step", prev.size(1)) == prev.size(1)
+
+
+@pytest.mark.parametrize("variant", ["post-norm", "rnn-gru", "rnn-lstm"])
+def test_attention_weights_are_distributions_over_the_real_source(variant):
+    model = make(**VARIANTS[variant])
+    src, prev = tokens(6, 3, seed=7), tokens(5, 5, bos=True, seed=8)  # row 1: 3 real source tokens
+    with torch.inference_mode():
+        weights = model.attention_weights(src, prev)  # (B, L, H, T, S)
+    layers = 1 if variant.startswith("rnn") else 2
+    heads = 1 if variant.startswith("rnn") else 4
+    assert weights.shape == (2, layers, heads, 5, 6)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, layers, heads, 5), rtol=0, atol=1e-5)
+    assert (weights[1, ..., 3:] == 0).all()  # no attention on padding
+    # what the search saw: the same weights for a sentence alone
+    with torch.inference_mode():
+        alone = model.attention_weights(src[1:, :3], prev[1:])
+    torch.testing.assert_close(weights[1:, ..., :3], alone, rtol=0, atol=1e-5)
+
+
+def test_rnn_without_attention_has_no_attention_weights():
+    model = make(**VARIANTS["rnn-no-attention"])
+    assert model.attention_weights(tokens(4), tokens(3, bos=True)) is None
+    assert not any("attn" in name for name, _ in model.named_parameters())
 
 
 def closed_form(cfg: ModelConfig, vocab: int) -> int:

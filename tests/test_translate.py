@@ -1,7 +1,8 @@
 """`nmt translate`: the I/O contract through the real CLI, batching invariance, n-best lists,
 scores equal to teacher-forced log-probs, ensembles, the last-run default, atomic -o.
 
-Nothing is trained: the checkpoints hold randomly initialised tiny Transformers and a small
+Nothing is trained: the checkpoints hold randomly initialised tiny Transformers (and an RNN
+encoder-decoder, for the properties both architectures must have) and a small
 sentencepiece model learnt from the `raw_corpus` fixture (Multi30k, or synthetic text). A
 random model never chooses EOS, so decoding is kept short with max_len_a = 0, max_len_b = 6.
 """
@@ -32,6 +33,7 @@ class Setup:
     a: Path  # random model, seed 1
     b: Path  # random model, seed 2, same sentencepiece model
     other_spm: Path  # random model with another sentencepiece model
+    rnn: Path  # random RNN encoder-decoder with attention (nmt.rnn), seed 4, same sentencepiece model
     sentences: list[str]  # 40 source sentences of varied length
     words: list[str]
 
@@ -57,6 +59,7 @@ def setup(raw_corpus, tmp_path_factory) -> Setup:
         a=save_random_model(root / "a.pt", spm, seed=1),
         b=save_random_model(root / "b.pt", spm, seed=2),
         other_spm=save_random_model(root / "other.pt", other, seed=3),
+        rnn=save_random_model(root / "rnn.pt", spm, seed=4, model={"arch": "rnn", "rnn_hidden": 32}),
         sentences=sentences,
         words=" ".join(train).split(),
     )
@@ -125,13 +128,14 @@ def test_corrupt_checkpoint_is_one_line(setup, tmp_path):
     one_line_error(nmt("translate", "-c", str(bad), stdin=b"hi\n", env=ENV), "truncated.pt")
 
 
-def test_batching_does_not_change_the_output(setup, tmp_path):
-    lines = setup.sentences
-    ref = translate_file(tmp_path, lines, "-c", str(setup.a), "--batch-size", "64", name="ref")
+@pytest.mark.parametrize("model", ["a", "rnn"])
+def test_batching_does_not_change_the_output(setup, tmp_path, model):
+    lines, checkpoint = setup.sentences, str(getattr(setup, model))
+    ref = translate_file(tmp_path, lines, "-c", checkpoint, "--batch-size", "64", name="ref")
     assert ref.count(b"\n") == len(lines)
     for args in (["--batch-size", "1"], ["--batch-size", "3"], ["--max-tokens", "50"],
                  ["--batch-size", "3", "--workers", "3"], ["--batch-size", "64"]):
-        assert translate_file(tmp_path, lines, "-c", str(setup.a), *args) == ref, args
+        assert translate_file(tmp_path, lines, "-c", checkpoint, *args) == ref, args
 
 
 def test_workers_give_the_same_hypotheses_and_scores(setup):
@@ -189,9 +193,10 @@ def test_nbest_with_scores(setup, tmp_path):
 # ------------------------------------------------------------------ the search through the model
 
 
-@pytest.mark.parametrize(("style", "alpha"), [("length", 1.0), ("gnmt", 0.6), ("none", 0.0)])
-def test_scores_are_teacher_forced_logprobs(setup, style, alpha):
-    loaded = load_models([setup.a], torch.device("cpu"))
+@pytest.mark.parametrize(("style", "alpha", "model"),
+                         [("length", 1.0, "a"), ("gnmt", 0.6, "a"), ("none", 0.0, "a"), ("length", 1.0, "rnn")])
+def test_scores_are_teacher_forced_logprobs(setup, style, alpha, model):
+    loaded = load_models([getattr(setup, model)], torch.device("cpu"))
     model, tok = loaded.model, loaded.tokenizer
     cfg = replace(loaded.config.decode, lenpen_style=style, lenpen=alpha)
     seqs = [tok.encode(s) for s in setup.sentences[:5]]
@@ -209,8 +214,9 @@ def test_scores_are_teacher_forced_logprobs(setup, style, alpha):
                 assert h.logprob == pytest.approx(logprob, abs=1e-4)
 
 
-def test_beam_one_equals_greedy(setup):
-    loaded = load_models([setup.a], torch.device("cpu"))
+@pytest.mark.parametrize("model", ["a", "rnn"])
+def test_beam_one_equals_greedy(setup, model):
+    loaded = load_models([getattr(setup, model)], torch.device("cpu"))
     cfg = replace(loaded.config.decode, beam=1)
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences]
     beam = translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS)
