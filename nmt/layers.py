@@ -255,3 +255,21 @@ class DecoderLayer(Layer):
         h = self.cross_attn(self.pre(x, 1).reshape(B, -1, x.size(-1)), memory_kv, src_mask, weights)
         x = self.add(x, h.view_as(x), 1)
         return self.add(x, self.ffn(self.pre(x, 2)), 2), cache
+
+
+def source_rows(sources: int, group: int, index: Tensor) -> tuple[Tensor | None, int]:
+    """A reorder of decoder rows (new row i = old row index[i]) over a state whose source rows
+    are each shared by `group` consecutive decoder rows -> the source rows of the new state
+    (None: unchanged, no copy) and its new group.
+
+    Source rows stay shared as long as the new rows stay grouped (sentence-major, the same
+    count per sentence); otherwise each new row gets its own source row (group 1).
+    """
+    source = torch.arange(sources, device=index.device).repeat_interleave(group)[index]  # (N',)
+    used, source = torch.unique(source, return_inverse=True)  # sources still read, renumbered
+    n, b = index.numel(), used.numel()
+    grouped = b > 0 and n % b == 0 and torch.equal(
+        source, torch.arange(b, device=index.device).repeat_interleave(n // b))
+    if grouped and b == sources:
+        return None, n // b
+    return (used if grouped else used[source]), (n // b if grouped else 1)

@@ -17,18 +17,24 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.config import ModelConfig
-from nmt.layers import KV, DecoderLayer, Embedding, EncoderLayer, Layer, token_embedding
+from nmt.layers import (
+    KV,
+    DecoderLayer,
+    Embedding,
+    EncoderLayer,
+    Layer,
+    source_rows,
+    token_embedding,
+)
 from nmt.quantize import Int8Linear
-
-if TYPE_CHECKING:
-    from nmt.rnn import RNN
+from nmt.rnn import RNN
 
 
 @dataclass
@@ -221,29 +227,10 @@ class Transformer(nn.Module):
                        self_kv_rows=rows if state.self_kv else None, blocked=blocked)
 
 
-def source_rows(sources: int, group: int, index: Tensor) -> tuple[Tensor | None, int]:
-    """A reorder of decoder rows (new row i = old row index[i]) over a state whose source rows
-    are each shared by `group` consecutive decoder rows -> the source rows of the new state
-    (None: unchanged, no copy) and its new group.
-
-    Source rows stay shared as long as the new rows stay grouped (sentence-major, the same
-    count per sentence); otherwise each new row gets its own source row (group 1).
-    """
-    source = torch.arange(sources, device=index.device).repeat_interleave(group)[index]  # (N',)
-    used, source = torch.unique(source, return_inverse=True)  # sources still read, renumbered
-    n, b = index.numel(), used.numel()
-    grouped = b > 0 and n % b == 0 and torch.equal(
-        source, torch.arange(b, device=index.device).repeat_interleave(n // b))
-    if grouped and b == sources:
-        return None, n // b
-    return (used if grouped else used[source]), (n // b if grouped else 1)
-
-
 def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int = 0) -> Transformer | RNN:
     """The network `cfg.arch` names: a `Transformer` or an `nmt.rnn.RNN`. Both give training
     `forward` / `decoder_states` / `output_weight` and the search its protocol."""
     if cfg.arch == "rnn":
-        from nmt.rnn import RNN  # here: nmt.rnn imports this module
 
         return RNN(cfg, vocab_size, pad_id)
     return Transformer(cfg, vocab_size, pad_id)

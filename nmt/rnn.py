@@ -31,8 +31,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.config import ModelConfig
-from nmt.layers import Dropout, token_embedding
-from nmt.model import source_rows
+from nmt.layers import Dropout, source_rows, token_embedding
 
 
 @dataclass
