@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, config_to_dict
+from nmt.config import Config, config_from_dict, config_to_dict
 from nmt.errors import NmtError
 from nmt.optim import DynamicLossScaler
 from nmt.tokenizer import Tokenizer
@@ -121,7 +121,9 @@ def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, f
                      reset_data: bool) -> None:
     """Refuse to resume `state` (the run's checkpoint) with another tokenizer or model config, or
     (unless reset_data) other training data; the NmtError names what changed."""
-    old, new = state["config"], config_to_dict(cfg)
+    # the run's config with the defaults of keys added since it was written (an upgrade of nmt
+    # must not read a new key as a change)
+    old, new = config_to_dict(config_from_dict(state["config"], where=str(run_dir))), config_to_dict(cfg)
     old_spm = (state.get("tokenizer") or {}).get("sha256")
     if old_spm != tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
         raise NmtError(f"{run_dir}: resume refused, the tokenizer of {cfg.data.dir} (spm.model) "

@@ -178,6 +178,19 @@ def other_data(prepared, raw_corpus, tmp_path_factory) -> Path:
     return dest
 
 
+def test_a_run_written_before_a_config_key_existed_resumes(prepared, tmp_path):
+    """A newer nmt adds config keys with defaults (model.arch, train.pad_to_multiple, ...): a
+    checkpoint written without them resumes, as if they had their defaults."""
+    cfg = tiny(prepared[0], tmp_path / "run", max_updates=2)
+    train(cfg)
+    last = tmp_path / "run" / "checkpoint_last.pt"
+    state = torch.load(last, weights_only=True)
+    for section, key in (("model", "arch"), ("model", "cell"), ("train", "pad_to_multiple")):  # at defaults
+        del state["config"][section][key]
+    ckpt.atomic_save(state, last)
+    assert train(replace(cfg, train={"max_updates": 4})).update == 4
+
+
 def test_resume_on_changed_data_needs_reset_data(prepared, other_data, tmp_path):
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=3)
     train(cfg)
