@@ -16,7 +16,9 @@
 # 4. decoding: a base-size model trained on Multi30k for TRAIN_S seconds (bf16), averaged,
 #    then scripts/bench_translate.py --device cuda, beam 4, source lines joined in pairs (WMT
 #    lengths), batch 32, 128, 256 and 512.
-# Multi30k comes from MULTI30K (default ../shared/data/multi30k, else bench-data/multi30k).
+# Multi30k comes from MULTI30K (default ../shared/data/multi30k, else bench-data/multi30k: on a
+# machine without ../shared, `mkdir -p bench-data && cp -r ../shared/data/multi30k bench-data/` here
+# first; bench-data/ and bench-trees/ are git-ignored, so carry them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/gpu}
