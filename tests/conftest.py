@@ -163,3 +163,14 @@ def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.Tem
     finally:
         torch.set_num_threads(threads)
     return run / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests (`pytestmark = pytest.mark.usefixtures("one_thread")`):
+    the models are tiny, and on shared cores a second thread waiting for a descheduled one
+    makes every small op cost a time slice. The module's thread count is restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import ROOT, nmt, save_random_model
 
 from nmt import Translation, Translator
@@ -28,12 +27,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 ANSWER_TIMEOUT = 60  # seconds a co-process may take per answer (model loading included)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")

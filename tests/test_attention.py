@@ -38,12 +38,7 @@ def keep_logging():
     logging.root.setLevel(level)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,7 @@ from nmt.sampling import sampler
 from nmt.search import greedy_search
 from nmt.tokenizer import EOS, PAD, Tokenizer, train_sentencepiece
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")

@@ -38,14 +38,7 @@ class Setup:
     words: list[str]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: the models are tiny, and on shared cores a second thread waiting for a
-    descheduled one makes every small op cost a time slice."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")
