@@ -10,6 +10,7 @@ skipped for want of data.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from dataclasses import dataclass
@@ -173,4 +174,17 @@ def one_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A test in a temporary working directory (train writes .nmt-last-run there); cli.main
+    reconfigures the root logger and train sets torch's threads: both are undone after."""
+    monkeypatch.chdir(tmp_path)
+    root = logging.getLogger()
+    handlers, level, threads = list(root.handlers), root.level, torch.get_num_threads()
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
     torch.set_num_threads(threads)

@@ -9,13 +9,10 @@ config is checked. The quick values run in `make test`; the whole product is `sl
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 from helpers import TINY, nmt_here, save_random_model
 
 from nmt.config import SECTIONS
@@ -28,15 +25,7 @@ PATHS = ["{dir}", "{missing}", "{under_file}", "/proc/nmt-fuzz", "{empty}", "{ga
 QUICK = {"-1", "0", "", "nan", "{dir}", "{missing}", "{under_file}"}
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.chdir(tmp_path)
-    root = logging.getLogger()
-    handlers, level, threads = list(root.handlers), root.level, torch.get_num_threads()
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("isolated")  # conftest: temporary cwd, logging and threads undone
 
 
 @pytest.fixture(scope="module")

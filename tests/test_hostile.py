@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import shutil
 import signal
@@ -32,18 +31,7 @@ from nmt.textio import TextStats, iter_lines
 from nmt.tokenizer import Tokenizer
 from nmt.train import train
 
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """In a temporary working directory (train writes .nmt-last-run there); cli.main reconfigures
-    the root logger and train sets torch's threads: both are undone."""
-    monkeypatch.chdir(tmp_path)
-    root = logging.getLogger()
-    handlers, level, threads = list(root.handlers), root.level, torch.get_num_threads()
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("isolated")  # conftest: temporary cwd, logging and threads undone
 
 
 def run_here(capfd: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
