@@ -131,6 +131,7 @@ def _check_options(opts: PrepareOptions) -> None:
     need(0 <= opts.min_len <= opts.max_len, "--min-len must be in [0, --max-len]")
     need(opts.max_ratio == 0 or opts.max_ratio >= 1, "--max-ratio must be 0 (off) or at least 1")
     need(opts.workers >= 1, "--workers must be at least 1")
+    need(opts.seed >= 0, "--seed must not be negative")
 
 
 def _find_splits(opts: PrepareOptions) -> list[_Split]:

@@ -66,7 +66,7 @@ def train_sentencepiece(
             bos_id=BOS,
             eos_id=EOS,
             num_threads=max(1, num_threads),
-            minloglevel=1,  # sentencepiece's INFO log is hundreds of lines on stderr
+            minloglevel=2,  # INFO is hundreds of lines, WARNING repeats the error we report in one line
         )
     except RuntimeError as e:
         # e.g. "Vocabulary size too high (8000). Please set it to a value <= 5234."
