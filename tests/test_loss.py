@@ -74,7 +74,7 @@ def small_model(seed: int = 0) -> Transformer:
 
 def test_decoder_states_at_host_indices_equal_the_masked_forward(prepared):
     data = datamod.ParallelData.load(prepared[0], "valid")
-    model = Transformer(small_model().cfg, int(data.src_data.tokens.max()) + 1, pad_id=PAD).eval()
+    model = Transformer(small_model().cfg, prepared[1]["vocab_size"], pad_id=PAD).eval()
     batch = datamod.collate(data, [3, 9, 1, 20, 7])
     mask = batch.target != PAD
     assert torch.equal(batch.target_index, mask.reshape(-1).nonzero().squeeze(1))
@@ -87,7 +87,7 @@ def test_decoder_states_at_host_indices_equal_the_masked_forward(prepared):
 
 def test_padding_to_a_multiple_of_8_changes_no_loss_or_gradient(prepared):
     data = datamod.ParallelData.load(prepared[0], "train")
-    vocab = int(max(data.src_data.tokens.max(), data.tgt_data.tokens.max())) + 1
+    vocab = prepared[1]["vocab_size"]
     model = Transformer(small_model().cfg, vocab, pad_id=PAD)
     objective = TranslationLoss(model, 0.1)
     ids = next(list(range(i, i + 12)) for i in range(len(data))  # lengths that 8 changes
@@ -113,7 +113,7 @@ def test_compiled_objective_gives_the_loss_and_gradients_of_the_eager_one(prepar
     the loss and gradients of a fixed batch by float rounding only; a second batch shape
     (pad_to 8 keeps shapes few) runs too."""
     data = datamod.ParallelData.load(prepared[0], "train")
-    vocab = int(max(data.src_data.tokens.max(), data.tgt_data.tokens.max())) + 1
+    vocab = prepared[1]["vocab_size"]
     model = Transformer(small_model().cfg, vocab, pad_id=PAD)
     eager = TranslationLoss(model, 0.1)
     compiled = torch.compile(TranslationLoss(model, 0.1))
