@@ -15,7 +15,7 @@ LOCAL=${MULTI30K_LOCAL:-$HERE/../shared/data/multi30k}
 SPLITS=(train val test_2016_flickr test_2017_flickr)
 
 mkdir -p "$DEST"
-missing=0
+missing=()
 online=1
 for split in "${SPLITS[@]}"; do
   for lang in "${LANGS[@]}"; do
@@ -28,12 +28,13 @@ for split in "${SPLITS[@]}"; do
     else
       rm -f "$DEST/$f.part"
       # test_2017_flickr has no Czech side upstream; anything else missing is an error
-      if [ "$split.$lang" != "test_2017_flickr.cs" ]; then
-        echo "get_multi30k: could not get $f (no network and no local copy in $LOCAL)" >&2
-        missing=1
-      fi
+      [ "$split.$lang" = "test_2017_flickr.cs" ] || missing+=("$f")
     fi
   done
 done
-[ $missing -eq 0 ] || exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+  # one line of advice, whatever is missing
+  echo "get_multi30k: could not download ${#missing[@]} file(s) (${missing[*]}) from $URL and found no local copy in $LOCAL: put the Multi30k task 1 raw files in $DEST, or set MULTI30K_LOCAL=DIR to a folder that has them" >&2
+  exit 1
+fi
 echo "Multi30k (${LANGS[*]}) in $DEST: $(ls "$DEST" | wc -l) files" >&2
