@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,9 +48,17 @@ def setup_env(cfg: Config) -> Env:
     return Env(device, rank, world_size)
 
 
-def teardown_env(env: Env) -> None:
-    """Leave the process group that setup_env joined (train() may run again in this process)."""
+def teardown_env(env: Env, finished: bool) -> None:
+    """Leave the process group that setup_env joined (train() may run again in this process).
+
+    After a run that `finished` on this rank, the ranks first wait for each other: a rank that
+    tore its gloo group down while rank 0 was still saving the last checkpoint died of SIGABRT
+    ("terminate called without an active exception") in about one run in 25 on 2 busy cores.
+    After an error nobody waits (the other ranks may never arrive)."""
     if env.world_size > 1 and dist.is_initialized():
+        if finished:
+            dist.barrier()
+        gc.collect()  # the DDP reducer's reference to the group goes before the group
         dist.destroy_process_group()
 
 

@@ -60,16 +60,19 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
     """Train (or resume) the run in cfg.train.run_dir; returns why and where it stopped."""
     env = setup_env(cfg)
     trainer: Trainer | None = None
+    finished = False
     try:
         trainer = Trainer(cfg, env, reset_optimizer, reset_data)
         log.info("device %s, world size %d, parameters %d", env.device, env.world_size,
                  num_parameters(trainer.model))
         reason = trainer.run()
+        finished = True
         return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
     finally:
         if trainer is not None:
             trainer.close()
-        teardown_env(env)
+        del trainer
+        teardown_env(env, finished)
 
 
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
