@@ -32,13 +32,9 @@ from typing import Any
 
 import torch
 
-from nmt.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
 from nmt.config import DecodeConfig
-from nmt.device import resolve_device
-from nmt.errors import NmtError
-from nmt.fields import coerce_option
-from nmt.options import TranslateOptions
-from nmt.predict import (
+from nmt.decoding.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
+from nmt.decoding.predict import (
     DECODE_PRECISIONS,
     Loaded,
     decode_config,
@@ -48,8 +44,12 @@ from nmt.predict import (
     score_token_lists,
     translate_token_lists,
 )
-from nmt.search import Hypothesis, length_penalty
-from nmt.shortlist import Shortlist
+from nmt.decoding.search import Hypothesis, length_penalty
+from nmt.decoding.shortlist import Shortlist
+from nmt.device import resolve_device
+from nmt.errors import NmtError
+from nmt.fields import coerce_option
+from nmt.options import TranslateOptions
 from nmt.textio import clean_text
 from nmt.tokenizer import EOS
 
@@ -78,7 +78,7 @@ class Translation:
     """One hypothesis: its detokenized text, the score the beam search ranks by (log-prob
     over the length penalty) and its log-probability (sum over its tokens and the EOS).
     Asked for: its hard alignment, (source piece, target piece) index pairs without the
-    `</s>`s, and its attention (nmt.alignment)."""
+    `</s>`s, and its attention (nmt.decoding.alignment)."""
 
     text: str
     score: float
@@ -191,7 +191,7 @@ class Translator:
         """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
         [] for an empty or blank text. `where(i)` names input i in warnings (default
         "texts[i]"; the command passes FILE:LINE). With sampling, text i is input sentence
-        first_index + i of the seed's generators (nmt.sampling; the command passes the line
+        first_index + i of the seed's generators (nmt.decoding.sampling; the command passes the line
         number, so chunking does not matter). With `alignment` / `attention`, each Translation
         carries its hard alignment (of the `alignment_layer`) / its attention matrices."""
         if not 1 <= nbest <= self.decode.beam:
@@ -211,7 +211,7 @@ class Translator:
 
     def _attach_attention(self, seqs: list[list[int]], hyps: list[list[Hypothesis]], out: list[list[Translation]],
                           layer: int, alignment: bool, attention: bool) -> None:
-        """Fill in each translation's alignment and/or attention (nmt.alignment), in place."""
+        """Fill in each translation's alignment and/or attention (nmt.decoding.alignment), in place."""
         pairs = [(i, k) for i, hs in enumerate(hyps) for k in range(len(hs))]
         weights = attention_matrices(self.loaded.model, [seqs[i] for i, _ in pairs],
                                      [hyps[i][k].tokens for i, k in pairs], device=self.device,

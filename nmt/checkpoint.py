@@ -33,7 +33,7 @@ REQUIRED_KEYS = ("format_version", "model", "config")
 KEPT_KEYS = ("format_version", "config", "vocab_size", "tokenizer", "update", "epoch")
 
 _UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
-# What marks a directory as a run directory of `nmt train` (nmt.rundir writes them)
+# What marks a directory as a run directory of `nmt train` (nmt.training.rundir writes them)
 RUN_DIR_MARKERS = ("config.yaml", "metrics.jsonl", "train.log", "train.lock", "checkpoint_last.pt")
 
 

@@ -165,11 +165,11 @@ def train_cmd(
         echo(cfgmod.dump_config(cfg))
         return
     if dry_run:
-        from nmt.train import dry_run as _dry_run
+        from nmt.training.trainer import dry_run as _dry_run
 
         echo(_dry_run(cfg, vocab_size))
         return
-    from nmt.train import train
+    from nmt.training.trainer import train
 
     result = train(cfg, reset_optimizer=reset_optimizer, reset_data=reset_data)
     if result.interrupted_by is not None:
@@ -232,7 +232,7 @@ def export_cmd(
     so that ctranslate2.Translator(OUT_DIR) translates. Example: nmt export
     runs/m30k/checkpoint_avg.pt m30k-ct2 --quantization int8
     """
-    from nmt.export import export
+    from nmt.convert.ctranslate2 import export
 
     export(checkpoint, out_dir, format=format, quantization=quantization, force=force)
 
@@ -253,7 +253,7 @@ def shortlist_cmd(
     --top translations of each of its tokens. Example: nmt shortlist data-bin/m30k -o
     data-bin/m30k/shortlist.pt
     """
-    from nmt.shortlist import shortlist_command
+    from nmt.decoding.shortlist import shortlist_command
 
     shortlist_command(data_dir, output, top=top, frequent=frequent, iterations=iterations,
                       max_sentences=max_sentences)

@@ -360,7 +360,7 @@ def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | 
             raise ConfigError(f"{name(key)} {msg}, got {getattr(d, key)!r}")
 
     need(d.beam >= 1, "beam", "must be at least 1")
-    # step 0 takes the whole beam from one row's candidates (nmt.search)
+    # step 0 takes the whole beam from one row's candidates (nmt.decoding.search)
     need(vocab_size is None or d.beam < vocab_size, "beam", f"must be smaller than the vocabulary ({vocab_size})")
     need(math.isfinite(d.lenpen), "lenpen", "must be a finite number")
     need(d.lenpen_style in get_args(_field_types(DecodeConfig)["lenpen_style"]), "lenpen_style",

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from nmt.alignment import load_attention
 from nmt.atomic import replacing, target
+from nmt.decoding.alignment import load_attention
 from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 This module reads and writes streams; everything under it (loading checkpoints, batching,
 search, cleaning and detokenizing) is the Python API, `nmt.api.Translator`, which sits on
-`nmt.predict` as validation does.
+`nmt.decoding.predict` as validation does.
 
 The I/O contract: input is read as every command reads raw text (`nmt.textio`): only
 `\\n` ends a line, a trailing `\\r` (CRLF files) is dropped, invalid UTF-8 is replaced and
@@ -31,9 +31,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from nmt.alignment import layer_count, pharaoh, resolve_layer, save_attention
 from nmt.api import Translation, Translator
 from nmt.atomic import TextWriter, clean_temporaries, replacing, target
+from nmt.decoding.alignment import layer_count, pharaoh, resolve_layer, save_attention
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
 from nmt.textio import TextStats, iter_line_blocks
@@ -90,7 +90,7 @@ def translate_stream(translator: Translator, inp: BinaryIO, out: Any, *, name: s
     """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
     buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
     With a list `attention`, (line index, weights, source pieces, target pieces) of each
-    non-empty line's best translation are appended to it (nmt.alignment.save_attention)."""
+    non-empty line's best translation are appended to it (nmt.decoding.alignment.save_attention)."""
     bar = _bar()
     written = 0
     streaming = buffer_lines > 0 or _isatty(inp)

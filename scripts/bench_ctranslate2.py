@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(ROOT))
     from nmt.checkpoint import load_checkpoint
     from nmt.config import config_from_dict
+    from nmt.convert.ctranslate2 import export
     from nmt.evaluate import score_corpus
-    from nmt.export import export
     from nmt.textio import read_lines
 
     decode = config_from_dict(load_checkpoint(args.checkpoint)["config"]).decode

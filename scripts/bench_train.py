@@ -135,7 +135,7 @@ def measure(spec: dict) -> dict:
     import torch
 
     from nmt.config import load_config
-    from nmt.train import Env, Trainer
+    from nmt.training.trainer import Env, Trainer
 
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
     sets = [f"data.dir={spec['prepared']}", f"train.run_dir={spec['run_dir']}", f"train.precision={spec['precision']}",

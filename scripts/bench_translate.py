@@ -107,8 +107,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
+    from nmt.decoding.predict import (
+        decode_workers,
+        load_models,
+        load_shortlist_for,
+        translate_token_lists,
+    )
     from nmt.evaluate import corpus_bleu
-    from nmt.predict import decode_workers, load_models, load_shortlist_for, translate_token_lists
     from nmt.textio import read_lines
 
     src = list(read_lines(src_path))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Which decoder layer's cross-attention aligns best? The check behind
-`nmt.alignment.default_layer` (docs/benchmarks.md, "Which layer aligns").
+`nmt.decoding.alignment.default_layer` (docs/benchmarks.md, "Which layer aligns").
 
 No gold alignments are needed: the reference is the Viterbi alignment of IBM Model 1
 (Brown et al. 1993), learnt by EM on the prepared training split (the same code as
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt.alignment import attention_matrices
 from nmt.data import ParallelData, read_meta
-from nmt.predict import load_models
-from nmt.shortlist import _chunks, model1
+from nmt.decoding.alignment import attention_matrices
+from nmt.decoding.predict import load_models
+from nmt.decoding.shortlist import _chunks, model1
 
 
 def ibm1_links(data_dir: Path, pairs: list[tuple[np.ndarray, np.ndarray]], iterations: int) -> list[dict[int, int]]:

@@ -150,7 +150,7 @@ def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.Tem
     from helpers import tiny
 
     from nmt.config import replace
-    from nmt.train import train
+    from nmt.training.trainer import train
 
     run = tmp_path_factory.mktemp("trained") / "run"
     cfg = tiny(prepared[0], run, model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128,

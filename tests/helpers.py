@@ -25,9 +25,9 @@ from nmt import data as datamod
 from nmt.checkpoint import atomic_save
 from nmt.config import Config, config_to_dict, load_config, replace
 from nmt.errors import NmtError
-from nmt.model import build_model
+from nmt.models.transformer import build_model
 from nmt.tokenizer import PAD, Tokenizer
-from nmt.train import Env, Trainer, train
+from nmt.training.trainer import Env, Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs/tiny.yaml"

@@ -20,8 +20,8 @@ import pytest
 from helpers import ROOT, nmt, save_random_model
 
 from nmt import Translation, Translator
+from nmt.decoding.predict import score_token_lists, translate_token_lists
 from nmt.errors import NmtError
-from nmt.predict import score_token_lists, translate_token_lists
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 ANSWER_TIMEOUT = 60  # seconds a co-process may take per answer (model loading included)

@@ -19,8 +19,8 @@ import pytest
 import torch
 from helpers import ROOT, nmt, nmt_here, records, save_random_model, tiny
 
-from nmt.alignment import default_layer, hard_alignment, load_attention, pharaoh
 from nmt.api import Translator
+from nmt.decoding.alignment import default_layer, hard_alignment, load_attention, pharaoh
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer, train_sentencepiece
 
@@ -193,7 +193,7 @@ def test_tensorboard_mirrors_the_metrics(prepared, tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from nmt.train import train
+    from nmt.training.trainer import train
 
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
@@ -215,7 +215,7 @@ def test_tensorboard_without_the_package_is_one_line(prepared, tmp_path, monkeyp
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
 
-    from nmt.train import train
+    from nmt.training.trainer import train
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)

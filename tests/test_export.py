@@ -20,9 +20,9 @@ import torch
 from helpers import nmt_here, save_random_model
 
 from nmt import Translator
+from nmt.convert.ctranslate2 import export
+from nmt.decoding.predict import score_token_lists
 from nmt.errors import NmtError
-from nmt.export import export
-from nmt.predict import score_token_lists
 
 try:
     import ctranslate2 as ct2
@@ -165,10 +165,10 @@ def test_weights_the_export_does_not_know_are_refused(test_tokenizer, tmp_path, 
 
 def test_model_settings_the_export_does_not_map_are_refused(test_tokenizer, tmp_path,
                                                             monkeypatch, capfd):
-    import nmt.export
+    import nmt.convert.ctranslate2
 
     ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=1, model={"learned_positions": True})
-    monkeypatch.setattr(nmt.export, "EXPORTED_FIELDS", nmt.export.EXPORTED_FIELDS - {"learned_positions"})
+    monkeypatch.setattr(nmt.convert.ctranslate2, "EXPORTED_FIELDS", nmt.convert.ctranslate2.EXPORTED_FIELDS - {"learned_positions"})
     assert nmt_here("export", str(ckpt), str(tmp_path / "out")) == 1
     _one_line_error(capfd, "model.learned_positions=True cannot be represented")
 

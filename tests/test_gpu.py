@@ -23,8 +23,8 @@ from helpers import TINY, nmt, records
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, load_config, replace
-from nmt.model import Transformer
-from nmt.train import train
+from nmt.models.transformer import Transformer
+from nmt.training.trainer import train
 
 pytestmark = pytest.mark.gpu
 
@@ -112,8 +112,8 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path)
 def test_an_update_never_synchronizes_with_the_host(prepared, tmp_path, precision):
     """torch.cuda.set_sync_debug_mode("error") raises on any call that makes the host wait for
     the GPU (a .item(), a boolean-mask index, a blocking copy), also inside torch's ops."""
-    from nmt.distributed import Env
-    from nmt.train import Trainer
+    from nmt.training.distributed import Env
+    from nmt.training.trainer import Trainer
 
     cfg = run_cfg(prepared[0], tmp_path / "run", precision=precision, clip_norm=1.0, update_freq=2)
     trainer = Trainer(cfg, Env(torch.device("cuda")), reset_optimizer=False, reset_data=False)
@@ -214,8 +214,8 @@ def test_int8_with_device_auto_decodes_on_the_cpu(trained, raw_corpus, tmp_path)
 
 def test_training_and_translation_on_cuda_turn_off_cudnn_attention(prepared, trained, tmp_path):
     """cuDNN's attention plans each new shape (~25 ms a call): nmt keeps flash/efficient."""
-    from nmt.predict import load_models
-    from nmt.train import Env, Trainer
+    from nmt.decoding.predict import load_models
+    from nmt.training.trainer import Env, Trainer
 
     torch.backends.cuda.enable_cudnn_sdp(True)
     load_models([trained], torch.device("cuda"))

@@ -26,10 +26,10 @@ from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from nmt.config import config_to_dict, load_config, replace
 from nmt.errors import NmtError
-from nmt.rundir import RunDir, lock_run_dir
 from nmt.textio import TextStats, iter_lines
 from nmt.tokenizer import Tokenizer
-from nmt.train import train
+from nmt.training.rundir import RunDir, lock_run_dir
+from nmt.training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("isolated")  # conftest: temporary cwd, logging and threads undone
 
@@ -89,7 +89,7 @@ def test_second_trainer_on_a_run_directory_is_refused_naming_it_and_the_holder_p
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from nmt.rundir import lock_run_dir; "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from nmt.training.rundir import lock_run_dir; "
          "lock_run_dir(Path(sys.argv[1])); print('locked', flush=True); time.sleep(120)", str(run_dir)],
         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
     try:

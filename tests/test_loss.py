@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from nmt import data as datamod
 from nmt.config import ModelConfig
-from nmt.loss import TranslationLoss, label_smoothed_nll_loss, projected_smoothed_loss
-from nmt.model import Transformer
+from nmt.models.transformer import Transformer
 from nmt.tokenizer import PAD
+from nmt.training.loss import TranslationLoss, label_smoothed_nll_loss, projected_smoothed_loss
 
 
 def reference(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float):

@@ -1,4 +1,4 @@
-"""Properties of nmt.model.Transformer and nmt.rnn.RNN: causality, padding invariance,
+"""Properties of nmt.models.transformer.Transformer and nmt.models.rnn.RNN: causality, padding invariance,
 cached == full decoding (both architectures, every variant); for the Transformer also
 parameter counts against the closed form, weight tying, dropout, bf16 autocast."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig, load_config
-from nmt.layers import Dropout
-from nmt.model import Transformer, build_model, num_parameters, summary
+from nmt.models.layers import Dropout
+from nmt.models.transformer import Transformer, build_model, num_parameters, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 41  # tiny vocabulary; ids 0..3 are pad, unk, bos, eos
@@ -20,7 +20,7 @@ VARIANTS = {
     "pre-norm": {"norm_first": True},
     "learned-positions": {"learned_positions": True},
     "separate-embeddings": {"share_embeddings": False, "norm_first": True},
-    # the RNN encoder-decoder (nmt.rnn) behind the same protocol
+    # the RNN encoder-decoder (nmt.models.rnn) behind the same protocol
     "rnn-gru": {"arch": "rnn"},
     "rnn-lstm": {"arch": "rnn", "cell": "lstm", "share_embeddings": False},
     "rnn-no-attention": {"arch": "rnn", "attention": "none"},

@@ -7,8 +7,8 @@ import torch
 
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
-from nmt.loss import label_smoothed_nll_loss
-from nmt.optim import DynamicLossScaler, dropout_at, lr_at
+from nmt.training.loss import label_smoothed_nll_loss
+from nmt.training.optim import DynamicLossScaler, dropout_at, lr_at
 
 
 def test_noam_schedule_matches_the_paper_formula():

@@ -1,4 +1,4 @@
-"""Int8 decoding (nmt.quantize): the int8 linear layer against fp32, one row independent of the
+"""Int8 decoding (nmt.models.quantize): the int8 linear layer against fp32, one row independent of the
 rest of its batch, which modules are quantised, and the one-line errors."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from nmt import quantize
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.model import Transformer
-from nmt.quantize import Int8Linear, check_int8, quantize_decoder
+from nmt.models import quantize
+from nmt.models.quantize import Int8Linear, check_int8, quantize_decoder
+from nmt.models.transformer import Transformer
 
 V = 60
 

@@ -48,8 +48,8 @@ from helpers import (
 
 from nmt import checkpoint as ckpt
 from nmt.config import load_config, replace
-from nmt.oom import FAULT_OOM_ENV
-from nmt.train import train
+from nmt.training.oom import FAULT_OOM_ENV
+from nmt.training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("in_tmp")
 
@@ -389,7 +389,7 @@ def _fuzz_line(rng: random.Random) -> bytes:
 @pytest.mark.slow
 def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path):
     from nmt.api import Translator
-    from nmt.predict import load_models, translate_token_lists
+    from nmt.decoding.predict import load_models, translate_token_lists
     from nmt.tokenizer import Tokenizer, train_sentencepiece
     from nmt.translate import format_line, read_chunks
 

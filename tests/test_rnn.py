@@ -1,4 +1,4 @@
-"""`model.arch: rnn` (nmt.rnn) through the real pipeline: trained by the same trainer,
+"""`model.arch: rnn` (nmt.models.rnn) through the real pipeline: trained by the same trainer,
 averaged, decoded by the same beam search from the CLI; what does not apply is refused in one
 line (export, int8); and a small RNN with attention learns the copy task (slow).
 
@@ -13,9 +13,9 @@ import torch
 from helpers import ROOT, nmt, records, tiny
 
 from nmt.config import load_config
-from nmt.model import build_model, num_parameters, summary
-from nmt.rnn import RNN
-from nmt.train import dry_run, train
+from nmt.models.rnn import RNN
+from nmt.models.transformer import build_model, num_parameters, summary
+from nmt.training.trainer import dry_run, train
 
 ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 RNN_MODEL = {"arch": "rnn", "rnn_hidden": 32}

@@ -13,10 +13,10 @@ from helpers import nmt_here, save_random_model
 
 from nmt.api import Translator
 from nmt.config import DecodeConfig
+from nmt.decoding.predict import load_models, translate_token_lists
+from nmt.decoding.sampling import sampler
+from nmt.decoding.search import greedy_search
 from nmt.errors import NmtError
-from nmt.predict import load_models, translate_token_lists
-from nmt.sampling import sampler
-from nmt.search import greedy_search
 from nmt.tokenizer import EOS, PAD, Tokenizer, train_sentencepiece
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nmt.config import DecodeConfig
-from nmt.search import (
+from nmt.decoding.search import (
     LENPEN_HELP,
     Hypothesis,
     beam_search,
@@ -419,6 +419,6 @@ def test_search_with_two_stage_selection_equals_one_stage(cfg, monkeypatch):
     nbest = cfg.beam
     one_stage = beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest)
     greedy = greedy_search(FakeModel(random_logprobs), src, cfg)
-    monkeypatch.setattr("nmt.search.CHUNK", 2)  # V = 10: 5 chunks of 2 columns
+    monkeypatch.setattr("nmt.decoding.search.CHUNK", 2)  # V = 10: 5 chunks of 2 columns
     assert beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest) == one_stage
     assert greedy_search(FakeModel(random_logprobs), src, cfg) == greedy

@@ -16,8 +16,14 @@ import pytest
 import torch
 
 from nmt.data import bin_path, idx_path
+from nmt.decoding.shortlist import (
+    SPECIALS,
+    Shortlist,
+    learn_shortlist,
+    load_shortlist,
+    save_shortlist,
+)
 from nmt.errors import NmtError
-from nmt.shortlist import SPECIALS, Shortlist, learn_shortlist, load_shortlist, save_shortlist
 
 V = 80
 WORDS = range(10, 50)  # source words; word w translates to TRANSLATION[w]
@@ -74,7 +80,7 @@ def test_ibm_model_1_finds_each_words_translation(data_dir):
 
 def test_learning_in_chunks_gives_the_same_table(data_dir, monkeypatch):
     one = learn_shortlist(data_dir, top=5, frequent=3)
-    monkeypatch.setattr("nmt.shortlist._OCCURRENCES_PER_CHUNK", 500)  # ~40 chunks
+    monkeypatch.setattr("nmt.decoding.shortlist._OCCURRENCES_PER_CHUNK", 500)  # ~40 chunks
     many = learn_shortlist(data_dir, top=5, frequent=3)
     assert torch.equal(one.candidates, many.candidates) and torch.equal(one.frequent, many.frequent)
 

@@ -36,9 +36,9 @@ from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import replace
 from nmt.errors import NmtError
-from nmt.optim import DynamicLossScaler, dropout_at, lr_at
 from nmt.prepare import PrepareOptions, prepare_bpe
-from nmt.train import Trainer, train
+from nmt.training.optim import DynamicLossScaler, dropout_at, lr_at
+from nmt.training.trainer import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("in_tmp")
 
@@ -148,7 +148,7 @@ def test_finished_run_started_again_changes_nothing(prepared, tmp_path, caplog):
     before = snapshot(tmp_path / "run")
     metrics = (tmp_path / "run" / "metrics.jsonl").read_bytes()
     assert {"checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_5.pt", "checkpoint_last.pt"} <= set(before)
-    caplog.set_level("INFO", logger="nmt.train")
+    caplog.set_level("INFO", logger="nmt.training.trainer")
     result = train(cfg)
     assert result.update == 5 and "max_updates=5" in result.reason
     assert "already finished" in caplog.text
@@ -340,7 +340,7 @@ def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run
 
 
 def test_nan_loss_stops_naming_the_update_and_leaves_checkpoints_intact(prepared, tmp_path, monkeypatch):
-    import nmt.loss as lossmod
+    import nmt.training.loss as lossmod
 
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=3, save_interval_updates=2)
     train(cfg)

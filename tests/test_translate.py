@@ -18,9 +18,9 @@ import pytest
 import torch
 from helpers import ROOT, nmt, nmt_here, save_random_model
 
-from nmt.predict import load_models, translate_token_lists
-from nmt.search import beam_search, greedy_search, length_penalty
-from nmt.shortlist import SPECIALS, Shortlist, load_shortlist, save_shortlist
+from nmt.decoding.predict import load_models, translate_token_lists
+from nmt.decoding.search import beam_search, greedy_search, length_penalty
+from nmt.decoding.shortlist import SPECIALS, Shortlist, load_shortlist, save_shortlist
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_sentencepiece
 
 # the commands in a subprocess: this checkout's nmt, one OpenMP thread
@@ -33,7 +33,7 @@ class Setup:
     a: Path  # random model, seed 1
     b: Path  # random model, seed 2, same sentencepiece model
     other_spm: Path  # random model with another sentencepiece model
-    rnn: Path  # random RNN encoder-decoder with attention (nmt.rnn), seed 4, same sentencepiece model
+    rnn: Path  # random RNN encoder-decoder with attention (nmt.models.rnn), seed 4, same sentencepiece model
     sentences: list[str]  # 40 source sentences of varied length
     words: list[str]
 
@@ -155,7 +155,7 @@ def test_a_failing_batch_stops_the_workers_with_its_error(setup, monkeypatch):
     def failing(model, src, *args, **kwargs):
         raise RuntimeError("out of memory in batch")
 
-    monkeypatch.setattr("nmt.predict.beam_search", failing)
+    monkeypatch.setattr("nmt.decoding.predict.beam_search", failing)
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="out of memory in batch"):
         translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS, workers=2)
@@ -431,7 +431,7 @@ def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
     one_line_error(r, "--top")
 
 
-# ------------------------------------------------------------------ int8 (nmt.quantize)
+# ------------------------------------------------------------------ int8 (nmt.models.quantize)
 
 
 def test_int8_in_the_cli_keeps_the_io_contract_and_is_repeatable(setup, tmp_path):

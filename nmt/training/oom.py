@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from nmt.distributed import Env
 from nmt.errors import NmtError
-from nmt.train_state import Progress
+from nmt.training.distributed import Env
+from nmt.training.state import Progress
 
 log = logging.getLogger(__name__)
 

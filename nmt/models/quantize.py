@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
-    from nmt.model import Transformer
+    from nmt.models.transformer import Transformer
 
 _X_SCALE, _X_ZERO = 1 / 63.5, 64  # a row scaled into [-1, 1] -> quint8 0..128
 

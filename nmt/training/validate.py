@@ -10,10 +10,10 @@ import torch
 
 from nmt import data as datamod
 from nmt.config import Config
+from nmt.decoding.predict import translate_token_lists
 from nmt.evaluate import corpus_bleu
-from nmt.predict import translate_token_lists
 from nmt.tokenizer import Tokenizer
-from nmt.train_state import Progress
+from nmt.training.state import Progress
 
 # batch -> label-smoothed loss and NLL summed over the batch's target tokens
 BatchLoss = Callable[[datamod.Batch], tuple[torch.Tensor, torch.Tensor]]

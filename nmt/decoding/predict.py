@@ -19,17 +19,17 @@ import torch
 
 from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, config_from_dict
+from nmt.decoding.sampling import sampler
+from nmt.decoding.search import Hypothesis, beam_search, token_search
+from nmt.decoding.shortlist import SPECIALS, Shortlist, load_shortlist
 from nmt.device import PRECISIONS, autocast, configure_cuda
 from nmt.errors import NmtError
-from nmt.model import build_model
-from nmt.quantize import check_int8, quantize_decoder
-from nmt.sampling import sampler
-from nmt.search import Hypothesis, beam_search, token_search
-from nmt.shortlist import SPECIALS, Shortlist, load_shortlist
+from nmt.models.quantize import check_int8, quantize_decoder
+from nmt.models.transformer import build_model
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 log = logging.getLogger(__name__)
-DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.quantize
+DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.models.quantize
 
 
 class Ensemble:
@@ -51,7 +51,7 @@ class Ensemble:
 
 
 class _Shortlisted:
-    """A model behind the search protocol over a batch's shortlist (nmt.shortlist): the search
+    """A model behind the search protocol over a batch's shortlist (nmt.decoding.shortlist): the search
     sees columns 0 .. K-1 of `vocab` (K,) instead of token ids; `allowed` (B, K) per sentence."""
 
     def __init__(self, model: Any, vocab: torch.Tensor, allowed: torch.Tensor):
@@ -69,7 +69,7 @@ class _Shortlisted:
 
 @dataclass
 class Loaded:
-    model: Any  # a Transformer, an RNN (nmt.rnn) or an Ensemble of them
+    model: Any  # a Transformer, an RNN (nmt.models.rnn) or an Ensemble of them
     tokenizer: Tokenizer
     config: Config
     max_positions: int
@@ -97,7 +97,7 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
 
 def load_models(paths: list[Path], device: torch.device, precision: str = "fp32") -> Loaded:
     """The checkpoints' models on `device` (an Ensemble for several); precision int8 quantises
-    each decoder (nmt.quantize), the others are applied by autocast while decoding."""
+    each decoder (nmt.models.quantize), the others are applied by autocast while decoding."""
     if precision == "int8":
         check_int8(device)
     configure_cuda(device)
@@ -189,7 +189,7 @@ def translate_token_lists(
     first_index: int = 0,
 ) -> list[list[Hypothesis]]:
     """Beam-search every token sequence (without EOS); results in input order. With
-    `cfg.sampling`, one sample each instead (nmt.sampling): sequence i draws from the generator
+    `cfg.sampling`, one sample each instead (nmt.decoding.sampling): sequence i draws from the generator
     of input sentence first_index + i.
 
     Sequences longer than max_positions - 1 are truncated (the caller warns). Batches are
@@ -205,7 +205,7 @@ def translate_token_lists(
     `load_models(..., precision="int8")`, whose decoder is already quantised.
 
     With a `shortlist` each sentence is decoded over its own list of likely target tokens
-    (an approximation, see nmt.shortlist); the list depends on the sentence only, so
+    (an approximation, see nmt.decoding.shortlist); the list depends on the sentence only, so
     batching still changes nothing.
     """
     device = torch.device(device)

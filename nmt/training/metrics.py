@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from nmt.config import Config
-from nmt.distributed import Env
 from nmt.errors import NmtError
-from nmt.optim import dropout_at
-from nmt.train_state import Progress
+from nmt.training.distributed import Env
+from nmt.training.optim import dropout_at
+from nmt.training.state import Progress
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The Transformer's building blocks (Vaswani et al. 2017): sinusoidal positions, embeddings,
 dropout whose masks resume exactly, self- and cross-attention with a key/value cache, the
 feed-forward block, and encoder and decoder layers (post-norm as the paper, or pre-norm).
-`nmt.model` assembles them into the encoder-decoder.
+`nmt.models.transformer` assembles them into the encoder-decoder.
 
 Shapes: B sentences, S source / T target positions, D = d_model, H heads, Dh = D / H,
 N decoder rows during search (e.g. B * beam).

@@ -3,10 +3,10 @@
 optimizer step), read top to bottom.
 
 Running `nmt train` again on a run directory resumes at the exact batch where it stopped.
-The rest lives beside this module: `nmt.rundir` (the files of the run directory),
-`nmt.train_state` (progress, the training checkpoint, resuming), `nmt.validate` (valid loss
-and BLEU, best checkpoint, patience), `nmt.train_metrics` (train records, log lines, progress
-bar), `nmt.oom` (skipping updates that ran out of memory), `nmt.distributed` (torchrun).
+The rest lives beside this module: `nmt.training.rundir` (the files of the run directory),
+`nmt.training.state` (progress, the training checkpoint, resuming), `nmt.training.validate` (valid loss
+and BLEU, best checkpoint, patience), `nmt.training.metrics` (train records, log lines, progress
+bar), `nmt.training.oom` (skipping updates that ran out of memory), `nmt.training.distributed` (torchrun).
 """
 
 from __future__ import annotations
@@ -25,20 +25,20 @@ import torch.distributed as dist
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
-from nmt import validate as validation
-from nmt.batches import Prefetcher, TrainingData, epoch_groups
 from nmt.config import Config
 from nmt.device import autocast, configure_cuda
-from nmt.distributed import Env, setup_env, teardown_env, wrap_for_training
 from nmt.errors import NmtError
-from nmt.loss import TranslationLoss
-from nmt.model import build_model, num_parameters, summary
-from nmt.oom import OomSkips, inject_oom_faults, is_oom
-from nmt.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at
-from nmt.rundir import RunDir
+from nmt.models.transformer import build_model, num_parameters, summary
 from nmt.tokenizer import EOS, PAD
-from nmt.train_metrics import FiniteChecks, TrainMetrics, UpdateStats
-from nmt.train_state import (
+from nmt.training import validate as validation
+from nmt.training.batches import Prefetcher, TrainingData, epoch_groups
+from nmt.training.distributed import Env, setup_env, teardown_env, wrap_for_training
+from nmt.training.loss import TranslationLoss
+from nmt.training.metrics import FiniteChecks, TrainMetrics, UpdateStats
+from nmt.training.oom import OomSkips, inject_oom_faults, is_oom
+from nmt.training.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at
+from nmt.training.rundir import RunDir
+from nmt.training.state import (
     Progress,
     build_checkpoint,
     check_compatible,
@@ -250,7 +250,7 @@ class Trainer:
         return loss.detach() * weight, nll.detach() * weight, batch.tgt_tokens * weight, len(batch) * weight
 
     def _batch_loss(self, net: torch.nn.Module, batch: datamod.Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Label-smoothed loss and NLL summed over the batch's real target tokens (`nmt.loss`:
+        """Label-smoothed loss and NLL summed over the batch's real target tokens (`nmt.training.loss`:
         no logits for padding, no (tokens x vocabulary) tensor in fp32 at once)."""
         with autocast(self.env.device, self.cfg.train.precision):
             return net(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
@@ -304,7 +304,7 @@ class Trainer:
         return reason
 
     def _prepared(self, groups: list[list[Any]]) -> Any:
-        """The updates' batches, collated ahead in a background thread on a GPU (nmt.batches)."""
+        """The updates' batches, collated ahead in a background thread on a GPU (nmt.training.batches)."""
         if self.env.device.type != "cuda":
             return nullcontext(groups)
         return Prefetcher(self.train_data, groups, pad_to=self.pad_to, pin_memory=True)
@@ -368,7 +368,7 @@ class Trainer:
         self.save(numbered=numbered, best=best)
 
     def validate(self) -> dict[str, float]:
-        """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.validate, with this trainer's loss."""
+        """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.training.validate, with this trainer's loss."""
         assert self.valid_data is not None
         return validation.validate(self.cfg, self.model, self.tokenizer, self.valid_data, self.tgt_lang,
                                    self.env.device, lambda batch: self._batch_loss(self.objective, batch))

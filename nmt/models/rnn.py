@@ -11,7 +11,7 @@ Decoder step t (s = decoder state, h_j = encoder annotations, y = target embeddi
     o_t  = tanh(W_o [s_t; c_t; y_{t-1}])     (D = d_model; Bahdanau's maxout is a tanh here)
     p(y_t | ...) = softmax(o_t E^T)          (E = the target embedding, tied as the Transformer's)
 
-The same training interface as `nmt.model.Transformer` (`forward`, `decoder_states`,
+The same training interface as `nmt.models.transformer.Transformer` (`forward`, `decoder_states`,
 `output_weight`, `set_dropout`) and the same search protocol (`encode`, `decode_step`,
 `reorder`); training runs the decoder step by step with the function the search calls.
 
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.config import ModelConfig
-from nmt.layers import Dropout, source_rows, token_embedding
+from nmt.models.layers import Dropout, source_rows, token_embedding
 
 
 @dataclass
@@ -45,7 +45,7 @@ class RNNState:
     hidden: Tensor  # (N, H)
     cell: Tensor | None  # (N, H) LSTM memory cell; None for GRU
     group: int = 1  # decoder rows per source row
-    vocab: Tensor | None = None  # shortlist (K,), as nmt.model.DecoderState
+    vocab: Tensor | None = None  # shortlist (K,), as nmt.models.transformer.DecoderState
     blocked: Tensor | None = None  # (B, K) bool
     project: Callable[[Tensor], Tensor] | None = None  # (N, D) -> (N, K)
 

@@ -7,7 +7,7 @@ probability reaches p (nucleus or top-p; Holtzman et al. 2020). Used for back-tr
 Reproducible whatever the batching: input sentence i draws from its own generator, seeded
 by (seed, i), one uniform number per output token, so a sentence's sample depends only on
 its seed, its index and the model's log-probs. Each step follows the search's token rules
-(`nmt.search.token_search`: length limits, no pad/bos/unk, min_len, no_repeat_ngram_size).
+(`nmt.decoding.search.token_search`: length limits, no pad/bos/unk, min_len, no_repeat_ngram_size).
 With topk 1 the draw always takes the likeliest token, ties to the lower id: greedy search.
 """
 
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import DecodeConfig
-from nmt.search import Pick
+from nmt.decoding.search import Pick
 
 
 def sentence_generator(seed: int, index: int) -> torch.Generator:
@@ -31,7 +31,7 @@ def sentence_generator(seed: int, index: int) -> torch.Generator:
 
 
 def sampler(cfg: DecodeConfig, indices: Sequence[int]) -> Pick:
-    """The `Pick` of `nmt.search.token_search` for a batch whose sentence b is input sentence
+    """The `Pick` of `nmt.decoding.search.token_search` for a batch whose sentence b is input sentence
     `indices[b]`: a token drawn from each row's distribution as `cfg` shapes it."""
     generators = [sentence_generator(cfg.seed, i) for i in indices]
 

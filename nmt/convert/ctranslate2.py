@@ -36,8 +36,8 @@ from torch import nn
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ModelConfig, config_from_dict
 from nmt.errors import NmtError
-from nmt.layers import CrossAttention, SelfAttention
-from nmt.model import Transformer
+from nmt.models.layers import CrossAttention, SelfAttention
+from nmt.models.transformer import Transformer
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
     eps = first_norm.eps
     for side, emb, layers, final in sides:
         (side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings).weight = take(emb.tokens.weight)
-        side.scale_embeddings = True  # x sqrt(d_model), as nmt.layers.Embedding
+        side.scale_embeddings = True  # x sqrt(d_model), as nmt.models.layers.Embedding
         table = emb.positions.weight if emb.learned else emb.sinusoids  # (max_positions, D), row i = position i
         side.position_encodings.encodings = take(table) if emb.learned else _np(table)
         if cfg.norm_first:

@@ -17,8 +17,8 @@ import torch
 from nmt import checkpoint as ckpt
 from nmt.config import Config, config_from_dict, config_to_dict
 from nmt.errors import NmtError
-from nmt.optim import DynamicLossScaler
 from nmt.tokenizer import Tokenizer
+from nmt.training.optim import DynamicLossScaler
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The encoder-decoder Transformer (Vaswani et al. 2017) and its incremental-decoding cache.
 
-This module owns the network assembled from `nmt.layers` (embeddings and positions,
+This module owns the network assembled from `nmt.models.layers` (embeddings and positions,
 attention, encoder and decoder layers): the output projection, initialisation (as fairseq),
 and the search protocol of
 docs/architecture.md: `encode` -> `DecoderState`, `decode_step` (one target position per call,
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.config import ModelConfig
-from nmt.layers import (
+from nmt.models.layers import (
     KV,
     DecoderLayer,
     Embedding,
@@ -33,8 +33,8 @@ from nmt.layers import (
     source_rows,
     token_embedding,
 )
-from nmt.quantize import Int8Linear
-from nmt.rnn import RNN
+from nmt.models.quantize import Int8Linear
+from nmt.models.rnn import RNN
 
 
 @dataclass
@@ -53,7 +53,7 @@ class DecoderState:
     # decode_step applies them while appending, so the cache is copied once per step, not twice.
     self_kv_rows: Tensor | None = None  # (N,)
     step: int = 0  # target position of the next token fed to decode_step
-    # a shortlist (nmt.shortlist): output column j is token vocab[j], and the tokens fed back
+    # a shortlist (nmt.decoding.shortlist): output column j is token vocab[j], and the tokens fed back
     # are columns too; source row r's sentence may not produce the columns blocked[r]
     vocab: Tensor | None = None  # (K,) long
     blocked: Tensor | None = None  # (B, K) bool
@@ -81,7 +81,7 @@ class Transformer(nn.Module):
         # pre-norm leaves the residual stream un-normalised: one final LayerNorm on each side
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.int8_output: nn.Module | None = None  # set by nmt.quantize.quantize_decoder
+        self.int8_output: nn.Module | None = None  # set by nmt.models.quantize.quantize_decoder
 
     def set_dropout(self, p: float) -> None:
         """Set the dropout on sub-layer outputs and embeddings (model.dropout) to p; attention
@@ -128,7 +128,7 @@ class Transformer(nn.Module):
 
     def decoder_states(self, src: Tensor, prev_output: Tensor, index: Tensor) -> Tensor:
         """The final decoder states (after the final norm) at the flat positions `index` (M,)
-        of (B * T): what the output projection turns into logits (training's loss, nmt.loss).
+        of (B * T): what the output projection turns into logits (training's loss, nmt.training.loss).
         An index made on the host, unlike a boolean mask, costs the device no sync."""
         x = self._decode_all(src, prev_output)
         return self.decoder_norm(x.reshape(-1, x.size(-1)).index_select(0, index))
@@ -166,7 +166,7 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, shortlist: tuple[Tensor, Tensor] | None = None) -> DecoderState:
         """src (N, S) -> state with one row per sentence and each decoder layer's source K/V.
 
-        shortlist = (vocab (K,), allowed (N, K)), see nmt.shortlist: decode_step then scores
+        shortlist = (vocab (K,), allowed (N, K)), see nmt.decoding.shortlist: decode_step then scores
         the K tokens instead of the whole vocabulary, each sentence only its allowed ones.
         """
         memory, mask = self.run_encoder(src)
@@ -228,7 +228,7 @@ class Transformer(nn.Module):
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int = 0) -> Transformer | RNN:
-    """The network `cfg.arch` names: a `Transformer` or an `nmt.rnn.RNN`. Both give training
+    """The network `cfg.arch` names: a `Transformer` or an `nmt.models.rnn.RNN`. Both give training
     `forward` / `decoder_states` / `output_weight` and the search its protocol."""
     if cfg.arch == "rnn":
 

@@ -1,6 +1,6 @@
 """Optimisation pieces: the learning-rate and dropout schedules, fp16 loss scaling, Adam.
 
-The loss is `nmt.loss`.
+The loss is `nmt.training.loss`.
 
 Each is small and pure enough to be tested on its own (tests/test_optim.py).
 """

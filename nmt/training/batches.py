@@ -27,7 +27,7 @@ from nmt import data as datamod
 from nmt.config import Config
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
-from nmt.train_state import data_fingerprint
+from nmt.training.state import data_fingerprint
 
 PREFETCH_UPDATES = 2  # updates collated ahead of the one on the device
 
@@ -36,7 +36,7 @@ PREFETCH_UPDATES = 2  # updates collated ahead of the one on the device
 class TrainingData:
     src_lang: str
     tgt_lang: str
-    fingerprint: str  # the training data's, direction included (nmt.train_state)
+    fingerprint: str  # the training data's, direction included (nmt.training.state)
     tokenizer: Tokenizer
     train: datamod.ParallelData
     valid: datamod.ParallelData | None  # None where data.dir has no data.valid_split

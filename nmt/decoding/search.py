@@ -200,7 +200,7 @@ def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: in
 def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick, *, pad: int = 0,
                  unk: int = 1, bos: int = 2, eos: int = 3, max_len: int | None = None) -> list[Hypothesis]:
     """src (B, S) -> one hypothesis per sentence, one token per step chosen by `pick` (greedy:
-    `first_maximum`; sampling: `nmt.sampling.sampler`) among the tokens the rules allow.
+    `first_maximum`; sampling: `nmt.decoding.sampling.sampler`) among the tokens the rules allow.
 
     Same length limits and token rules as `beam_search`. Scores are those of the model's
     log-probs (normalised by the length penalty of `cfg`, as beam search ranks them).

@@ -1,0 +1,138 @@
+"""The package map of docs/architecture.md, enforced: which part of nmt may import which.
+
+Every `nmt` import of every module (at the top or inside a function, absolute or relative) is
+checked against MAY_IMPORT, so the map cannot drift from the code."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+import tomllib
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
+SUBPACKAGES = {"models", "decoding", "training", "convert"}
+# the top-level modules anything may use: errors, config and options, the file formats (raw
+# text, atomic writes, tokenizer, binarized data, prepare-bpe, checkpoints), devices, metrics
+BASE = {"errors", "fields", "config", "options", "textio", "atomic", "tokenizer", "data",
+        "prepare", "checkpoint", "device", "evaluate"}
+# the commands' own modules: nothing imports them but the CLI (and `python -m nmt`)
+COMMANDS = {"cli", "__main__", "translate", "plot"}
+CLI = {"nmt.cli", "nmt.__main__"}
+
+# part -> the parts it may import besides itself ("base": any BASE module)
+MAY_IMPORT = {
+    "base": {"base"},
+    "models": {"config", "errors"},  # a model knows nothing of files, tokenizers or search
+    "decoding": {"base", "models"},
+    "training": {"base", "models", "decoding"},
+    "convert": {"base", "models"},
+    "api": {"base", "models", "decoding"},
+    "package": {"api"},  # nmt/__init__.py: `from nmt import Translator`
+    "commands": {"base", "models", "decoding", "training", "convert", "api", "package"},
+}
+
+
+def module_name(path: Path, package: Path) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def part_of(module: str) -> str:
+    """'nmt.decoding.search' -> 'decoding'; 'nmt.config' -> 'config'; 'nmt.cli' -> 'commands'."""
+    head = module.split(".")[1] if "." in module else ""
+    if not head:
+        return "package"
+    if head in SUBPACKAGES or head == "api":
+        return head
+    if head in COMMANDS:
+        return "commands"
+    assert head in BASE, f"nmt.{head} is new: give it a place in BASE or COMMANDS and in docs/architecture.md"
+    return head
+
+
+def allowed(src: str, dst: str) -> bool:
+    if dst == "nmt":  # `from nmt import __version__`: every import of nmt.X runs nmt/__init__.py anyway
+        return True
+    s, d = part_of(src), part_of(dst)
+    if d == "commands":
+        return src in CLI
+    if s == d or (s in BASE and d in BASE):
+        return True
+    rules = MAY_IMPORT["base" if s in BASE else s]
+    return d in rules or ("base" in rules and d in BASE)
+
+
+def nmt_imports(path: Path, package: Path) -> list[tuple[int, str]]:
+    """(line, module) of each import of an nmt module in `path`, relative imports resolved."""
+    here = module_name(path, package).split(".")
+    if path.name != "__init__.py":
+        here = here[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "nmt"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "nmt":
+                continue
+            for a in node.names:  # `from nmt.decoding import search` imports nmt.decoding.search
+                sub = package.parent / f"{base}.{a.name}".replace(".", "/")
+                is_module = sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file()
+                found.append((node.lineno, f"{base}.{a.name}" if is_module else base))
+    return found
+
+
+def violations(package: Path) -> list[str]:
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        src = module_name(path, package)
+        for line, dst in nmt_imports(path, package):
+            if dst in {"nmt." + p for p in SUBPACKAGES} or not allowed(src, dst):
+                out.append(f"{path.relative_to(package.parent)}:{line}: {part_of(src)} may not import {dst}")
+    return out
+
+
+def test_every_import_in_the_package_follows_the_map() -> None:
+    assert violations(PACKAGE) == []
+
+
+def test_pyproject_ships_every_subpackage() -> None:
+    """A folder of modules missing from pyproject's package list is silently left out of the wheel."""
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    folders = {module_name(p.parent / "__init__.py", PACKAGE) for p in PACKAGE.rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert folders == set(config["tool"]["setuptools"]["packages"])
+    assert all((PACKAGE.parent / f.replace(".", "/") / "__init__.py").is_file() for f in folders)
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "message"),
+    [
+        ("models/transformer.py", "from nmt.tokenizer import EOS", "models may not import nmt.tokenizer"),
+        ("models/layers.py", "from ..decoding.search import beam_search", "models may not import nmt.decoding.search"),
+        ("decoding/search.py", "def f():\n    from nmt.training import trainer",
+         "decoding may not import nmt.training.trainer"),
+        ("decoding/predict.py", "from ..convert import ctranslate2", "decoding may not import nmt.convert.ctranslate2"),
+        ("convert/ctranslate2.py", "import nmt.training.loss", "convert may not import nmt.training.loss"),
+        ("training/trainer.py", "import nmt.translate", "training may not import nmt.translate"),
+        ("api.py", "from nmt.cli import app", "api may not import nmt.cli"),
+        ("translate.py", "from nmt import plot", "commands may not import nmt.plot"),
+        ("checkpoint.py", "from nmt.models.transformer import Transformer",
+         "checkpoint may not import nmt.models.transformer"),
+    ],
+)
+def test_a_broken_rule_is_reported(tmp_path: Path, module: str, line: str, message: str) -> None:
+    """The check itself: one forbidden import added to a copy of the package is reported, with
+    its file and line."""
+    copy = tmp_path / "nmt"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / module
+    text = target.read_text(encoding="utf-8")
+    target.write_text(text + "\n" + line + "\n", encoding="utf-8")
+    lineno = text.count("\n") + 2 + line.count("\n")  # the import is the last line added
+    assert violations(copy) == [f"nmt/{module}:{lineno}: {message}"]
