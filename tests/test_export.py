@@ -81,7 +81,7 @@ def test_exported_model_gives_the_same_token_log_probs(variant, test_tokenizer, 
     tok = ours.loaded.tokenizer
     sources, targets = raw_corpus.lines("test", "en")[:16], raw_corpus.lines("test", "de")[:16]
     expected = score_token_lists(ours.loaded.model, [tok.encode(s) for s in sources],
-                                 [tok.encode(t) for t in targets], ours.decode)
+                                 [tok.encode(t) for t in targets], ours.decode, specials=tok.specials)
     got = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1).score_batch(
         [pieces(tok, s) for s in sources], [pieces(tok, t) for t in targets])
     for g, e, t in zip(got, expected, targets, strict=True):
@@ -202,3 +202,4 @@ def test_bad_options_are_one_line(trained_checkpoint, tmp_path, capfd, args, nee
 def test_a_missing_checkpoint_is_one_line(tmp_path, capfd):
     with pytest.raises(NmtError, match="nope.pt"):
         export(tmp_path / "nope.pt", tmp_path / "out")
+

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,12 @@ from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, config_from_dict
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import Hypothesis, beam_search, token_search
-from nmt.decoding.shortlist import SPECIALS, Shortlist, load_shortlist
+from nmt.decoding.shortlist import Shortlist, load_shortlist
 from nmt.device import PRECISIONS, autocast, configure_cuda
 from nmt.errors import NmtError
 from nmt.models.quantize import check_int8, quantize_decoder
 from nmt.models.transformer import build_model
-from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from nmt.tokenizer import SpecialIds, Tokenizer
 
 log = logging.getLogger(__name__)
 DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.models.quantize
@@ -116,7 +116,7 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
                            f"{tokenizer.vocab_size}; the checkpoint is inconsistent")
         if precision == "int8" and cfg.model.arch != "transformer":
             raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
-        model: Any = build_model(cfg.model, vocab_size, pad_id=PAD)
+        model: Any = build_model(cfg.model, vocab_size, pad_id=tokenizer.specials.pad)
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as e:  # missing or unexpected keys, other shapes
@@ -162,7 +162,7 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterat
 def load_shortlist_for(path: str, loaded: Loaded, beam: int) -> Shortlist:
     """A file from `nmt shortlist`, checked against the loaded model's vocabulary and the beam."""
     shortlist = load_shortlist(path, vocab_size=loaded.tokenizer.vocab_size, spm_sha256=loaded.tokenizer.sha256)
-    if SPECIALS + shortlist.frequent.numel() <= beam:  # a list must outnumber the beam
+    if len(loaded.tokenizer.specials.ids()) + shortlist.frequent.numel() <= beam:  # a list must outnumber the beam
         raise NmtError(f"{path}: {shortlist.frequent.numel()} frequent tokens are too few for "
                        f"beam {beam}; rebuild it with nmt shortlist --frequent {beam}")
     return shortlist
@@ -180,6 +180,7 @@ def translate_token_lists(
     seqs: Sequence[Sequence[int]],
     cfg: DecodeConfig,
     *,
+    specials: SpecialIds,
     nbest: int = 1,
     device: torch.device | str = "cpu",
     precision: str = "fp32",
@@ -188,9 +189,10 @@ def translate_token_lists(
     shortlist: Shortlist | None = None,
     first_index: int = 0,
 ) -> list[list[Hypothesis]]:
-    """Beam-search every token sequence (without EOS); results in input order. With
-    `cfg.sampling`, one sample each instead (nmt.decoding.sampling): sequence i draws from the generator
-    of input sentence first_index + i.
+    """Beam-search every token sequence (without eos); results in input order. `specials` are
+    the special ids of the model's vocabulary (`Tokenizer.specials`). With `cfg.sampling`, one
+    sample each instead (nmt.decoding.sampling): sequence i draws from the generator of input
+    sentence first_index + i.
 
     Sequences longer than max_positions - 1 are truncated (the caller warns). Batches are
     formed by length for speed; the results do not depend on how sentences are batched.
@@ -218,22 +220,22 @@ def translate_token_lists(
 
     def run(ids: list[int]) -> None:
         width = max(len(seqs[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), PAD, dtype=torch.long)
+        src = torch.full((len(ids), width), specials.pad, dtype=torch.long)
         for row, i in enumerate(ids):
-            src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], EOS])
+            src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], specials.eos])
         search_model, vocab = model, None
         if shortlist is not None:
-            vocab, allowed = shortlist.batch_vocab(src, PAD)
+            vocab, allowed = shortlist.batch_vocab(src, specials)
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
         amp = autocast(device, "fp32" if precision == "int8" else precision)  # int8: the model is quantised
         with torch.inference_mode(), amp:  # both are per thread
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])
-                hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, pad=PAD, unk=UNK,
-                                                  bos=BOS, eos=EOS, max_len=max_positions)]
+                hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, **asdict(specials),
+                                                  max_len=max_positions)]
             else:
-                hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS,
-                                   eos=EOS, max_len=max_positions)
+                hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, **asdict(specials),
+                                   max_len=max_positions)
         for i, h in zip(ids, hyps):
             if vocab is not None:  # token columns -> token ids
                 h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]
@@ -262,11 +264,13 @@ def score_token_lists(
     targets: Sequence[Sequence[int]],
     cfg: DecodeConfig,
     *,
+    specials: SpecialIds,
     device: torch.device | str = "cpu",
     precision: str = "fp32",
 ) -> list[list[float]]:
-    """Forced decoding: for each non-empty source (without EOS, at most max_positions - 1
-    tokens) the log-probability of each token of its target followed by EOS (len + 1 values).
+    """Forced decoding: for each non-empty source (without eos, at most max_positions - 1
+    tokens) the log-probability of each token of its target followed by eos (len + 1 values);
+    `specials` are the vocabulary's special ids.
 
     The targets are fed through the same `encode` / `decode_step` protocol as the search, so
     a hypothesis scores the log-probs the search found for it (up to batch-shape rounding),
@@ -277,20 +281,20 @@ def score_token_lists(
     amp = autocast(device, "fp32" if precision == "int8" else precision)
     for ids in _batches([len(s) for s in sources], cfg.batch_size, cfg.max_tokens):
         width = max(len(sources[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), PAD, dtype=torch.long)
+        src = torch.full((len(ids), width), specials.pad, dtype=torch.long)
         for row, i in enumerate(ids):
-            src[row, : len(sources[i]) + 1] = torch.tensor([*sources[i], EOS])
-        gold = [[*targets[i], EOS] for i in ids]
+            src[row, : len(sources[i]) + 1] = torch.tensor([*sources[i], specials.eos])
+        gold = [[*targets[i], specials.eos] for i in ids]
         steps = max(map(len, gold))
-        feed = torch.full((len(ids), steps), PAD, dtype=torch.long)  # (B, T): gold tokens, padded
+        feed = torch.full((len(ids), steps), specials.pad, dtype=torch.long)  # (B, T): gold tokens, padded
         for row, g in enumerate(gold):
             feed[row, : len(g)] = torch.tensor(g)
         feed = feed.to(device)
         out = torch.zeros(len(ids), steps)  # (B, T)
         with torch.inference_mode(), amp:
             state = model.encode(src.to(device))
-            last = torch.full((len(ids),), BOS, dtype=torch.long, device=device)
-            for t in range(steps):  # past its EOS a row is fed PAD; those values are dropped
+            last = torch.full((len(ids),), specials.bos, dtype=torch.long, device=device)
+            for t in range(steps):  # past its eos a row is fed pad; those values are dropped
                 lprobs, state = model.decode_step(last, state)  # (B, V)
                 out[:, t] = lprobs.float().gather(1, feed[:, t : t + 1]).squeeze(1).cpu()
                 last = feed[:, t]

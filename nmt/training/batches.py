@@ -26,7 +26,7 @@ import numpy as np
 from nmt import data as datamod
 from nmt.config import Config
 from nmt.errors import NmtError
-from nmt.tokenizer import Tokenizer
+from nmt.tokenizer import SpecialIds, Tokenizer
 from nmt.training.state import data_fingerprint
 
 PREFETCH_UPDATES = 2  # updates collated ahead of the one on the device
@@ -70,9 +70,10 @@ class Prefetcher:
 
     _DONE = object()
 
-    def __init__(self, data: datamod.ParallelData, groups: Sequence[Sequence[np.ndarray | None]], *,
-                 pad_to: int, pin_memory: bool):
+    def __init__(self, data: datamod.ParallelData, groups: Sequence[Sequence[np.ndarray | None]],
+                 specials: SpecialIds, *, pad_to: int, pin_memory: bool):
         self.data, self.groups, self.pad_to, self.pin = data, groups, pad_to, pin_memory
+        self.specials = specials
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=PREFETCH_UPDATES)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._work, name="nmt-prefetch", daemon=True)
@@ -82,7 +83,8 @@ class Prefetcher:
         try:
             for group in self.groups:
                 batches = [None if ids is None else
-                           datamod.collate(self.data, ids, pin_memory=self.pin, pad_to=self.pad_to) for ids in group]
+                           datamod.collate(self.data, ids, self.specials, pin_memory=self.pin, pad_to=self.pad_to)
+                           for ids in group]
                 if not self._put(batches):
                     return
             self._put(self._DONE)
