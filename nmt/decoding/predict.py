@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
-from nmt.config import Config, DecodeConfig, check_decode, config_from_dict
+from nmt.checkpoint import LAST_RUN_FILE, load_model_checkpoint
+from nmt.config import Config, DecodeConfig, check_decode
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
@@ -101,44 +101,28 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
     if precision == "int8":
         check_int8(device)
     configure_cuda(device)
-    models, tokenizer, first_cfg, first_hash = [], None, None, None
+    models, tokenizer, first_cfg = [], None, None
     for path in paths:
-        state = load_checkpoint(path, mmap=True)  # the weights are copied into the model once
-        cfg = config_from_dict(state["config"], where=str(path))
-        model_bytes, tok_hash, vocab_size = _tokenizer_entry(state, path)
-        if first_hash is not None and tok_hash != first_hash:
-            raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
+        ckpt = load_model_checkpoint(path, mmap=True)  # the weights are copied into the model once
+        cfg = ckpt.config
         if tokenizer is None:
-            tokenizer = Tokenizer.from_bytes(model_bytes, name=f"{path}: its sentencepiece model")
-            first_cfg, first_hash = cfg, tok_hash
-        if tokenizer.vocab_size != vocab_size:
-            raise NmtError(f"{path}: vocab_size {vocab_size} differs from its sentencepiece model's "
-                           f"{tokenizer.vocab_size}; the checkpoint is inconsistent")
+            tokenizer, first_cfg = ckpt.tokenizer, cfg
+        elif ckpt.tokenizer.sha256 != tokenizer.sha256:
+            raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
         if precision == "int8" and cfg.model.arch != "transformer":
             raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
-        model: Any = build_model(cfg.model, vocab_size, pad_id=tokenizer.specials.pad)
+        model: Any = build_model(cfg.model, ckpt.tokenizer.vocab_size, pad_id=ckpt.tokenizer.specials.pad)
         try:
-            model.load_state_dict(state["model"])
+            model.load_state_dict(ckpt.weights)
         except RuntimeError as e:  # missing or unexpected keys, other shapes
             first = " ".join(str(e).split())[:300]
             raise NmtError(f"{path}: the weights do not match the checkpoint's config ({first})") from None
         model = model.to(device).eval()
         models.append(quantize_decoder(model) if precision == "int8" else model)
-        del state
+        del ckpt
     assert tokenizer is not None and first_cfg is not None
     max_pos = min(m.cfg.max_positions for m in models)
     return Loaded(models[0] if len(models) == 1 else Ensemble(models), tokenizer, first_cfg, max_pos)
-
-
-def _tokenizer_entry(state: dict[str, Any], path: Path) -> tuple[bytes, str, int]:
-    """The checkpoint's sentencepiece model bytes, their sha256 and its vocab_size, checked."""
-    entry, vocab_size = state.get("tokenizer"), state.get("vocab_size")
-    if not isinstance(entry, dict) or not isinstance(entry.get("model"), bytes) \
-            or not isinstance(entry.get("sha256"), str):
-        raise NmtError(f"{path}: the checkpoint holds no sentencepiece model (tokenizer); it cannot translate")
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
-        raise NmtError(f"{path}: the checkpoint's vocab_size is missing or not a positive integer")
-    return entry["model"], entry["sha256"], vocab_size
 
 
 # ------------------------------------------------------------------ the prediction path
