@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, check_nbest
 from nmt.decoding.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
 from nmt.decoding.predict import (
     DECODE_PRECISIONS,
@@ -193,10 +193,7 @@ class Translator:
         first_index + i of the seed's generators (nmt.decoding.sampling; the command passes the line
         number, so chunking does not matter). With `alignment` / `attention`, each Translation
         carries its hard alignment (of the `alignment_layer`) / its attention matrices."""
-        if not 1 <= nbest <= self.decode.beam:
-            raise NmtError(f"nbest must be between 1 and the beam size ({self.decode.beam}), got {nbest}")
-        if nbest > 1 and self.decode.sampling:
-            raise NmtError(f"nbest {nbest} needs beam search: sampling gives one output per input")
+        check_nbest(nbest, self.decode, "nbest")
         layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
         seqs = self._encode(texts, where or (lambda i: f"texts[{i}]"))
         hyps = translate_token_lists(self.loaded.model, seqs, self.decode, specials=self.loaded.tokenizer.specials,

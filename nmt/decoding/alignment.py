@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from nmt.atomic import replacing
-from nmt.device import autocast
+from nmt.decoding.predict import decode_autocast, pad_rows
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds
 
@@ -72,23 +72,16 @@ def attention_matrices(model: Any, sources: Sequence[Sequence[int]], targets: Se
         raise NmtError("this model has no attention (model.attention none): no alignment or attention to report")
     device = torch.device(device)
     out: list[np.ndarray] = []
-    amp = autocast(device, "fp32" if precision == "int8" else precision)
+    amp = decode_autocast(device, precision)
     for first in range(0, len(sources), ATTENTION_BATCH):
         srcs, tgts = sources[first:first + ATTENTION_BATCH], targets[first:first + ATTENTION_BATCH]
-        src = _padded([[*s, specials.eos] for s in srcs], specials.pad).to(device)  # (B, S)
-        prev = _padded([[specials.bos, *t] for t in tgts], specials.pad).to(device)  # (B, T)
+        src = pad_rows([[*s, specials.eos] for s in srcs], specials.pad).to(device)  # (B, S)
+        prev = pad_rows([[specials.bos, *t] for t in tgts], specials.pad).to(device)  # (B, T)
         with torch.inference_mode(), amp:
             weights = m.attention_weights(src, prev).float().cpu()  # (B, L, H, T, S)
         for row, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
             out.append(weights[row, :, :, : len(t) + 1, : len(s) + 1].numpy())
     return out
-
-
-def _padded(seqs: list[list[int]], pad: int) -> torch.Tensor:
-    batch = torch.full((len(seqs), max(map(len, seqs))), pad, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        batch[row, : len(seq)] = torch.tensor(seq)
-    return batch
 
 
 def hard_alignment(weights: np.ndarray, layer: int) -> list[tuple[int, int]]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from nmt.checkpoint import LAST_RUN_FILE, load_model_checkpoint
-from nmt.config import Config, DecodeConfig, check_decode
+from nmt.config import Config, DecodeConfig, check_decode, check_nbest
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
@@ -30,6 +30,20 @@ from nmt.tokenizer import SpecialIds, Tokenizer
 
 log = logging.getLogger(__name__)
 DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.models.quantize
+
+
+def decode_autocast(device: torch.device, precision: str) -> Any:
+    """The autocast a decode at `precision` runs under: int8 under fp32, its decoder being
+    quantised already (`load_models`); bf16 and fp16 as `nmt.device.autocast`."""
+    return autocast(device, "fp32" if precision == "int8" else precision)
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
+    """Token-id rows -> (N, longest) long, right-padded with `pad`."""
+    batch = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        batch[i, : len(row)] = torch.tensor(row)
+    return batch
 
 
 class Ensemble:
@@ -203,16 +217,12 @@ def translate_token_lists(
     batches = [[todo[j] for j in batch] for batch in _batches(lengths, cfg.batch_size, cfg.max_tokens)]
 
     def run(ids: list[int]) -> None:
-        width = max(len(seqs[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), specials.pad, dtype=torch.long)
-        for row, i in enumerate(ids):
-            src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], specials.eos])
+        src = pad_rows([[*seqs[i], specials.eos] for i in ids], specials.pad)  # (B, S)
         search_model, vocab = model, None
         if shortlist is not None:
             vocab, allowed = shortlist.batch_vocab(src, specials)
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
-        amp = autocast(device, "fp32" if precision == "int8" else precision)  # int8: the model is quantised
-        with torch.inference_mode(), amp:  # both are per thread
+        with torch.inference_mode(), decode_autocast(device, precision):  # both are per thread
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])
                 hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, **asdict(specials),
@@ -262,18 +272,12 @@ def score_token_lists(
     """
     device = torch.device(device)
     results: list[list[float]] = [[] for _ in sources]
-    amp = autocast(device, "fp32" if precision == "int8" else precision)
+    amp = decode_autocast(device, precision)
     for ids in _batches([len(s) for s in sources], cfg.batch_size, cfg.max_tokens):
-        width = max(len(sources[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), specials.pad, dtype=torch.long)
-        for row, i in enumerate(ids):
-            src[row, : len(sources[i]) + 1] = torch.tensor([*sources[i], specials.eos])
+        src = pad_rows([[*sources[i], specials.eos] for i in ids], specials.pad)  # (B, S)
         gold = [[*targets[i], specials.eos] for i in ids]
         steps = max(map(len, gold))
-        feed = torch.full((len(ids), steps), specials.pad, dtype=torch.long)  # (B, T): gold tokens, padded
-        for row, g in enumerate(gold):
-            feed[row, : len(g)] = torch.tensor(g)
-        feed = feed.to(device)
+        feed = pad_rows(gold, specials.pad).to(device)  # (B, T): gold tokens, padded
         out = torch.zeros(len(ids), steps)  # (B, T)
         with torch.inference_mode(), amp:
             state = model.encode(src.to(device))
@@ -302,8 +306,5 @@ def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1,
         return option(key) if key in overrides else f"{source}: decode.{key}"
 
     check_decode(cfg, name, vocab_size)
-    if nbest < 1 or nbest > cfg.beam:
-        raise NmtError(f"{option('nbest')} must be between 1 and the beam size ({cfg.beam}), got {nbest}")
-    if cfg.sampling and nbest > 1:
-        raise NmtError(f"{option('nbest')} {nbest} needs beam search: sampling gives one output per input")
+    check_nbest(nbest, cfg, option("nbest"))
     return cfg

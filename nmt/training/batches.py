@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from nmt import data as datamod
-from nmt.config import Config
-from nmt.errors import NmtError
+from nmt.config import Config, check_beam_fits
 from nmt.tokenizer import SpecialIds, Tokenizer
 from nmt.training.state import data_fingerprint
 
@@ -47,9 +46,8 @@ class TrainingData:
         meta = datamod.read_meta(d.dir)
         src, tgt = d.source_lang or meta["source_lang"], d.target_lang or meta["target_lang"]
         tokenizer = Tokenizer(Path(d.dir) / "spm.model")
-        if t.valid_bleu and t.valid_beam >= tokenizer.vocab_size:  # as decode.beam (config.check_decode)
-            raise NmtError(f"train.valid_beam must be smaller than the vocabulary ({tokenizer.vocab_size}), "
-                           f"got {t.valid_beam}")
+        if t.valid_bleu:
+            check_beam_fits(t.valid_beam, tokenizer.vocab_size, "train.valid_beam")
         train = datamod.ParallelData.load(d.dir, d.train_split, src, tgt)
         valid = datamod.ParallelData.load(d.dir, d.valid_split, src, tgt) if d.valid_split in meta.get("splits", {}) \
             else None
