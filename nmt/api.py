@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, check_nbest
 from nmt.decoding.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
 from nmt.decoding.predict import (
     DECODE_PRECISIONS,
@@ -51,7 +51,6 @@ from nmt.errors import NmtError
 from nmt.fields import coerce_option
 from nmt.options import TranslateOptions
 from nmt.textio import clean_text
-from nmt.tokenizer import EOS
 
 log = logging.getLogger(__name__)
 _BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
@@ -194,13 +193,11 @@ class Translator:
         first_index + i of the seed's generators (nmt.decoding.sampling; the command passes the line
         number, so chunking does not matter). With `alignment` / `attention`, each Translation
         carries its hard alignment (of the `alignment_layer`) / its attention matrices."""
-        if not 1 <= nbest <= self.decode.beam:
-            raise NmtError(f"nbest must be between 1 and the beam size ({self.decode.beam}), got {nbest}")
-        if nbest > 1 and self.decode.sampling:
-            raise NmtError(f"nbest {nbest} needs beam search: sampling gives one output per input")
+        check_nbest(nbest, self.decode, "nbest")
         layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
         seqs = self._encode(texts, where or (lambda i: f"texts[{i}]"))
-        hyps = translate_token_lists(self.loaded.model, seqs, self.decode, nbest=nbest, device=self.device,
+        hyps = translate_token_lists(self.loaded.model, seqs, self.decode, specials=self.loaded.tokenizer.specials,
+                                     nbest=nbest, device=self.device,
                                      precision=self.precision, max_positions=self.loaded.max_positions,
                                      workers=self.workers, shortlist=self.shortlist, first_index=first_index)
         decode = self.loaded.tokenizer.decode
@@ -214,13 +211,13 @@ class Translator:
         """Fill in each translation's alignment and/or attention (nmt.decoding.alignment), in place."""
         pairs = [(i, k) for i, hs in enumerate(hyps) for k in range(len(hs))]
         weights = attention_matrices(self.loaded.model, [seqs[i] for i, _ in pairs],
-                                     [hyps[i][k].tokens for i, k in pairs], device=self.device,
-                                     precision=self.precision)
-        piece = self.loaded.tokenizer.piece
+                                     [hyps[i][k].tokens for i, k in pairs], specials=self.loaded.tokenizer.specials,
+                                     device=self.device, precision=self.precision)
+        piece, eos = self.loaded.tokenizer.piece, self.loaded.tokenizer.specials.eos
         for (i, k), w in zip(pairs, weights, strict=True):
             att = None
             if attention:
-                att = Attention(w, [piece(t) for t in [*seqs[i], EOS]], [piece(t) for t in [*hyps[i][k].tokens, EOS]])
+                att = Attention(w, [piece(t) for t in [*seqs[i], eos]], [piece(t) for t in [*hyps[i][k].tokens, eos]])
             out[i][k] = replace(out[i][k], alignment=hard_alignment(w, layer) if alignment else None, attention=att)
 
     def translate_stream(self, lines: Iterable[str], *, buffer_lines: int = 1) -> Iterator[str]:
@@ -266,7 +263,8 @@ class Translator:
                 raise NmtError(f"targets[{i}]: {len(t)} tokens, more than the model's maximum of {limit}")
         todo = [i for i, s in enumerate(srcs) if s]
         lprobs = score_token_lists(self.loaded.model, [srcs[i] for i in todo], [tgts[i] for i in todo],
-                                   self.decode, device=self.device, precision=self.precision)
+                                   self.decode, specials=self.loaded.tokenizer.specials, device=self.device,
+                                   precision=self.precision)
         scores = [0.0 if not t else -math.inf for t in tgts]  # empty sources
         for i, lp in zip(todo, lprobs, strict=True):
             scores[i] = sum(lp)

@@ -1,5 +1,9 @@
 """Checkpoint files: atomic writes, loading with clear errors, listing, pruning, averaging.
 
+`load_model_checkpoint` is the one loader of a checkpoint to translate or export with: it
+adds to `load_checkpoint`'s checks the parsed config and the embedded sentencepiece model,
+checked against the checkpoint's vocab_size.
+
 The checkpoint format is described in `docs/architecture.md`. Checkpoints are loaded with
 `torch.load(weights_only=True)`: they hold only tensors, dicts, lists, tuples, str, bytes,
 int, float, bool and None (RNG states as torch ByteTensors, never numpy arrays), so loading
@@ -13,13 +17,16 @@ import os
 import re
 import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt.atomic import fsync_path, replacing, target
+from nmt.config import Config, config_from_dict
 from nmt.errors import NmtError
+from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +114,36 @@ def load_checkpoint(
             f"(this nmt reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
         )
     return ckpt
+
+
+@dataclass
+class ModelCheckpoint:
+    """What translating or exporting needs of a checkpoint, checked (`load_model_checkpoint`)."""
+
+    path: Path
+    config: Config
+    tokenizer: Tokenizer  # its sentencepiece model, with the special ids (`tokenizer.specials`)
+    weights: dict[str, torch.Tensor]  # the model's state dict
+
+
+def load_model_checkpoint(path: str | Path, *, mmap: bool = False) -> ModelCheckpoint:
+    """Load `path` to translate or export with: `load_checkpoint`'s checks, then its config
+    parsed and its sentencepiece model loaded, which must have the checkpoint's vocab_size.
+    Every error is one line naming `path`."""
+    path = Path(path)
+    state = load_checkpoint(path, mmap=mmap)
+    config = config_from_dict(state["config"], where=str(path))
+    entry, vocab_size = state.get("tokenizer"), state.get("vocab_size")
+    if not isinstance(entry, dict) or not isinstance(entry.get("model"), bytes) \
+            or not isinstance(entry.get("sha256"), str):
+        raise NmtError(f"{path}: the checkpoint holds no sentencepiece model (tokenizer); it cannot translate")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+        raise NmtError(f"{path}: the checkpoint's vocab_size is missing or not a positive integer")
+    tokenizer = Tokenizer.from_bytes(entry["model"], name=f"{path}: its sentencepiece model")
+    if tokenizer.vocab_size != vocab_size:
+        raise NmtError(f"{path}: vocab_size {vocab_size} differs from its sentencepiece model's "
+                       f"{tokenizer.vocab_size}; the checkpoint is inconsistent")
+    return ModelCheckpoint(path, config, tokenizer, state["model"])
 
 
 def load_latest(run_dir: str | Path) -> dict[str, Any] | None:

@@ -360,8 +360,8 @@ def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | 
             raise ConfigError(f"{name(key)} {msg}, got {getattr(d, key)!r}")
 
     need(d.beam >= 1, "beam", "must be at least 1")
-    # step 0 takes the whole beam from one row's candidates (nmt.decoding.search)
-    need(vocab_size is None or d.beam < vocab_size, "beam", f"must be smaller than the vocabulary ({vocab_size})")
+    if vocab_size is not None:
+        check_beam_fits(d.beam, vocab_size, name("beam"))
     need(math.isfinite(d.lenpen), "lenpen", "must be a finite number")
     need(d.lenpen_style in get_args(_field_types(DecodeConfig)["lenpen_style"]), "lenpen_style",
          "must be gnmt, length or none")
@@ -376,6 +376,22 @@ def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | 
     need(math.isfinite(d.temperature) and d.temperature > 0, "temperature", "must be a positive number")
     need(0 <= d.seed < 2**62, "seed", "must be between 0 and 2^62")
     need(d.max_tokens >= 0, "max_tokens", "must not be negative")
+
+
+def check_beam_fits(beam: int, vocab_size: int, name: str) -> None:
+    """A beam smaller than the vocabulary: step 0 takes the whole beam from one row's
+    candidates (nmt.decoding.search). `name` names the setting ("--beam", "train.valid_beam")."""
+    if beam >= vocab_size:
+        raise ConfigError(f"{name} must be smaller than the vocabulary ({vocab_size}), got {beam!r}")
+
+
+def check_nbest(nbest: int, d: DecodeConfig, name: str) -> None:
+    """An n-best list of 1 .. beam hypotheses, and of one when sampling. `name` names the
+    option ("--nbest", "nbest=", "nbest")."""
+    if not 1 <= nbest <= d.beam:
+        raise ConfigError(f"{name} must be between 1 and the beam size ({d.beam}), got {nbest}")
+    if d.sampling and nbest > 1:
+        raise ConfigError(f"{name} {nbest} needs beam search: sampling gives one output per input")
 
 
 def help_table() -> str:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from nmt.errors import NmtError
-from nmt.tokenizer import BOS, EOS, PAD
+from nmt.tokenizer import SpecialIds
 
 logger = logging.getLogger(__name__)
 
@@ -238,9 +238,11 @@ def padded_length(length: int, multiple: int) -> int:
 
 
 def collate(
-    data: ParallelData, indices: Sequence[int] | np.ndarray, pin_memory: bool = False, pad_to: int = 1
+    data: ParallelData, indices: Sequence[int] | np.ndarray, specials: SpecialIds, pin_memory: bool = False,
+    pad_to: int = 1,
 ) -> Batch:
-    """Pad the pairs `indices` of `data` into a Batch (rows in the order of `indices`).
+    """Pad the pairs `indices` of `data` into a Batch (rows in the order of `indices`), with the
+    special ids of the data's vocabulary (`Tokenizer.specials`).
 
     With pad_to > 1 both lengths are padded up to a multiple of it, so that the tensors of an
     epoch take few distinct shapes (kernels, attention backends and torch.compile see
@@ -249,16 +251,16 @@ def collate(
     if len(ids) == 0:
         raise ValueError("collate: empty batch")
     src_len, tgt_len = data.src_sizes[ids], data.tgt_sizes[ids]
-    src = np.full((len(ids), padded_length(int(src_len.max()) + 1, pad_to)), PAD, dtype=np.int64)
-    prev = np.full((len(ids), padded_length(int(tgt_len.max()) + 1, pad_to)), PAD, dtype=np.int64)
-    target = np.full_like(prev, PAD)
+    src = np.full((len(ids), padded_length(int(src_len.max()) + 1, pad_to)), specials.pad, dtype=np.int64)
+    prev = np.full((len(ids), padded_length(int(tgt_len.max()) + 1, pad_to)), specials.pad, dtype=np.int64)
+    target = np.full_like(prev, specials.pad)
     for row, i in enumerate(ids):
         n, m = src_len[row], tgt_len[row]
         src[row, :n] = data.src(i)
-        src[row, n] = EOS
-        prev[row, 0] = BOS
+        src[row, n] = specials.eos
+        prev[row, 0] = specials.bos
         prev[row, 1 : m + 1] = target[row, :m] = data.tgt(i)
-        target[row, m] = EOS
+        target[row, m] = specials.eos
     width = target.shape[1]
     real = np.arange(width)[None, :] <= tgt_len[:, None]  # (B, T): tokens and the EOS
     target_index = np.flatnonzero(real)

@@ -1,8 +1,10 @@
-"""Sentencepiece: training the joint model, encoding, decoding, the fixed special ids.
+"""Sentencepiece: training the joint model, encoding, decoding, the special ids.
 
-The only module that imports sentencepiece. Every model nmt uses has `pad=0, unk=1,
-bos=2, eos=3`; loading a model with other ids is an error, since the ids are baked into
-the binarized data and the model's embedding table.
+The only module that imports sentencepiece, and the one owner of the special ids: a
+`Tokenizer` reads them from its model (`Tokenizer.specials`, a `SpecialIds`), and everything
+else (data, models, search, export) receives them from it or as an argument. Every model nmt
+trains has `NMT_SPECIALS` (`pad=0, unk=1, bos=2, eos=3`); loading a model with other ids is
+an error, since the ids are baked into the binarized data and the model's embedding table.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import sentencepiece as spm
@@ -18,7 +21,24 @@ import sentencepiece as spm
 from nmt.errors import NmtError
 from nmt.textio import read_lines
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The ids of a vocabulary's special tokens. A source is `tokens + [eos]`, the decoder
+    input `[bos] + tokens` and its target `tokens + [eos]`; batches are padded with `pad`;
+    the search never produces `pad` or `bos` (nor `unk`, unless asked to)."""
+
+    pad: int
+    unk: int
+    bos: int
+    eos: int
+
+    def ids(self) -> list[int]:
+        """The distinct special ids, ascending."""
+        return sorted({self.pad, self.unk, self.bos, self.eos})
+
+
+NMT_SPECIALS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the ids of every vocabulary nmt trains
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +81,10 @@ def train_sentencepiece(
             byte_fallback=byte_fallback,
             input_sentence_size=input_sentence_size,
             shuffle_input_sentence=True,
-            pad_id=PAD,
-            unk_id=UNK,
-            bos_id=BOS,
-            eos_id=EOS,
+            pad_id=NMT_SPECIALS.pad,
+            unk_id=NMT_SPECIALS.unk,
+            bos_id=NMT_SPECIALS.bos,
+            eos_id=NMT_SPECIALS.eos,
             num_threads=max(1, num_threads),
             minloglevel=2,  # INFO is hundreds of lines, WARNING repeats the error we report in one line
         )
@@ -78,7 +98,7 @@ def train_sentencepiece(
 
 
 class Tokenizer:
-    """A loaded sentencepiece model with nmt's special ids.
+    """A loaded sentencepiece model with nmt's special ids (`specials`).
 
     `Tokenizer(path)` reads a .model file; `Tokenizer(model_bytes)` (or `from_bytes`) loads
     the bytes a checkpoint embeds. Keeps the bytes (`model_bytes`, `sha256`) and pickles as
@@ -102,12 +122,15 @@ class Tokenizer:
             self._sp.LoadFromSerializedProto(self.model_bytes)
         except (RuntimeError, OSError, TypeError) as e:
             raise NmtError(f"{self.name}: not a sentencepiece model ({e})") from None
-        ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
-        if ids != (PAD, UNK, BOS, EOS):
+        sp = self._sp
+        self.specials = SpecialIds(pad=sp.pad_id(), unk=sp.unk_id(), bos=sp.bos_id(), eos=sp.eos_id())
+        if self.specials != NMT_SPECIALS:
+            have, need = self.specials, NMT_SPECIALS
             raise NmtError(
-                f"{self.name}: sentencepiece model has pad={ids[0]} unk={ids[1]} bos={ids[2]} "
-                f"eos={ids[3]}; nmt needs pad=0 unk=1 bos=2 eos=3 (train it with nmt "
-                "prepare-bpe, or spm_train --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3)"
+                f"{self.name}: sentencepiece model has pad={have.pad} unk={have.unk} bos={have.bos} "
+                f"eos={have.eos}; nmt needs pad={need.pad} unk={need.unk} bos={need.bos} eos={need.eos} "
+                f"(train it with nmt prepare-bpe, or spm_train --pad_id={need.pad} --unk_id={need.unk} "
+                f"--bos_id={need.bos} --eos_id={need.eos})"
             )
 
     @classmethod
@@ -136,7 +159,7 @@ class Tokenizer:
         return self._sp.encode(list(texts), num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of token ids; PAD/BOS/EOS are skipped, UNK shows as ' ⁇ '."""
+        """Text of token ids; pad/bos/eos are skipped, unk shows as ' ⁇ '."""
         return self._sp.decode([int(i) for i in ids])
 
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:

@@ -133,8 +133,9 @@ def main(argv: list[str] | None = None) -> dict:
     times = []
     for _ in range(max(1, args.repeat)):
         start = time.perf_counter()
-        hyps = translate_token_lists(loaded.model, seqs, cfg, device=device, precision=args.precision,
-                                     max_positions=loaded.max_positions, workers=workers, shortlist=shortlist)
+        hyps = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, device=device,
+                                     precision=args.precision, max_positions=loaded.max_positions,
+                                     workers=workers, shortlist=shortlist)
         times.append(time.perf_counter() - start)
     seconds = min(times)
     outputs = [loaded.tokenizer.decode(h[0].tokens) if h else "" for h in hyps]

@@ -64,8 +64,9 @@ def main() -> None:
     print(f"{len(pairs)} valid pairs, {total} target pieces linked by IBM Model 1; "
           f"diagonal baseline agrees on {100 * diagonal / total:.1f}%")
     for path in args.checkpoint:
-        model = load_models([path], torch.device("cpu")).model
-        weights = attention_matrices(model, [s.tolist() for s, _ in pairs], [t.tolist() for _, t in pairs])
+        loaded = load_models([path], torch.device("cpu"))
+        weights = attention_matrices(loaded.model, [s.tolist() for s, _ in pairs], [t.tolist() for _, t in pairs],
+                                     specials=loaded.tokenizer.specials)
         layers = weights[0].shape[0]
         for layer in range(layers):
             agree = 0

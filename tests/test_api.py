@@ -169,11 +169,12 @@ def test_a_missing_checkpoint_is_an_nmt_error(tmp_path):
 def test_forced_decoding_of_a_hypothesis_gives_the_search_log_probs(translator, sentences):
     loaded, tok = translator.loaded, translator.loaded.tokenizer
     seqs = [tok.encode(s) for s in sentences]
-    results = translate_token_lists(loaded.model, seqs, translator.decode, nbest=4,
+    results = translate_token_lists(loaded.model, seqs, translator.decode, specials=tok.specials, nbest=4,
                                     max_positions=loaded.max_positions)
     pairs = [(seq, text, h) for seq, text, hyps in zip(seqs, sentences, results, strict=True) for h in hyps]
     # forced decoding of the search's own tokens gives its per-token log-probs
-    forced = score_token_lists(loaded.model, [p[0] for p in pairs], [p[2].tokens for p in pairs], translator.decode)
+    forced = score_token_lists(loaded.model, [p[0] for p in pairs], [p[2].tokens for p in pairs], translator.decode,
+                               specials=tok.specials)
     for got, (_, _, h) in zip(forced, pairs, strict=True):
         assert got == pytest.approx(h.positional_scores, abs=1e-4)
 
@@ -185,7 +186,7 @@ def test_score_of_its_own_translations_is_their_logprob(trained_checkpoint, raw_
     tok = translator.loaded.tokenizer
     sources = raw_corpus.lines("test", "en")
     results = translate_token_lists(translator.loaded.model, [tok.encode(s) for s in sources], translator.decode,
-                                    nbest=4, max_positions=translator.loaded.max_positions)
+                                    specials=tok.specials, nbest=4, max_positions=translator.loaded.max_positions)
     canonical = {(src, tok.decode(h.tokens)) for src, hyps in zip(sources, results, strict=True) for h in hyps
                  if tok.encode(tok.decode(h.tokens)) == h.tokens}
     pairs = [(src, h) for src, hyps in zip(sources, translator.translate_nbest(sources, 4), strict=True)

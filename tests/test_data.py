@@ -18,7 +18,7 @@ from nmt.data import (
     shard_batches,
 )
 from nmt.errors import NmtError
-from nmt.tokenizer import BOS, EOS, PAD, Tokenizer
+from nmt.tokenizer import NMT_SPECIALS, SpecialIds, Tokenizer
 
 
 def padded_cost(batch, src, tgt) -> int:
@@ -137,28 +137,32 @@ def test_shard_batches_equal_lengths_and_union(sizes):
         shard_batches(batches, 2, 2)
 
 
-def test_collate_layout(prepared):
+@pytest.mark.parametrize("specials", [NMT_SPECIALS, SpecialIds(pad=1000, unk=1, bos=1001, eos=1002)],
+                         ids=["nmt", "other"])
+def test_collate_layout(prepared, specials):
+    """The special ids are the ones given (the vocabulary's), never constants of collate's own."""
     dest, _ = prepared
     data = ParallelData.load(dest, "valid")
     ids = [5, 0, 17, 3]
-    batch = collate(data, ids)
+    batch = collate(data, ids, specials)
+    pad, bos, eos = specials.pad, specials.bos, specials.eos
     src_len, tgt_len = data.src_sizes[ids], data.tgt_sizes[ids]
     assert batch.src.shape == (4, src_len.max() + 1) and batch.src.dtype == torch.long
     assert batch.prev_output.shape == batch.target.shape == (4, tgt_len.max() + 1)
     assert batch.ids.tolist() == ids and len(batch) == 4
-    assert batch.src_tokens == int((batch.src != PAD).sum()) == int(src_len.sum()) + 4
-    assert batch.tgt_tokens == int((batch.target != PAD).sum()) == int(tgt_len.sum()) + 4
+    assert batch.src_tokens == int((batch.src != pad).sum()) == int(src_len.sum()) + 4
+    assert batch.tgt_tokens == int((batch.target != pad).sum()) == int(tgt_len.sum()) + 4
     for row, i in enumerate(ids):
         n, m = src_len[row], tgt_len[row]
-        assert batch.src[row, :n].tolist() == data.src(i).tolist() and batch.src[row, n] == EOS
-        assert (batch.src[row, n + 1 :] == PAD).all()
-        assert batch.prev_output[row, 0] == BOS
+        assert batch.src[row, :n].tolist() == data.src(i).tolist() and batch.src[row, n] == eos
+        assert (batch.src[row, n + 1 :] == pad).all()
+        assert batch.prev_output[row, 0] == bos
         assert batch.prev_output[row, 1 : m + 1].tolist() == data.tgt(i).tolist()
         assert (
-            batch.target[row, :m].tolist() == data.tgt(i).tolist() and batch.target[row, m] == EOS
+            batch.target[row, :m].tolist() == data.tgt(i).tolist() and batch.target[row, m] == eos
         )
-        assert (batch.prev_output[row, m + 1 :] == PAD).all() and (
-            batch.target[row, m + 1 :] == PAD
+        assert (batch.prev_output[row, m + 1 :] == pad).all() and (
+            batch.target[row, m + 1 :] == pad
         ).all()
     moved = batch.to("cpu")
     assert torch.equal(moved.target, batch.target) and moved.tgt_tokens == batch.tgt_tokens
@@ -172,7 +176,7 @@ def test_batches_padded_to_a_multiple_keep_the_budget_and_repeat_shapes(prepared
     shapes = {1: set(), 8: set()}
     for pad_to, batches in ((1, plain), (8, padded)):
         for ids in batches:
-            batch = collate(d, ids, pad_to=pad_to)
+            batch = collate(d, ids, NMT_SPECIALS, pad_to=pad_to)
             assert batch.padded_positions <= 600 or len(ids) == 1
             shapes[pad_to].add((batch.src.size(1), batch.target.size(1)))
             assert batch.src.size(1) % pad_to == 0 and batch.target.size(1) % pad_to == 0
@@ -184,13 +188,14 @@ def test_prefetcher_yields_what_collate_makes_and_passes_errors_on(prepared):
 
     d = ParallelData.load(prepared[0], "train")
     groups = [[b, None] for b in make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)]
-    with Prefetcher(d, groups, pad_to=8, pin_memory=False) as fetched:
+    with Prefetcher(d, groups, NMT_SPECIALS, pad_to=8, pin_memory=False) as fetched:
         got = list(fetched)
     assert len(got) == len(groups)
     for (ids, _), (batch, none) in zip(groups, got, strict=True):
-        want = collate(d, ids, pad_to=8)
+        want = collate(d, ids, NMT_SPECIALS, pad_to=8)
         assert none is None and torch.equal(batch.src, want.src) and torch.equal(batch.target_index, want.target_index)
-    with Prefetcher(d, groups, pad_to=1, pin_memory=False) as fetched:  # stopped early: no hang
+    with Prefetcher(d, groups, NMT_SPECIALS, pad_to=1, pin_memory=False) as fetched:  # stopped early: no hang
         next(iter(fetched))
-    with pytest.raises(IndexError), Prefetcher(d, [[np.array([10**9])]], pad_to=1, pin_memory=False) as bad:
+    with pytest.raises(IndexError), Prefetcher(d, [[np.array([10**9])]], NMT_SPECIALS, pad_to=1,
+                                                 pin_memory=False) as bad:
         list(bad)

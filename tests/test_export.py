@@ -81,7 +81,7 @@ def test_exported_model_gives_the_same_token_log_probs(variant, test_tokenizer, 
     tok = ours.loaded.tokenizer
     sources, targets = raw_corpus.lines("test", "en")[:16], raw_corpus.lines("test", "de")[:16]
     expected = score_token_lists(ours.loaded.model, [tok.encode(s) for s in sources],
-                                 [tok.encode(t) for t in targets], ours.decode)
+                                 [tok.encode(t) for t in targets], ours.decode, specials=tok.specials)
     got = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1).score_batch(
         [pieces(tok, s) for s in sources], [pieces(tok, t) for t in targets])
     for g, e, t in zip(got, expected, targets, strict=True):
@@ -202,3 +202,28 @@ def test_bad_options_are_one_line(trained_checkpoint, tmp_path, capfd, args, nee
 def test_a_missing_checkpoint_is_one_line(tmp_path, capfd):
     with pytest.raises(NmtError, match="nope.pt"):
         export(tmp_path / "nope.pt", tmp_path / "out")
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("tokenizer", None, "the checkpoint holds no sentencepiece model"),
+    ("tokenizer", {"sha256": "0"}, "the checkpoint holds no sentencepiece model"),
+    ("vocab_size", None, "the checkpoint's vocab_size is missing"),
+    ("vocab_size", "500", "the checkpoint's vocab_size is missing"),
+    ("model", None, "corrupt or truncated checkpoint (missing model)"),
+    ("config", None, "corrupt or truncated checkpoint (missing config)"),
+], ids=["no tokenizer", "tokenizer without its model", "no vocab_size", "vocab_size a str", "no model",
+        "no config"])
+def test_a_checkpoint_without_what_export_needs_is_one_line(test_tokenizer, tmp_path, capfd, key, value, needle):
+    """Export loads with the checks of translation (nmt.checkpoint.load_model_checkpoint): a
+    checkpoint missing its tokenizer, vocab_size, model or config is a one-line error naming it
+    and the key, never a KeyError's traceback, and nothing is written."""
+    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=1)
+    state = torch.load(ckpt, weights_only=True)
+    if value is None:
+        del state[key]
+    else:
+        state[key] = value
+    torch.save(state, ckpt)
+    assert nmt_here("export", str(ckpt), str(tmp_path / "out")) == 1
+    _one_line_error(capfd, f"{ckpt}: {needle}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]

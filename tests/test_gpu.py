@@ -24,6 +24,7 @@ from helpers import TINY, nmt, records
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, load_config, replace
 from nmt.models.transformer import Transformer
+from nmt.tokenizer import NMT_SPECIALS
 from nmt.training.trainer import train
 
 pytestmark = pytest.mark.gpu
@@ -54,9 +55,9 @@ def test_cached_decoding_equals_full_forward(precision, atol):
     vocab = 97
     torch.manual_seed(0)
     cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, ffn_dim=128, heads=4, max_positions=64)
-    model = Transformer(cfg, vocab).cuda().eval()
+    model = Transformer(cfg, vocab, pad_id=NMT_SPECIALS.pad).cuda().eval()
     src = random_tokens(3, 9, vocab, seed=1).cuda()
-    src[1, 5:] = 0  # a padded source row
+    src[1, 5:] = NMT_SPECIALS.pad  # a padded source row
     prev = random_tokens(3, 8, vocab, seed=2).cuda()
     prev[:, 0] = 2
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)

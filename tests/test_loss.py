@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from nmt import data as datamod
 from nmt.config import ModelConfig
 from nmt.models.transformer import Transformer
-from nmt.tokenizer import PAD
+from nmt.tokenizer import NMT_SPECIALS
 from nmt.training.loss import TranslationLoss, label_smoothed_nll_loss, projected_smoothed_loss
 
 
 def reference(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float):
-    return label_smoothed_nll_loss(F.linear(states, weight), target, eps, ignore_index=PAD)
+    return label_smoothed_nll_loss(F.linear(states, weight), target, eps, ignore_index=NMT_SPECIALS.pad)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -69,14 +69,14 @@ def small_model(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4, dropout=0.0,
                       max_positions=64)
-    return Transformer(cfg, 50, pad_id=PAD).eval()
+    return Transformer(cfg, 50, pad_id=NMT_SPECIALS.pad).eval()
 
 
 def test_decoder_states_at_host_indices_equal_the_masked_forward(prepared):
     data = datamod.ParallelData.load(prepared[0], "valid")
-    model = Transformer(small_model().cfg, prepared[1]["vocab_size"], pad_id=PAD).eval()
-    batch = datamod.collate(data, [3, 9, 1, 20, 7])
-    mask = batch.target != PAD
+    model = Transformer(small_model().cfg, prepared[1]["vocab_size"], pad_id=NMT_SPECIALS.pad).eval()
+    batch = datamod.collate(data, [3, 9, 1, 20, 7], NMT_SPECIALS)
+    mask = batch.target != NMT_SPECIALS.pad
     assert torch.equal(batch.target_index, mask.reshape(-1).nonzero().squeeze(1))
     assert torch.equal(batch.target_tokens, batch.target[mask])
     with torch.no_grad():
@@ -88,13 +88,13 @@ def test_decoder_states_at_host_indices_equal_the_masked_forward(prepared):
 def test_padding_to_a_multiple_of_8_changes_no_loss_or_gradient(prepared):
     data = datamod.ParallelData.load(prepared[0], "train")
     vocab = prepared[1]["vocab_size"]
-    model = Transformer(small_model().cfg, vocab, pad_id=PAD)
+    model = Transformer(small_model().cfg, vocab, pad_id=NMT_SPECIALS.pad)
     objective = TranslationLoss(model, 0.1)
     ids = next(list(range(i, i + 12)) for i in range(len(data))  # lengths that 8 changes
-               if datamod.collate(data, list(range(i, i + 12))).src.size(1) % 8)
+               if datamod.collate(data, list(range(i, i + 12)), NMT_SPECIALS).src.size(1) % 8)
     results = []
     for pad_to in (1, 8):
-        batch = datamod.collate(data, ids, pad_to=pad_to)
+        batch = datamod.collate(data, ids, NMT_SPECIALS, pad_to=pad_to)
         assert batch.src.size(1) % pad_to == 0 and batch.target.size(1) % pad_to == 0
         model.zero_grad()
         loss, nll = objective(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
@@ -114,11 +114,11 @@ def test_compiled_objective_gives_the_loss_and_gradients_of_the_eager_one(prepar
     (pad_to 8 keeps shapes few) runs too."""
     data = datamod.ParallelData.load(prepared[0], "train")
     vocab = prepared[1]["vocab_size"]
-    model = Transformer(small_model().cfg, vocab, pad_id=PAD)
+    model = Transformer(small_model().cfg, vocab, pad_id=NMT_SPECIALS.pad)
     eager = TranslationLoss(model, 0.1)
     compiled = torch.compile(TranslationLoss(model, 0.1))
     for ids in (list(range(8)), list(range(100, 116))):
-        batch = datamod.collate(data, ids, pad_to=8)
+        batch = datamod.collate(data, ids, NMT_SPECIALS, pad_to=8)
         results = []
         for objective in (eager, compiled):
             model.zero_grad()

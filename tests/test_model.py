@@ -34,7 +34,7 @@ def make(seed: int = 0, **overrides) -> Transformer:
                max_positions=64, dropout=0.1, rnn_hidden=24)
     cfg.update(overrides)
     torch.manual_seed(seed)
-    return build_model(ModelConfig(**cfg), V).eval()  # type: ignore[return-value]
+    return build_model(ModelConfig(**cfg), V, pad_id=PAD).eval()  # type: ignore[return-value]
 
 
 def tokens(*lengths: int, width: int | None = None, bos: bool = False, seed: int = 1):
@@ -140,7 +140,7 @@ def closed_form(cfg: ModelConfig, vocab: int) -> int:
 def test_parameter_count_matches_paper(name, low, high):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml").model
     with torch.device("meta"):  # shapes only: no memory, no init time
-        model = Transformer(cfg, 37000)
+        model = Transformer(cfg, 37000, pad_id=PAD)
     n = num_parameters(model)
     assert n == closed_form(cfg, 37000)
     assert low <= n <= high  # Vaswani et al. 2017, Table 3: 65M (base), 213M (big)

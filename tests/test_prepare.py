@@ -15,7 +15,7 @@ from nmt.data import ParallelData, read_meta, read_raw
 from nmt.errors import NmtError
 from nmt.prepare import DROP_REASONS, PrepareOptions, prepare_bpe
 from nmt.textio import TextStats, count_lines, find_text, read_lines
-from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from nmt.tokenizer import NMT_SPECIALS, SpecialIds, Tokenizer
 
 
 def options(dest: Path, train: str, **kw) -> PrepareOptions:
@@ -87,8 +87,9 @@ def test_find_text_prefers_plain_then_gz(tmp_path):
 
 def test_tokenizer_special_ids_bytes_and_pickle(prepared, tok):
     dest, report = prepared
-    assert (PAD, UNK, BOS, EOS) == (0, 1, 2, 3)
-    assert tok.piece(PAD) == "<pad>" and tok.piece(EOS) == "</s>"
+    ids = tok.specials
+    assert ids == NMT_SPECIALS == SpecialIds(pad=0, unk=1, bos=2, eos=3)
+    assert tok.piece(ids.pad) == "<pad>" and tok.piece(ids.eos) == "</s>"
     assert tok.vocab_size == report["vocab_size"] == 500
     again = Tokenizer.from_bytes((dest / "spm.model").read_bytes())
     assert again.sha256 == tok.sha256 == report["spm"]["sha256"]
@@ -97,7 +98,7 @@ def test_tokenizer_special_ids_bytes_and_pickle(prepared, tok):
     texts = ["Ein Mann fährt Fahrrad.", "", "A dog runs.  "]
     assert tok.encode_batch(texts, num_threads=2) == [tok.encode(t) for t in texts]
     assert clone.encode_batch(texts) == [again.encode(t) for t in texts]
-    assert tok.decode([BOS, *tok.encode("A dog."), EOS, PAD]) == "A dog."
+    assert tok.decode([ids.bos, *tok.encode("A dog."), ids.eos, ids.pad]) == "A dog."
 
 
 def test_tokenizer_rejects_other_special_ids_and_garbage(tmp_path, raw_corpus):
@@ -357,4 +358,4 @@ def test_index_files_are_consistent(prepared):
             assert len(offsets) == info["kept"] + 1 and offsets[0] == 0
             assert offsets[-1] == len(tokens) == info["tokens"][lang]
             assert np.all(np.diff(offsets) >= 0) and tokens.max() < report["vocab_size"]
-            assert not np.isin(tokens, [PAD, BOS, EOS]).any()
+            assert not np.isin(tokens, [NMT_SPECIALS.pad, NMT_SPECIALS.bos, NMT_SPECIALS.eos]).any()

@@ -14,6 +14,7 @@ from nmt.errors import NmtError
 from nmt.models import quantize
 from nmt.models.quantize import Int8Linear, check_int8, quantize_decoder
 from nmt.models.transformer import Transformer
+from nmt.tokenizer import NMT_SPECIALS
 
 V = 60
 
@@ -67,7 +68,7 @@ def test_int8_linear_row_does_not_depend_on_its_batch():
 def make(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, ffn_dim=128, heads=4, max_positions=64)
-    return Transformer(cfg, V).eval()
+    return Transformer(cfg, V, pad_id=NMT_SPECIALS.pad).eval()
 
 
 def test_quantize_decoder_replaces_the_decoder_linears_and_the_output_only():
@@ -85,7 +86,7 @@ def test_int8_decode_steps_are_close_to_fp32():
     int8 = quantize_decoder(copy.deepcopy(fp32))
     g = torch.Generator().manual_seed(4)
     src = torch.randint(4, V, (3, 9), generator=g)
-    src[1, 6:] = 0  # padding
+    src[1, 6:] = NMT_SPECIALS.pad  # padding
     tokens = torch.full((3,), 2)
     a, b = fp32.encode(src), int8.encode(src)
     for _ in range(5):

@@ -412,7 +412,8 @@ def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path
     cfg = dataclasses.replace(loaded.config.decode, beam=5, max_len_a=0.0, max_len_b=4)
     texts = [t for chunk in read_chunks(io.BytesIO(b"\n".join(lines) + b"\n"), "fuzz", 4096) for t in chunk]
     seqs = [loaded.tokenizer.encode(t) if t.strip() else [] for t in texts]
-    results = translate_token_lists(loaded.model, seqs, cfg, nbest=5, max_positions=loaded.max_positions)
+    results = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=5,
+                                    max_positions=loaded.max_positions)
     api = Translator(loaded, cfg, device=torch.device("cpu")).translate_nbest(texts, 5)
     for row, seq, hyps, translations in zip(rows, seqs, results, api):
         assert format_line(translations, 5, True) == row  # the CLI prints what the library found

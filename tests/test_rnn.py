@@ -15,6 +15,7 @@ from helpers import ROOT, nmt, records, tiny
 from nmt.config import load_config
 from nmt.models.rnn import RNN
 from nmt.models.transformer import build_model, num_parameters, summary
+from nmt.tokenizer import NMT_SPECIALS
 from nmt.training.trainer import dry_run, train
 
 ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("in_tmp")
 def test_config_builds_the_rnn_and_its_summary():
     cfg = load_config(ROOT / "configs/rnn_multi30k.yaml").model
     with torch.device("meta"):
-        model = build_model(cfg, 8000)
+        model = build_model(cfg, 8000, pad_id=NMT_SPECIALS.pad)
     assert isinstance(model, RNN)
     D, H = cfg.d_model, cfg.rnn_hidden
     gru = 3 * (H * D + H * H + 2 * H)  # one direction of the encoder
@@ -39,7 +40,7 @@ def test_config_builds_the_rnn_and_its_summary():
     assert "attention none" in dry_run(load_config(ROOT / "configs/rnn_multi30k.yaml",
                                                    ["model.attention=none"]), 8000)
     with torch.device("meta"):
-        assert num_parameters(build_model(none, 8000)) == expected - (H * H + 2 * H * H + H + H)
+        assert num_parameters(build_model(none, 8000, pad_id=NMT_SPECIALS.pad)) == expected - (H * H + 2 * H * H + H + H)
 
 
 def test_train_average_translate_an_rnn_through_the_cli(prepared, raw_corpus, tmp_path):

@@ -17,7 +17,7 @@ from nmt.decoding.predict import load_models, translate_token_lists
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import greedy_search
 from nmt.errors import NmtError
-from nmt.tokenizer import EOS, PAD, Tokenizer, train_sentencepiece
+from nmt.tokenizer import Tokenizer, train_sentencepiece
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
@@ -64,9 +64,10 @@ def test_topk_1_equals_greedy(checkpoints, lines, arch):
     loaded = load_models([checkpoints[arch]], torch.device("cpu"))
     seqs = [loaded.tokenizer.encode(s) for s in lines if s]
     cfg = replace(loaded.config.decode, sampling=True, topk=1, temperature=3.0, seed=11)
-    sampled = translate_token_lists(loaded.model, seqs, cfg, max_positions=256)
+    ids = loaded.tokenizer.specials
+    sampled = translate_token_lists(loaded.model, seqs, cfg, specials=ids, max_positions=256)
     width = max(map(len, seqs)) + 1
-    src = torch.tensor([s + [EOS] + [PAD] * (width - len(s) - 1) for s in seqs])
+    src = torch.tensor([s + [ids.eos] + [ids.pad] * (width - len(s) - 1) for s in seqs])
     with torch.inference_mode():
         greedy = greedy_search(loaded.model, src, loaded.config.decode, max_len=256)
     assert [h[0].tokens for h in sampled] == greedy
@@ -79,9 +80,10 @@ def test_sampled_scores_are_the_model_logprobs(checkpoints, lines):
     loaded = load_models([checkpoints["transformer"]], torch.device("cpu"))
     seq = loaded.tokenizer.encode(lines[0])
     cfg = replace(loaded.config.decode, sampling=True, seed=3, temperature=1.5)
-    hyp = translate_token_lists(loaded.model, [seq], cfg, max_positions=256)[0][0]
+    ids = loaded.tokenizer.specials
+    hyp = translate_token_lists(loaded.model, [seq], cfg, specials=ids, max_positions=256)[0][0]
     with torch.inference_mode():
-        logits = loaded.model(torch.tensor([seq + [EOS]]), torch.tensor([[2, *hyp.tokens]]))
+        logits = loaded.model(torch.tensor([seq + [ids.eos]]), torch.tensor([[ids.bos, *hyp.tokens]]))
     lprobs = torch.log_softmax(logits.float(), -1)[0]
     assert hyp.positional_scores[:-1] == pytest.approx(
         [lprobs[t, tok].item() for t, tok in enumerate(hyp.tokens)], abs=1e-4)

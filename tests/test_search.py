@@ -22,6 +22,7 @@ from nmt.decoding.search import (
 )
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+IDS = {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS}  # the fake vocabulary's special ids, for beam_search
 A, B, C, D, E, F = 4, 5, 6, 7, 8, 9
 V = 10
 
@@ -87,7 +88,7 @@ CFG = DecodeConfig(beam=2, lenpen=1.0, lenpen_style="none", max_len_a=0.0, max_l
 
 
 def search(rows, cfg=CFG, nbest=2, src=ONE, **kw):
-    return beam_search(FakeModel(table(rows)), src, cfg, nbest=nbest, **kw)[0]
+    return beam_search(FakeModel(table(rows)), src, cfg, nbest=nbest, **IDS, **kw)[0]
 
 
 def summary(hyps):
@@ -144,7 +145,7 @@ REFILL = {
 
 def test_finished_candidates_do_not_shrink_the_beam():
     model = FakeModel(table(REFILL))
-    hyps = beam_search(model, ONE, CFG, nbest=2)[0]
+    hyps = beam_search(model, ONE, CFG, nbest=2, **IDS)[0]
     assert summary(hyps) == [([A], approx(math.log(0.36))), ([A, C], approx(math.log(0.24)))]
     assert model.rows[:3] == [1, 2, 2]  # step 0 on one row per sentence; step 2 still decodes two
 
@@ -228,13 +229,13 @@ def looping(src, prefix):
 def test_max_length_forces_eos_and_scores_it():
     cfg = replace(CFG, max_len_b=2)
     for beam in (1, 3):
-        hyp = beam_search(FakeModel(looping), ONE, replace(cfg, beam=beam))[0][0]
+        hyp = beam_search(FakeModel(looping), ONE, replace(cfg, beam=beam), **IDS)[0][0]
         assert hyp.tokens == [A, A]
         assert hyp.positional_scores == [approx(math.log(0.69))] * 2 + [approx(math.log(0.01))]
         assert hyp.logprob == approx(2 * math.log(0.69) + math.log(0.01))
     assert greedy_search(FakeModel(looping), ONE, cfg) == [[A, A]]
     # the model's positions cap the length too: BOS + 1 token fill 2 positions
-    assert beam_search(FakeModel(looping), ONE, CFG, max_len=2)[0][0].tokens == [A]
+    assert beam_search(FakeModel(looping), ONE, CFG, max_len=2, **IDS)[0][0].tokens == [A]
     assert greedy_search(FakeModel(looping), ONE, CFG, max_len=2) == [[A]]
     # max_len_a * src_len + max_len_b, src_len counting non-pad tokens incl. EOS (3 here)
     cfg = replace(CFG, max_len_a=1.0, max_len_b=1)
@@ -282,7 +283,7 @@ def alternating(src, prefix):
 def test_no_repeat_ngram(n, expected):
     cfg = replace(CFG, no_repeat_ngram_size=n)
     assert greedy_search(FakeModel(alternating), ONE, cfg) == [expected]
-    assert beam_search(FakeModel(alternating), ONE, replace(cfg, beam=1))[0][0].tokens == expected
+    assert beam_search(FakeModel(alternating), ONE, replace(cfg, beam=1), **IDS)[0][0].tokens == expected
 
 
 def ngrams(tokens, n):
@@ -292,7 +293,7 @@ def ngrams(tokens, n):
 def test_no_repeat_ngram_holds_for_every_hypothesis():
     cfg = replace(CFG, beam=4, no_repeat_ngram_size=2, max_len_b=12)
     src = src_batch([A, B, EOS], [C, EOS], [D, E, F, A, EOS])
-    for hyps in beam_search(FakeModel(random_logprobs), src, cfg, nbest=4):
+    for hyps in beam_search(FakeModel(random_logprobs), src, cfg, nbest=4, **IDS):
         for h in hyps:
             assert len(set(ngrams(h.tokens, 2))) == len(ngrams(h.tokens, 2))
 
@@ -311,7 +312,7 @@ RANDOM_CFGS = [
 def test_beam_one_equals_greedy(cfg):
     src = src_batch(*SOURCES)
     greedy = greedy_search(FakeModel(random_logprobs), src, cfg)
-    beam = beam_search(FakeModel(random_logprobs), src, cfg)
+    beam = beam_search(FakeModel(random_logprobs), src, cfg, **IDS)
     assert [hyps[0].tokens for hyps in beam] == greedy
     assert any(len(g) > 1 for g in greedy)
 
@@ -319,9 +320,9 @@ def test_beam_one_equals_greedy(cfg):
 @pytest.mark.parametrize("style,alpha", [("none", 1.0), ("length", 1.0), ("gnmt", -0.3)])
 def test_batch_equals_one_by_one(style, alpha):
     cfg = DecodeConfig(beam=3, lenpen_style=style, lenpen=alpha, max_len_a=1.0, max_len_b=3)
-    batched = beam_search(FakeModel(random_logprobs), src_batch(*SOURCES), cfg, nbest=3)
+    batched = beam_search(FakeModel(random_logprobs), src_batch(*SOURCES), cfg, nbest=3, **IDS)
     for sentence, hyps in zip(SOURCES, batched, strict=True):
-        alone = beam_search(FakeModel(random_logprobs), src_batch(sentence), cfg, nbest=3)[0]
+        alone = beam_search(FakeModel(random_logprobs), src_batch(sentence), cfg, nbest=3, **IDS)[0]
         assert hyps == alone
     # greedy too, with pads in the batch and none alone
     greedy = greedy_search(FakeModel(random_logprobs), src_batch(*SOURCES), cfg)
@@ -335,7 +336,7 @@ def test_batch_equals_one_by_one(style, alpha):
 def test_scores_equal_teacher_forced_logprobs(style, alpha, dtype):
     cfg = DecodeConfig(beam=4, lenpen_style=style, lenpen=alpha, max_len_a=1.0, max_len_b=3)
     model = FakeModel(random_logprobs, dtype)
-    batched = beam_search(model, src_batch(*SOURCES), cfg, nbest=4)
+    batched = beam_search(model, src_batch(*SOURCES), cfg, nbest=4, **IDS)
     for sentence, hyps in zip(SOURCES, batched, strict=True):
         assert len(hyps) == 4
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
@@ -357,7 +358,7 @@ def test_finished_sentences_leave_the_batch():
 
     model = FakeModel(no_eos)
     cfg = DecodeConfig(beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=0)
-    hyps = beam_search(model, src_batch([A, EOS], [A, B, C, D, EOS]), cfg)  # max 2 and 5 tokens
+    hyps = beam_search(model, src_batch([A, EOS], [A, B, C, D, EOS]), cfg, **IDS)  # max 2 and 5 tokens
     assert [len(h[0].tokens) for h in hyps] == [2, 5]
     assert model.rows == [2, 6, 6, 3, 3, 3]  # step 0: one row per sentence
     model = FakeModel(no_eos)
@@ -367,9 +368,9 @@ def test_finished_sentences_leave_the_batch():
 
 def test_nbest_must_fit_the_beam_and_empty_batch():
     with pytest.raises(ValueError):
-        beam_search(FakeModel(random_logprobs), ONE, CFG, nbest=3)
+        beam_search(FakeModel(random_logprobs), ONE, CFG, nbest=3, **IDS)
     empty = torch.empty(0, 4, dtype=torch.long)
-    assert beam_search(FakeModel(random_logprobs), empty, CFG) == []
+    assert beam_search(FakeModel(random_logprobs), empty, CFG, **IDS) == []
     assert greedy_search(FakeModel(random_logprobs), empty, CFG) == []
 
 
@@ -417,8 +418,8 @@ def test_top_candidates_rank_negative_zero_as_zero():
 def test_search_with_two_stage_selection_equals_one_stage(cfg, monkeypatch):
     src = src_batch(*SOURCES)
     nbest = cfg.beam
-    one_stage = beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest)
+    one_stage = beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest, **IDS)
     greedy = greedy_search(FakeModel(random_logprobs), src, cfg)
     monkeypatch.setattr("nmt.decoding.search.CHUNK", 2)  # V = 10: 5 chunks of 2 columns
-    assert beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest) == one_stage
+    assert beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest, **IDS) == one_stage
     assert greedy_search(FakeModel(random_logprobs), src, cfg) == greedy

@@ -17,13 +17,13 @@ import torch
 
 from nmt.data import bin_path, idx_path
 from nmt.decoding.shortlist import (
-    SPECIALS,
     Shortlist,
     learn_shortlist,
     load_shortlist,
     save_shortlist,
 )
 from nmt.errors import NmtError
+from nmt.tokenizer import NMT_SPECIALS
 
 V = 80
 WORDS = range(10, 50)  # source words; word w translates to TRANSLATION[w]
@@ -74,7 +74,7 @@ def test_ibm_model_1_finds_each_words_translation(data_dir):
     assert sl.frequent.tolist() == [ARTICLE]
     assert not (sl.candidates[list(WORDS), 0] == ARTICLE).any()
     # tokens never seen in the source have no candidates
-    assert (sl.candidates[60:] == -1).all() and (sl.candidates[:SPECIALS] == -1).all()
+    assert (sl.candidates[60:] == -1).all() and (sl.candidates[NMT_SPECIALS.ids()] == -1).all()
     assert sl.vocab_size == V and sl.spm_sha256 == "abc"
 
 
@@ -94,9 +94,9 @@ def test_each_sentence_gets_its_own_list():
     src = torch.tensor([[10, 11, 3, 0],   # pad (0) is not a source token
                         [12, 12, 12, 3]])
     lists = [[0, 1, 2, 3, 10, 11, 40, 41, 42, 70, 71], [0, 1, 2, 3, 12, 43, 44, 70, 71]]
-    allowed = sl.allowed(src, pad=0)
+    allowed = sl.allowed(src, NMT_SPECIALS)
     assert [row.nonzero().view(-1).tolist() for row in allowed] == lists
-    vocab, mask = sl.batch_vocab(src, pad=0)  # the union, and each sentence's part of it
+    vocab, mask = sl.batch_vocab(src, NMT_SPECIALS)  # the union, and each sentence's part of it
     assert vocab.tolist() == sorted(set(lists[0]) | set(lists[1]))
     assert [vocab[row].tolist() for row in mask] == lists
 

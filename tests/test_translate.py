@@ -20,12 +20,13 @@ from helpers import ROOT, nmt, nmt_here, save_random_model
 
 from nmt.decoding.predict import load_models, translate_token_lists
 from nmt.decoding.search import beam_search, greedy_search, length_penalty
-from nmt.decoding.shortlist import SPECIALS, Shortlist, load_shortlist, save_shortlist
-from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_sentencepiece
+from nmt.decoding.shortlist import Shortlist, load_shortlist, save_shortlist
+from nmt.tokenizer import NMT_SPECIALS, Tokenizer, train_sentencepiece
 
 # the commands in a subprocess: this checkout's nmt, one OpenMP thread
 ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 MAX_POSITIONS = 256  # configs/tiny.yaml
+FIRST_WORD = max(NMT_SPECIALS.ids()) + 1  # the lowest id that is not a special token
 
 
 @dataclass(frozen=True)
@@ -137,10 +138,12 @@ def test_workers_give_the_same_hypotheses_and_scores(setup):
     loaded = load_models([setup.a], torch.device("cpu"))
     cfg = replace(loaded.config.decode, batch_size=4)
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:30]]
-    one = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS)
+    one = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
+                                max_positions=MAX_POSITIONS)
     threads = torch.get_num_threads()
     for workers in (2, 3):
-        many = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS,
+        many = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
+                                     max_positions=MAX_POSITIONS,
                                      workers=workers)
         assert [[(h.tokens, h.score) for h in hs] for hs in many] == \
             [[(h.tokens, h.score) for h in hs] for hs in one]
@@ -158,7 +161,8 @@ def test_a_failing_batch_stops_the_workers_with_its_error(setup, monkeypatch):
     monkeypatch.setattr("nmt.decoding.predict.beam_search", failing)
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="out of memory in batch"):
-        translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS, workers=2)
+        translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials,
+                              max_positions=MAX_POSITIONS, workers=2)
     assert torch.get_num_threads() == threads
 
 
@@ -178,7 +182,8 @@ def test_nbest_with_scores(setup, tmp_path):
     # distinct hypotheses (on tokens: distinct token sequences may detokenize identically)
     loaded = load_models([setup.a], torch.device("cpu"))
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:8]]
-    for hyps in translate_token_lists(loaded.model, seqs, loaded.config.decode, nbest=3,
+    for hyps in translate_token_lists(loaded.model, seqs, loaded.config.decode,
+                                      specials=loaded.tokenizer.specials, nbest=3,
                                       max_positions=MAX_POSITIONS):
         assert len({tuple(h.tokens) for h in hyps}) == 3
 
@@ -191,15 +196,16 @@ def test_nbest_with_scores(setup, tmp_path):
 def test_scores_are_teacher_forced_logprobs(setup, style, alpha, model):
     loaded = load_models([getattr(setup, model)], torch.device("cpu"))
     model, tok = loaded.model, loaded.tokenizer
+    ids = tok.specials
     cfg = replace(loaded.config.decode, lenpen_style=style, lenpen=alpha)
     seqs = [tok.encode(s) for s in setup.sentences[:5]]
-    results = translate_token_lists(model, seqs, cfg, nbest=cfg.beam, max_positions=MAX_POSITIONS)
+    results = translate_token_lists(model, seqs, cfg, specials=ids, nbest=cfg.beam, max_positions=MAX_POSITIONS)
     with torch.inference_mode():
         for seq, hyps in zip(seqs, results, strict=True):
-            src = torch.tensor([seq + [EOS]])
+            src = torch.tensor([seq + [ids.eos]])
             for h in hyps:
-                target = torch.tensor([h.tokens + [EOS]])
-                prev = torch.tensor([[BOS] + h.tokens])
+                target = torch.tensor([h.tokens + [ids.eos]])
+                prev = torch.tensor([[ids.bos] + h.tokens])
                 lprobs = torch.log_softmax(model(src, prev).float(), dim=-1)
                 logprob = lprobs.gather(2, target.unsqueeze(2)).sum().item()
                 expected = logprob / length_penalty(len(h.tokens) + 1, alpha, style)
@@ -212,9 +218,10 @@ def test_beam_one_equals_greedy(setup, model):
     loaded = load_models([getattr(setup, model)], torch.device("cpu"))
     cfg = replace(loaded.config.decode, beam=1)
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences]
-    beam = translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS)
+    ids = loaded.tokenizer.specials
+    beam = translate_token_lists(loaded.model, seqs, cfg, specials=ids, max_positions=MAX_POSITIONS)
     width = max(map(len, seqs)) + 1
-    src = torch.tensor([s + [EOS] + [PAD] * (width - len(s) - 1) for s in seqs])
+    src = torch.tensor([s + [ids.eos] + [ids.pad] * (width - len(s) - 1) for s in seqs])
     with torch.inference_mode():
         greedy = greedy_search(loaded.model, src, cfg, max_len=MAX_POSITIONS)
     assert [h[0].tokens for h in beam] == greedy
@@ -223,7 +230,8 @@ def test_beam_one_equals_greedy(setup, model):
 def test_empty_sequences_are_not_translated(setup):
     loaded = load_models([setup.a], torch.device("cpu"))
     seqs = [[], loaded.tokenizer.encode(setup.sentences[0]), []]
-    out = translate_token_lists(loaded.model, seqs, loaded.config.decode, max_positions=MAX_POSITIONS)
+    out = translate_token_lists(loaded.model, seqs, loaded.config.decode, specials=loaded.tokenizer.specials,
+                                max_positions=MAX_POSITIONS)
     assert out[0] == out[2] == [] and len(out[1]) == 1
 
 
@@ -332,8 +340,8 @@ def _random_shortlist(loaded, seed: int, top: int = 3, frequent: int = 5) -> Sho
     """A shortlist of random candidates over the model's vocabulary (a few dozen tokens a sentence)."""
     g = torch.Generator().manual_seed(seed)
     V = loaded.tokenizer.vocab_size
-    candidates = torch.randint(SPECIALS, V, (V, top), generator=g)
-    frequent_ids = (torch.randperm(V - SPECIALS, generator=g)[:frequent] + SPECIALS).sort().values
+    candidates = torch.randint(FIRST_WORD, V, (V, top), generator=g)
+    frequent_ids = (torch.randperm(V - FIRST_WORD, generator=g)[:frequent] + FIRST_WORD).sort().values
     return Shortlist(candidates, frequent_ids, V, loaded.tokenizer.sha256)
 
 
@@ -362,18 +370,19 @@ def test_shortlist_decoding_equals_the_masked_full_vocabulary(setup):
     cfg = replace(loaded.config.decode, batch_size=7)
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:20]]
     shortlist = _random_shortlist(loaded, seed=0)
-    got = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS,
+    ids = loaded.tokenizer.specials
+    got = translate_token_lists(loaded.model, seqs, cfg, specials=ids, nbest=2, max_positions=MAX_POSITIONS,
                                 shortlist=shortlist)
-    exact = translate_token_lists(loaded.model, seqs, cfg, max_positions=MAX_POSITIONS)
+    exact = translate_token_lists(loaded.model, seqs, cfg, specials=ids, max_positions=MAX_POSITIONS)
     outside = 0
     with torch.inference_mode():
         for seq, hyps, full in zip(seqs, got, exact, strict=True):
-            src = torch.tensor([seq + [EOS]])
-            allowed = shortlist.allowed(src, PAD)
+            src = torch.tensor([seq + [ids.eos]])
+            allowed = shortlist.allowed(src, ids)
             listed = set(allowed[0].nonzero().view(-1).tolist())
             outside += any(t not in listed for t in full[0].tokens)
-            want = beam_search(_Masked(loaded.model, allowed), src, cfg, nbest=2, pad=PAD, unk=UNK, bos=BOS,
-                               eos=EOS, max_len=MAX_POSITIONS)[0]
+            want = beam_search(_Masked(loaded.model, allowed), src, cfg, nbest=2, pad=ids.pad, unk=ids.unk,
+                               bos=ids.bos, eos=ids.eos, max_len=MAX_POSITIONS)[0]
             assert [h.tokens for h in hyps] == [h.tokens for h in want]
             assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-5)
             assert all(t in listed for h in hyps for t in h.tokens)
@@ -383,12 +392,13 @@ def test_shortlist_decoding_equals_the_masked_full_vocabulary(setup):
 def test_a_shortlist_of_every_token_changes_nothing(setup):
     loaded = load_models([setup.a], torch.device("cpu"))
     V = loaded.tokenizer.vocab_size
-    everything = Shortlist(torch.full((V, 1), -1), torch.arange(SPECIALS, V), V, loaded.tokenizer.sha256)
+    everything = Shortlist(torch.full((V, 1), -1), torch.arange(FIRST_WORD, V), V, loaded.tokenizer.sha256)
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:10]]
     cfg = loaded.config.decode
-    got = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS,
-                                shortlist=everything)
-    want = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS)
+    got = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
+                                max_positions=MAX_POSITIONS, shortlist=everything)
+    want = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
+                                 max_positions=MAX_POSITIONS)
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
     assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
 
@@ -426,7 +436,7 @@ def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
     assert nmt_here("shortlist", str(data_dir), "-o", str(out), "--top", "10", "--frequent", "20") == 0
     sl = load_shortlist(out, vocab_size=report["vocab_size"], spm_sha256=report["spm"]["sha256"])
     assert sl.candidates.shape == (report["vocab_size"], 10) and sl.frequent.numel() == 20
-    assert (sl.candidates[:, 0] >= SPECIALS).sum() > 100  # most source tokens have a translation
+    assert (sl.candidates[:, 0] >= FIRST_WORD).sum() > 100  # most source tokens have a translation
     r = nmt("shortlist", str(data_dir), "-o", str(out), "--top", "-1", stdin=b"", env=ENV)
     one_line_error(r, "--top")
 
@@ -444,12 +454,13 @@ def test_int8_in_the_cli_keeps_the_io_contract_and_is_repeatable(setup, tmp_path
 def test_int8_with_a_shortlist_of_every_token_changes_nothing(setup):
     loaded = load_models([setup.a], torch.device("cpu"), precision="int8")
     V = loaded.tokenizer.vocab_size
-    everything = Shortlist(torch.full((V, 1), -1), torch.arange(SPECIALS, V), V, loaded.tokenizer.sha256)
+    everything = Shortlist(torch.full((V, 1), -1), torch.arange(FIRST_WORD, V), V, loaded.tokenizer.sha256)
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:10]]
     cfg = loaded.config.decode
-    got = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS,
-                                precision="int8", shortlist=everything)
-    want = translate_token_lists(loaded.model, seqs, cfg, nbest=2, max_positions=MAX_POSITIONS, precision="int8")
+    got = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
+                                max_positions=MAX_POSITIONS, precision="int8", shortlist=everything)
+    want = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
+                                 max_positions=MAX_POSITIONS, precision="int8")
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
     assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
 

@@ -33,12 +33,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from nmt.checkpoint import load_checkpoint
-from nmt.config import ModelConfig, config_from_dict
+from nmt.checkpoint import load_model_checkpoint
+from nmt.config import ModelConfig
 from nmt.errors import NmtError
 from nmt.models.layers import CrossAttention, SelfAttention
 from nmt.models.transformer import Transformer
-from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 FORMATS = ("ctranslate2",)
@@ -65,22 +65,18 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         raise NmtError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     out = Path(out_dir)
     _check_out_dir(out, force)
-    state = load_checkpoint(Path(checkpoint))
-    cfg = config_from_dict(state["config"], where=str(checkpoint)).model
+    ckpt = load_model_checkpoint(Path(checkpoint))
+    cfg, tokenizer = ckpt.config.model, ckpt.tokenizer
     if cfg.arch != "transformer":
         raise NmtError(f"{checkpoint}: model.arch {cfg.arch} cannot be exported; CTranslate2 export maps a Transformer only")
     _check_exportable(cfg, str(checkpoint))
-    tokenizer = Tokenizer.from_bytes(state["tokenizer"]["model"], name=f"{checkpoint}: sentencepiece model")
-    model = Transformer(cfg, int(state["vocab_size"]), pad_id=PAD)
+    model = Transformer(cfg, tokenizer.vocab_size, pad_id=tokenizer.specials.pad)
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(ckpt.weights)
     except RuntimeError as e:  # weights of another architecture
         first = " ".join(str(e).split())[:300]
         raise NmtError(f"{checkpoint}: its weights are not those of the Transformer this export maps "
                        f"({first})") from None
-    if tokenizer.vocab_size != model.vocab_size:
-        raise NmtError(f"{checkpoint}: the model has {model.vocab_size} tokens, its sentencepiece model "
-                       f"{tokenizer.vocab_size}")
     converters = _import_ctranslate2()
     spec = transformer_spec(model.eval(), tokenizer)
 
@@ -207,9 +203,10 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
     pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
+    ids = tokenizer.specials
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (
-        pieces[UNK], pieces[BOS], pieces[EOS])
-    spec.config.decoder_start_token = pieces[BOS]  # [BOS] + tokens, as nmt.tokenizer
-    spec.config.add_source_eos = True  # tokens + [EOS]
+        pieces[ids.unk], pieces[ids.bos], pieces[ids.eos])
+    spec.config.decoder_start_token = pieces[ids.bos]  # [bos] + tokens, as nmt.tokenizer
+    spec.config.add_source_eos = True  # tokens + [eos]
     spec.config.layer_norm_epsilon = eps
     return spec

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from nmt.atomic import replacing
-from nmt.device import autocast
+from nmt.decoding.predict import decode_autocast, pad_rows
 from nmt.errors import NmtError
-from nmt.tokenizer import BOS, EOS, PAD
+from nmt.tokenizer import SpecialIds
 
 ATTENTION_BATCH = 32  # sentences per teacher-forced pass
 
@@ -62,31 +62,26 @@ def resolve_layer(layer: int | None, layers: int, name: str = "--alignment-layer
 
 
 def attention_matrices(model: Any, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
-                       device: torch.device | str = "cpu", precision: str = "fp32") -> list[np.ndarray]:
-    """For each (source, target) token-id pair (without EOS) the cross-attention weights
-    (L, H, T, S) float32 of the teacher-forced target; rows sum to one over the source."""
+                       specials: SpecialIds, device: torch.device | str = "cpu",
+                       precision: str = "fp32") -> list[np.ndarray]:
+    """For each (source, target) token-id pair (without eos) the cross-attention weights
+    (L, H, T, S) float32 of the teacher-forced target; rows sum to one over the source.
+    `specials` are the special ids of the model's vocabulary (`Tokenizer.specials`)."""
     m = attention_model(model)
     if layer_count(m) == 0:
         raise NmtError("this model has no attention (model.attention none): no alignment or attention to report")
     device = torch.device(device)
     out: list[np.ndarray] = []
-    amp = autocast(device, "fp32" if precision == "int8" else precision)
+    amp = decode_autocast(device, precision)
     for first in range(0, len(sources), ATTENTION_BATCH):
         srcs, tgts = sources[first:first + ATTENTION_BATCH], targets[first:first + ATTENTION_BATCH]
-        src = _padded([[*s, EOS] for s in srcs]).to(device)  # (B, S)
-        prev = _padded([[BOS, *t] for t in tgts]).to(device)  # (B, T)
+        src = pad_rows([[*s, specials.eos] for s in srcs], specials.pad).to(device)  # (B, S)
+        prev = pad_rows([[specials.bos, *t] for t in tgts], specials.pad).to(device)  # (B, T)
         with torch.inference_mode(), amp:
             weights = m.attention_weights(src, prev).float().cpu()  # (B, L, H, T, S)
         for row, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
             out.append(weights[row, :, :, : len(t) + 1, : len(s) + 1].numpy())
     return out
-
-
-def _padded(seqs: list[list[int]]) -> torch.Tensor:
-    batch = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        batch[row, : len(seq)] = torch.tensor(seq)
-    return batch
 
 
 def hard_alignment(weights: np.ndarray, layer: int) -> list[tuple[int, int]]:

@@ -11,25 +11,39 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
-from nmt.config import Config, DecodeConfig, check_decode, config_from_dict
+from nmt.checkpoint import LAST_RUN_FILE, load_model_checkpoint
+from nmt.config import Config, DecodeConfig, check_decode, check_nbest
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import Hypothesis, beam_search, token_search
-from nmt.decoding.shortlist import SPECIALS, Shortlist, load_shortlist
+from nmt.decoding.shortlist import Shortlist, load_shortlist
 from nmt.device import PRECISIONS, autocast, configure_cuda
 from nmt.errors import NmtError
 from nmt.models.quantize import check_int8, quantize_decoder
 from nmt.models.transformer import build_model
-from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from nmt.tokenizer import SpecialIds, Tokenizer
 
 log = logging.getLogger(__name__)
 DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.models.quantize
+
+
+def decode_autocast(device: torch.device, precision: str) -> Any:
+    """The autocast a decode at `precision` runs under: int8 under fp32, its decoder being
+    quantised already (`load_models`); bf16 and fp16 as `nmt.device.autocast`."""
+    return autocast(device, "fp32" if precision == "int8" else precision)
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
+    """Token-id rows -> (N, longest) long, right-padded with `pad`."""
+    batch = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        batch[i, : len(row)] = torch.tensor(row)
+    return batch
 
 
 class Ensemble:
@@ -101,44 +115,28 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
     if precision == "int8":
         check_int8(device)
     configure_cuda(device)
-    models, tokenizer, first_cfg, first_hash = [], None, None, None
+    models, tokenizer, first_cfg = [], None, None
     for path in paths:
-        state = load_checkpoint(path, mmap=True)  # the weights are copied into the model once
-        cfg = config_from_dict(state["config"], where=str(path))
-        model_bytes, tok_hash, vocab_size = _tokenizer_entry(state, path)
-        if first_hash is not None and tok_hash != first_hash:
-            raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
+        ckpt = load_model_checkpoint(path, mmap=True)  # the weights are copied into the model once
+        cfg = ckpt.config
         if tokenizer is None:
-            tokenizer = Tokenizer.from_bytes(model_bytes, name=f"{path}: its sentencepiece model")
-            first_cfg, first_hash = cfg, tok_hash
-        if tokenizer.vocab_size != vocab_size:
-            raise NmtError(f"{path}: vocab_size {vocab_size} differs from its sentencepiece model's "
-                           f"{tokenizer.vocab_size}; the checkpoint is inconsistent")
+            tokenizer, first_cfg = ckpt.tokenizer, cfg
+        elif ckpt.tokenizer.sha256 != tokenizer.sha256:
+            raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
         if precision == "int8" and cfg.model.arch != "transformer":
             raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
-        model: Any = build_model(cfg.model, vocab_size, pad_id=PAD)
+        model: Any = build_model(cfg.model, ckpt.tokenizer.vocab_size, pad_id=ckpt.tokenizer.specials.pad)
         try:
-            model.load_state_dict(state["model"])
+            model.load_state_dict(ckpt.weights)
         except RuntimeError as e:  # missing or unexpected keys, other shapes
             first = " ".join(str(e).split())[:300]
             raise NmtError(f"{path}: the weights do not match the checkpoint's config ({first})") from None
         model = model.to(device).eval()
         models.append(quantize_decoder(model) if precision == "int8" else model)
-        del state
+        del ckpt
     assert tokenizer is not None and first_cfg is not None
     max_pos = min(m.cfg.max_positions for m in models)
     return Loaded(models[0] if len(models) == 1 else Ensemble(models), tokenizer, first_cfg, max_pos)
-
-
-def _tokenizer_entry(state: dict[str, Any], path: Path) -> tuple[bytes, str, int]:
-    """The checkpoint's sentencepiece model bytes, their sha256 and its vocab_size, checked."""
-    entry, vocab_size = state.get("tokenizer"), state.get("vocab_size")
-    if not isinstance(entry, dict) or not isinstance(entry.get("model"), bytes) \
-            or not isinstance(entry.get("sha256"), str):
-        raise NmtError(f"{path}: the checkpoint holds no sentencepiece model (tokenizer); it cannot translate")
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
-        raise NmtError(f"{path}: the checkpoint's vocab_size is missing or not a positive integer")
-    return entry["model"], entry["sha256"], vocab_size
 
 
 # ------------------------------------------------------------------ the prediction path
@@ -162,7 +160,7 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterat
 def load_shortlist_for(path: str, loaded: Loaded, beam: int) -> Shortlist:
     """A file from `nmt shortlist`, checked against the loaded model's vocabulary and the beam."""
     shortlist = load_shortlist(path, vocab_size=loaded.tokenizer.vocab_size, spm_sha256=loaded.tokenizer.sha256)
-    if SPECIALS + shortlist.frequent.numel() <= beam:  # a list must outnumber the beam
+    if len(loaded.tokenizer.specials.ids()) + shortlist.frequent.numel() <= beam:  # a list must outnumber the beam
         raise NmtError(f"{path}: {shortlist.frequent.numel()} frequent tokens are too few for "
                        f"beam {beam}; rebuild it with nmt shortlist --frequent {beam}")
     return shortlist
@@ -180,6 +178,7 @@ def translate_token_lists(
     seqs: Sequence[Sequence[int]],
     cfg: DecodeConfig,
     *,
+    specials: SpecialIds,
     nbest: int = 1,
     device: torch.device | str = "cpu",
     precision: str = "fp32",
@@ -188,9 +187,10 @@ def translate_token_lists(
     shortlist: Shortlist | None = None,
     first_index: int = 0,
 ) -> list[list[Hypothesis]]:
-    """Beam-search every token sequence (without EOS); results in input order. With
-    `cfg.sampling`, one sample each instead (nmt.decoding.sampling): sequence i draws from the generator
-    of input sentence first_index + i.
+    """Beam-search every token sequence (without eos); results in input order. `specials` are
+    the special ids of the model's vocabulary (`Tokenizer.specials`). With `cfg.sampling`, one
+    sample each instead (nmt.decoding.sampling): sequence i draws from the generator of input
+    sentence first_index + i.
 
     Sequences longer than max_positions - 1 are truncated (the caller warns). Batches are
     formed by length for speed; the results do not depend on how sentences are batched.
@@ -217,23 +217,19 @@ def translate_token_lists(
     batches = [[todo[j] for j in batch] for batch in _batches(lengths, cfg.batch_size, cfg.max_tokens)]
 
     def run(ids: list[int]) -> None:
-        width = max(len(seqs[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), PAD, dtype=torch.long)
-        for row, i in enumerate(ids):
-            src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], EOS])
+        src = pad_rows([[*seqs[i], specials.eos] for i in ids], specials.pad)  # (B, S)
         search_model, vocab = model, None
         if shortlist is not None:
-            vocab, allowed = shortlist.batch_vocab(src, PAD)
+            vocab, allowed = shortlist.batch_vocab(src, specials)
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
-        amp = autocast(device, "fp32" if precision == "int8" else precision)  # int8: the model is quantised
-        with torch.inference_mode(), amp:  # both are per thread
+        with torch.inference_mode(), decode_autocast(device, precision):  # both are per thread
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])
-                hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, pad=PAD, unk=UNK,
-                                                  bos=BOS, eos=EOS, max_len=max_positions)]
+                hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, **asdict(specials),
+                                                  max_len=max_positions)]
             else:
-                hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, pad=PAD, unk=UNK, bos=BOS,
-                                   eos=EOS, max_len=max_positions)
+                hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, **asdict(specials),
+                                   max_len=max_positions)
         for i, h in zip(ids, hyps):
             if vocab is not None:  # token columns -> token ids
                 h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]
@@ -262,11 +258,13 @@ def score_token_lists(
     targets: Sequence[Sequence[int]],
     cfg: DecodeConfig,
     *,
+    specials: SpecialIds,
     device: torch.device | str = "cpu",
     precision: str = "fp32",
 ) -> list[list[float]]:
-    """Forced decoding: for each non-empty source (without EOS, at most max_positions - 1
-    tokens) the log-probability of each token of its target followed by EOS (len + 1 values).
+    """Forced decoding: for each non-empty source (without eos, at most max_positions - 1
+    tokens) the log-probability of each token of its target followed by eos (len + 1 values);
+    `specials` are the vocabulary's special ids.
 
     The targets are fed through the same `encode` / `decode_step` protocol as the search, so
     a hypothesis scores the log-probs the search found for it (up to batch-shape rounding),
@@ -274,23 +272,17 @@ def score_token_lists(
     """
     device = torch.device(device)
     results: list[list[float]] = [[] for _ in sources]
-    amp = autocast(device, "fp32" if precision == "int8" else precision)
+    amp = decode_autocast(device, precision)
     for ids in _batches([len(s) for s in sources], cfg.batch_size, cfg.max_tokens):
-        width = max(len(sources[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), PAD, dtype=torch.long)
-        for row, i in enumerate(ids):
-            src[row, : len(sources[i]) + 1] = torch.tensor([*sources[i], EOS])
-        gold = [[*targets[i], EOS] for i in ids]
+        src = pad_rows([[*sources[i], specials.eos] for i in ids], specials.pad)  # (B, S)
+        gold = [[*targets[i], specials.eos] for i in ids]
         steps = max(map(len, gold))
-        feed = torch.full((len(ids), steps), PAD, dtype=torch.long)  # (B, T): gold tokens, padded
-        for row, g in enumerate(gold):
-            feed[row, : len(g)] = torch.tensor(g)
-        feed = feed.to(device)
+        feed = pad_rows(gold, specials.pad).to(device)  # (B, T): gold tokens, padded
         out = torch.zeros(len(ids), steps)  # (B, T)
         with torch.inference_mode(), amp:
             state = model.encode(src.to(device))
-            last = torch.full((len(ids),), BOS, dtype=torch.long, device=device)
-            for t in range(steps):  # past its EOS a row is fed PAD; those values are dropped
+            last = torch.full((len(ids),), specials.bos, dtype=torch.long, device=device)
+            for t in range(steps):  # past its eos a row is fed pad; those values are dropped
                 lprobs, state = model.decode_step(last, state)  # (B, V)
                 out[:, t] = lprobs.float().gather(1, feed[:, t : t + 1]).squeeze(1).cpu()
                 last = feed[:, t]
@@ -314,8 +306,5 @@ def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1,
         return option(key) if key in overrides else f"{source}: decode.{key}"
 
     check_decode(cfg, name, vocab_size)
-    if nbest < 1 or nbest > cfg.beam:
-        raise NmtError(f"{option('nbest')} must be between 1 and the beam size ({cfg.beam}), got {nbest}")
-    if cfg.sampling and nbest > 1:
-        raise NmtError(f"{option('nbest')} {nbest} needs beam search: sampling gives one output per input")
+    check_nbest(nbest, cfg, option("nbest"))
     return cfg

@@ -197,8 +197,8 @@ def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: in
     return [h.tokens for h in hyps]
 
 
-def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick, *, pad: int = 0,
-                 unk: int = 1, bos: int = 2, eos: int = 3, max_len: int | None = None) -> list[Hypothesis]:
+def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick, *, pad: int,
+                 unk: int, bos: int, eos: int, max_len: int | None = None) -> list[Hypothesis]:
     """src (B, S) -> one hypothesis per sentence, one token per step chosen by `pick` (greedy:
     `first_maximum`; sampling: `nmt.decoding.sampling.sampler`) among the tokens the rules allow.
 
@@ -274,9 +274,10 @@ def _finish(ends: Tensor, top_rows: Tensor, top_scores: Tensor, top_lp: Tensor, 
 # Long (~100 lines, a fifth of them the docstring) because one step of the search should read
 # top to bottom: candidates, finished hypotheses, the live beam, the stopping rule, pruning.
 def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
-                pad: int = 0, unk: int = 1, bos: int = 2, eos: int = 3,
+                pad: int, unk: int, bos: int, eos: int,
                 max_len: int | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first, distinct.
+    pad, unk, bos, eos: the special ids of the model's vocabulary (`nmt.tokenizer.SpecialIds`).
 
     An output has at most int(max_len_a * src_len + max_len_b) tokens before its EOS (EOS
     is forced there), at most `max_len` - 1 when the model has `max_len` positions, and at

@@ -28,13 +28,12 @@ from torch import Tensor
 from nmt.checkpoint import atomic_save
 from nmt.data import ParallelData, read_meta
 from nmt.errors import NmtError
-from nmt.tokenizer import EOS
+from nmt.tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
 
 FORMAT = "nmt-shortlist"
 FORMAT_VERSION = 1
-SPECIALS = EOS + 1  # token ids 0 .. EOS (pad, unk, bos, eos) are in every list
 _OCCURRENCES_PER_CHUNK = 4_000_000  # (source, target) token pairs handled at once in EM
 
 
@@ -47,26 +46,27 @@ class Shortlist:
     source_lang: str = ""
     target_lang: str = ""
 
-    def allowed(self, src: Tensor, pad: int) -> Tensor:
-        """src (B, S) token ids -> (B, V) bool: the target tokens each sentence may produce."""
+    def allowed(self, src: Tensor, specials: SpecialIds) -> Tensor:
+        """src (B, S) token ids -> (B, V) bool: the target tokens each sentence may produce,
+        the special tokens (`specials`, the vocabulary's) always among them."""
         src = src.cpu()
         B, V = src.size(0), self.vocab_size
         allowed = torch.zeros(B, V + 1, dtype=torch.bool)  # column V collects the -1 entries
-        allowed[:, :SPECIALS] = True
+        allowed[:, specials.ids()] = True
         allowed[:, self.frequent] = True
-        real = src != pad
+        real = src != specials.pad
         allowed.scatter_(1, torch.where(real, src, V), True)  # its own tokens
         cand = self.candidates[src.clamp(max=V - 1)]  # (B, S, top)
         allowed.scatter_(1, torch.where(real.unsqueeze(2) & (cand >= 0), cand, V).view(B, -1), True)
         return allowed[:, :V]
 
-    def batch_vocab(self, src: Tensor, pad: int) -> tuple[Tensor, Tensor]:
+    def batch_vocab(self, src: Tensor, specials: SpecialIds) -> tuple[Tensor, Tensor]:
         """src (B, S) -> the batch's tokens (K,) ascending, and (B, K) bool: which of them
         each sentence may produce. One output projection over the K tokens serves the whole
         batch (a per-sentence projection would read each weight for `beam` rows only); the
-        mask keeps every sentence to its own list. The special tokens 0 .. EOS come first,
-        so their ids are also their columns."""
-        allowed = self.allowed(src, pad)
+        mask keeps every sentence to its own list. The special tokens (nmt's are 0 .. 3)
+        come first, so their ids are also their columns."""
+        allowed = self.allowed(src, specials)
         vocab = allowed.any(0).nonzero().view(-1)
         return vocab, allowed[:, vocab]
 

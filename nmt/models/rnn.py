@@ -53,7 +53,7 @@ class RNNState:
 class RNN(nn.Module):
     """Bidirectional RNN encoder, attentional RNN decoder; `forward(src, prev_output)` -> logits."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int):
         super().__init__()
         self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
         D, H = cfg.d_model, cfg.rnn_hidden

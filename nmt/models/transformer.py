@@ -69,7 +69,7 @@ class Transformer(nn.Module):
     share_decoder_input_output_embed). The output projection has no bias.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int):
         super().__init__()
         self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
         tgt_tokens = token_embedding(vocab_size, cfg.d_model, pad_id)
@@ -227,7 +227,7 @@ class Transformer(nn.Module):
                        self_kv_rows=rows if state.self_kv else None, blocked=blocked)
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int = 0) -> Transformer | RNN:
+def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer | RNN:
     """The network `cfg.arch` names: a `Transformer` or an `nmt.models.rnn.RNN`. Both give training
     `forward` / `decoder_states` / `output_weight` and the search its protocol."""
     if cfg.arch == "rnn":

@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 
 from nmt import data as datamod
-from nmt.config import Config
-from nmt.errors import NmtError
-from nmt.tokenizer import Tokenizer
+from nmt.config import Config, check_beam_fits
+from nmt.tokenizer import SpecialIds, Tokenizer
 from nmt.training.state import data_fingerprint
 
 PREFETCH_UPDATES = 2  # updates collated ahead of the one on the device
@@ -47,9 +46,8 @@ class TrainingData:
         meta = datamod.read_meta(d.dir)
         src, tgt = d.source_lang or meta["source_lang"], d.target_lang or meta["target_lang"]
         tokenizer = Tokenizer(Path(d.dir) / "spm.model")
-        if t.valid_bleu and t.valid_beam >= tokenizer.vocab_size:  # as decode.beam (config.check_decode)
-            raise NmtError(f"train.valid_beam must be smaller than the vocabulary ({tokenizer.vocab_size}), "
-                           f"got {t.valid_beam}")
+        if t.valid_bleu:
+            check_beam_fits(t.valid_beam, tokenizer.vocab_size, "train.valid_beam")
         train = datamod.ParallelData.load(d.dir, d.train_split, src, tgt)
         valid = datamod.ParallelData.load(d.dir, d.valid_split, src, tgt) if d.valid_split in meta.get("splits", {}) \
             else None
@@ -70,9 +68,10 @@ class Prefetcher:
 
     _DONE = object()
 
-    def __init__(self, data: datamod.ParallelData, groups: Sequence[Sequence[np.ndarray | None]], *,
-                 pad_to: int, pin_memory: bool):
+    def __init__(self, data: datamod.ParallelData, groups: Sequence[Sequence[np.ndarray | None]],
+                 specials: SpecialIds, *, pad_to: int, pin_memory: bool):
         self.data, self.groups, self.pad_to, self.pin = data, groups, pad_to, pin_memory
+        self.specials = specials
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=PREFETCH_UPDATES)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._work, name="nmt-prefetch", daemon=True)
@@ -82,7 +81,8 @@ class Prefetcher:
         try:
             for group in self.groups:
                 batches = [None if ids is None else
-                           datamod.collate(self.data, ids, pin_memory=self.pin, pad_to=self.pad_to) for ids in group]
+                           datamod.collate(self.data, ids, self.specials, pin_memory=self.pin, pad_to=self.pad_to)
+                           for ids in group]
                 if not self._put(batches):
                     return
             self._put(self._DONE)

@@ -29,7 +29,7 @@ from nmt.config import Config
 from nmt.device import autocast, configure_cuda
 from nmt.errors import NmtError
 from nmt.models.transformer import build_model, num_parameters, summary
-from nmt.tokenizer import EOS, PAD
+from nmt.tokenizer import NMT_SPECIALS
 from nmt.training import validate as validation
 from nmt.training.batches import Prefetcher, TrainingData, epoch_groups
 from nmt.training.distributed import Env, setup_env, teardown_env, wrap_for_training
@@ -78,10 +78,11 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
     if vocab_size is None:
         vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
-    if not EOS + 1 <= vocab_size < 2**31:  # the special tokens; token ids are at most int32
-        raise NmtError(f"--vocab-size must be between {EOS + 1} and {2**31 - 1}, got {vocab_size}")
+    least = max(NMT_SPECIALS.ids()) + 1  # the special tokens of the vocabulary nmt trains
+    if not least <= vocab_size < 2**31:  # token ids are at most int32
+        raise NmtError(f"--vocab-size must be between {least} and {2**31 - 1}, got {vocab_size}")
     with torch.device("meta"):  # shapes only: a big vocabulary costs no memory
-        model = build_model(cfg.model, vocab_size, pad_id=PAD)
+        model = build_model(cfg.model, vocab_size, pad_id=NMT_SPECIALS.pad)
     return summary(model)
 
 
@@ -100,7 +101,7 @@ class Trainer:
         self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
         self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
         torch.manual_seed(t.seed)
-        self.model = build_model(cfg.model, self.tokenizer.vocab_size, pad_id=PAD).to(env.device)
+        self.model = build_model(cfg.model, self.tokenizer.vocab_size, pad_id=self.tokenizer.specials.pad).to(env.device)
         # the model and its loss as one module: what DDP wraps and torch.compile compiles
         self.objective = TranslationLoss(self.model, t.label_smoothing)
         self.ddp, self.net = wrap_for_training(self.objective, env, t.compile, t.compile_mode)
@@ -233,8 +234,8 @@ class Trainer:
         env = self.env
         weight = 1.0 if item is not None else 0.0
         batch = item if isinstance(item, datamod.Batch) else datamod.collate(
-            self.train_data, item if item is not None else self.dummy_ids, pin_memory=env.device.type == "cuda",
-            pad_to=self.pad_to)
+            self.train_data, item if item is not None else self.dummy_ids, self.tokenizer.specials,
+            pin_memory=env.device.type == "cuda", pad_to=self.pad_to)
         batch = batch.to(env.device)
         with (nullcontext() if sync or self.ddp is None else self.ddp.no_sync()):
             loss, nll = self._batch_loss(self.net, batch)
@@ -307,7 +308,7 @@ class Trainer:
         """The updates' batches, collated ahead in a background thread on a GPU (nmt.training.batches)."""
         if self.env.device.type != "cuda":
             return nullcontext(groups)
-        return Prefetcher(self.train_data, groups, pad_to=self.pad_to, pin_memory=True)
+        return Prefetcher(self.train_data, groups, self.tokenizer.specials, pad_to=self.pad_to, pin_memory=True)
 
     def _after_update(self, stats: UpdateStats | None, epoch_end: bool, metrics: TrainMetrics) -> str | None:
         """Log, validate and save as the intervals say; returns why to stop, if it is time."""

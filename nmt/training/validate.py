@@ -31,7 +31,7 @@ def validate(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, valid_da
                                    seed=0, epoch=1, shuffle=False, max_positions=cfg.model.max_positions)
     with torch.no_grad():
         for ids in batches:
-            batch = datamod.collate(valid_data, ids).to(device)
+            batch = datamod.collate(valid_data, ids, tokenizer.specials).to(device)
             loss, nll = batch_loss(batch)
             loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.tgt_tokens
     nll_bits = nll_sum / max(ntok, 1) / math.log(2)
@@ -42,8 +42,9 @@ def validate(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, valid_da
 
         decode_cfg = dc_replace(cfg.decode, beam=t.valid_beam)
         sources = [valid_data.src(i).tolist() for i in range(len(valid_data))]
-        hyps = translate_token_lists(model, sources, decode_cfg, device=device, precision=t.precision,
-                                     max_positions=cfg.model.max_positions, workers=0)  # as nmt translate
+        hyps = translate_token_lists(model, sources, decode_cfg, specials=tokenizer.specials, device=device,
+                                     precision=t.precision, max_positions=cfg.model.max_positions,
+                                     workers=0)  # as nmt translate
         text = [tokenizer.decode(h[0].tokens) for h in hyps]
         refs = datamod.read_raw(cfg.data.dir, cfg.data.valid_split, tgt_lang)
         result["valid_bleu"] = corpus_bleu(text, [refs])
