@@ -186,6 +186,46 @@ def test_plot_curves_of_a_directory_without_metrics_is_one_line(tmp_path, capfd)
     assert "no metrics.jsonl" in capfd.readouterr().err
 
 
+# ------------------------------------------------------------------ the attention file (issue 25 (14))
+
+
+def test_attention_is_written_as_the_lines_are_translated(models, sentences, tmp_path, monkeypatch):
+    """Issue 25 (14): the attention of every line was kept in memory until the end (~62 KB a
+    sentence). Now each line's arrays are in the file's temporary before the next line is read."""
+    npz, sizes = tmp_path / "att.npz", []
+    real = Translator.translate_nbest
+
+    def watching(self, texts, *args, **kwargs):
+        sizes.append(sum(p.stat().st_size for p in tmp_path.glob(".att.npz.tmp-*")))
+        return real(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", watching)
+    lines = [s for s in sentences if s.strip()][:4]
+    run_translate(tmp_path, lines, "-c", str(models["transformer"]), "--attention", str(npz), "--buffer-lines", "1")
+    assert len(sizes) == 4 and 0 < sizes[1] < sizes[2] < sizes[3], sizes
+    assert [i for i, *_ in load_attention(npz)] == [0, 1, 2, 3]
+    assert not list(tmp_path.glob(".att.npz.tmp-*"))
+
+
+def test_a_failed_translation_leaves_no_attention_file(models, sentences, tmp_path, monkeypatch, capfd):
+    npz = tmp_path / "att.npz"
+    npz.write_bytes(b"old")
+    real, calls = Translator.translate_nbest, []
+
+    def failing(self, texts, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise NmtError("stop here")
+        return real(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", failing)
+    src = write_input(tmp_path, [s for s in sentences if s.strip()][:4])
+    assert nmt_here("translate", "-c", str(models["transformer"]), "-i", str(src), "-o", str(tmp_path / "out.txt"),
+                    "--attention", str(npz), "--buffer-lines", "1") == 1
+    assert "stop here" in capfd.readouterr().err
+    assert npz.read_bytes() == b"old" and not list(tmp_path.glob(".att.npz.tmp-*"))
+
+
 # ------------------------------------------------------------------ TensorBoard
 
 

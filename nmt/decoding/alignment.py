@@ -12,18 +12,22 @@ Shapes: L decoder layers, H heads, T = target tokens + EOS, S = source tokens + 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import zipfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from nmt.atomic import replacing
+from nmt.atomic import clean_temporaries, replacing, target
 from nmt.device import autocast
 from nmt.errors import NmtError
 from nmt.tokenizer import BOS, EOS, PAD
 
+log = logging.getLogger(__name__)
 ATTENTION_BATCH = 32  # sentences per teacher-forced pass
 
 
@@ -104,21 +108,48 @@ def pharaoh(pairs: Sequence[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-def save_attention(path: str | Path, items: Sequence[tuple[int, np.ndarray, list[str], list[str]]]) -> None:
-    """Write `(index, weights (L, H, T, S), source pieces (S,), target pieces (T,))` per sentence
-    to an .npz file, whole or not at all: arrays `attention_<index>`, `source_<index>`,
-    `target_<index>` (pieces include the final `</s>`), and `index`, the indices in order."""
-    arrays: dict[str, np.ndarray] = {"index": np.array([i for i, *_ in items], dtype=np.int64)}
-    for i, weights, src, tgt in items:
-        arrays[f"attention_{i}"] = weights.astype(np.float32)
-        arrays[f"source_{i}"] = np.array(src, dtype=str)
-        arrays[f"target_{i}"] = np.array(tgt, dtype=str)
-    with replacing(Path(path), "the attention") as tmp, open(tmp, "xb") as f:
-        np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
+AttentionItem = tuple[int, np.ndarray, list[str], list[str]]  # (index, weights (L, H, T, S), source, target)
+
+
+class AttentionWriter:
+    """An open `.npz` attention file (see `writing_attention`): `add` writes one sentence's
+    arrays at once, so memory stays flat however many sentences there are (issue 25: they
+    were kept until the end, ~62 KB each)."""
+
+    def __init__(self, archive: zipfile.ZipFile):
+        self.archive, self.indices = archive, []  # type: tuple[zipfile.ZipFile, list[int]]
+
+    def add(self, index: int, weights: np.ndarray, source: list[str], target: list[str]) -> None:
+        self._array(f"attention_{index}", weights.astype(np.float32))
+        self._array(f"source_{index}", np.array(source, dtype=str))
+        self._array(f"target_{index}", np.array(target, dtype=str))
+        self.indices.append(index)
+
+    def _array(self, key: str, array: np.ndarray) -> None:
+        # what np.savez_compressed writes for one array, so that np.load reads the file as one of its own
+        with self.archive.open(f"{key}.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+
+
+@contextlib.contextmanager
+def writing_attention(path: str | Path) -> Iterator[AttentionWriter]:
+    """The `.npz` file of `translate --attention`, written as translations come and renamed into
+    place at the end, whole or not at all: arrays `attention_<index>` (L, H, T, S) float32,
+    `source_<index>` (S,) and `target_<index>` (T,) pieces (each ending in `</s>`) per sentence
+    in the order added, then `index`, the indices in that order. A killed run's temporary is
+    removed first."""
+    real = target(path, "--attention")
+    clean_temporaries(real.parent, name=real.name)
+    with (replacing(real, "the attention") as tmp, open(tmp, "xb") as f,
+          zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as archive):
+        writer = AttentionWriter(archive)
+        yield writer
+        writer._array("index", np.array(writer.indices, dtype=np.int64))
+    log.info("wrote the attention of %d translations to %s", len(writer.indices), path)
 
 
 def load_attention(path: str | Path) -> list[tuple[int, np.ndarray, list[str], list[str]]]:
-    """Read what `save_attention` wrote."""
+    """Read what `writing_attention` wrote."""
     try:
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
