@@ -40,45 +40,65 @@ def _save(fig: Any, path: Path, dpi: int) -> None:
 # ------------------------------------------------------------------ attention
 
 
+MAX_PIECES = 2000  # a side of one map: 0.28 inch each at 100 dpi stays under matplotlib's 2^16 pixels
+
+
 def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None = None, average: bool = False,
                    sentences: int = 0, dpi: int = 100) -> list[Path]:
     """One PNG per sentence of an `nmt translate --attention` file: `out_dir/attention_<i>.png`
     (i = the 0-based input line), source pieces across, target pieces down, heads averaged;
     a panel per decoder layer, or only `layer` (0-based, negative from the end), or with
-    `average` one panel averaged over layers too. `sentences` > 0: only the first that many."""
-    plt = _pyplot()
-    items = load_attention(path)
-    if sentences:
-        items = items[:sentences]
+    `average` one panel averaged over layers too. `sentences` > 0: only the first that many.
+    The whole file (those sentences) is checked before anything is drawn."""
+    if sentences < 0:
+        raise NmtError(f"--sentences {sentences}: must be 0 (all) or more")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for index, weights, src, tgt in items:
-        L = weights.shape[0]
+    if out.exists() and not out.is_dir():
+        raise NmtError(f"-o {out}: exists and is not a directory; give a directory for attention_<line>.png")
+    items = load_attention(path, sentences)
+    for index, weights, _, _ in items:
+        L, (_, _, T, S) = weights.shape[0], weights.shape
         if layer is not None and not -L <= layer < L:
             raise NmtError(f"--layer {layer}: {path} has {L} layer(s) (0 .. {L - 1}, or negative from the end)")
-        if average:
-            panels = [("layers and heads averaged", weights.mean((0, 1)))]
-        elif layer is not None:
-            panels = [(f"layer {layer % L}, heads averaged", weights[layer].mean(0))]
-        else:
-            panels = [(f"layer {i}, heads averaged", weights[i].mean(0)) for i in range(L)]
-        cell = 0.28  # inches per piece, so that labels stay readable
-        width, height = max(3.0, cell * len(src) + 1.5), max(2.5, cell * len(tgt) + 1.2)
-        fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
-        for ax, (title, matrix) in zip(axes[0], panels, strict=True):
-            ax.imshow(matrix, cmap="Greys", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
-            ax.set_xticks(range(len(src)), src, rotation=90, fontsize=8)
-            ax.set_yticks(range(len(tgt)), tgt, fontsize=8)
-            ax.set_xlabel("source")
-            ax.set_ylabel("target")
-            ax.set_title(title, fontsize=9)
-        fig.suptitle(f"sentence {index}", fontsize=10)
+        if max(T, S) > MAX_PIECES:
+            raise NmtError(f"{path}: attention_{index}: {T} x {S} pieces, too many to draw (at most {MAX_PIECES})")
+    plt = _pyplot()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NmtError(f"-o {out}: cannot create the directory ({e.strerror or e})") from None
+    written = []
+    for index, weights, src, tgt in items:
+        fig = _attention_figure(plt, index, weights, src, tgt, layer, average)
         written.append(out / f"attention_{index}.png")
         _save(fig, written[-1], dpi)
         plt.close(fig)
     log.info("wrote %d figure(s) to %s", len(written), out)
     return written
+
+
+def _attention_figure(plt: Any, index: int, weights: np.ndarray, src: list[str], tgt: list[str], layer: int | None,
+                      average: bool) -> Any:
+    """The figure of one sentence (see `plot_attention`); weights (L, H, T, S)."""
+    L = weights.shape[0]
+    if average:
+        panels = [("layers and heads averaged", weights.mean((0, 1)))]
+    elif layer is not None:
+        panels = [(f"layer {layer % L}, heads averaged", weights[layer].mean(0))]
+    else:
+        panels = [(f"layer {i}, heads averaged", weights[i].mean(0)) for i in range(L)]
+    cell = 0.28  # inches per piece, so that labels stay readable
+    width, height = max(3.0, cell * len(src) + 1.5), max(2.5, cell * len(tgt) + 1.2)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
+    for ax, (title, matrix) in zip(axes[0], panels, strict=True):
+        ax.imshow(matrix, cmap="Greys", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+        ax.set_xticks(range(len(src)), src, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(tgt)), tgt, fontsize=8)
+        ax.set_xlabel("source")
+        ax.set_ylabel("target")
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"sentence {index}", fontsize=10)
+    return fig
 
 
 # ------------------------------------------------------------------ learning curves

@@ -9,9 +9,11 @@ Random tiny models as in test_translate (a random model never emits EOS: max_len
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import logging
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -186,7 +188,82 @@ def test_plot_curves_of_a_directory_without_metrics_is_one_line(tmp_path, capfd)
     assert "no metrics.jsonl" in capfd.readouterr().err
 
 
-# ------------------------------------------------------------------ the attention file (issue 25 (14))
+# ------------------------------------------------------------------ hostile files (issue 25 (7), (14))
+
+
+def attention_file(path: Path, **changes) -> Path:
+    """A small valid `--attention` file (sentence 0, two layers), with `changes` (None removes an array)."""
+    arrays = {"index": np.array([0]), "attention_0": np.full((2, 1, 2, 2), 0.5, "f4"),
+              "source_0": np.array(["a", "</s>"]), "target_0": np.array(["x", "</s>"]), **changes}
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+def npy(array: np.ndarray, shape: tuple[int, ...] | None = None) -> bytes:
+    """`array` in the .npy format, its header declaring `shape` if given (a forged file)."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array)
+    data = buffer.getvalue()
+    if shape is None:
+        return data
+    old, new = repr(array.shape).encode() + b", }", repr(shape).encode() + b", }"
+    return data.replace(old + b" " * (len(new) - len(old)), new)  # the header keeps its length
+
+
+def one_line_error(capfd) -> str:
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("nmt: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"index": np.array([0, 1])}, "attention_1"),  # the issue's: an index without its arrays (KeyError)
+    ({"index": None}, "index"),
+    ({"index": np.array([[0]])}, "index"),
+    ({"index": np.array(["0"])}, "index"),
+    ({"attention_0": np.array([None, 1], dtype=object)}, "attention_0"),  # refused by numpy, outside the handler
+    ({"attention_0": np.ones((2, 2), "f4")}, "attention_0"),
+    ({"attention_0": np.ones((1, 1, 0, 0), "f4"), "source_0": np.array([], str), "target_0": np.array([], str)},
+     "attention_0"),
+    ({"attention_0": np.ones((1, 1, 2, 2), "c8")}, "attention_0"),
+    ({"attention_0": np.full((1, 1, 2, 2), np.nan, "f4")}, "attention_0"),
+    ({"attention_0": np.full((1, 1, 2, 3), 0.3, "f4")}, "source_0"),  # 3 source columns, 2 pieces
+    ({"target_0": np.array([1, 2])}, "target_0"),
+    ({"source_0": None}, "source_0"),
+])
+def test_plot_attention_of_a_malformed_file_is_one_line_naming_the_file_and_key(tmp_path, capfd, changes, key):
+    npz = attention_file(tmp_path / "m.npz", **changes)
+    assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps")) == 1
+    err = one_line_error(capfd)
+    assert f"{npz}: {key}:" in err, err
+    assert not (tmp_path / "maps").exists()  # checked before anything is drawn
+
+
+def test_plot_attention_of_what_is_not_an_npz_file_is_one_line(tmp_path, capfd):
+    np.save(tmp_path / "plain.npy", np.ones(3))
+    good = attention_file(tmp_path / "good.npz").read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(good[: len(good) // 2])  # was BadZipFile
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "dir.npz").mkdir()
+    with zipfile.ZipFile(tmp_path / "forged.npz", "w") as archive:  # numpy would allocate 2^42 floats (MemoryError)
+        archive.writestr("index.npy", npy(np.array([0])))
+        archive.writestr("attention_0.npy", npy(np.ones((1, 1, 2, 2), "f4"), shape=(1, 1, 2**21, 2**21)))
+    for name in ("plain.npy", "truncated.npz", "empty.npz", "dir.npz", "forged.npz"):
+        assert nmt_here("plot", "attention", str(tmp_path / name), "-o", str(tmp_path / "maps")) == 1, name
+        assert f"{tmp_path / name}: " in one_line_error(capfd)
+    assert not (tmp_path / "maps").exists()
+
+
+def test_plot_attention_refuses_a_bad_destination_or_count_in_one_line(tmp_path, capfd):
+    npz = attention_file(tmp_path / "a.npz")
+    (tmp_path / "file").write_text("keep")
+    for out, needle in (("file", "-o"), ("file/maps", "-o")):  # an existing file; a directory that cannot be made
+        assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / out)) == 1
+        assert needle in one_line_error(capfd)
+    assert (tmp_path / "file").read_text() == "keep"
+    assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps"), "--sentences", "-1") == 1
+    assert "--sentences -1" in one_line_error(capfd)  # was accepted, and dropped the last sentence
+    assert not (tmp_path / "maps").exists()
 
 
 def test_attention_is_written_as_the_lines_are_translated(models, sentences, tmp_path, monkeypatch):

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -148,16 +150,69 @@ def writing_attention(path: str | Path) -> Iterator[AttentionWriter]:
     log.info("wrote the attention of %d translations to %s", len(writer.indices), path)
 
 
-def load_attention(path: str | Path) -> list[tuple[int, np.ndarray, list[str], list[str]]]:
-    """Read what `writing_attention` wrote."""
+_NOT_OURS = "not an attention file from `nmt translate --attention`"
+# what a damaged or forged .npz raises when opened or when an array is read from it (RuntimeError:
+# zipfile on an encrypted member, NotImplementedError on an unknown compression)
+_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, RuntimeError, zipfile.BadZipFile, zlib.error)
+
+
+def load_attention(path: str | Path, sentences: int = 0) -> list[AttentionItem]:
+    """Read what `writing_attention` wrote (the first `sentences`, if > 0), each array checked:
+    a file that is not such a file is an NmtError naming it and the bad key."""
     try:
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise NmtError(f"{path}: file not found") from None
-    except (OSError, ValueError) as e:
-        raise NmtError(f"{path}: not an attention file from `nmt translate --attention` ({e})") from None
+    except _READ_ERRORS as e:
+        raise NmtError(f"{path}: {_NOT_OURS} ({_reason(e)})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise NmtError(f"{path}: {_NOT_OURS} (a .npy array, not an .npz archive)")
     with data:
-        if "index" not in data:
-            raise NmtError(f"{path}: not an attention file from `nmt translate --attention` (no index)")
-        return [(int(i), data[f"attention_{i}"], data[f"source_{i}"].tolist(), data[f"target_{i}"].tolist())
-                for i in data["index"]]
+        index = _array(data, path, "index")
+        if index.ndim != 1 or index.dtype.kind not in "iu" or (index < 0).any() or len(set(index.tolist())) < index.size:
+            raise NmtError(f"{path}: index: {_NOT_OURS} (expected distinct line numbers, got {index.dtype} "
+                           f"{index.shape})")
+        return [_item(data, path, int(i)) for i in index[: sentences or None]]
+
+
+def _item(data: Any, path: str | Path, i: int) -> AttentionItem:
+    weights = _array(data, path, f"attention_{i}")
+    if weights.ndim != 4 or weights.dtype.kind != "f" or 0 in weights.shape:
+        raise NmtError(f"{path}: attention_{i}: {_NOT_OURS} (expected real weights (layers, heads, target, "
+                       f"source), none empty, got {weights.dtype} {weights.shape})")
+    if not np.isfinite(weights).all():
+        raise NmtError(f"{path}: attention_{i}: {_NOT_OURS} (weights that are not finite: NaN or inf)")
+    pieces = []
+    for side, size in (("source", weights.shape[3]), ("target", weights.shape[2])):
+        array = _array(data, path, f"{side}_{i}")
+        if array.dtype.kind != "U" or array.shape != (size,):
+            raise NmtError(f"{path}: {side}_{i}: {_NOT_OURS} (expected {size} pieces for attention_{i} "
+                           f"{weights.shape}, got {array.dtype} {array.shape})")
+        pieces.append(array.tolist())
+    return i, weights.astype(np.float32), pieces[0], pieces[1]
+
+
+def _array(data: Any, path: str | Path, key: str) -> np.ndarray:
+    """Array `key` of the open .npz `data`, its header checked first: a forged shape bigger
+    than the data stored would be a MemoryError (numpy allocates the array before reading)."""
+    try:
+        with data.zip.open(f"{key}.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            stored = data.zip.getinfo(f"{key}.npy").file_size
+        if math.prod(shape) * dtype.itemsize > stored:
+            raise NmtError(f"{path}: {key}: {_NOT_OURS} (its header declares a {dtype} array of shape {shape}, "
+                           f"more than the {stored} bytes stored)")
+        return data[key]
+    except KeyError:
+        raise NmtError(f"{path}: {key}: {_NOT_OURS} (no such array)") from None
+    except _READ_ERRORS as e:
+        raise NmtError(f"{path}: {key}: {_NOT_OURS} ({_reason(e)})") from None
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
