@@ -188,7 +188,7 @@ def test_plot_curves_of_a_directory_without_metrics_is_one_line(tmp_path, capfd)
     assert "no metrics.jsonl" in capfd.readouterr().err
 
 
-# ------------------------------------------------------------------ hostile files (issue 25 (7), (14))
+# ------------------------------------------------------------------ hostile files (issue 25 (7), (8), (14))
 
 
 def attention_file(path: Path, **changes) -> Path:
@@ -264,6 +264,41 @@ def test_plot_attention_refuses_a_bad_destination_or_count_in_one_line(tmp_path,
     assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps"), "--sentences", "-1") == 1
     assert "--sentences -1" in one_line_error(capfd)  # was accepted, and dropped the last sentence
     assert not (tmp_path / "maps").exists()
+
+
+def test_plot_curves_checks_the_image_format_before_reading_the_runs(tmp_path, capfd, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import nmt.plot
+
+    def no_reading(run_dir):
+        raise AssertionError("the runs were read before the format was checked")
+
+    monkeypatch.setattr(nmt.plot, "read_metrics", no_reading)
+    assert nmt_here("plot", "curves", str(tmp_path), "-o", str(tmp_path / "c.unknownext")) == 1
+    assert "-o" in (err := one_line_error(capfd)) and ".unknownext" in err and "png" in err
+
+
+def test_plot_curves_skips_bad_records_and_says_how_many(tmp_path, capfd):
+    pytest.importorskip("matplotlib")
+    from nmt.plot import read_metrics
+
+    good = [{"type": "train", "update": u, "loss": 5.0 - u, "ppl": 30.0, "lr": 1e-3, "elapsed": u * 2.0}
+            for u in (1, 2, 3)] + [{"type": "valid", "update": 2, "valid_bleu": 1.5, "elapsed": 4.0}]
+    bad = [b'{"type": "train", "update": 9, \xff\xfe "loss": 1}',  # invalid UTF-8
+           b'{"type": "train", "update": 9, "loss": 1.0, "elapsed": "x"}',
+           b'{"type": "train", "update": 9, "loss": 1e400}',  # inf
+           b'{"type": "train", "update": 9, "loss": 1' + b"0" * 400 + b"}",  # 10^400, beyond any float
+           b'{"type": "train", "update": 9, "loss": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+           b'[1, 2]', b'{"type": "train", "update": true, "loss": 1.0}', b'{"type": 7, "update": 9}']
+    lines = [json.dumps(good[0]).encode(), *bad[:4], *(json.dumps(r).encode() for r in good[1:]), *bad[4:]]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(b"\n".join(lines) + b'\n\n{"type": "tr')  # a killed run's last line
+    assert nmt_here("plot", "curves", str(run), "-o", str(tmp_path / "c.png")) == 0
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and f"{run / 'metrics.jsonl'}: skipped 9 bad record(s), the first on line 2" in warnings[0]
+    assert read_metrics(run) == (good[:3], good[3:])
 
 
 def test_attention_is_written_as_the_lines_are_translated(models, sentences, tmp_path, monkeypatch):
