@@ -127,6 +127,10 @@ class AttentionWriter:
         self._array(f"target_{index}", np.array(target, dtype=str))
         self.indices.append(index)
 
+    def finish(self) -> None:
+        """The last array: `index`, the indices in the order added."""
+        self._array("index", np.array(self.indices, dtype=np.int64))
+
     def _array(self, key: str, array: np.ndarray) -> None:
         # what np.savez_compressed writes for one array, so that np.load reads the file as one of its own
         with self.archive.open(f"{key}.npy", "w", force_zip64=True) as f:
@@ -146,7 +150,7 @@ def writing_attention(path: str | Path) -> Iterator[AttentionWriter]:
           zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as archive):
         writer = AttentionWriter(archive)
         yield writer
-        writer._array("index", np.array(writer.indices, dtype=np.int64))
+        writer.finish()
     log.info("wrote the attention of %d translations to %s", len(writer.indices), path)
 
 
@@ -169,7 +173,8 @@ def load_attention(path: str | Path, sentences: int = 0) -> list[AttentionItem]:
         raise NmtError(f"{path}: {_NOT_OURS} (a .npy array, not an .npz archive)")
     with data:
         index = _array(data, path, "index")
-        if index.ndim != 1 or index.dtype.kind not in "iu" or (index < 0).any() or len(set(index.tolist())) < index.size:
+        line_numbers = index.ndim == 1 and index.dtype.kind in "iu" and (index >= 0).all()
+        if not line_numbers or len(set(index.tolist())) < index.size:
             raise NmtError(f"{path}: index: {_NOT_OURS} (expected distinct line numbers, got {index.dtype} "
                            f"{index.shape})")
         return [_item(data, path, int(i)) for i in index[: sentences or None]]
