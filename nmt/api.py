@@ -15,7 +15,8 @@ whitespace-only input gives "" without touching the model; line breaks, NUL and 
 characters inside an input are cleaned as the command cleans a line; an input longer than the
 model's maximum is truncated with a warning; a result never contains a line break or a tab;
 results do not depend on how inputs are batched. Mistakes raise `nmt.errors.NmtError` with a
-one-line message.
+one-line message, also an argument of the wrong type (checked here, at the boundary: texts in
+any iterable of str but one str, a number as a number, a bool as a bool), named in it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from itertools import islice
@@ -48,7 +50,7 @@ from nmt.decoding.search import Hypothesis, length_penalty
 from nmt.decoding.shortlist import Shortlist
 from nmt.device import resolve_device
 from nmt.errors import NmtError
-from nmt.fields import coerce_option
+from nmt.fields import coerce, coerce_option
 from nmt.options import TranslateOptions
 from nmt.textio import clean_text
 
@@ -102,6 +104,47 @@ def _cli_name(key: str) -> str:
     return f"--{key.replace('_', '-')}"
 
 
+def _arg(value: Any, tp: type, name: str, where: str) -> Any:
+    """A Python argument checked against its type (`nmt.fields.coerce`, no str for a number,
+    no bool for an int): an NmtError naming `where` and `name`."""
+    return coerce(value, tp, name, where, strings=False)
+
+
+def _iterable(texts: Any, name: str, where: str) -> Iterable[Any]:
+    """`texts` if it is an iterable of texts (a list, a tuple, a generator), or an NmtError naming
+    `where` and the argument `name`. One str is refused: it would be translated character by
+    character (issue 25)."""
+    if isinstance(texts, str):
+        raise NmtError(f"{where}: {name} must be an iterable of str, got one str: pass [text]")
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
+        raise NmtError(f"{where}: {name} must be an iterable of str, got {type(texts).__name__}")
+    return texts
+
+
+def _texts(texts: Any, name: str, where: str, first: int = 0) -> list[str]:
+    """`texts` (see `_iterable`) as a list of str, or an NmtError naming a bad item (`name[first + i]`)."""
+    texts = list(_iterable(texts, name, where))
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise NmtError(f"{where}: {name}[{first + i}] is {type(text).__name__}, not str")
+    return texts
+
+
+def _paths(checkpoints: Any) -> list[Path]:
+    """`Translator.load`'s checkpoints: one path (str or os.PathLike) or an iterable of them."""
+    where = "Translator.load: checkpoints"
+    if isinstance(checkpoints, (str, os.PathLike)):
+        return [Path(checkpoints)]
+    if isinstance(checkpoints, (bytes, bytearray)) or not isinstance(checkpoints, Iterable):
+        raise NmtError(f"{where} must be a path (str or os.PathLike) or a list of paths, "
+                       f"got {type(checkpoints).__name__}")
+    paths = list(checkpoints)
+    for i, path in enumerate(paths):
+        if not isinstance(path, (str, os.PathLike)):
+            raise NmtError(f"{where}[{i}] is {type(path).__name__}, not a path (str or os.PathLike)")
+    return [Path(path) for path in paths]
+
+
 class Translator:
     """Loaded checkpoint(s) with decode settings; translate, n-best, stream and score.
 
@@ -127,7 +170,7 @@ class Translator:
         no_repeat_ngram_size, sampling, topk, topp, temperature, seed, batch_size, max_tokens.
         Defaults are `nmt translate`'s.
         """
-        paths = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
+        paths = _paths(checkpoints)
         if not paths:
             raise NmtError("Translator.load needs at least one checkpoint")
         unknown = sorted(set(options) - set(LOAD_OPTIONS) - set(DECODE_OPTIONS))
@@ -137,7 +180,7 @@ class Translator:
         decode = {k: coerce_option(DecodeConfig, k, options.pop(k), "Translator.load")
                   for k in DECODE_OPTIONS if k in options}
         options = {k: coerce_option(TranslateOptions, k, v, "Translator.load") for k, v in options.items()}
-        opts = TranslateOptions(checkpoints=[Path(p) for p in paths], decode=decode, **options)
+        opts = TranslateOptions(checkpoints=paths, decode=decode, **options)
         return cls.from_options(opts, name=_api_name)
 
     @staticmethod
@@ -180,11 +223,11 @@ class Translator:
 
     # ------------------------------------------------------------------ translation
 
-    def translate(self, texts: Sequence[str]) -> list[str]:
+    def translate(self, texts: Iterable[str]) -> list[str]:
         """The best translation of each text, in order; "" for an empty or blank text."""
-        return [hyps[0].text if hyps else "" for hyps in self.translate_nbest(texts, 1)]
+        return [hyps[0].text if hyps else "" for hyps in self._nbest(_texts(texts, "texts", "translate"))]
 
-    def translate_nbest(self, texts: Sequence[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
+    def translate_nbest(self, texts: Iterable[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
                         first_index: int = 0, alignment: bool = False,
                         attention: bool = False) -> list[list[Translation]]:
         """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
@@ -193,6 +236,17 @@ class Translator:
         first_index + i of the seed's generators (nmt.decoding.sampling; the command passes the line
         number, so chunking does not matter). With `alignment` / `attention`, each Translation
         carries its hard alignment (of the `alignment_layer`) / its attention matrices."""
+        name = "translate_nbest"
+        nbest, first_index = _arg(nbest, int, "nbest", name), _arg(first_index, int, "first_index", name)
+        alignment, attention = _arg(alignment, bool, "alignment", name), _arg(attention, bool, "attention", name)
+        if first_index < 0:
+            raise NmtError(f"{name}: first_index must be 0 or more, got {first_index}")
+        return self._nbest(_texts(texts, "texts", name), nbest, where=where, first_index=first_index,
+                           alignment=alignment, attention=attention)
+
+    def _nbest(self, texts: list[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
+               first_index: int = 0, alignment: bool = False, attention: bool = False) -> list[list[Translation]]:
+        """`translate_nbest` of arguments already checked."""
         check_nbest(nbest, self.decode, "nbest")
         layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
         seqs = self._encode(texts, where or (lambda i: f"texts[{i}]"))
@@ -226,18 +280,25 @@ class Translator:
         At most `buffer_lines` lines are read ahead and translated together. The default, 1,
         answers each line before the next is read (fairseq-interactive's default), for a
         source that waits on the answer; a larger value batches, which is faster for text
-        that is already there (the results are the same).
+        that is already there (the results are the same). The arguments are checked here, the
+        lines as they are read.
         """
-        if buffer_lines < 1:
-            raise NmtError(f"buffer_lines must be at least 1, got {buffer_lines}")
-        it, first = iter(lines), 0
-        while chunk := list(islice(it, buffer_lines)):
-            yield from (hyps[0].text if hyps else "" for hyps in self.translate_nbest(chunk, first_index=first))
+        where = "translate_stream"
+        lines = _iterable(lines, "lines", where)
+        buffer_lines = _arg(buffer_lines, int, "buffer_lines", where)
+        if not 1 <= buffer_lines <= sys.maxsize:
+            raise NmtError(f"{where}: buffer_lines must be between 1 and {sys.maxsize}, got {buffer_lines}")
+        return self._stream(iter(lines), buffer_lines)
+
+    def _stream(self, lines: Iterator[Any], buffer_lines: int) -> Iterator[str]:
+        first = 0
+        while chunk := _texts(islice(lines, buffer_lines), "lines", "translate_stream", first):
+            yield from (hyps[0].text if hyps else "" for hyps in self._nbest(chunk, first_index=first))
             first += len(chunk)
 
     # ------------------------------------------------------------------ forced decoding
 
-    def score(self, sources: Sequence[str], targets: Sequence[str], *, normalize: bool = False) -> list[float]:
+    def score(self, sources: Iterable[str], targets: Iterable[str], *, normalize: bool = False) -> list[float]:
         """The model's log-probability (natural log) of each target given its source.
 
         It is the sum of the log-probs of the target's tokens (as the checkpoint's
@@ -251,8 +312,8 @@ class Translator:
         it: "" for certain). A target too long for the model is an error. Always decodes over
         the whole vocabulary (no shortlist).
         """
-        if isinstance(targets, str):
-            raise NmtError("score takes a list of targets, one per source; got one str")
+        sources, targets = _texts(sources, "sources", "score"), _texts(targets, "targets", "score")
+        normalize = _arg(normalize, bool, "normalize", "score")
         if len(sources) != len(targets):
             raise NmtError(f"score: {len(sources)} sources but {len(targets)} targets")
         srcs = self._encode(sources, lambda i: f"sources[{i}]")
@@ -275,15 +336,11 @@ class Translator:
     # ------------------------------------------------------------------ helpers
 
     def _encode(self, texts: Sequence[str], where: Callable[[int], str] | None) -> list[list[int]]:
-        """Token ids of each text (cleaned); [] for blank ones. With `where`, a text longer
-        than the model's maximum is truncated, with a warning naming `where(i)`."""
-        if isinstance(texts, str):
-            raise NmtError("expected a list of sentences, got one str: pass [text]")
+        """Token ids of each text (cleaned, a str: see `_texts`); [] for blank ones. With `where`,
+        a text longer than the model's maximum is truncated, with a warning naming `where(i)`."""
         limit = self.loaded.max_positions - 1
         seqs = []
         for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise NmtError(f"input {i} is {type(text).__name__}, not str")
             text = clean_text(text)
             seq = self.loaded.tokenizer.encode(text) if text.strip() else []
             if where is not None and len(seq) > limit:

@@ -147,7 +147,8 @@ class DecodeConfig:
     topp: float = opt(1.0, "Sampling: draw from the smallest set of likeliest tokens whose "
                       "probability reaches p (nucleus sampling, Holtzman et al. 2020); 1 = all.")
     temperature: float = opt(1.0, "Sampling: divide the log-probabilities by this before sampling "
-                             "(<1 sharper, >1 flatter).")
+                             "(<1 sharper, >1 flatter); any positive number: towards 0 it is greedy "
+                             "search, a huge one draws every allowed token alike.")
     seed: int = opt(1, "Sampling: input sentence i draws from a generator seeded by (seed, i), so "
                     "a seed repeats its outputs whatever the batching.")
     batch_size: int = opt(128, "Sentences per translation batch.")

@@ -29,8 +29,10 @@ def opt_list(help: str, *, flags: tuple[str, ...] = ()) -> Any:
     return field(default_factory=list, metadata={"help": help, "flags": flags, "cli": True})
 
 
-def coerce(value: Any, tp: Any, key: str, where: str) -> Any:
-    """Check `value` against the field type `tp`; return it converted where lossless."""
+def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -> Any:
+    """Check `value` against the field type `tp`; return it converted where lossless. A float
+    may be given as a str (YAML 1.1 reads `5e-4` as one) unless `strings` is False (Python
+    arguments: a number is a number, as for int and bool)."""
 
     def bad(expected: str) -> ConfigError:
         return ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
@@ -51,7 +53,7 @@ def coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
+        if strings and isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
             try:
                 return float(value)
             except ValueError:
@@ -66,8 +68,9 @@ def coerce(value: Any, tp: Any, key: str, where: str) -> Any:
 
 def coerce_option(cls: type, key: str, value: Any, where: str) -> Any:
     """`value` checked against the type of field `key` of the dataclass `cls` (bool, int,
-    float, str or a Literal; other types pass), for a keyword argument `key=` of `where`."""
+    float, str or a Literal; other types pass), for a keyword argument `key=` of `where`:
+    the types as Python has them, no str for a number."""
     tp = typing.get_type_hints(cls)[key]
     if tp in (bool, int, float, str) or get_origin(tp) is Literal:
-        return coerce(value, tp, f"{key}=", where)
+        return coerce(value, tp, f"{key}=", where, strings=False)
     return value

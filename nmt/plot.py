@@ -31,13 +31,28 @@ def _pyplot() -> Any:
     return plt
 
 
+def _format(path: Path) -> str:
+    """The image format of `path`, by its suffix (png without one), checked before any work:
+    matplotlib would refuse an unknown one only when saving."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in supported:
+        raise NmtError(f"-o {path}: unknown image format .{fmt} (one of: {', '.join(sorted(supported))})")
+    return fmt
+
+
 def _save(fig: Any, path: Path, dpi: int) -> None:
-    """Write a figure whole or not at all (png by the file's suffix)."""
+    """Write a figure whole or not at all (in the format of the file's suffix)."""
     with replacing(path, "the figure") as tmp, open(tmp, "xb") as f:
-        fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=dpi, bbox_inches="tight")
+        fig.savefig(f, format=_format(path), dpi=dpi, bbox_inches="tight")
 
 
 # ------------------------------------------------------------------ attention
+
+
+MAX_PIECES = 2000  # a side of one map: 0.28 inch each at 100 dpi stays under matplotlib's 2^16 pixels
 
 
 def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None = None, average: bool = False,
@@ -45,40 +60,57 @@ def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None =
     """One PNG per sentence of an `nmt translate --attention` file: `out_dir/attention_<i>.png`
     (i = the 0-based input line), source pieces across, target pieces down, heads averaged;
     a panel per decoder layer, or only `layer` (0-based, negative from the end), or with
-    `average` one panel averaged over layers too. `sentences` > 0: only the first that many."""
-    plt = _pyplot()
-    items = load_attention(path)
-    if sentences:
-        items = items[:sentences]
+    `average` one panel averaged over layers too. `sentences` > 0: only the first that many.
+    The whole file (those sentences) is checked before anything is drawn."""
+    if sentences < 0:
+        raise NmtError(f"--sentences {sentences}: must be 0 (all) or more")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for index, weights, src, tgt in items:
-        L = weights.shape[0]
+    if out.exists() and not out.is_dir():
+        raise NmtError(f"-o {out}: exists and is not a directory; give a directory for attention_<line>.png")
+    items = load_attention(path, sentences)
+    for index, weights, _, _ in items:
+        L, (_, _, T, S) = weights.shape[0], weights.shape
         if layer is not None and not -L <= layer < L:
             raise NmtError(f"--layer {layer}: {path} has {L} layer(s) (0 .. {L - 1}, or negative from the end)")
-        if average:
-            panels = [("layers and heads averaged", weights.mean((0, 1)))]
-        elif layer is not None:
-            panels = [(f"layer {layer % L}, heads averaged", weights[layer].mean(0))]
-        else:
-            panels = [(f"layer {i}, heads averaged", weights[i].mean(0)) for i in range(L)]
-        cell = 0.28  # inches per piece, so that labels stay readable
-        width, height = max(3.0, cell * len(src) + 1.5), max(2.5, cell * len(tgt) + 1.2)
-        fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
-        for ax, (title, matrix) in zip(axes[0], panels, strict=True):
-            ax.imshow(matrix, cmap="Greys", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
-            ax.set_xticks(range(len(src)), src, rotation=90, fontsize=8)
-            ax.set_yticks(range(len(tgt)), tgt, fontsize=8)
-            ax.set_xlabel("source")
-            ax.set_ylabel("target")
-            ax.set_title(title, fontsize=9)
-        fig.suptitle(f"sentence {index}", fontsize=10)
+        if max(T, S) > MAX_PIECES:
+            raise NmtError(f"{path}: attention_{index}: {T} x {S} pieces, too many to draw (at most {MAX_PIECES})")
+    plt = _pyplot()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NmtError(f"-o {out}: cannot create the directory ({e.strerror or e})") from None
+    written = []
+    for index, weights, src, tgt in items:
+        fig = _attention_figure(plt, index, weights, src, tgt, layer, average)
         written.append(out / f"attention_{index}.png")
         _save(fig, written[-1], dpi)
         plt.close(fig)
     log.info("wrote %d figure(s) to %s", len(written), out)
     return written
+
+
+def _attention_figure(plt: Any, index: int, weights: np.ndarray, src: list[str], tgt: list[str], layer: int | None,
+                      average: bool) -> Any:
+    """The figure of one sentence (see `plot_attention`); weights (L, H, T, S)."""
+    L = weights.shape[0]
+    if average:
+        panels = [("layers and heads averaged", weights.mean((0, 1)))]
+    elif layer is not None:
+        panels = [(f"layer {layer % L}, heads averaged", weights[layer].mean(0))]
+    else:
+        panels = [(f"layer {i}, heads averaged", weights[i].mean(0)) for i in range(L)]
+    cell = 0.28  # inches per piece, so that labels stay readable
+    width, height = max(3.0, cell * len(src) + 1.5), max(2.5, cell * len(tgt) + 1.2)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
+    for ax, (title, matrix) in zip(axes[0], panels, strict=True):
+        ax.imshow(matrix, cmap="Greys", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+        ax.set_xticks(range(len(src)), src, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(tgt)), tgt, fontsize=8)
+        ax.set_xlabel("source")
+        ax.set_ylabel("target")
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"sentence {index}", fontsize=10)
+    return fig
 
 
 # ------------------------------------------------------------------ learning curves
@@ -90,25 +122,63 @@ PANELS = (("loss (bits per token, label-smoothed)", "loss", "valid_loss", False)
           ("learning rate", "lr", None, False))
 
 
+# the fields of a record that are drawn: where present, each must be a number within +-MAX_VALUE,
+# far beyond any real run's; near the float maximum matplotlib's axis limits overflow (a
+# ValueError at 1.7e308, overflow warnings of log-scale ticks at 1e300)
+MAX_VALUE = 1e100
+PLOTTED = ("update", "elapsed", *(key for _, *keys, _ in PANELS for key in keys if key))
+
+
 def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The train and valid records of RUN_DIR/metrics.jsonl, by update; where a resumed run
-    wrote an update twice, the later record."""
+    wrote an update twice, the later record. The file is text a user may edit: a bad record
+    (not UTF-8 or not JSON, as the partial last line of a killed run; not an object with an
+    integer `update`; a drawn field that is not a number within +-MAX_VALUE) is skipped, and
+    one warning says how many, naming the file and the first one's line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise NmtError(f"{run_dir}: no metrics.jsonl (not a run directory of nmt train?)")
     records: dict[tuple[str, int], dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a partial last line of a killed run
-            if isinstance(rec, dict) and isinstance(rec.get("update"), int):
-                records[(str(rec.get("type", "train")), rec["update"])] = rec
+    bad, first_bad = 0, 0
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                rec = _record(line)
+                if rec is not None:
+                    records[(rec.get("type", "train"), rec["update"])] = rec
+                elif line.strip():
+                    bad, first_bad = bad + 1, first_bad or lineno
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read ({e.strerror or e})") from None
+    if bad:
+        log.warning("%s: skipped %d bad record(s), the first on line %d (not a JSON object with an integer "
+                    "update and numbers)", path, bad, first_bad)
     by_kind = ([r for (k, _), r in sorted(records.items(), key=lambda kv: kv[0][1]) if k == kind]
                for kind in ("train", "valid"))
     train, valid = by_kind
     return train, valid
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    """One line of metrics.jsonl as a record, or None where it is not one (see `read_metrics`)."""
+    try:
+        rec = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: arrays nested too deep
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("type", "train"), str):
+        return None
+    if not isinstance(rec.get("update"), int) or not all(_drawable(rec[k]) for k in PLOTTED if k in rec):
+        return None
+    return rec
+
+
+def _drawable(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return abs(float(value)) <= MAX_VALUE  # False for NaN
+    except OverflowError:  # an integer beyond any float
+        return False
 
 
 def plot_curves(run_dirs: Sequence[str | Path], output: str | Path, *, labels: Sequence[str] = (),
@@ -119,8 +189,9 @@ def plot_curves(run_dirs: Sequence[str | Path], output: str | Path, *, labels: S
     if labels and len(labels) != len(run_dirs):
         raise NmtError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     out = target(output, "-o")
-    runs = [(labels[i] if labels else Path(d).name or str(d), *read_metrics(d)) for i, d in enumerate(run_dirs)]
     plt = _pyplot()
+    _format(out)  # before the work
+    runs = [(labels[i] if labels else Path(d).name or str(d), *read_metrics(d)) for i, d in enumerate(run_dirs)]
     fig, axes = plt.subplots(len(PANELS), 2, figsize=(11, 3.0 * len(PANELS)), squeeze=False)
     for run, (label, train, valid) in enumerate(runs):
         color = f"C{run % 10}"

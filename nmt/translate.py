@@ -22,6 +22,7 @@ last bits of the floats).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -33,7 +34,13 @@ from typing import Any, BinaryIO
 
 from nmt.api import Translation, Translator
 from nmt.atomic import TextWriter, clean_temporaries, replacing, target
-from nmt.decoding.alignment import layer_count, pharaoh, resolve_layer, save_attention
+from nmt.decoding.alignment import (
+    AttentionWriter,
+    layer_count,
+    pharaoh,
+    resolve_layer,
+    writing_attention,
+)
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
 from nmt.textio import TextStats, iter_line_blocks
@@ -86,11 +93,11 @@ def format_line(hyps: list[Translation], nbest: int, scores: bool, alignment: bo
 
 def translate_stream(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
                      scores: bool = False, buffer_lines: int = 0, alignment: bool = False,
-                     attention: list[Any] | None = None) -> int:
+                     attention: AttentionWriter | None = None) -> int:
     """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
     buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
-    With a list `attention`, (line index, weights, source pieces, target pieces) of each
-    non-empty line's best translation are appended to it (nmt.decoding.alignment.save_attention)."""
+    With an `attention` file, the attention of each non-empty line's best translation is added
+    to it as the line is translated (nmt.decoding.alignment.writing_attention)."""
     bar = _bar()
     written = 0
     streaming = buffer_lines > 0 or _isatty(inp)
@@ -102,7 +109,7 @@ def translate_stream(translator: Translator, inp: BinaryIO, out: Any, *, name: s
             out.write(format_line(h, nbest, scores, alignment) + "\n")
             if attention is not None and h and h[0].attention is not None:
                 a = h[0].attention
-                attention.append((written + i, a.weights, a.source, a.target))
+                attention.add(written + i, a.weights, a.source, a.target)
         out.flush()
         written += len(texts)
         if bar is not None:
@@ -145,20 +152,17 @@ def translate_main(opts: TranslateOptions) -> None:
         translator = Translator.from_options(opts)
         if opts.alignment or opts.attention:  # a model without attention says so before any input is read
             resolve_layer(opts.alignment_layer, layer_count(translator.loaded.model))
-        attention: list[Any] | None = [] if opts.attention else None
-        run = partial(translate_stream, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
-                      buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention)
-        if output is not None:
-            # written to a temporary next to it and renamed at the end: an error or an interrupt
-            # leaves no partial file (and an existing one unchanged); a killed run's is removed here
-            clean_temporaries(output.parent, name=output.name)
-            with replacing(output, "the translations") as tmp, open(tmp, "xb", buffering=0) as f:
-                run(TextWriter(f.fileno()))
-        else:
-            _to_stdout(run)
-        if opts.attention and attention is not None:
-            save_attention(opts.attention, attention)
-            log.info("wrote the attention of %d translations to %s", len(attention), opts.attention)
+        with writing_attention(opts.attention) if opts.attention else contextlib.nullcontext() as attention:
+            run = partial(translate_stream, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
+                          buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention)
+            if output is not None:
+                # written to a temporary next to it and renamed at the end: an error or an interrupt
+                # leaves no partial file (and an existing one unchanged); a killed run's is removed here
+                clean_temporaries(output.parent, name=output.name)
+                with replacing(output, "the translations") as tmp, open(tmp, "xb", buffering=0) as f:
+                    run(TextWriter(f.fileno()))
+            else:
+                _to_stdout(run)
     finally:
         if opts.input:
             inp.close()

@@ -131,7 +131,7 @@ def test_an_overlong_input_is_truncated_with_a_warning(translator, caplog):
 
 @pytest.mark.parametrize(("call", "needle"), [
     (lambda t: t.translate("A dog."), "got one str"),
-    (lambda t: t.translate(["A dog.", None]), "input 1 is NoneType"),
+    (lambda t: t.translate(["A dog.", None]), "texts[1] is NoneType"),
     (lambda t: t.translate_nbest(["A dog."], 9), "nbest must be between 1 and the beam size (4)"),
     (lambda t: list(t.translate_stream(["A dog."], buffer_lines=0)), "buffer_lines"),
     (lambda t: t.score(["A dog."], ["Ein Hund.", "x"]), "1 sources but 2 targets"),
@@ -151,6 +151,11 @@ def test_bad_calls_raise_one_line_nmt_errors(translator, call, needle):
     ({"precision": "int4"}, "precision= must be one of"),
     ({"workers": -1}, "workers= must be 0"),
     ({"lenpen_style": "log"}, "lenpen_style= must be one of"),
+    # issue 25 (9): one rule for every option: a number is a number, a bool a bool, never a str
+    ({"lenpen": "1"}, "lenpen= must be a number"),
+    ({"temperature": "0.5"}, "temperature= must be a number"),
+    ({"sampling": "no"}, "sampling= must be true or false"),
+    ({"threads": 2.0}, "threads= must be an integer"),
 ])
 def test_bad_load_options_are_one_line_errors(ckpt, options, needle):
     with pytest.raises(NmtError) as e:
@@ -158,9 +163,64 @@ def test_bad_load_options_are_one_line_errors(ckpt, options, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(("checkpoints", "needle"), [
+    (None, "got NoneType"), (123, "got int"), ([None], "checkpoints[0] is NoneType"), (b"a.pt", "got bytes"),
+    (["a.pt", b"b.pt"], "checkpoints[1] is bytes"),
+])
+def test_load_refuses_what_is_not_a_path_naming_it(checkpoints, needle):
+    """Issue 25 (9): these were TypeErrors."""
+    with pytest.raises(NmtError) as e:
+        Translator.load(checkpoints, device="cpu")
+    assert needle in str(e.value) and "checkpoints" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_a_missing_checkpoint_is_an_nmt_error(tmp_path):
     with pytest.raises(NmtError, match="nope.pt"):
         Translator.load(tmp_path / "nope.pt")
+
+
+S = ["A dog runs."]
+
+
+@pytest.mark.parametrize(("call", "needle"), [
+    (lambda t: t.translate(None), "translate: texts must be an iterable of str, got NoneType"),
+    (lambda t: t.translate(5), "translate: texts must be an iterable of str, got int"),
+    (lambda t: t.translate(b"A dog."), "got bytes"),
+    (lambda t: t.translate_nbest(S, None), "nbest must be an integer, got None"),
+    (lambda t: t.translate_nbest(S, "2"), "nbest must be an integer, got '2'"),
+    (lambda t: t.translate_nbest(S, 1.5), "nbest must be an integer, got 1.5"),
+    (lambda t: t.translate_nbest(S, True), "nbest must be an integer, got True"),
+    (lambda t: t.translate_nbest(S, first_index="x"), "first_index must be an integer"),
+    (lambda t: t.translate_nbest(S, first_index=-1), "first_index must be 0 or more"),
+    (lambda t: t.translate_nbest(S, alignment="no"), "alignment must be true or false"),
+    (lambda t: t.translate_nbest(S, attention=1), "attention must be true or false"),
+    (lambda t: t.translate_stream(None), "translate_stream: lines must be an iterable of str, got NoneType"),
+    (lambda t: t.translate_stream(5), "lines must be an iterable of str, got int"),
+    (lambda t: t.translate_stream("A dog runs."), "got one str: pass [text]"),  # issue 25 (10)
+    (lambda t: t.translate_stream(S, buffer_lines="2"), "buffer_lines must be an integer, got '2'"),
+    (lambda t: t.translate_stream(S, buffer_lines=None), "buffer_lines must be an integer, got None"),
+    (lambda t: t.translate_stream(S, buffer_lines=2.5), "buffer_lines must be an integer, got 2.5"),
+    (lambda t: t.translate_stream(S, buffer_lines=2**63), "buffer_lines must be between 1 and"),
+    (lambda t: list(t.translate_stream(["A dog.", "A cat.", None], buffer_lines=2)), "lines[2] is NoneType"),
+    (lambda t: t.score(None, None), "score: sources must be an iterable of str, got NoneType"),
+    (lambda t: t.score(S, None), "score: targets must be an iterable of str, got NoneType"),
+    (lambda t: t.score("A dog.", ["Ein Hund."]), "sources must be an iterable of str, got one str"),
+    (lambda t: t.score([None], ["Ein Hund."]), "sources[0] is NoneType, not str"),  # issue 25 (14)
+    (lambda t: t.score(["A dog.", "A cat."], ["Ein Hund.", 7]), "targets[1] is int, not str"),
+    (lambda t: t.score(S, S, normalize="x"), "normalize must be true or false"),
+])
+def test_wrong_argument_types_are_nmt_errors_naming_the_argument(translator, call, needle):
+    """Issue 25 (9, 10, 14): TypeErrors and ValueErrors of Python, or a str streamed character
+    by character; a stream's arguments are checked when it is made, before any line is read."""
+    with pytest.raises(NmtError) as e:
+        call(translator)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_score_and_translate_take_any_iterable_of_str(translator, raw_corpus):
+    sources, targets = raw_corpus.lines("test", "en")[:3], raw_corpus.lines("test", "de")[:3]
+    assert translator.score(iter(sources), (t for t in targets)) == translator.score(sources, targets)
+    assert translator.translate(tuple(sources)) == translator.translate(iter(sources)) == translator.translate(sources)
 
 
 # ------------------------------------------------------------------ forced decoding

@@ -9,9 +9,11 @@ Random tiny models as in test_translate (a random model never emits EOS: max_len
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import logging
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +186,156 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch, capf
 def test_plot_curves_of_a_directory_without_metrics_is_one_line(tmp_path, capfd):
     assert nmt_here("plot", "curves", str(tmp_path), "-o", str(tmp_path / "c.png")) == 1
     assert "no metrics.jsonl" in capfd.readouterr().err
+
+
+# ------------------------------------------------------------------ hostile files (issue 25 (7), (8), (14))
+
+
+def attention_file(path: Path, **changes) -> Path:
+    """A small valid `--attention` file (sentence 0, two layers), with `changes` (None removes an array)."""
+    arrays = {"index": np.array([0]), "attention_0": np.full((2, 1, 2, 2), 0.5, "f4"),
+              "source_0": np.array(["a", "</s>"]), "target_0": np.array(["x", "</s>"]), **changes}
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+def npy(array: np.ndarray, shape: tuple[int, ...] | None = None) -> bytes:
+    """`array` in the .npy format, its header declaring `shape` if given (a forged file)."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array)
+    data = buffer.getvalue()
+    if shape is None:
+        return data
+    old, new = repr(array.shape).encode() + b", }", repr(shape).encode() + b", }"
+    return data.replace(old + b" " * (len(new) - len(old)), new)  # the header keeps its length
+
+
+def one_line_error(capfd) -> str:
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("nmt: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"index": np.array([0, 1])}, "attention_1"),  # the issue's: an index without its arrays (KeyError)
+    ({"index": None}, "index"),
+    ({"index": np.array([[0]])}, "index"),
+    ({"index": np.array(["0"])}, "index"),
+    ({"attention_0": np.array([None, 1], dtype=object)}, "attention_0"),  # refused by numpy, outside the handler
+    ({"attention_0": np.ones((2, 2), "f4")}, "attention_0"),
+    ({"attention_0": np.ones((1, 1, 0, 0), "f4"), "source_0": np.array([], str), "target_0": np.array([], str)},
+     "attention_0"),
+    ({"attention_0": np.ones((1, 1, 2, 2), "c8")}, "attention_0"),
+    ({"attention_0": np.full((1, 1, 2, 2), np.nan, "f4")}, "attention_0"),
+    ({"attention_0": np.full((1, 1, 2, 3), 0.3, "f4")}, "source_0"),  # 3 source columns, 2 pieces
+    ({"target_0": np.array([1, 2])}, "target_0"),
+    ({"source_0": None}, "source_0"),
+])
+def test_plot_attention_of_a_malformed_file_is_one_line_naming_the_file_and_key(tmp_path, capfd, changes, key):
+    npz = attention_file(tmp_path / "m.npz", **changes)
+    assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps")) == 1
+    err = one_line_error(capfd)
+    assert f"{npz}: {key}:" in err, err
+    assert not (tmp_path / "maps").exists()  # checked before anything is drawn
+
+
+def test_plot_attention_of_what_is_not_an_npz_file_is_one_line(tmp_path, capfd):
+    np.save(tmp_path / "plain.npy", np.ones(3))
+    good = attention_file(tmp_path / "good.npz").read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(good[: len(good) // 2])  # was BadZipFile
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "dir.npz").mkdir()
+    with zipfile.ZipFile(tmp_path / "forged.npz", "w") as archive:  # numpy would allocate 2^42 floats (MemoryError)
+        archive.writestr("index.npy", npy(np.array([0])))
+        archive.writestr("attention_0.npy", npy(np.ones((1, 1, 2, 2), "f4"), shape=(1, 1, 2**21, 2**21)))
+    for name in ("plain.npy", "truncated.npz", "empty.npz", "dir.npz", "forged.npz"):
+        assert nmt_here("plot", "attention", str(tmp_path / name), "-o", str(tmp_path / "maps")) == 1, name
+        assert f"{tmp_path / name}: " in one_line_error(capfd)
+    assert not (tmp_path / "maps").exists()
+
+
+def test_plot_attention_refuses_a_bad_destination_or_count_in_one_line(tmp_path, capfd):
+    npz = attention_file(tmp_path / "a.npz")
+    (tmp_path / "file").write_text("keep")
+    for out, needle in (("file", "-o"), ("file/maps", "-o")):  # an existing file; a directory that cannot be made
+        assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / out)) == 1
+        assert needle in one_line_error(capfd)
+    assert (tmp_path / "file").read_text() == "keep"
+    assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps"), "--sentences", "-1") == 1
+    assert "--sentences -1" in one_line_error(capfd)  # was accepted, and dropped the last sentence
+    assert not (tmp_path / "maps").exists()
+
+
+def test_plot_curves_checks_the_image_format_before_reading_the_runs(tmp_path, capfd, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import nmt.plot
+
+    def no_reading(run_dir):
+        raise AssertionError("the runs were read before the format was checked")
+
+    monkeypatch.setattr(nmt.plot, "read_metrics", no_reading)
+    assert nmt_here("plot", "curves", str(tmp_path), "-o", str(tmp_path / "c.unknownext")) == 1
+    assert "-o" in (err := one_line_error(capfd)) and ".unknownext" in err and "png" in err
+
+
+def test_plot_curves_skips_bad_records_and_says_how_many(tmp_path, capfd):
+    pytest.importorskip("matplotlib")
+    from nmt.plot import read_metrics
+
+    good = [{"type": "train", "update": u, "loss": 5.0 - u, "ppl": 30.0, "lr": 1e-3, "elapsed": u * 2.0}
+            for u in (1, 2, 3)] + [{"type": "valid", "update": 2, "valid_bleu": 1.5, "elapsed": 4.0}]
+    bad = [b'{"type": "train", "update": 9, \xff\xfe "loss": 1}',  # invalid UTF-8
+           b'{"type": "train", "update": 9, "loss": 1.0, "elapsed": "x"}',
+           b'{"type": "train", "update": 9, "loss": 1e400}',  # inf
+           b'{"type": "train", "update": 9, "loss": 1' + b"0" * 400 + b"}",  # 10^400, beyond any float
+           b'{"type": "train", "update": 9, "loss": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+           b'[1, 2]', b'{"type": "train", "update": true, "loss": 1.0}', b'{"type": 7, "update": 9}']
+    lines = [json.dumps(good[0]).encode(), *bad[:4], *(json.dumps(r).encode() for r in good[1:]), *bad[4:]]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(b"\n".join(lines) + b'\n\n{"type": "tr')  # a killed run's last line
+    assert nmt_here("plot", "curves", str(run), "-o", str(tmp_path / "c.png")) == 0
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and f"{run / 'metrics.jsonl'}: skipped 9 bad record(s), the first on line 2" in warnings[0]
+    assert read_metrics(run) == (good[:3], good[3:])
+
+
+def test_attention_is_written_as_the_lines_are_translated(models, sentences, tmp_path, monkeypatch):
+    """Issue 25 (14): the attention of every line was kept in memory until the end (~62 KB a
+    sentence). Now each line's arrays are in the file's temporary before the next line is read."""
+    npz, sizes = tmp_path / "att.npz", []
+    real = Translator.translate_nbest
+
+    def watching(self, texts, *args, **kwargs):
+        sizes.append(sum(p.stat().st_size for p in tmp_path.glob(".att.npz.tmp-*")))
+        return real(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", watching)
+    lines = [s for s in sentences if s.strip()][:4]
+    run_translate(tmp_path, lines, "-c", str(models["transformer"]), "--attention", str(npz), "--buffer-lines", "1")
+    assert len(sizes) == 4 and 0 < sizes[1] < sizes[2] < sizes[3], sizes
+    assert [i for i, *_ in load_attention(npz)] == [0, 1, 2, 3]
+    assert not list(tmp_path.glob(".att.npz.tmp-*"))
+
+
+def test_a_failed_translation_leaves_no_attention_file(models, sentences, tmp_path, monkeypatch, capfd):
+    npz = tmp_path / "att.npz"
+    npz.write_bytes(b"old")
+    real, calls = Translator.translate_nbest, []
+
+    def failing(self, texts, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise NmtError("stop here")
+        return real(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", failing)
+    src = write_input(tmp_path, [s for s in sentences if s.strip()][:4])
+    assert nmt_here("translate", "-c", str(models["transformer"]), "-i", str(src), "-o", str(tmp_path / "out.txt"),
+                    "--attention", str(npz), "--buffer-lines", "1") == 1
+    assert "stop here" in capfd.readouterr().err
+    assert npz.read_bytes() == b"old" and not list(tmp_path.glob(".att.npz.tmp-*"))
 
 
 # ------------------------------------------------------------------ TensorBoard

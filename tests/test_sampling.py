@@ -117,3 +117,25 @@ def test_sampling_options_are_checked(checkpoints):
             Translator.load(checkpoints["transformer"], device="cpu", sampling=True, **{option: value})
     with pytest.raises(NmtError, match="sampling gives one output"):
         Translator.load(checkpoints["transformer"], device="cpu", sampling=True).translate_nbest(["A dog."], 2)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-46, 1e-5])
+def test_a_temperature_near_zero_is_greedy(checkpoints, lines, tmp_path, temperature):
+    """Issue 25 (4): float32 log-probs divided by a tiny temperature overflowed to NaN and every
+    sentence came out empty. Towards 0, sampling becomes greedy search."""
+    ckpt = checkpoints["transformer"]
+    greedy = Translator.load(ckpt, device="cpu", beam=1).translate(lines)
+    assert sum(map(bool, greedy)) == len(lines) - 1
+    assert Translator.load(ckpt, device="cpu", sampling=True, temperature=temperature).translate(lines) == greedy
+    if temperature == 1e-300:  # and through the command
+        assert sample_file(tmp_path, lines, "-c", str(ckpt), "--temperature", "1e-300") == greedy
+
+
+@pytest.mark.parametrize("temperature", [1e39, 1e300, 1.7e308])
+def test_a_huge_temperature_draws_uniformly_from_the_allowed_tokens(checkpoints, lines, temperature):
+    probs = [0.97, 0.01, 0.01, 0.01, 0.0]
+    assert draws(DecodeConfig(sampling=True, temperature=temperature), probs) == {0, 1, 2, 3}
+    assert draws(DecodeConfig(sampling=True, temperature=temperature, topk=2), probs) == {0, 1}
+    out = Translator.load(checkpoints["transformer"], device="cpu", sampling=True,
+                          temperature=temperature).translate(lines)
+    assert len(out) == len(lines) and out[5] == "" and sum(map(bool, out)) >= len(lines) - 2

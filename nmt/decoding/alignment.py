@@ -12,18 +12,24 @@ Shapes: L decoder layers, H heads, T = target tokens + EOS, S = source tokens + 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import math
+import zipfile
+import zlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from nmt.atomic import replacing
+from nmt.atomic import clean_temporaries, replacing, target
 from nmt.decoding.predict import decode_autocast, pad_rows
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds
 
+log = logging.getLogger(__name__)
 ATTENTION_BATCH = 32  # sentences per teacher-forced pass
 
 
@@ -99,29 +105,114 @@ def pharaoh(pairs: Sequence[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-def save_attention(path: str | Path, items: Sequence[tuple[int, np.ndarray, list[str], list[str]]]) -> None:
-    """Write `(index, weights (L, H, T, S), source pieces (S,), target pieces (T,))` per sentence
-    to an .npz file, whole or not at all: arrays `attention_<index>`, `source_<index>`,
-    `target_<index>` (pieces include the final `</s>`), and `index`, the indices in order."""
-    arrays: dict[str, np.ndarray] = {"index": np.array([i for i, *_ in items], dtype=np.int64)}
-    for i, weights, src, tgt in items:
-        arrays[f"attention_{i}"] = weights.astype(np.float32)
-        arrays[f"source_{i}"] = np.array(src, dtype=str)
-        arrays[f"target_{i}"] = np.array(tgt, dtype=str)
-    with replacing(Path(path), "the attention") as tmp, open(tmp, "xb") as f:
-        np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
+AttentionItem = tuple[int, np.ndarray, list[str], list[str]]  # (index, weights (L, H, T, S), source, target)
 
 
-def load_attention(path: str | Path) -> list[tuple[int, np.ndarray, list[str], list[str]]]:
-    """Read what `save_attention` wrote."""
+class AttentionWriter:
+    """An open `.npz` attention file (see `writing_attention`): `add` writes one sentence's
+    arrays at once, so memory stays flat however many sentences there are (issue 25: they
+    were kept until the end, ~62 KB each)."""
+
+    def __init__(self, archive: zipfile.ZipFile):
+        self.archive, self.indices = archive, []  # type: tuple[zipfile.ZipFile, list[int]]
+
+    def add(self, index: int, weights: np.ndarray, source: list[str], target: list[str]) -> None:
+        self._array(f"attention_{index}", weights.astype(np.float32))
+        self._array(f"source_{index}", np.array(source, dtype=str))
+        self._array(f"target_{index}", np.array(target, dtype=str))
+        self.indices.append(index)
+
+    def finish(self) -> None:
+        """The last array: `index`, the indices in the order added."""
+        self._array("index", np.array(self.indices, dtype=np.int64))
+
+    def _array(self, key: str, array: np.ndarray) -> None:
+        # what np.savez_compressed writes for one array, so that np.load reads the file as one of its own
+        with self.archive.open(f"{key}.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+
+
+@contextlib.contextmanager
+def writing_attention(path: str | Path) -> Iterator[AttentionWriter]:
+    """The `.npz` file of `translate --attention`, written as translations come and renamed into
+    place at the end, whole or not at all: arrays `attention_<index>` (L, H, T, S) float32,
+    `source_<index>` (S,) and `target_<index>` (T,) pieces (each ending in `</s>`) per sentence
+    in the order added, then `index`, the indices in that order. A killed run's temporary is
+    removed first."""
+    real = target(path, "--attention")
+    clean_temporaries(real.parent, name=real.name)
+    with (replacing(real, "the attention") as tmp, open(tmp, "xb") as f,
+          zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as archive):
+        writer = AttentionWriter(archive)
+        yield writer
+        writer.finish()
+    log.info("wrote the attention of %d translations to %s", len(writer.indices), path)
+
+
+_NOT_OURS = "not an attention file from `nmt translate --attention`"
+# what a damaged or forged .npz raises when opened or when an array is read from it (RuntimeError:
+# zipfile on an encrypted member, NotImplementedError on an unknown compression)
+_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, RuntimeError, zipfile.BadZipFile, zlib.error)
+
+
+def load_attention(path: str | Path, sentences: int = 0) -> list[AttentionItem]:
+    """Read what `writing_attention` wrote (the first `sentences`, if > 0), each array checked:
+    a file that is not such a file is an NmtError naming it and the bad key."""
     try:
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise NmtError(f"{path}: file not found") from None
-    except (OSError, ValueError) as e:
-        raise NmtError(f"{path}: not an attention file from `nmt translate --attention` ({e})") from None
+    except _READ_ERRORS as e:
+        raise NmtError(f"{path}: {_NOT_OURS} ({_reason(e)})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise NmtError(f"{path}: {_NOT_OURS} (a .npy array, not an .npz archive)")
     with data:
-        if "index" not in data:
-            raise NmtError(f"{path}: not an attention file from `nmt translate --attention` (no index)")
-        return [(int(i), data[f"attention_{i}"], data[f"source_{i}"].tolist(), data[f"target_{i}"].tolist())
-                for i in data["index"]]
+        index = _array(data, path, "index")
+        line_numbers = index.ndim == 1 and index.dtype.kind in "iu" and (index >= 0).all()
+        if not line_numbers or len(set(index.tolist())) < index.size:
+            raise NmtError(f"{path}: index: {_NOT_OURS} (expected distinct line numbers, got {index.dtype} "
+                           f"{index.shape})")
+        return [_item(data, path, int(i)) for i in index[: sentences or None]]
+
+
+def _item(data: Any, path: str | Path, i: int) -> AttentionItem:
+    weights = _array(data, path, f"attention_{i}")
+    if weights.ndim != 4 or weights.dtype.kind != "f" or 0 in weights.shape:
+        raise NmtError(f"{path}: attention_{i}: {_NOT_OURS} (expected real weights (layers, heads, target, "
+                       f"source), none empty, got {weights.dtype} {weights.shape})")
+    if not np.isfinite(weights).all():
+        raise NmtError(f"{path}: attention_{i}: {_NOT_OURS} (weights that are not finite: NaN or inf)")
+    pieces = []
+    for side, size in (("source", weights.shape[3]), ("target", weights.shape[2])):
+        array = _array(data, path, f"{side}_{i}")
+        if array.dtype.kind != "U" or array.shape != (size,):
+            raise NmtError(f"{path}: {side}_{i}: {_NOT_OURS} (expected {size} pieces for attention_{i} "
+                           f"{weights.shape}, got {array.dtype} {array.shape})")
+        pieces.append(array.tolist())
+    return i, weights.astype(np.float32), pieces[0], pieces[1]
+
+
+def _array(data: Any, path: str | Path, key: str) -> np.ndarray:
+    """Array `key` of the open .npz `data`, its header checked first: a forged shape bigger
+    than the data stored would be a MemoryError (numpy allocates the array before reading)."""
+    try:
+        with data.zip.open(f"{key}.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            stored = data.zip.getinfo(f"{key}.npy").file_size
+        if math.prod(shape) * dtype.itemsize > stored:
+            raise NmtError(f"{path}: {key}: {_NOT_OURS} (its header declares a {dtype} array of shape {shape}, "
+                           f"more than the {stored} bytes stored)")
+        return data[key]
+    except KeyError:
+        raise NmtError(f"{path}: {key}: {_NOT_OURS} (no such array)") from None
+    except _READ_ERRORS as e:
+        raise NmtError(f"{path}: {key}: {_NOT_OURS} ({_reason(e)})") from None
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e).splitlines()[0] if str(e) else type(e).__name__

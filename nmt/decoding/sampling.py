@@ -30,6 +30,16 @@ def sentence_generator(seed: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
+def tempered(ordered: Tensor, temperature: float) -> Tensor:
+    """Log-probs (N, V), each row sorted descending, over `temperature`, as float64 logits whose
+    row maximum is 0. The maximum is taken off first, so no positive temperature overflows
+    (issue 25: float32 log-probs over 1e-46 were -inf - -inf = NaN, and every row came out
+    empty): towards 0 the likeliest token takes all the mass (greedy), towards infinity
+    every allowed token gets the same; -inf (a blocked token) stays -inf."""
+    wide = ordered.double()
+    return (wide - wide[:, :1]) / temperature  # a fully blocked row: NaN, zeroed by the caller
+
+
 def sampler(cfg: DecodeConfig, indices: Sequence[int]) -> Pick:
     """The `Pick` of `nmt.decoding.search.token_search` for a batch whose sentence b is input sentence
     `indices[b]`: a token drawn from each row's distribution as `cfg` shapes it."""
@@ -39,7 +49,7 @@ def sampler(cfg: DecodeConfig, indices: Sequence[int]) -> Pick:
         # scores (N, V) log-probs, -inf where the rules block a token. Sorted once, descending,
         # stable: equal scores keep the lower id first, as greedy's first maximum.
         ordered, order = scores.sort(dim=-1, descending=True, stable=True)  # (N, V)
-        logits = (ordered / cfg.temperature).double()
+        logits = tempered(ordered, cfg.temperature)
         probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # a fully blocked row: all 0
         keep = torch.ones_like(probs, dtype=torch.bool)
         if cfg.topk:
