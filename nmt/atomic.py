@@ -5,6 +5,9 @@ spm.model, `translate -o`, a prepared data directory) is first written to a hidd
 named `.{name}.tmp-{pid}-{random hex}`, then renamed over the target. A kill leaves the old
 file or the new one, never half of one; the temporary it may leave names its writer, so the
 next run can remove it once that process is gone (`clean_temporaries`).
+
+No command writes a file it reads: `check_outputs` compares every output of a command with
+its inputs (and with its other outputs) before anything is written.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from nmt.errors import NmtError
 
@@ -175,3 +179,56 @@ def process_alive(pid: int) -> bool:
     except (ProcessLookupError, OverflowError):
         return False
     return True
+
+
+# ------------------------------------------------------------------ no command writes a file it reads
+
+
+class FileArg(NamedTuple):
+    """A file a command reads or writes, named as the user gave it (for messages)."""
+
+    option: str  # "-o", "--checkpoint", "CHECKPOINT", "standard input"
+    file: str | os.PathLike | int  # a path, or an open file descriptor (0 or 1)
+    what: str = ""  # what it holds: "the checkpoint"
+    directory: bool = False  # an output directory replaced as a whole: nothing it reads may be in it
+
+
+def check_outputs(inputs: Iterable[FileArg], outputs: Iterable[FileArg]) -> None:
+    """Refuse, before anything is written, an output that is one of the command's inputs or
+    another of its outputs, or an output directory that holds an input. Files are compared by
+    device and inode, so every name of a file counts (symlinks followed, hard links, `./x`); a
+    file not there yet by its resolved path. A descriptor counts only as a regular file
+    (`-o x.txt < x.txt`), never as a pipe or a terminal."""
+    seen = [(arg, key) for arg in inputs if (key := _file_key(arg.file)) is not None]
+    for out in outputs:
+        key = _file_key(out.file)
+        if key is None:
+            continue
+        for arg, other in seen:
+            if other == key or (out.directory and _inside(arg.file, key)):
+                verb = "is" if other == key else "contains"
+                raise NmtError(f"{_label(out)} {verb} {arg.what} ({_label(arg)}); choose another output")
+        seen.append((out, key))
+
+
+def _label(arg: FileArg) -> str:
+    return arg.option if isinstance(arg.file, int) else f"{arg.option} {arg.file}"
+
+
+def _file_key(file: str | os.PathLike | int) -> tuple[object, object] | None:
+    """(device, inode) of `file` (symlinks followed); ("path", its resolved path) if it is not
+    there; None for a descriptor that is not a regular file."""
+    try:
+        st = os.fstat(file) if isinstance(file, int) else os.stat(file)
+    except OSError:
+        return None if isinstance(file, int) else ("path", os.path.realpath(file))
+    if isinstance(file, int) and not stat.S_ISREG(st.st_mode):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _inside(file: str | os.PathLike | int, directory: tuple[object, object]) -> bool:
+    """Whether the path `file` resolves to a place under the directory whose key is `directory`."""
+    if isinstance(file, int) or directory[0] == "path":
+        return False
+    return any(_file_key(parent) == directory for parent in Path(os.path.realpath(file)).parents)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nmt.atomic import fsync_path, replacing, target
+from nmt.atomic import FileArg, check_outputs, fsync_path, replacing, target
 from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
@@ -261,10 +261,9 @@ def check_average_output(inputs: list[Path], out: Path) -> None:
     """Refuse an output that is one of the inputs (by any name: hard links, symlinks) or a name
     that `nmt train` owns in a run directory: overwriting them loses a training checkpoint that
     resuming needs (an average has no training state)."""
+    check_outputs([FileArg("CHECKPOINTS", p, "one of the checkpoints being averaged") for p in inputs],
+                   [FileArg("-o", out)])
     out = target(out, "-o")
-    if out.exists() and any(os.path.samefile(out, p) for p in inputs):
-        raise NmtError(f"-o {out}: is one of the checkpoints being averaged; write the average "
-                       "elsewhere (e.g. checkpoint_avg.pt)")
     owned = out.name in ("checkpoint_last.pt", "checkpoint_best.pt") or _UPDATE_CHECKPOINT.fullmatch(out.name)
     if owned and any((out.parent / marker).exists() for marker in RUN_DIR_MARKERS):
         raise NmtError(f"-o {out}: {out.name} is a name `nmt train` owns in the run directory "

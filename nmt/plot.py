@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt.atomic import replacing, target
+from nmt.atomic import FileArg, check_outputs, replacing, target
 from nmt.decoding.alignment import load_attention
 from nmt.errors import NmtError
 
@@ -51,6 +51,8 @@ def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None =
     if sentences:
         items = items[:sentences]
     out = Path(out_dir)
+    check_outputs([FileArg("ATTENTION", path, "the attention file")],
+                  [FileArg("-o", out / f"attention_{i}.png") for i, *_ in items])
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for index, weights, src, tgt in items:
@@ -119,6 +121,8 @@ def plot_curves(run_dirs: Sequence[str | Path], output: str | Path, *, labels: S
     if labels and len(labels) != len(run_dirs):
         raise NmtError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     out = target(output, "-o")
+    check_outputs([FileArg("RUN_DIR", Path(d) / "metrics.jsonl", "the metrics") for d in run_dirs],
+                  [FileArg("-o", output)])
     runs = [(labels[i] if labels else Path(d).name or str(d), *read_metrics(d)) for i, d in enumerate(run_dirs)]
     plt = _pyplot()
     fig, axes = plt.subplots(len(PANELS), 2, figsize=(11, 3.0 * len(PANELS)), squeeze=False)
