@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT, TINY, nmt, nmt_here, save_random_model, set_args, tiny
+from helpers import ROOT, TINY, dead_pid, nmt, nmt_here, save_random_model, set_args, tiny
 
 from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
@@ -74,12 +74,6 @@ def _save(path: Path, spm: Path, **changes: Any) -> Path:
 def tiny_sets(data_dir: Path, run_dir: Path, **extra: object) -> list[str]:
     return set_args({"data.dir": data_dir, "train.run_dir": run_dir, "train.device": "cpu", "train.threads": 1,
                      "train.max_updates": 1, **extra})
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 # ------------------------------------------------------------------ 1. the run-directory lock
