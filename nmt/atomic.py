@@ -4,7 +4,11 @@ Every file `nmt` writes in place of another (checkpoints, a run directory's conf
 spm.model, `translate -o`, a prepared data directory) is first written to a hidden sibling
 named `.{name}.tmp-{pid}-{random hex}`, then renamed over the target. A kill leaves the old
 file or the new one, never half of one; the temporary it may leave names its writer, so the
-next run can remove it once that process is gone (`clean_temporaries`).
+next run can remove it once that process is gone (`clean_temporaries`). A directory (prepare-bpe's
+`--destdir`, an export) is replaced the same way, as a whole (`replacing_directory`).
+
+No command writes a file it reads: `check_outputs` compares every output of a command with
+its inputs (and with its other outputs) before anything is written.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from nmt.errors import NmtError
 
@@ -28,10 +33,11 @@ log = logging.getLogger(__name__)
 TEMPORARY = re.compile(r"\.(.+)\.(?:tmp|old)-(\d+)-[0-9a-f]+")
 
 
-def temporary_name(path: str | Path) -> Path:
-    """A hidden sibling of `path` for this process to fill: `.{name}.tmp-{pid}-{hex}`."""
+def temporary_name(path: str | Path, kind: str = "tmp") -> Path:
+    """A hidden sibling of `path` for this process to fill: `.{name}.tmp-{pid}-{hex}` (kind
+    "old": where a replaced directory waits for its removal)."""
     path = Path(path)
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def os_error(exc: BaseException) -> OSError | None:
@@ -72,6 +78,39 @@ def target(path: str | Path, option: str = "") -> Path:
     return path
 
 
+def directory_target(path: str | Path, option: str = "") -> Path:
+    """The directory that writing `path` as a whole replaces: a symlink's target (written
+    through, the link stays); never `.` or `..`, which cannot be renamed away."""
+    name = f"{option} {path}" if option else str(path)
+    path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if not path.name or path.name in (".", ".."):
+        raise NmtError(f"{name}: name a directory to create or replace, not {str(path)!r}")
+    return path
+
+
+def check_replaceable(dest: Path, force: bool, markers: tuple[str, ...], kind: str, option: str = "") -> None:
+    """Refuse to replace an existing `dest` unless it is an empty directory or, with `force`, a
+    directory holding all of `markers` (an earlier output of the command: `kind`)."""
+    name = f"{option} {dest}" if option else str(dest)
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise NmtError(f"{name} exists and is not a directory")
+    try:
+        empty = not any(dest.iterdir())
+    except OSError as e:
+        raise NmtError(f"{name}: cannot read it ({e.strerror or e})") from None
+    if empty:
+        return
+    if not force:
+        raise NmtError(f"{name} exists and is not empty; use --force to replace it")
+    if not all((dest / marker).is_file() for marker in markers):
+        raise NmtError(f"{name} is not empty and is not {kind}; refusing to replace it even with --force "
+                       "(choose a new or empty directory)")
+
+
 @contextlib.contextmanager
 def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
     """Yield a temporary for the caller to fill, then rename it over `path` and fsync the
@@ -96,6 +135,48 @@ def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
             reason = error.strerror or str(error)
             raise NmtError(f"{path}: cannot write {what} ({reason})") from exc
         raise
+
+
+@contextlib.contextmanager
+def replacing_directory(dest: Path, what: str, option: str = "") -> Iterator[Path]:
+    """Yield a new hidden sibling directory of `dest` (from `directory_target`) for the caller
+    to fill, then put it in place of `dest` as a whole. The leftovers of killed writers of
+    `dest` are removed first. On failure the sibling goes away and `dest` is unchanged; an
+    OSError (no permission, a read-only or full filesystem) becomes an NmtError naming `dest`."""
+    name = f"{option} {dest}" if option else str(dest)
+    try:
+        clean_temporaries(dest.parent, name=dest.name, directories=True)
+        work = temporary_name(dest)
+        work.mkdir()
+    except OSError as e:
+        raise NmtError(f"{name}: cannot write {what} ({e.strerror or e})") from None
+    try:
+        yield work
+        _swap_directory(work, dest)
+    except BaseException as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        error = os_error(exc)
+        if isinstance(exc, Exception) and not isinstance(exc, NmtError) and error is not None:
+            raise NmtError(f"{name}: cannot write {what} ({error.strerror or error})") from exc
+        raise
+
+
+def _swap_directory(work: Path, dest: Path) -> None:
+    """Rename `work` to `dest`; an existing `dest` is renamed aside first (and back if that
+    fails), then removed, and its permission bits stay. A kill in between leaves either the old
+    or the new directory at `dest` and a leftover that `clean_temporaries` recognises."""
+    if not dest.exists():
+        work.rename(dest)
+        return
+    os.chmod(work, stat.S_IMODE(dest.stat().st_mode))
+    old = temporary_name(dest, "old")
+    dest.rename(old)
+    try:
+        work.rename(dest)
+    except BaseException:
+        old.rename(dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)  # what stays (unreadable) goes with the next run's cleaning
 
 
 def _keep_mode(old: Path, new: Path) -> None:
@@ -175,3 +256,56 @@ def process_alive(pid: int) -> bool:
     except (ProcessLookupError, OverflowError):
         return False
     return True
+
+
+# ------------------------------------------------------------------ no command writes a file it reads
+
+
+class FileArg(NamedTuple):
+    """A file a command reads or writes, named as the user gave it (for messages)."""
+
+    option: str  # "-o", "--checkpoint", "CHECKPOINT", "standard input"
+    file: str | os.PathLike | int  # a path, or an open file descriptor (0 or 1)
+    what: str = ""  # what it holds: "the checkpoint"
+    directory: bool = False  # an output directory replaced as a whole: nothing it reads may be in it
+
+
+def check_outputs(inputs: Iterable[FileArg], outputs: Iterable[FileArg]) -> None:
+    """Refuse, before anything is written, an output that is one of the command's inputs or
+    another of its outputs, or an output directory that holds an input. Files are compared by
+    device and inode, so every name of a file counts (symlinks followed, hard links, `./x`); a
+    file not there yet by its resolved path. A descriptor counts only as a regular file
+    (`-o x.txt < x.txt`), never as a pipe or a terminal."""
+    seen = [(arg, key) for arg in inputs if (key := _file_key(arg.file)) is not None]
+    for out in outputs:
+        key = _file_key(out.file)
+        if key is None:
+            continue
+        for arg, other in seen:
+            if other == key or (out.directory and _inside(arg.file, key)):
+                verb = "is" if other == key else "contains"
+                raise NmtError(f"{_label(out)} {verb} {arg.what} ({_label(arg)}); choose another output")
+        seen.append((out, key))
+
+
+def _label(arg: FileArg) -> str:
+    return arg.option if isinstance(arg.file, int) else f"{arg.option} {arg.file}"
+
+
+def _file_key(file: str | os.PathLike | int) -> tuple[object, object] | None:
+    """(device, inode) of `file` (symlinks followed); ("path", its resolved path) if it is not
+    there; None for a descriptor that is not a regular file."""
+    try:
+        st = os.fstat(file) if isinstance(file, int) else os.stat(file)
+    except OSError:
+        return None if isinstance(file, int) else ("path", os.path.realpath(file))
+    if isinstance(file, int) and not stat.S_ISREG(st.st_mode):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _inside(file: str | os.PathLike | int, directory: tuple[object, object]) -> bool:
+    """Whether the path `file` resolves to a place under the directory whose key is `directory`."""
+    if isinstance(file, int) or directory[0] == "path":
+        return False
+    return any(_file_key(parent) == directory for parent in Path(os.path.realpath(file)).parents)

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from nmt.atomic import fsync_path, replacing, target
-from nmt.config import Config, config_from_dict
+from nmt.atomic import FileArg, check_outputs, fsync_path, replacing, target
+from nmt.config import Config, changed_keys, config_from_dict
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
 
@@ -255,16 +255,15 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
     check_average_output(paths, Path(out))
 
     first = paths[0]
-    first_tokenizer = None
+    reference: dict[str, Any] = {}
     mean: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     ckpt: dict[str, Any] = {}
     for k, path in enumerate(paths, start=1):
         ckpt = load_checkpoint(path, mmap=True)
         state = ckpt["model"]
-        tokenizer = (ckpt.get("tokenizer") or {}).get("sha256")
         if k == 1:
-            first_tokenizer = tokenizer
+            reference = {key: ckpt.get(key) for key in ("config", "vocab_size", "tokenizer")}
             for key, tensor in state.items():
                 dtypes[key] = tensor.dtype
                 accumulate = torch.promote_types(tensor.dtype, torch.float32)
@@ -274,8 +273,7 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
                     else tensor.clone()
                 )
             continue
-        if tokenizer != first_tokenizer:
-            raise NmtError(f"average: {path} and {first} use different tokenizers")
+        _check_same_model(reference, ckpt, first, path)
         _check_compatible(mean, dtypes, state, first, path)
         for key, tensor in state.items():
             if tensor.is_floating_point():
@@ -298,14 +296,29 @@ def check_average_output(inputs: list[Path], out: Path) -> None:
     """Refuse an output that is one of the inputs (by any name: hard links, symlinks) or a name
     that `nmt train` owns in a run directory: overwriting them loses a training checkpoint that
     resuming needs (an average has no training state)."""
+    check_outputs([FileArg("CHECKPOINTS", p, "one of the checkpoints being averaged") for p in inputs],
+                   [FileArg("-o", out)])
     out = target(out, "-o")
-    if out.exists() and any(os.path.samefile(out, p) for p in inputs):
-        raise NmtError(f"-o {out}: is one of the checkpoints being averaged; write the average "
-                       "elsewhere (e.g. checkpoint_avg.pt)")
     owned = out.name in ("checkpoint_last.pt", "checkpoint_best.pt") or _UPDATE_CHECKPOINT.fullmatch(out.name)
     if owned and any((out.parent / marker).exists() for marker in RUN_DIR_MARKERS):
         raise NmtError(f"-o {out}: {out.name} is a name `nmt train` owns in the run directory "
                        f"{out.parent}; write the average as e.g. {out.parent / 'checkpoint_avg.pt'}")
+
+
+def _check_same_model(reference: dict[str, Any], ckpt: dict[str, Any], first: Path, path: Path) -> None:
+    """Checkpoints to average must be of one model: the same tokenizer, vocabulary and model
+    config (weights of equal shapes may belong to models that compute otherwise: 8 heads or 4)."""
+    if (ckpt.get("tokenizer") or {}).get("sha256") != (reference["tokenizer"] or {}).get("sha256"):
+        raise NmtError(f"average: {path} and {first} use different tokenizers")
+    if ckpt.get("vocab_size") != reference["vocab_size"]:
+        raise NmtError(f"average: vocab_size is {reference['vocab_size']} in {first} "
+                       f"but {ckpt.get('vocab_size')} in {path}")
+    changed = changed_keys(config_from_dict(reference["config"], where=str(first)),
+                           config_from_dict(ckpt["config"], where=str(path)), "model")
+    if changed:
+        key, a, b = changed[0]
+        raise NmtError(f"average: {key} is {a!r} in {first} but {b!r} in {path}; "
+                       "only checkpoints of one model can be averaged")
 
 
 def _check_compatible(

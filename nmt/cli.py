@@ -65,6 +65,9 @@ def setup_logging(level: int) -> None:
         fmt = f"[rank {rank}] " + fmt
         level = max(level, logging.WARNING)
     logging.basicConfig(level=level, format=fmt, datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+    # torch's own default, set at the end of `import torch`: a signal during that import would
+    # leave its INFO lines (an atexit "FakeTensor cache stats") after our last line
+    logging.getLogger("torch").setLevel(logging.WARNING)
 
 
 # ------------------------------------------------------------------ options from dataclasses

@@ -295,6 +295,12 @@ def replace(cfg: Config, **sections: dict[str, Any]) -> Config:
     return Config(**new)
 
 
+def changed_keys(old: Config, new: Config, section: str) -> list[tuple[str, Any, Any]]:
+    """(`section.key`, old value, new value) of each key of `section` that differs, in field order."""
+    a, b = dataclasses.asdict(getattr(old, section)), dataclasses.asdict(getattr(new, section))
+    return [(f"{section}.{key}", a[key], value) for key, value in b.items() if a[key] != value]
+
+
 def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
     return {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
 

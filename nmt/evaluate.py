@@ -20,6 +20,7 @@ import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from nmt import textio
+from nmt.atomic import FileArg, check_outputs
 from nmt.errors import NmtError
 
 METRICS = ("bleu", "chrf", "ter")
@@ -202,6 +203,11 @@ def score_command(refs: Sequence[Path] | None, hyp: Path | BinaryIO, *, test_set
     names_of_metrics = tuple(dict.fromkeys(m.strip().lower() for m in metrics.split(",") if m.strip()))
     if not names_of_metrics:
         raise NmtError(f"--metrics {metrics!r}: give at least one of {', '.join(METRICS)}")
+    is_path = isinstance(hyp, (str, Path))
+    reads = [FileArg("--ref", path, "a reference") for path in refs or ()]
+    reads.append(FileArg("--hyp", hyp, "the hypotheses") if isinstance(hyp, (str, Path))
+                 else FileArg("standard input", 0, "the hypotheses"))
+    check_outputs(reads, [FileArg("standard output", 1, "the scores")])
     if test_set is not None:
         if not langpair:
             raise NmtError("--test-set needs --langpair, e.g. --langpair en-de")
@@ -211,7 +217,6 @@ def score_command(refs: Sequence[Path] | None, hyp: Path | BinaryIO, *, test_set
         assert refs is not None
         ref_streams = [read_lines(p) for p in refs]
         names = [str(p) for p in refs]
-    is_path = isinstance(hyp, (str, Path))
     hyps = read_lines(hyp) if is_path else read_stream(hyp)  # type: ignore[arg-type]
     results = score_corpus(hyps, ref_streams, metrics=names_of_metrics, tokenize=tokenize, lowercase=lowercase,
                            names=names, hyp_name=str(hyp) if is_path else "<stdin>")

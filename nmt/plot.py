@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt.atomic import replacing, target
+from nmt.atomic import FileArg, check_outputs, replacing, target
 from nmt.decoding.alignment import load_attention
 from nmt.errors import NmtError
 
@@ -68,6 +68,8 @@ def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None =
     if out.exists() and not out.is_dir():
         raise NmtError(f"-o {out}: exists and is not a directory; give a directory for attention_<line>.png")
     items = load_attention(path, sentences)
+    check_outputs([FileArg("ATTENTION", path, "the attention file")],
+                  [FileArg("-o", out / f"attention_{i}.png") for i, *_ in items])
     for index, weights, _, _ in items:
         L, (_, _, T, S) = weights.shape[0], weights.shape
         if layer is not None and not -L <= layer < L:
@@ -189,6 +191,8 @@ def plot_curves(run_dirs: Sequence[str | Path], output: str | Path, *, labels: S
     if labels and len(labels) != len(run_dirs):
         raise NmtError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     out = target(output, "-o")
+    check_outputs([FileArg("RUN_DIR", Path(d) / "metrics.jsonl", "the metrics") for d in run_dirs],
+                  [FileArg("-o", output)])
     plt = _pyplot()
     _format(out)  # before the work
     runs = [(labels[i] if labels else Path(d).name or str(d), *read_metrics(d)) for i, d in enumerate(run_dirs)]

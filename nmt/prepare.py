@@ -16,10 +16,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import secrets
 import shutil
-import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,7 +29,13 @@ import numpy as np
 from tqdm import tqdm
 
 from nmt import __version__
-from nmt.atomic import clean_temporaries, temporary_name
+from nmt.atomic import (
+    FileArg,
+    check_outputs,
+    check_replaceable,
+    directory_target,
+    replacing_directory,
+)
 from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
 from nmt.errors import NmtError
 from nmt.options import PrepareOptions
@@ -58,12 +61,13 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     """Run prepare-bpe; returns the report also written to `destdir/prepare.json`."""
     start = time.time()
     _check_options(opts)
-    dest = _destdir(opts.destdir)
-    _check_destdir(dest, opts.force)
+    dest = directory_target(opts.destdir, "--destdir")
+    check_replaceable(dest, opts.force, (META_FILE,), f"an output of nmt prepare-bpe (no {META_FILE})", "--destdir")
     reused = Tokenizer.from_file(opts.spm_model) if opts.spm_model else None
     splits = _find_splits(opts)  # reads every file once: after the cheap checks
-    work = _work_dir(dest)
-    try:
+    check_outputs(_inputs(opts, splits), [FileArg("--destdir", opts.destdir, directory=True)])
+    _make_parent(dest)
+    with replacing_directory(dest, "the prepared data", "--destdir") as work:
         tok = _tokenizer(opts, splits[0], reused, work)
         dtype = token_dtype(tok.vocab_size)
         reports, hashes = {}, {}
@@ -94,10 +98,6 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
             "seconds": round(time.time() - start, 3),
         }
         (work / META_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        _replace_dir(work, dest)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     logger.info(
         "wrote %s in %.1f s (vocab %d, fingerprint %s)",
         dest,
@@ -153,55 +153,21 @@ def _find_splits(opts: PrepareOptions) -> list[_Split]:
     return splits
 
 
-def _destdir(destdir: str) -> Path:
-    """--destdir as the directory to replace: a symlink's target (the link stays)."""
-    dest = Path(destdir)
-    if dest.is_symlink():
-        dest = Path(os.path.realpath(dest))
-    if not dest.name or dest.name in (".", ".."):
-        raise NmtError(f"--destdir {destdir}: name a directory to create or replace, not {destdir!r}")
-    return dest
+def _inputs(opts: PrepareOptions, splits: list[_Split]) -> list[FileArg]:
+    """The files prepare-bpe reads (none of them may be in --destdir, which is replaced whole)."""
+    options = {"train": "--trainpref", "valid": "--validpref"}
+    inputs = [FileArg(options.get(split.name, "--testpref"), path, f"the {split.name} text")
+              for split in splits for path in split.files.values()]
+    if opts.spm_model:
+        inputs.append(FileArg("--spm-model", opts.spm_model, "the sentencepiece model"))
+    return inputs
 
 
-def _work_dir(dest: Path) -> Path:
-    """Create the hidden sibling of `dest` that the output is written to, after removing those
-    of killed runs (only where their process is gone)."""
+def _make_parent(dest: Path) -> None:
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        clean_temporaries(dest.parent, name=dest.name, directories=True)
-        work = temporary_name(dest)
-        work.mkdir()
     except OSError as e:
         raise NmtError(f"--destdir {dest}: cannot create it ({e.strerror or e})") from None
-    return work
-
-
-def _check_destdir(dest: Path, force: bool) -> None:
-    if not dest.exists():
-        return
-    if not dest.is_dir():
-        raise NmtError(f"--destdir {dest} exists and is not a directory")
-    if not any(dest.iterdir()):
-        return
-    if not force:
-        raise NmtError(f"--destdir {dest} exists and is not empty; use --force to replace it")
-    if not (dest / META_FILE).is_file():
-        raise NmtError(
-            f"--destdir {dest} is not empty and has no {META_FILE}; refusing to replace it "
-            "even with --force (choose a new or empty --destdir)"
-        )
-
-
-def _replace_dir(work: Path, dest: Path) -> None:
-    """Move the finished output into place, replacing an old one."""
-    old = None
-    if dest.exists():
-        os.chmod(work, stat.S_IMODE(dest.stat().st_mode))  # the replaced directory's permissions stay
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-        dest.rename(old)
-    work.rename(dest)
-    if old is not None:
-        shutil.rmtree(old)
 
 
 def _tokenizer(

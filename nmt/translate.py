@@ -23,6 +23,7 @@ last bits of the floats).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nmt.api import Translation, Translator
-from nmt.atomic import TextWriter, clean_temporaries, replacing, target
+from nmt.atomic import FileArg, TextWriter, check_outputs, clean_temporaries, replacing, target
 from nmt.decoding.alignment import (
     AttentionWriter,
     layer_count,
@@ -41,6 +42,7 @@ from nmt.decoding.alignment import (
     resolve_layer,
     writing_attention,
 )
+from nmt.decoding.predict import resolve_checkpoints
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
 from nmt.textio import TextStats, iter_line_blocks
@@ -142,10 +144,13 @@ def translate_main(opts: TranslateOptions) -> None:
     if opts.buffer_lines < 0:
         raise NmtError(f"--buffer-lines must be 0 (automatic) or more, got {opts.buffer_lines}")
     Translator.check_options(opts)  # before any file is touched
-    inp, name = _input(opts.input)
+    given = bool(opts.checkpoints)  # or the last run's
+    opts = dataclasses.replace(opts, checkpoints=resolve_checkpoints([str(p) for p in opts.checkpoints]))
     output = target(opts.output, "-o") if opts.output else None  # before the models load
     if opts.attention:
         target(opts.attention, "--attention")
+    check_outputs(*_files(opts, given))
+    inp, name = _input(opts.input)
     if output is None and (sys.stdout is None or _closed(1)):
         raise NmtError("standard output is closed; give -o FILE")
     try:
@@ -166,6 +171,23 @@ def translate_main(opts: TranslateOptions) -> None:
     finally:
         if opts.input:
             inp.close()
+
+
+def _files(opts: TranslateOptions, given: bool) -> tuple[list[FileArg], list[FileArg]]:
+    """What `nmt translate` reads and what it writes (`nmt.atomic.check_outputs`); `given`:
+    the checkpoints were named with --checkpoint (not the last run's)."""
+    option = "--checkpoint" if given else "the last run's"
+    what = "the checkpoint" if len(opts.checkpoints) == 1 else "one of the checkpoints"
+    inputs = [FileArg(option, path, what) for path in opts.checkpoints]
+    inputs.append(FileArg("--input", opts.input, "the input") if opts.input
+                  else FileArg("standard input", 0, "the input"))
+    if opts.shortlist:
+        inputs.append(FileArg("--shortlist", opts.shortlist, "the shortlist"))
+    outputs = [FileArg("-o", opts.output, "the translations") if opts.output
+               else FileArg("standard output", 1, "the translations")]
+    if opts.attention:
+        outputs.append(FileArg("--attention", opts.attention, "the attention file"))
+    return inputs, outputs
 
 
 def _closed(fd: int) -> bool:

@@ -64,6 +64,13 @@ def nmt_here(*args: str) -> int:
     return 0
 
 
+def dead_pid() -> int:
+    """The pid of a process that has ended (for the leftovers of a killed writer)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def set_args(sets: Mapping[str, object]) -> list[str]:
     """`--set key=value` for each item."""
     return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]

@@ -338,6 +338,31 @@ def test_a_failed_translation_leaves_no_attention_file(models, sentences, tmp_pa
     assert npz.read_bytes() == b"old" and not list(tmp_path.glob(".att.npz.tmp-*"))
 
 
+def test_plot_curves_never_draw_over_the_metrics(tmp_path, capfd):
+    run = tmp_path / "run"
+    run.mkdir()
+    metrics = run / "metrics.jsonl"
+    metrics.write_text('{"type": "train", "update": 1, "loss": 1.0}\n')
+    link = tmp_path / "curves.png"
+    link.symlink_to(metrics)  # a figure's name, written through to the metrics
+    assert nmt_here("plot", "curves", str(run), "-o", str(link)) == 1
+    assert f"-o {link} is the metrics (RUN_DIR {metrics}); choose another output" in capfd.readouterr().err
+    assert metrics.read_text() == '{"type": "train", "update": 1, "loss": 1.0}\n'
+
+
+def test_plot_attention_never_draws_over_the_file_it_reads(tmp_path, capfd):
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    npz = maps / "attention_0.png"  # an --attention file under the name of the picture it would give
+    with open(npz, "wb") as f:
+        np.savez(f, index=np.array([0]), attention_0=np.full((1, 1, 2, 2), 0.5, "f4"),
+                 source_0=np.array(["a", "</s>"]), target_0=np.array(["x", "</s>"]))
+    before = npz.read_bytes()
+    assert nmt_here("plot", "attention", str(npz), "-o", str(maps)) == 1
+    assert f"-o {npz} is the attention file (ATTENTION {npz})" in capfd.readouterr().err
+    assert npz.read_bytes() == before
+
+
 # ------------------------------------------------------------------ TensorBoard
 
 

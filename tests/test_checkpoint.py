@@ -385,6 +385,25 @@ def test_average_needs_existing_inputs_and_the_same_tokenizer(tmp_path):
         average_checkpoints([a, b], tmp_path / "avg.pt")
 
 
+@pytest.mark.parametrize(("key", "first", "second"), [("heads", 8, 4), ("max_positions", 256, 512),
+                                                      ("norm_first", False, True)])
+def test_average_refuses_models_of_different_configs_whose_shapes_agree(tmp_path, key, first, second):
+    a = write(tmp_path / "a.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 4, key: first}})
+    b = write(tmp_path / "b.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 4, key: second}})
+    with pytest.raises(NmtError, match=rf"model\.{key} is {first!r} in .*a\.pt but {second!r} in .*b\.pt"):
+        average_checkpoints([a, b], tmp_path / "avg.pt")
+    assert not (tmp_path / "avg.pt").exists()
+    same = write(tmp_path / "c.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 4, key: first}, "train": {"lr": 1.0}})
+    average_checkpoints([a, same], tmp_path / "avg.pt")  # other sections (train, decode) may differ
+
+
+def test_average_refuses_another_vocabulary_size(tmp_path):
+    a = write(tmp_path / "a.pt", {"w": torch.ones(2)})
+    b = write(tmp_path / "b.pt", {"w": torch.ones(2)}, vocab_size=9)
+    with pytest.raises(NmtError, match=r"vocab_size is 8 in .*a\.pt but 9 in .*b\.pt"):
+        average_checkpoints([a, b], tmp_path / "avg.pt")
+
+
 def test_format_version_constant_matches_architecture():
     assert checkpoint.FORMAT_VERSION == 1
 

@@ -1,9 +1,11 @@
 """The command line: help, version, one-line errors with non-zero exits, no tracebacks."""
 
+import os
 import subprocess
+import sys
 
 import pytest
-from helpers import nmt
+from helpers import ROOT, nmt
 
 COMMANDS = ["prepare-bpe", "train", "average-checkpoints", "translate", "score", "export"]
 
@@ -94,3 +96,14 @@ def test_missing_prepare_input_is_one_line(tmp_path):
 
 def test_missing_checkpoint_is_one_line(tmp_path):
     assert_one_line_error(nmt("translate", "-c", str(tmp_path / "x.pt"), stdin="hi\n"), "x.pt")
+
+
+def test_torch_logs_nothing_after_our_last_line(tmp_path):
+    """A SIGTERM during `import torch` (`nmt export` imports it late) stops it before it sets its
+    loggers to WARNING; its atexit hook then logged "FakeTensor cache stats" at INFO after our
+    one line. Simulated here: torch's logger put back to NOTSET before the command runs."""
+    code = ("import logging, torch; logging.getLogger('torch').setLevel(logging.NOTSET); "
+            "from nmt import cli; cli.main(['export', 'missing.pt', 'out'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert_one_line_error(r, "missing.pt")

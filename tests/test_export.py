@@ -11,13 +11,16 @@ a trained model are compared with `nmt translate`'s on real sentences.
 from __future__ import annotations
 
 import builtins
+import errno
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import nmt_here, save_random_model
+from helpers import dead_pid, nmt_here, save_random_model
 
 from nmt import Translator
 from nmt.convert.ctranslate2 import export
@@ -227,3 +230,87 @@ def test_a_checkpoint_without_what_export_needs_is_one_line(test_tokenizer, tmp_
     assert nmt_here("export", str(ckpt), str(tmp_path / "out")) == 1
     _one_line_error(capfd, f"{ckpt}: {needle}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+# ------------------------------------------------------------------ destinations
+
+
+@pytest.fixture
+def model(test_tokenizer, tmp_path) -> Path:
+    return save_random_model(tmp_path / "m.pt", test_tokenizer, seed=1)
+
+
+@needs_ctranslate2
+def test_a_symlinked_destination_is_written_through(model, tmp_path):
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to("real")
+    assert nmt_here("export", str(model), str(link)) == 0
+    assert link.is_symlink() and (tmp_path / "real" / "model.bin").is_file()
+    assert nmt_here("export", str(model), str(link), "--force") == 0  # the export behind the link replaced
+    assert link.is_symlink() and (tmp_path / "real" / "model.bin").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "m.pt", "real"]
+
+
+def test_the_current_directory_is_refused_in_one_line(model, tmp_path, monkeypatch, capfd):
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    for name in (".", ".."):
+        assert nmt_here("export", str(model), name) == 1
+        _one_line_error(capfd, f"OUT_DIR {name}: name a directory to create or replace")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "m.pt"]
+
+
+@needs_ctranslate2
+def test_force_never_deletes_the_checkpoint_being_exported(model, tmp_path, capfd):
+    out = tmp_path / "out"
+    export(model, out)
+    inside = out / "model.pt"
+    shutil.copy(model, inside)
+    (tmp_path / "via.pt").symlink_to(inside)
+    for ckpt in (inside, tmp_path / "via.pt"):
+        assert nmt_here("export", str(ckpt), str(out), "--force") == 1
+        _one_line_error(capfd, f"OUT_DIR {out} contains the checkpoint (CHECKPOINT {ckpt}); choose another output")
+    assert inside.read_bytes() == model.read_bytes()
+
+
+@needs_ctranslate2
+@pytest.mark.parametrize(("where", "code"), [("mkdir", errno.EACCES), ("mkdir", errno.EROFS), ("write", errno.ENOSPC)])
+def test_a_destination_that_cannot_be_written_is_one_line_and_keeps_the_old_export(model, tmp_path, monkeypatch,
+                                                                                    capfd, where, code):
+    """An unwritable parent, a read-only filesystem and a full disk. The tests run as root, where
+    chmod cannot make a directory unwritable: the OSError is raised where the system raises it."""
+    out = tmp_path / "out"
+    export(model, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    if where == "mkdir":
+        real_mkdir = os.mkdir
+
+        def mkdir(path, *args, **kwargs):
+            if Path(path).parent == tmp_path:
+                raise OSError(code, os.strerror(code), str(path))
+            return real_mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", mkdir)
+    else:
+        def full(self, data):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(Path, "write_bytes", full)
+    assert nmt_here("export", str(model), str(out), "--force") == 1
+    _one_line_error(capfd, f"OUT_DIR {out}: cannot write the export ({os.strerror(code)})")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "out"]  # no temporary left
+
+
+@needs_ctranslate2
+def test_the_leftovers_of_a_killed_export_are_removed(model, tmp_path):
+    pid = dead_pid()
+    leftovers = [tmp_path / f".out.tmp-{pid}-0123abcd", tmp_path / f".out.old-{pid}-0123abcd"]
+    for path in leftovers:
+        path.mkdir()
+        (path / "model.bin").write_bytes(b"partial")
+    alive = tmp_path / f".out.tmp-{os.getpid()}-0123abcd"  # a writer still running: left alone
+    alive.mkdir()
+    assert nmt_here("export", str(model), str(tmp_path / "out")) == 0
+    assert not any(p.exists() for p in leftovers) and alive.is_dir()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT, TINY, nmt, nmt_here, save_random_model, set_args, tiny
+from helpers import ROOT, TINY, dead_pid, nmt, nmt_here, save_random_model, set_args, tiny
 
 from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
@@ -74,12 +74,6 @@ def _save(path: Path, spm: Path, **changes: Any) -> Path:
 def tiny_sets(data_dir: Path, run_dir: Path, **extra: object) -> list[str]:
     return set_args({"data.dir": data_dir, "train.run_dir": run_dir, "train.device": "cpu", "train.threads": 1,
                      "train.max_updates": 1, **extra})
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 # ------------------------------------------------------------------ 1. the run-directory lock
@@ -171,7 +165,8 @@ def test_average_refuses_an_output_that_is_one_of_its_inputs(ckpt, tmp_path, cap
     shutil.copy(ckpt, a)
     os.link(a, b)  # another name of the same file counts too
     before = a.read_bytes()
-    for out in (a, b, tmp_path / "." / "a.pt"):
+    (tmp_path / "link.pt").symlink_to(a)
+    for out in (a, b, tmp_path / "." / "a.pt", tmp_path / "link.pt"):
         code, _, err = run_here(capfd, "average-checkpoints", str(a), str(tmp_path / "b.pt"), "-o", str(out))
         assert_one_line(code, err, "-o", "one of the checkpoints")
     assert a.read_bytes() == before
@@ -480,6 +475,18 @@ def test_score_reads_invalid_utf8_the_same_from_stdin_and_hyp(tmp_path):
     assert json.loads(from_file.stdout) == json.loads(from_stdin.stdout)
     assert f"{hyp}:1: invalid UTF-8" in from_file.stderr.decode()
     assert "<stdin>:1: invalid UTF-8" in from_stdin.stderr.decode()
+
+
+def test_score_never_appends_to_a_file_it_reads(tmp_path):
+    ref, hyp = tmp_path / "ref.txt", tmp_path / "hyp.txt"
+    ref.write_text("a b\n")
+    hyp.write_text("a b\n")
+    for args, stdin_file, needle in ((["--hyp", str(hyp)], None, f"the hypotheses (--hyp {hyp})"),
+                                     ([], hyp, "the hypotheses (standard input)")):
+        with open(hyp, "ab") as out, open(stdin_file or os.devnull, "rb") as stdin:
+            r = run_process("score", "--ref", str(ref), *args, stdin=stdin, stdout=out, stderr=subprocess.PIPE)
+        assert_one_line(r.returncode, r.stderr.decode(), f"standard output is {needle}")
+    assert hyp.read_text() == "a b\n"
 
 
 # ------------------------------------------------------------------ 11. wording

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -347,6 +348,22 @@ def test_destdir_needs_force_and_failures_keep_old_output(
     assert not (dest / "stale.bin").exists()  # replaced as a whole, never mixed
     assert second["fingerprint"] == first["fingerprint"]
     assert json.loads((dest / "prepare.json").read_text())["fingerprint"] == first["fingerprint"]
+
+
+@pytest.mark.parametrize("inside", ["--trainpref", "--spm-model"])
+def test_destdir_that_holds_an_input_is_refused(tmp_path, prepared, raw_corpus, inside):
+    """--destdir is replaced as a whole: an input in it would be deleted (or rewritten) after it was read."""
+    dest = tmp_path / "data"
+    shutil.copytree(prepared[0], dest)
+    for lang in ("en", "de"):
+        shutil.copy(f"{raw_corpus.prefix('train')}.{lang}", dest / f"corpus.{lang}")
+    train = str(dest / "corpus") if inside == "--trainpref" else raw_corpus.prefix("train")
+    spm = str(dest / "spm.model") if inside == "--spm-model" else None
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    with pytest.raises(NmtError, match=rf"--destdir {dest} contains the .* \({inside} {dest}/.*\); choose another"):
+        prepare_bpe(options(dest, train, spm_model=spm, force=True, vocab_size=500), progress=False)
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
 
 
 def test_index_files_are_consistent(prepared):

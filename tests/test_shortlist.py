@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from nmt.decoding.shortlist import (
     learn_shortlist,
     load_shortlist,
     save_shortlist,
+    shortlist_command,
 )
 from nmt.errors import NmtError
 from nmt.tokenizer import NMT_SPECIALS
@@ -124,3 +126,15 @@ def test_bad_options_are_errors(data_dir):
         learn_shortlist(data_dir, top=-1)
     with pytest.raises(NmtError, match="--iterations"):
         learn_shortlist(data_dir, iterations=0)
+
+
+@pytest.mark.parametrize("name", ["train.de.bin", "train.en.idx", "prepare.json"])
+def test_the_shortlist_never_replaces_a_data_file_it_reads(data_dir, tmp_path, name):
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    with pytest.raises(NmtError, match=rf"-o {data / name} is the .* \(DATA_DIR {data / name}\); choose another"):
+        shortlist_command(data, data / name, top=3, frequent=1, iterations=1, max_sentences=100)
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+    shortlist_command(data, data / "shortlist.pt", top=3, frequent=1, iterations=1, max_sentences=100)  # beside them: fine
+    assert load_shortlist(data / "shortlist.pt", vocab_size=V, spm_sha256="abc").frequent.numel() == 1

@@ -9,8 +9,10 @@ random model never chooses EOS, so decoding is kept short with max_len_a = 0, ma
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -331,6 +333,62 @@ def test_same_input_twice_gives_the_same_output(setup, tmp_path):
     lines = setup.sentences[:10]
     first = translate_file(tmp_path, lines, "-c", str(setup.a), name="first")
     assert translate_file(tmp_path, lines, "-c", str(setup.a), name="second") == first
+
+
+# ------------------------------------------------------------------ no output is an input (nmt.atomic.check_outputs)
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+# case: (translate's arguments, files named in tmp_path; the one-line error)
+OVERWRITES = {
+    "-o CK": (["-i", "in.txt", "-o", "ck.pt"], "-o {d}/ck.pt is the checkpoint (--checkpoint {d}/ck.pt)"),
+    "-i X -o X": (["-i", "in.txt", "-o", "in.txt"], "-o {d}/in.txt is the input (--input {d}/in.txt)"),
+    "-o a symlink to X": (["-i", "in.txt", "-o", "link.txt"], "-o {d}/link.txt is the input (--input {d}/in.txt)"),
+    "--attention OUT -o OUT": (["-i", "in.txt", "--attention", "out.txt", "-o", "out.txt"],
+                               "--attention {d}/out.txt is the translations (-o {d}/out.txt)"),
+    "--attention CK": (["-i", "in.txt", "--attention", "ck.pt", "-o", "new.txt"],
+                       "--attention {d}/ck.pt is the checkpoint (--checkpoint {d}/ck.pt)"),
+    "--shortlist SL -o SL": (["-i", "in.txt", "--shortlist", "sl.pt", "-o", "sl.pt"],
+                             "-o {d}/sl.pt is the shortlist (--shortlist {d}/sl.pt)"),
+}
+
+
+@pytest.mark.parametrize("case", OVERWRITES)
+def test_no_output_may_be_an_input_or_another_output(setup, tmp_path, capfd, case):
+    d = tmp_path
+    shutil.copy(setup.a, d / "ck.pt")
+    (d / "in.txt").write_text("A dog runs.\nTwo cats.\n", encoding="utf-8")
+    (d / "link.txt").symlink_to("in.txt")
+    (d / "out.txt").write_text("earlier translations\n", encoding="utf-8")
+    save_shortlist(_random_shortlist(load_models([setup.a], torch.device("cpu")), seed=1), d / "sl.pt")
+    args, needle = OVERWRITES[case]
+    before = _files(d)
+    assert nmt_here("translate", "-c", str(d / "ck.pt"), *(a if a.startswith("-") else str(d / a) for a in args)) == 1
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and needle.format(d=d) in err[0] and "choose another output" in err[0], err
+    assert _files(d) == before  # nothing written, nothing lost
+
+
+def test_standard_streams_that_are_an_input_are_refused(setup, tmp_path):
+    """`-o X < X` (standard input is the file X) and `-i X >> X` (standard output is X): the
+    descriptors are compared as files too, never a pipe or a terminal."""
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"A dog runs.\n")
+    command = [sys.executable, "-m", "nmt", "translate", "-c", str(setup.a)]
+    env = {**os.environ, **ENV}
+    with open(src, "rb") as stdin:
+        r = subprocess.run([*command, "-o", str(src)], stdin=stdin, capture_output=True, env=env, cwd=ROOT)
+    one_line_error(r, f"-o {src} is the input (standard input)")
+    with open(src, "ab") as stdout:
+        r = subprocess.run([*command, "-i", str(src)], stdout=stdout, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    err = [line for line in r.stderr.decode().splitlines() if line.strip()]
+    assert r.returncode == 1 and len(err) == 1 and f"standard output is the input (--input {src})" in err[0], err
+    assert src.read_bytes() == b"A dog runs.\n"
+    piped = nmt("translate", "-c", str(setup.a), stdin=b"A dog runs.\n", env=ENV)  # a pipe is no file
+    assert piped.returncode == 0 and piped.stdout.count(b"\n") == 1
 
 
 # ------------------------------------------------------------------ shortlists

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import shutil
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from nmt.atomic import (
+    FileArg,
+    check_outputs,
+    check_replaceable,
+    directory_target,
+    replacing_directory,
+)
 from nmt.checkpoint import load_model_checkpoint
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
@@ -51,7 +56,7 @@ EXPORTED_FIELDS = frozenset({"encoder_layers", "decoder_layers", "d_model", "ffn
                              "learned_positions", "max_positions",
                              # arch is checked first (transformer only); the rnn keys do not apply
                              "arch", "cell", "attention", "rnn_hidden", "rnn_layers"})
-MARKER = "config.json"  # an existing OUT_DIR is replaced (--force) only if it looks like an export
+MARKERS = ("config.json", "model.bin")  # an existing OUT_DIR is replaced (--force) only if it looks like an export
 
 
 def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2",
@@ -63,8 +68,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         raise NmtError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise NmtError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
-    out = Path(out_dir)
-    _check_out_dir(out, force)
+    out = _destination(Path(checkpoint), Path(out_dir), force)
     ckpt = load_model_checkpoint(Path(checkpoint))
     cfg, tokenizer = ckpt.config.model, ckpt.tokenizer
     if cfg.arch != "transformer":
@@ -84,14 +88,9 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         def _load(self) -> Any:
             return spec
 
-    work = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
+    with replacing_directory(out, "the export", "OUT_DIR") as work:
         _Converter().convert(str(work), quantization=quantization, force=True)
         (work / "spm.model").write_bytes(tokenizer.model_bytes)
-        _replace_dir(work, out)
-    finally:
-        if work.exists():
-            shutil.rmtree(work)
     log.info("wrote %s (CTranslate2%s, vocabulary %d)", out, f", {quantization}" if quantization else "",
              tokenizer.vocab_size)
     return out
@@ -105,30 +104,16 @@ def _import_ctranslate2() -> Any:
     return converters
 
 
-def _check_out_dir(out: Path, force: bool) -> None:
-    if not out.exists():
-        if not out.parent.is_dir():
-            raise NmtError(f"{out.parent}: no such directory")
-        return
-    if not out.is_dir():
-        raise NmtError(f"{out} exists and is not a directory")
-    if not any(out.iterdir()):
-        return
-    if not force:
-        raise NmtError(f"{out} exists and is not empty; use --force to replace it")
-    if not (out / MARKER).is_file() or not (out / "model.bin").is_file():
-        raise NmtError(f"{out} is not empty and is not a CTranslate2 model; refusing to replace it even "
-                       "with --force (choose a new or empty directory)")
-
-
-def _replace_dir(work: Path, dest: Path) -> None:
-    old = None
-    if dest.exists():
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-        dest.rename(old)
-    work.rename(dest)
-    if old is not None:
-        shutil.rmtree(old)
+def _destination(checkpoint: Path, out_dir: Path, force: bool) -> Path:
+    """The directory to write (a symlink's target), checked before the work: not one holding
+    the checkpoint, and (with --force) only an earlier export is replaced."""
+    out = directory_target(out_dir, "OUT_DIR")
+    check_outputs([FileArg("CHECKPOINT", checkpoint, "the checkpoint")],
+                  [FileArg("OUT_DIR", out_dir, directory=True)])
+    if not out.parent.is_dir():
+        raise NmtError(f"{out.parent}: no such directory")
+    check_replaceable(out, force, MARKERS, "a CTranslate2 model", "OUT_DIR")
+    return out
 
 
 def _check_exportable(cfg: ModelConfig, where: str) -> None:

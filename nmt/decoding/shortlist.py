@@ -25,8 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nmt.atomic import FileArg, check_outputs, target
 from nmt.checkpoint import atomic_save
-from nmt.data import ParallelData, read_meta
+from nmt.data import META_FILE, ParallelData, bin_path, idx_path, read_meta
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds
 
@@ -168,9 +169,12 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
 def shortlist_command(data_dir: Path, output: Path, *, top: int, frequent: int, iterations: int,
                       max_sentences: int) -> None:
     """`nmt shortlist`: learn a shortlist and write it to `output` (checked before the work)."""
-    from nmt.atomic import target
-
     target(output, "-o")
+    meta = read_meta(data_dir)
+    read = [FileArg("DATA_DIR", Path(data_dir) / META_FILE, "the data's description")]
+    read += [FileArg("DATA_DIR", path(data_dir, "train", meta[side]), "the training data")
+             for side in ("source_lang", "target_lang") for path in (bin_path, idx_path)]
+    check_outputs(read, [FileArg("-o", output)])
     shortlist = learn_shortlist(data_dir, top=top, frequent=frequent, iterations=iterations,
                                 max_sentences=max_sentences)
     save_shortlist(shortlist, output)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, config_from_dict, config_to_dict
+from nmt.config import Config, changed_keys, config_from_dict, config_to_dict
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
 from nmt.training.optim import DynamicLossScaler
@@ -123,14 +123,14 @@ def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, f
     (unless reset_data) other training data; the NmtError names what changed."""
     # the run's config with the defaults of keys added since it was written (an upgrade of nmt
     # must not read a new key as a change)
-    old, new = config_to_dict(config_from_dict(state["config"], where=str(run_dir))), config_to_dict(cfg)
+    old_cfg = config_from_dict(state["config"], where=str(run_dir))
+    old, new = config_to_dict(old_cfg), config_to_dict(cfg)
     old_spm = (state.get("tokenizer") or {}).get("sha256")
     if old_spm != tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
         raise NmtError(f"{run_dir}: resume refused, the tokenizer of {cfg.data.dir} (spm.model) "
                        "differs from the run's; prepare the new data with --spm-model from the run "
                        "or use a new train.run_dir")
-    changed = [f"model.{k}: {old['model'].get(k)!r} -> {v!r}"
-               for k, v in new["model"].items() if old["model"].get(k) != v]
+    changed = [f"{key}: {a!r} -> {b!r}" for key, a, b in changed_keys(old_cfg, cfg, "model")]
     if changed:
         raise NmtError(f"{run_dir}: resume refused, the model config changed ({'; '.join(changed)}); "
                        "use a new train.run_dir")
