@@ -203,8 +203,8 @@ class Batch:
     prev_output: torch.Tensor  # (B, T) long: BOS + tokens, right-padded (decoder input)
     target: torch.Tensor  # (B, T) long: tokens + EOS, right-padded
     ids: torch.Tensor  # (B,) long: dataset indices; stays on the CPU
-    src_tokens: int  # non-pad source positions (EOS included)
-    tgt_tokens: int  # non-pad target positions (EOS included): the loss's token count
+    num_source_tokens: int  # non-pad source positions (EOS included)
+    num_target_tokens: int  # non-pad target positions (EOS included): the loss's token count
     # the real (non-pad) target positions, made on the CPU so that the device never has to
     # tell the host how many there are (a boolean mask would: a sync in every forward)
     target_index: torch.Tensor  # (M,) long: flat positions in (B * T), row-major

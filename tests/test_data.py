@@ -146,8 +146,8 @@ def test_collate_layout(prepared):
     assert batch.src.shape == (4, src_len.max() + 1) and batch.src.dtype == torch.long
     assert batch.prev_output.shape == batch.target.shape == (4, tgt_len.max() + 1)
     assert batch.ids.tolist() == ids and len(batch) == 4
-    assert batch.src_tokens == int((batch.src != PAD).sum()) == int(src_len.sum()) + 4
-    assert batch.tgt_tokens == int((batch.target != PAD).sum()) == int(tgt_len.sum()) + 4
+    assert batch.num_source_tokens == int((batch.src != PAD).sum()) == int(src_len.sum()) + 4
+    assert batch.num_target_tokens == int((batch.target != PAD).sum()) == int(tgt_len.sum()) + 4
     for row, i in enumerate(ids):
         n, m = src_len[row], tgt_len[row]
         assert batch.src[row, :n].tolist() == data.src(i).tolist() and batch.src[row, n] == EOS
@@ -161,7 +161,7 @@ def test_collate_layout(prepared):
             batch.target[row, m + 1 :] == PAD
         ).all()
     moved = batch.to("cpu")
-    assert torch.equal(moved.target, batch.target) and moved.tgt_tokens == batch.tgt_tokens
+    assert torch.equal(moved.target, batch.target) and moved.num_target_tokens == batch.num_target_tokens
 
 
 def test_batches_padded_to_a_multiple_keep_the_budget_and_repeat_shapes(prepared):

@@ -247,7 +247,7 @@ class Trainer:
                         f"{env.rank}: DDP cannot skip an update once the gradient all-reduce has started; "
                         "lower train.max_tokens (and raise train.update_freq to keep the batch size)") from None
                 raise
-        return loss.detach() * weight, nll.detach() * weight, batch.tgt_tokens * weight, len(batch) * weight
+        return loss.detach() * weight, nll.detach() * weight, batch.num_target_tokens * weight, len(batch) * weight
 
     def _batch_loss(self, net: torch.nn.Module, batch: datamod.Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Label-smoothed loss and NLL summed over the batch's real target tokens (`nmt.training.loss`:
