@@ -238,7 +238,7 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     cfg = tiny(prepared[0], tmp_path / "acc", update_freq=2, label_smoothing=0.1, clip_norm=0.0, adam_eps=1e-3)
     accumulating = make_trainer(cfg)
     big = make_trainer(replace(cfg, train={"run_dir": str(tmp_path / "big"), "update_freq": 1}))
-    b1, b2 = accumulating._epoch_batches(1)[0]
+    b1, b2 = accumulating.epoch_updates(1)[0]
     assert len(b1) != len(b2) or datamod.collate(big.train_data, b1).num_target_tokens != \
         datamod.collate(big.train_data, b2).num_target_tokens  # unequal batches: a mean of means would differ
 
@@ -270,7 +270,7 @@ def test_an_update_reads_nothing_back_from_the_device(prepared, tmp_path, monkey
     reads all the updates' losses and norms at once. (test_gpu.py checks the same on CUDA
     with torch.cuda.set_sync_debug_mode, which also sees reads inside torch's kernels.)"""
     trainer = make_trainer(tiny(prepared[0], tmp_path / "run", clip_norm=1.0, update_freq=2))
-    groups = trainer._epoch_batches(1)[:3]
+    groups = trainer.epoch_updates(1)[:3]
     reads: list[str] = []
 
     def spy(name: str) -> Any:
