@@ -4,31 +4,37 @@ critical path.
 `TrainingData.load` reads what a config's data.dir holds for training: the direction, the
 tokenizer, the train and valid splits, and the fingerprint that resuming checks.
 
-`epoch_groups` gives this rank's updates of an epoch (each a list of update_freq index
+`epoch_updates` gives this rank's updates of an epoch (each a list of update_freq index
 arrays; `EMPTY_SHARD` where the rank's share has run out), `dummy_batch` what such a rank runs
-with weight 0, so that it takes part in DDP's gradient all-reduce. On a GPU, `Prefetcher`
-collates and pins the next updates' batches in a background thread while the device runs
-the current one, so that the host's numpy work (a few milliseconds for a 25k-token batch)
-never leaves the GPU waiting; the copies to the device are then asynchronous (pinned memory,
+with weight 0, so that it takes part in DDP's gradient all-reduce. On a GPU, `prefetched`
+(a `Prefetcher`) collates and pins the next updates' batches in a background thread while
+the device runs the current one, so that the host's numpy work (a few milliseconds for a
+25k-token batch) never leaves the GPU waiting; the copies to the device are then asynchronous (pinned memory,
 non_blocking). On the CPU there is nothing to overlap with: batches are collated in line.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from nmt import data as datamod
 from nmt.config import Config
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
+from nmt.training.distributed import Env
 from nmt.training.state import data_fingerprint
+
+log = logging.getLogger(__name__)
 
 PREFETCH_UPDATES = 2  # updates collated ahead of the one on the device
 
@@ -83,11 +89,16 @@ def shard_batches(batches: list, rank: int, world_size: int) -> list:
     return mine + [EMPTY_SHARD] * (per_rank - len(mine))
 
 
-def epoch_groups(batches: Sequence[Any], rank: int, world_size: int, update_freq: int) -> list[list[Any]]:
-    """This rank's share of an epoch's batches (`shard_batches`), in updates of `update_freq`
-    batches."""
-    local = shard_batches(list(batches), rank, world_size)
-    return [local[i : i + update_freq] for i in range(0, len(local), update_freq)]
+def epoch_updates(cfg: Config, data: datamod.ParallelData, env: Env, epoch: int, pad_to: int) -> list[list[Any]]:
+    """This rank's share (`shard_batches`) of the batches of `epoch` (a function of the seed
+    and the epoch only: resuming rebuilds them), in updates of train.update_freq batches."""
+    t = cfg.train
+    batches = datamod.make_batches(data.src_sizes, data.tgt_sizes, t.max_tokens, seed=t.seed, epoch=epoch,
+                                   shuffle=True, max_positions=cfg.model.max_positions, pad_to=pad_to)
+    if batches.excluded and env.is_main:
+        log.warning("epoch %d: %d pairs longer than model.max_positions - 1 left out", epoch, batches.excluded)
+    local = shard_batches(list(batches), env.rank, env.world_size)
+    return [local[i : i + t.update_freq] for i in range(0, len(local), t.update_freq)]
 
 
 def dummy_batch(pad_to: int) -> datamod.Batch:
@@ -150,3 +161,12 @@ class Prefetcher:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def prefetched(data: datamod.ParallelData, updates: list[list[Any]], device: torch.device,
+               pad_to: int) -> AbstractContextManager[Any]:
+    """The updates' batches: collated ahead by a `Prefetcher` on a GPU, as they are (index
+    arrays, collated in line) on the CPU."""
+    if device.type != "cuda":
+        return nullcontext(updates)
+    return Prefetcher(data, updates, pad_to=pad_to, pin_memory=True)

@@ -1,11 +1,13 @@
 """Processes: the device this one trains on and, under torchrun, its place in the group, the
-model wrapped for it (DDP, torch.compile), and the few collectives that keep the ranks in step.
-Each collective returns its input unchanged in one process."""
+model wrapped for it (DDP, torch.compile), the few collectives that keep the ranks in step
+(each returns its input unchanged in one process), and the stop signals it receives."""
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import signal
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,6 +18,8 @@ import torch.distributed as dist
 
 from nmt.config import Config
 from nmt.device import resolve_device
+
+log = logging.getLogger(__name__)
 
 # A collective that waits longer than this raises instead of hanging (a rank that died, a
 # mismatch). Generous: the other ranks wait in a broadcast while rank 0 validates and saves.
@@ -116,3 +120,28 @@ def from_main(env: Env, value: float) -> float:
     packed = torch.tensor([value], dtype=torch.float64, device=env.device)
     dist.broadcast(packed, 0)
     return packed.item()
+
+
+class StopSignals:
+    """SIGINT and SIGTERM (Ctrl-C, schedulers, torchrun) while in a `with` block: the first is
+    `received` (training finishes the update, saves a checkpoint and stops); a second one
+    stops at once (KeyboardInterrupt: the last checkpoint stands)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
+                    signal.Signals(signum).name)

@@ -1,5 +1,5 @@
 """Optimisation pieces: the learning-rate and dropout schedules, fp16 loss scaling (a no-op
-outside fp16), Adam.
+outside fp16), gradient scaling and clipping, Adam.
 
 The loss is `nmt.training.loss`.
 
@@ -98,6 +98,17 @@ class DynamicLossScaler:
         if self.enabled and state:
             self.scale = float(state["scale"])
             self.clean_updates = int(state["clean_updates"])
+
+
+def scale_and_clip(params: list[torch.nn.Parameter], factor: float, clip_norm: float) -> torch.Tensor:
+    """Multiply the gradients by `factor`, then clip their norm to `clip_norm` (if > 0);
+    returns the norm before clipping, on the device."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, factor)
+    if clip_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(params, clip_norm)
+    return torch.nn.utils.get_total_norm(grads)
 
 
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

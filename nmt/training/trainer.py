@@ -3,10 +3,13 @@
 optimizer step), read top to bottom.
 
 Running `nmt train` again on a run directory resumes at the exact batch where it stopped.
-The rest lives beside this module: `nmt.training.rundir` (the files of the run directory),
-`nmt.training.state` (progress, the training checkpoint, resuming), `nmt.training.validate` (valid loss
-and BLEU, best checkpoint, patience), `nmt.training.metrics` (train records, log lines, progress
-bar), `nmt.training.oom` (skipping updates that ran out of memory), `nmt.training.distributed` (torchrun).
+The rest lives beside this module: `nmt.training.batches` (an epoch's updates for this rank,
+the empty-shard marker and the dummy batch, prefetching), `nmt.training.rundir` (the files of
+the run directory), `nmt.training.state` (progress, the training checkpoint, resuming),
+`nmt.training.validate` (valid loss and BLEU, best checkpoint, patience),
+`nmt.training.metrics` (train records, log lines, progress bar), `nmt.training.oom` (skipping
+updates that ran out of memory), `nmt.training.optim` (schedules, the loss scaler, clipping,
+Adam), `nmt.training.distributed` (torchrun, DDP, the collectives, stop signals).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,10 @@ from nmt.errors import NmtError
 from nmt.models.transformer import build_model, num_parameters, summary
 from nmt.tokenizer import EOS, PAD
 from nmt.training import validate as validation
-from nmt.training.batches import EMPTY_SHARD, Prefetcher, TrainingData, dummy_batch, epoch_groups
+from nmt.training.batches import EMPTY_SHARD, TrainingData, dummy_batch, epoch_updates, prefetched
 from nmt.training.distributed import (
     Env,
+    StopSignals,
     from_main,
     gradient_sync,
     max_over_ranks,
@@ -43,7 +46,7 @@ from nmt.training.distributed import (
 from nmt.training.loss import TranslationLoss
 from nmt.training.metrics import FiniteChecks, TrainMetrics, UpdateStats
 from nmt.training.oom import OomSkips, inject_oom_faults, is_oom
-from nmt.training.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at
+from nmt.training.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at, scale_and_clip
 from nmt.training.rundir import RunDir
 from nmt.training.state import (
     Progress,
@@ -121,7 +124,7 @@ class Trainer:
         self.optimizer = build_optimizer(list(self.model.parameters()), t)
         self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale, enabled=t.precision == "fp16")
         self.progress = Progress()
-        self.stop_signal: int | None = None
+        self.signals = StopSignals()
         self.interrupted_by: int | None = None
         self.oom = OomSkips(env, self.run_dir.path)
         try:
@@ -140,15 +143,7 @@ class Trainer:
 
     def epoch_updates(self, epoch: int) -> list[list[Any]]:
         """This rank's updates of `epoch`: update_freq index arrays each (or `EMPTY_SHARD`)."""
-        t = self.cfg.train
-        batches = datamod.make_batches(
-            self.train_data.src_sizes, self.train_data.tgt_sizes, t.max_tokens,
-            seed=t.seed, epoch=epoch, shuffle=True, max_positions=self.cfg.model.max_positions,
-            pad_to=self.pad_to,
-        )
-        if batches.excluded and self.env.is_main:
-            log.warning("epoch %d: %d pairs longer than model.max_positions - 1 left out", epoch, batches.excluded)
-        return epoch_groups(batches, self.env.rank, self.env.world_size, t.update_freq)
+        return epoch_updates(self.cfg, self.train_data, self.env, epoch, self.pad_to)
 
     def train_update(self, group: list[Any]) -> UpdateStats | None:
         """Forward/backward over `group` (update_freq batches: index arrays, batches that
@@ -177,13 +172,8 @@ class Trainer:
             return None
         self.oom.reset()
         # DDP averaged the gradients over ranks; make them a mean over all target tokens.
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if grads:
-            torch._foreach_mul_(grads, self.env.world_size / (max(ntokens, 1.0) * self.scaler.scale))
-        if t.clip_norm > 0:
-            gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
-        else:
-            gnorm = torch.nn.utils.get_total_norm(grads)
+        gnorm = scale_and_clip(list(self.model.parameters()),
+                               self.env.world_size / (max(ntokens, 1.0) * self.scaler.scale), t.clip_norm)
         if self.scaler.overflowed(gnorm, update):
             self.optimizer.zero_grad(set_to_none=True)
             self.progress.skipped_overflow += 1
@@ -261,56 +251,35 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
 
     def run(self) -> str:
+        """Train until a stop reason (`stop_reason`) or a stop signal; returns why it stopped."""
         cfg, p = self.cfg, self.progress
         reason = stop_reason(cfg, p)
         if reason:
             log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir.path, p.update, reason)
             return reason
-        old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            return self._loop()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-
-    def _handle_signal(self, signum: int, frame: Any) -> None:
-        if self.stop_signal is not None:  # a second Ctrl-C: stop now, the last checkpoint stands
-            raise KeyboardInterrupt
-        self.stop_signal = signum
-        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
-                    signal.Signals(signum).name)
-
-    def _loop(self) -> str:
-        cfg, p = self.cfg, self.progress
         start, elapsed0 = time.monotonic(), p.elapsed
         metrics = TrainMetrics(cfg, self.env, p.update, self.run_dir.emit)
-        reason: str | None = None
-        while reason is None:
-            groups = self.epoch_updates(p.epoch)
-            if not groups:
-                raise NmtError(f"{cfg.data.dir}: the {cfg.data.train_split} split has no usable pairs")
-            if p.updates_in_epoch >= len(groups):  # a changed train.max_tokens: the epoch is over
-                p.epoch, p.updates_in_epoch = p.epoch + 1, 0
-                reason = stop_reason(cfg, p)
-                continue
-            with self._prepared(groups[p.updates_in_epoch :]) as todo:
-                for group in todo:
-                    stats = self.train_update(group)
-                    p.updates_in_epoch += 1
-                    epoch_end = p.updates_in_epoch == len(groups)
-                    p.elapsed = elapsed0 + time.monotonic() - start
-                    reason = self._after_update(stats, epoch_end, metrics)
-                    if reason is not None or epoch_end:
-                        break
+        with self.signals:
+            while reason is None:
+                updates = self.epoch_updates(p.epoch)
+                if not updates:
+                    raise NmtError(f"{cfg.data.dir}: the {cfg.data.train_split} split has no usable pairs")
+                if p.updates_in_epoch >= len(updates):  # a changed train.max_tokens: the epoch is over
+                    p.epoch, p.updates_in_epoch = p.epoch + 1, 0
+                    reason = stop_reason(cfg, p)
+                    continue
+                with prefetched(self.train_data, updates[p.updates_in_epoch :], self.env.device, self.pad_to) as todo:
+                    for group in todo:
+                        stats = self.train_update(group)
+                        p.updates_in_epoch += 1
+                        epoch_end = p.updates_in_epoch == len(updates)
+                        p.elapsed = elapsed0 + time.monotonic() - start
+                        reason = self._after_update(stats, epoch_end, metrics)
+                        if reason is not None or epoch_end:
+                            break
         metrics.close()
         log.info("done: %s at update %d, epoch %d, %.0f s of training", reason, p.update, p.epoch, p.elapsed)
         return reason
-
-    def _prepared(self, groups: list[list[Any]]) -> Any:
-        """The updates' batches, collated ahead in a background thread on a GPU (nmt.training.batches)."""
-        if self.env.device.type != "cuda":
-            return nullcontext(groups)
-        return Prefetcher(self.train_data, groups, pad_to=self.pad_to, pin_memory=True)
 
     def _after_update(self, stats: UpdateStats | None, epoch_end: bool, metrics: TrainMetrics) -> str | None:
         """Log, validate and save as the intervals say; returns why to stop, if it is time."""
@@ -328,7 +297,7 @@ class Trainer:
         at_save = fresh and t.save_interval_updates and p.update % t.save_interval_updates == 0
         if interrupted and reason is None:
             self.save(numbered=True, best=False)
-            self.interrupted_by = self.stop_signal or signal.SIGTERM
+            self.interrupted_by = self.signals.received or signal.SIGTERM
             return (f"stopped by {signal.Signals(self.interrupted_by).name} at update {p.update}; "
                     "checkpoint written, run the same command to resume")
         if at_valid or epoch_end or reason is not None:  # the final update validates too
@@ -343,7 +312,7 @@ class Trainer:
     def _agree_to_stop(self) -> bool:
         """Whether a stop signal arrived, on any rank. Ranks also take the largest elapsed time,
         so that train.max_time stops all of them after the same update (DDP hangs otherwise)."""
-        stop, self.progress.elapsed = max_over_ranks(self.env, [float(self.stop_signal is not None),
+        stop, self.progress.elapsed = max_over_ranks(self.env, [float(self.signals.received is not None),
                                                                 self.progress.elapsed])
         return stop > 0
 
