@@ -264,6 +264,20 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     assert_same_weights(dict(accumulating.model.named_parameters()), dict(big.model.named_parameters()), 1e-5)
 
 
+def test_the_dummy_batch_adds_nothing_to_the_gradients(prepared, tmp_path):
+    """What a DDP rank without a batch of its own runs where the gradients are all-reduced
+    (test_ddp runs it under torchrun): one empty pair, backpropagated with weight 0."""
+    trainer = make_trainer(tiny(prepared[0], tmp_path / "run"))
+    try:
+        assert len(trainer.dummy) == 1 and trainer.dummy.num_target_tokens == 1  # just EOS
+        sums = trainer._forward_backward(trainer.dummy, 0.0, all_reduce=False)
+    finally:
+        trainer.close()
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    assert grads and all(torch.count_nonzero(g) == 0 for g in grads)
+    assert torch.isfinite(sums).all() and sums[0] > 0  # a real forward pass, weighted 0
+
+
 def test_an_update_reads_nothing_back_from_the_device(prepared, tmp_path, monkeypatch):
     """What would make the host wait for a GPU (item, tolist, float(), bool(), int(), nonzero
     on a tensor) happens nowhere in a one-process fp32/bf16 update; `check_finite` then
