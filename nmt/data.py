@@ -1,4 +1,4 @@
-"""Binarized parallel data: memory-mapped splits, token-based batches, sharding, collation.
+"""Binarized parallel data: memory-mapped splits, token-based batches, collation.
 
 On-disk format (written by `nmt.prepare`, described by `prepare.json`), per split and
 language:
@@ -203,8 +203,8 @@ class Batch:
     prev_output: torch.Tensor  # (B, T) long: BOS + tokens, right-padded (decoder input)
     target: torch.Tensor  # (B, T) long: tokens + EOS, right-padded
     ids: torch.Tensor  # (B,) long: dataset indices; stays on the CPU
-    src_tokens: int  # non-pad source positions (EOS included)
-    tgt_tokens: int  # non-pad target positions (EOS included): the loss's token count
+    num_source_tokens: int  # non-pad source positions (EOS included)
+    num_target_tokens: int  # non-pad target positions (EOS included): the loss's token count
     # the real (non-pad) target positions, made on the CPU so that the device never has to
     # tell the host how many there are (a boolean mask would: a sync in every forward)
     target_index: torch.Tensor  # (M,) long: flat positions in (B * T), row-major
@@ -375,18 +375,3 @@ def _pack(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int, 
     cuts.append(len(order))
     return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
 
-
-def shard_batches(batches: list, rank: int, world_size: int) -> list:
-    """Rank `rank`'s share of `batches`: every world_size-th batch from `rank`.
-
-    All ranks get the same number of entries, since DDP hangs if one rank stops early:
-    ranks that run out get `None` at the end, for which the trainer runs a dummy batch
-    with zero loss weight. world_size 1 returns `batches` itself.
-    """
-    if world_size == 1:
-        return batches
-    if not 0 <= rank < world_size:
-        raise ValueError(f"shard_batches: rank {rank} not in [0, {world_size})")
-    mine = list(batches[rank::world_size])
-    per_rank = -(-len(batches) // world_size)
-    return mine + [None] * (per_rank - len(mine))

@@ -143,7 +143,8 @@ def measure(spec: dict) -> dict:
     cfg = load_config(spec["config"], sets)
     device = torch.device(spec["device"])
     trainer = Trainer(cfg, Env(device), reset_optimizer=False, reset_data=False)
-    epoch = trainer._epoch_batches(1)
+    # epoch_updates was _epoch_batches before (--repo may run an older checkout)
+    epoch = (trainer.epoch_updates if hasattr(trainer, "epoch_updates") else trainer._epoch_batches)(1)
     need = spec["warmup"] + spec["updates"] + spec["profile"]
     groups = (epoch * (need // len(epoch) + 1))[:need]
     data, pad_to = trainer.train_data, getattr(trainer, "pad_to", 1)
@@ -152,7 +153,7 @@ def measure(spec: dict) -> dict:
         return -(-(n + 1) // pad_to) * pad_to
 
     shapes = {(len(ids), padded(int(data.src_sizes[ids].max())), padded(int(data.tgt_sizes[ids].max())))
-              for group in epoch for ids in group if ids is not None}
+              for group in epoch for ids in group}  # one process: no empty shards
     cuda = device.type == "cuda"
     flops = tokens = positions = real_positions = 0.0
     for i, group in enumerate(groups[: spec["warmup"] + spec["updates"]]):

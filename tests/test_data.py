@@ -1,4 +1,4 @@
-"""Memory-mapped splits, token-based batching, sharding, collation."""
+"""Memory-mapped splits, token-based batching, sharding (nmt.training.batches), collation."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from nmt.data import (
     make_batches,
     read_meta,
     read_raw,
-    shard_batches,
 )
 from nmt.errors import NmtError
 from nmt.tokenizer import NMT_SPECIALS, SpecialIds, Tokenizer
+from nmt.training.batches import EMPTY_SHARD, shard_batches
 
 
 def padded_cost(batch, src, tgt) -> int:
@@ -127,12 +127,12 @@ def test_shard_batches_equal_lengths_and_union(sizes):
     for world in (2, 3, 4, 7):
         shards = [shard_batches(batches, rank, world) for rank in range(world)]
         assert len({len(s) for s in shards}) == 1
-        real = [b for s in shards for b in s if b is not None]
+        real = [b for s in shards for b in s if b is not EMPTY_SHARD]
         assert sorted(b.tolist() for b in real) == sorted(b.tolist() for b in batches)
         for shard in shards:  # padding only at the end
-            n_real = sum(b is not None for b in shard)
-            assert all(b is not None for b in shard[:n_real])
-            assert all(b is None for b in shard[n_real:])
+            n_real = sum(b is not EMPTY_SHARD for b in shard)
+            assert all(b is not EMPTY_SHARD for b in shard[:n_real])
+            assert all(b is EMPTY_SHARD for b in shard[n_real:])
     with pytest.raises(ValueError):
         shard_batches(batches, 2, 2)
 
@@ -150,8 +150,8 @@ def test_collate_layout(prepared, specials):
     assert batch.src.shape == (4, src_len.max() + 1) and batch.src.dtype == torch.long
     assert batch.prev_output.shape == batch.target.shape == (4, tgt_len.max() + 1)
     assert batch.ids.tolist() == ids and len(batch) == 4
-    assert batch.src_tokens == int((batch.src != pad).sum()) == int(src_len.sum()) + 4
-    assert batch.tgt_tokens == int((batch.target != pad).sum()) == int(tgt_len.sum()) + 4
+    assert batch.num_source_tokens == int((batch.src != pad).sum()) == int(src_len.sum()) + 4
+    assert batch.num_target_tokens == int((batch.target != pad).sum()) == int(tgt_len.sum()) + 4
     for row, i in enumerate(ids):
         n, m = src_len[row], tgt_len[row]
         assert batch.src[row, :n].tolist() == data.src(i).tolist() and batch.src[row, n] == eos
@@ -165,7 +165,7 @@ def test_collate_layout(prepared, specials):
             batch.target[row, m + 1 :] == pad
         ).all()
     moved = batch.to("cpu")
-    assert torch.equal(moved.target, batch.target) and moved.tgt_tokens == batch.tgt_tokens
+    assert torch.equal(moved.target, batch.target) and moved.num_target_tokens == batch.num_target_tokens
 
 
 def test_batches_padded_to_a_multiple_keep_the_budget_and_repeat_shapes(prepared):
@@ -187,13 +187,13 @@ def test_prefetcher_yields_what_collate_makes_and_passes_errors_on(prepared):
     from nmt.training.batches import Prefetcher
 
     d = ParallelData.load(prepared[0], "train")
-    groups = [[b, None] for b in make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)]
+    groups = [[b, EMPTY_SHARD] for b in make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)]
     with Prefetcher(d, groups, NMT_SPECIALS, pad_to=8, pin_memory=False) as fetched:
         got = list(fetched)
     assert len(got) == len(groups)
-    for (ids, _), (batch, none) in zip(groups, got, strict=True):
+    for (ids, _), (batch, empty) in zip(groups, got, strict=True):
         want = collate(d, ids, NMT_SPECIALS, pad_to=8)
-        assert none is None and torch.equal(batch.src, want.src) and torch.equal(batch.target_index, want.target_index)
+        assert empty is EMPTY_SHARD and torch.equal(batch.src, want.src) and torch.equal(batch.target_index, want.target_index)
     with Prefetcher(d, groups, NMT_SPECIALS, pad_to=1, pin_memory=False) as fetched:  # stopped early: no hang
         next(iter(fetched))
     with pytest.raises(IndexError), Prefetcher(d, [[np.array([10**9])]], NMT_SPECIALS, pad_to=1,

@@ -118,7 +118,7 @@ def test_an_update_never_synchronizes_with_the_host(prepared, tmp_path, precisio
 
     cfg = run_cfg(prepared[0], tmp_path / "run", precision=precision, clip_norm=1.0, update_freq=2)
     trainer = Trainer(cfg, Env(torch.device("cuda")), reset_optimizer=False, reset_data=False)
-    groups = trainer._epoch_batches(1)[:4]
+    groups = trainer.epoch_updates(1)[:4]
     trainer.train_update(groups[0])  # the first update allocates the optimizer state and handles
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

@@ -115,3 +115,17 @@ def test_loss_scaler_floor_gives_an_actionable_error():
     s.update(True, 7)
     with pytest.raises(NmtError, match="update 7.*bf16"):
         s.update(True, 7)
+
+
+def test_loss_scaler_not_enabled_is_a_no_op():
+    """Outside fp16 (enabled=False): scale 1, never an overflow, the norm not even read, no state."""
+    s = DynamicLossScaler(init_scale=128.0, enabled=False)
+    assert s.scale == 1.0
+    assert not s.overflowed(torch.tensor(float("inf")), at_update=1)
+    assert s.scale == 1.0 and s.clean_updates == 0
+    assert s.state_dict() is None
+    s.load_state_dict({"scale": 64.0, "clean_updates": 5})  # an fp16 run resumed in bf16
+    assert s.scale == 1.0 and s.clean_updates == 0
+    enabled = DynamicLossScaler(init_scale=128.0)
+    assert enabled.overflowed(torch.tensor(float("inf")), at_update=1) and enabled.scale == 64.0
+    assert not enabled.overflowed(torch.tensor(3.0), at_update=2) and enabled.clean_updates == 1

@@ -289,8 +289,7 @@ def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, t
     cfg = tiny(prepared[0], tmp_path / "oom", update_freq=2, max_tokens=1024)
     oomed, clean = make_trainer(cfg), make_trainer(replace(cfg, train={"run_dir": str(tmp_path / "clean")}))
     try:
-        groups = oomed._epoch_batches(1)
-        clean._epoch_batches(1)  # sets its dummy batch
+        groups = oomed.epoch_updates(1)
         real_forward, calls = oomed.model.decoder_states, []  # the forward pass of training
 
         def forward(*args: Any, **kwargs: Any) -> Any:

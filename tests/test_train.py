@@ -238,10 +238,10 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     cfg = tiny(prepared[0], tmp_path / "acc", update_freq=2, label_smoothing=0.1, clip_norm=0.0, adam_eps=1e-3)
     accumulating = make_trainer(cfg)
     big = make_trainer(replace(cfg, train={"run_dir": str(tmp_path / "big"), "update_freq": 1}))
-    b1, b2 = accumulating._epoch_batches(1)[0]
+    b1, b2 = accumulating.epoch_updates(1)[0]
     specials = big.tokenizer.specials
-    assert len(b1) != len(b2) or datamod.collate(big.train_data, b1, specials).tgt_tokens != \
-        datamod.collate(big.train_data, b2, specials).tgt_tokens  # unequal batches: a mean of means would differ
+    assert len(b1) != len(b2) or datamod.collate(big.train_data, b1, specials).num_target_tokens != \
+        datamod.collate(big.train_data, b2, specials).num_target_tokens  # unequal batches: a mean of means would differ
 
     grads: dict[str, dict[str, torch.Tensor]] = {}
     for name, trainer in (("acc", accumulating), ("big", big)):
@@ -265,13 +265,27 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     assert_same_weights(dict(accumulating.model.named_parameters()), dict(big.model.named_parameters()), 1e-5)
 
 
+def test_the_dummy_batch_adds_nothing_to_the_gradients(prepared, tmp_path):
+    """What a DDP rank without a batch of its own runs where the gradients are all-reduced
+    (test_ddp runs it under torchrun): one empty pair, backpropagated with weight 0."""
+    trainer = make_trainer(tiny(prepared[0], tmp_path / "run"))
+    try:
+        assert len(trainer.dummy) == 1 and trainer.dummy.num_target_tokens == 1  # just EOS
+        sums = trainer._forward_backward(trainer.dummy, 0.0, all_reduce=False)
+    finally:
+        trainer.close()
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    assert grads and all(torch.count_nonzero(g) == 0 for g in grads)
+    assert torch.isfinite(sums).all() and sums[0] > 0  # a real forward pass, weighted 0
+
+
 def test_an_update_reads_nothing_back_from_the_device(prepared, tmp_path, monkeypatch):
     """What would make the host wait for a GPU (item, tolist, float(), bool(), int(), nonzero
     on a tensor) happens nowhere in a one-process fp32/bf16 update; `check_finite` then
     reads all the updates' losses and norms at once. (test_gpu.py checks the same on CUDA
     with torch.cuda.set_sync_debug_mode, which also sees reads inside torch's kernels.)"""
     trainer = make_trainer(tiny(prepared[0], tmp_path / "run", clip_norm=1.0, update_freq=2))
-    groups = trainer._epoch_batches(1)[:3]
+    groups = trainer.epoch_updates(1)[:3]
     reads: list[str] = []
 
     def spy(name: str) -> Any:

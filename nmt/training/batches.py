@@ -4,29 +4,36 @@ critical path.
 `TrainingData.load` reads what a config's data.dir holds for training: the direction, the
 tokenizer, the train and valid splits, and the fingerprint that resuming checks.
 
-`epoch_groups` gives this rank's updates of an epoch (each a list of update_freq index
-arrays; None where a rank has run out and must run a dummy batch). On a GPU, `Prefetcher`
-collates and pins the next updates' batches in a background thread while the device runs
-the current one, so that the host's numpy work (a few milliseconds for a 25k-token batch)
-never leaves the GPU waiting; the copies to the device are then asynchronous (pinned memory,
+`epoch_updates` gives this rank's updates of an epoch (each a list of update_freq index
+arrays; `EMPTY_SHARD` where the rank's share has run out), `dummy_batch` what such a rank runs
+with weight 0, so that it takes part in DDP's gradient all-reduce. On a GPU, `prefetched`
+(a `Prefetcher`) collates and pins the next updates' batches in a background thread while
+the device runs the current one, so that the host's numpy work (a few milliseconds for a
+25k-token batch) never leaves the GPU waiting; the copies to the device are then asynchronous (pinned memory,
 non_blocking). On the CPU there is nothing to overlap with: batches are collated in line.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from nmt import data as datamod
 from nmt.config import Config, check_beam_fits
 from nmt.tokenizer import SpecialIds, Tokenizer
+from nmt.training.distributed import Env
 from nmt.training.state import data_fingerprint
+
+log = logging.getLogger(__name__)
 
 PREFETCH_UPDATES = 2  # updates collated ahead of the one on the device
 
@@ -54,21 +61,59 @@ class TrainingData:
         return cls(src, tgt, data_fingerprint(meta, src, tgt), tokenizer, train, valid)
 
 
-def epoch_groups(batches: Sequence[Any], rank: int, world_size: int, update_freq: int) -> list[list[Any]]:
-    """This rank's share of an epoch's batches (`nmt.data.shard_batches`), in updates of
-    `update_freq` batches."""
-    local = datamod.shard_batches(list(batches), rank, world_size)
-    return [local[i : i + update_freq] for i in range(0, len(local), update_freq)]
+class EmptyShard:
+    """The marker of a batch that this rank does not have: its share of the epoch has run out."""
+
+    def __repr__(self) -> str:
+        return "EMPTY_SHARD"
+
+
+EMPTY_SHARD = EmptyShard()
+
+
+def shard_batches(batches: list, rank: int, world_size: int) -> list:
+    """Rank `rank`'s share of `batches`: every world_size-th batch from `rank`.
+
+    All ranks get the same number of entries, since DDP hangs if one rank stops early:
+    ranks that run out get `EMPTY_SHARD` at the end, for which the trainer runs the dummy
+    batch with weight 0. world_size 1 returns `batches` itself.
+    """
+    if world_size == 1:
+        return batches
+    if not 0 <= rank < world_size:
+        raise ValueError(f"shard_batches: rank {rank} not in [0, {world_size})")
+    mine = list(batches[rank::world_size])
+    per_rank = -(-len(batches) // world_size)
+    return mine + [EMPTY_SHARD] * (per_rank - len(mine))
+
+
+def epoch_updates(cfg: Config, data: datamod.ParallelData, env: Env, epoch: int, pad_to: int) -> list[list[Any]]:
+    """This rank's share (`shard_batches`) of the batches of `epoch` (a function of the seed
+    and the epoch only: resuming rebuilds them), in updates of train.update_freq batches."""
+    t = cfg.train
+    batches = datamod.make_batches(data.src_sizes, data.tgt_sizes, t.max_tokens, seed=t.seed, epoch=epoch,
+                                   shuffle=True, max_positions=cfg.model.max_positions, pad_to=pad_to)
+    if batches.excluded and env.is_main:
+        log.warning("epoch %d: %d pairs longer than model.max_positions - 1 left out", epoch, batches.excluded)
+    local = shard_batches(list(batches), env.rank, env.world_size)
+    return [local[i : i + t.update_freq] for i in range(0, len(local), t.update_freq)]
+
+
+def dummy_batch(specials: SpecialIds, pad_to: int) -> datamod.Batch:
+    """What a rank without a batch of its own runs, with weight 0, where DDP all-reduces the
+    gradients (every rank must take part): one empty pair, its source and target just EOS."""
+    empty = datamod.TokenArray(np.zeros(0, np.int64), np.zeros(2, np.int64))
+    return datamod.collate(datamod.ParallelData("dummy", "", "", empty, empty), [0], specials, pad_to=pad_to)
 
 
 class Prefetcher:
-    """Iterate over `groups` as lists of collated `Batch`es (None stays None), made by a
+    """Iterate over `groups` as lists of collated `Batch`es (`EMPTY_SHARD` stays), made by a
     background thread at most PREFETCH_UPDATES ahead. An error in the thread is raised here;
     `close()` (or leaving a `with` block) stops the thread."""
 
     _DONE = object()
 
-    def __init__(self, data: datamod.ParallelData, groups: Sequence[Sequence[np.ndarray | None]],
+    def __init__(self, data: datamod.ParallelData, groups: Sequence[Sequence[np.ndarray | EmptyShard]],
                  specials: SpecialIds, *, pad_to: int, pin_memory: bool):
         self.data, self.groups, self.pad_to, self.pin = data, groups, pad_to, pin_memory
         self.specials = specials
@@ -80,7 +125,7 @@ class Prefetcher:
     def _work(self) -> None:
         try:
             for group in self.groups:
-                batches = [None if ids is None else
+                batches = [ids if isinstance(ids, EmptyShard) else
                            datamod.collate(self.data, ids, self.specials, pin_memory=self.pin, pad_to=self.pad_to)
                            for ids in group]
                 if not self._put(batches):
@@ -98,7 +143,7 @@ class Prefetcher:
                 continue
         return False
 
-    def __iter__(self) -> Iterator[list[datamod.Batch | None]]:
+    def __iter__(self) -> Iterator[list[datamod.Batch | EmptyShard]]:
         while True:
             item = self.queue.get()
             if item is self._DONE:
@@ -116,3 +161,12 @@ class Prefetcher:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def prefetched(data: datamod.ParallelData, updates: list[list[Any]], specials: SpecialIds,
+               device: torch.device, pad_to: int) -> AbstractContextManager[Any]:
+    """The updates' batches: collated ahead by a `Prefetcher` on a GPU, as they are (index
+    arrays, collated in line) on the CPU."""
+    if device.type != "cuda":
+        return nullcontext(updates)
+    return Prefetcher(data, updates, specials, pad_to=pad_to, pin_memory=True)

@@ -1,9 +1,14 @@
-"""Processes: the device this one trains on and, under torchrun, its place in the group."""
+"""Processes: the device this one trains on and, under torchrun, its place in the group, the
+model wrapped for it (DDP, torch.compile), the few collectives that keep the ranks in step
+(each returns its input unchanged in one process), and the stop signals it receives."""
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import signal
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -13,6 +18,8 @@ import torch.distributed as dist
 
 from nmt.config import Config
 from nmt.device import resolve_device
+
+log = logging.getLogger(__name__)
 
 # A collective that waits longer than this raises instead of hanging (a rank that died, a
 # mismatch). Generous: the other ranks wait in a broadcast while rank 0 validates and saves.
@@ -63,18 +70,78 @@ def teardown_env(env: Env, finished: bool) -> None:
 
 
 def wrap_for_training(objective: torch.nn.Module, env: Env, compile: bool = False,
-                      compile_mode: str = "default") -> tuple[Any, Any]:
-    """(the DDP wrapper or None, the module to call): `objective` under DDP when there are
-    several processes, then compiled with torch.compile if asked."""
-    ddp = None
-    net: Any = objective
+                      compile_mode: str = "default") -> torch.nn.Module:
+    """The module that training calls: `objective` under DDP when there are several processes,
+    then compiled with torch.compile if asked."""
+    net = objective
     if env.world_size > 1:
         ids = [env.device.index] if env.device.type == "cuda" else None
         # No buffer broadcast: the only buffers are the sinusoids, equal everywhere, and a
         # collective in the forward would let a rank that ran out of memory there fall out
         # of step with the others.
-        ddp = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
-        net = ddp
+        net = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
     if compile:
-        net = torch.compile(net, mode=None if compile_mode == "default" else compile_mode)
-    return ddp, net
+        net = torch.compile(net, mode=None if compile_mode == "default" else compile_mode)  # type: ignore[assignment]
+    return net
+
+
+def gradient_sync(net: torch.nn.Module, env: Env, all_reduce: bool) -> AbstractContextManager[Any]:
+    """Where a backward of `net` (from `wrap_for_training`) runs: DDP all-reduces the gradients
+    in it if `all_reduce`, else accumulates them locally (its `no_sync`; a compiled module
+    passes the call on to the DDP module it wraps)."""
+    if env.world_size == 1 or all_reduce:
+        return nullcontext()
+    return net.no_sync()  # type: ignore[operator]
+
+
+def sum_over_ranks(env: Env, sums: torch.Tensor, counts: list[float]) -> tuple[torch.Tensor, list[float]]:
+    """An update's float64 sums on the device and its counts, each summed over the ranks
+    (one all_reduce)."""
+    if env.world_size == 1:
+        return sums, counts
+    packed = torch.cat([sums, torch.tensor(counts, dtype=torch.float64, device=env.device)])
+    dist.all_reduce(packed)
+    return packed[: len(sums)], packed[len(sums) :].tolist()
+
+
+def max_over_ranks(env: Env, values: list[float]) -> list[float]:
+    """Each value's maximum over the ranks (one all_reduce)."""
+    if env.world_size == 1:
+        return values
+    packed = torch.tensor(values, dtype=torch.float64, device=env.device)
+    dist.all_reduce(packed, op=dist.ReduceOp.MAX)
+    return packed.tolist()
+
+
+def from_main(env: Env, value: float) -> float:
+    """Rank 0's `value`, on every rank (a broadcast)."""
+    if env.world_size == 1:
+        return value
+    packed = torch.tensor([value], dtype=torch.float64, device=env.device)
+    dist.broadcast(packed, 0)
+    return packed.item()
+
+
+class StopSignals:
+    """SIGINT and SIGTERM (Ctrl-C, schedulers, torchrun) while in a `with` block: the first is
+    `received` (training finishes the update, saves a checkpoint and stops); a second one
+    stops at once (KeyboardInterrupt: the last checkpoint stands)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
+                    signal.Signals(signum).name)

@@ -22,7 +22,7 @@ import torch
 from nmt.config import Config
 from nmt.errors import NmtError
 from nmt.training.distributed import Env
-from nmt.training.optim import dropout_at
+from nmt.training.optim import DynamicLossScaler, dropout_at
 from nmt.training.state import Progress
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class TrainMetrics:
         self.sums: torch.Tensor | None = None  # (3,) on the device: loss, nll (nats), gnorm
         self.bar = _progress_bar(env, initial_update, cfg.train.max_updates)
 
-    def add(self, stats: UpdateStats, p: Progress, loss_scale: float | None) -> None:
+    def add(self, stats: UpdateStats, p: Progress, scaler: DynamicLossScaler) -> None:
         """Count an update that was taken (`stats` from Trainer.train_update); log when it is time."""
         window = self.window
         window["tokens"] += stats.tokens
@@ -111,7 +111,7 @@ class TrainMetrics:
         window["loss_updates"] += 1
         update = torch.stack([stats.loss_sum.double(), stats.nll_sum.double(), stats.gnorm.double()])
         self.sums = update if self.sums is None else self.sums + update
-        self._log(stats, p, loss_scale)
+        self._log(stats, p, scaler)
 
     def restart_throughput(self) -> None:
         """After a validation or a save: keep them out of the throughput figures."""
@@ -121,7 +121,7 @@ class TrainMetrics:
         if self.bar is not None:  # a bar without a total is falsy
             self.bar.close()
 
-    def _log(self, stats: UpdateStats, p: Progress, loss_scale: float | None) -> None:
+    def _log(self, stats: UpdateStats, p: Progress, scaler: DynamicLossScaler) -> None:
         t, window, bar = self.cfg.train, self.window, self.bar
         if bar is not None:
             bar.update(1)
@@ -140,8 +140,8 @@ class TrainMetrics:
         rss = _rss_mb()
         if rss is not None:
             record["rss_mb"] = rss
-        if loss_scale is not None:
-            record["loss_scale"] = loss_scale
+        if scaler.enabled:  # fp16
+            record["loss_scale"] = scaler.scale
         if t.dropout_ramp_end:
             record["dropout"] = dropout_at(p.update, t, self.cfg.model.dropout)
         if bar is not None:

@@ -1,4 +1,5 @@
-"""Optimisation pieces: the learning-rate and dropout schedules, fp16 loss scaling, Adam.
+"""Optimisation pieces: the learning-rate and dropout schedules, fp16 loss scaling (a no-op
+outside fp16), gradient scaling and clipping, Adam.
 
 The loss is `nmt.training.loss`.
 
@@ -51,13 +52,28 @@ class DynamicLossScaler:
     An update whose gradients overflow (inf/NaN) is skipped, not counted, and the scale
     halves; after `growth_interval` clean updates in a row the scale doubles. Falling
     below `min_scale` means fp16 cannot represent this model's gradients: stop and say so.
+
+    Not `enabled` (bf16 and fp32 need no scaling, as torch.amp.GradScaler(enabled=False)):
+    the scale stays 1, no update overflows and there is no state to save.
     """
 
-    def __init__(self, init_scale: float = 128.0, min_scale: float = 1e-4, growth_interval: int = 2000):
-        self.scale = float(init_scale)
+    def __init__(self, init_scale: float = 128.0, min_scale: float = 1e-4, growth_interval: int = 2000,
+                 enabled: bool = True):
+        self.enabled = enabled
+        self.scale = float(init_scale) if enabled else 1.0
         self.min_scale = min_scale
         self.growth_interval = growth_interval
         self.clean_updates = 0
+
+    def overflowed(self, gnorm: torch.Tensor, at_update: int) -> bool:
+        """Whether update `at_update`'s gradients overflowed, their norm being `gnorm` (then
+        skip the update); adjusts the scale. Not enabled: False, without reading `gnorm`
+        (which would make the host wait for the device)."""
+        if not self.enabled:
+            return False
+        overflow = not math.isfinite(float(gnorm))
+        self.update(overflow, at_update)
+        return overflow
 
     def update(self, overflow: bool, at_update: int) -> None:
         if overflow:
@@ -74,12 +90,25 @@ class DynamicLossScaler:
             if self.clean_updates % self.growth_interval == 0:
                 self.scale *= 2.0
 
-    def state_dict(self) -> dict[str, float | int]:
-        return {"scale": self.scale, "clean_updates": self.clean_updates}
+    def state_dict(self) -> dict[str, float | int] | None:
+        return {"scale": self.scale, "clean_updates": self.clean_updates} if self.enabled else None
 
-    def load_state_dict(self, state: dict[str, float | int]) -> None:
-        self.scale = float(state["scale"])
-        self.clean_updates = int(state["clean_updates"])
+    def load_state_dict(self, state: dict[str, float | int] | None) -> None:
+        """Resume the scale (an fp16 run's state); nothing to do when not enabled or no state."""
+        if self.enabled and state:
+            self.scale = float(state["scale"])
+            self.clean_updates = int(state["clean_updates"])
+
+
+def scale_and_clip(params: list[torch.nn.Parameter], factor: float, clip_norm: float) -> torch.Tensor:
+    """Multiply the gradients by `factor`, then clip their norm to `clip_norm` (if > 0);
+    returns the norm before clipping, on the device."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, factor)
+    if clip_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(params, clip_norm)
+    return torch.nn.utils.get_total_norm(grads)
 
 
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

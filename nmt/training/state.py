@@ -68,7 +68,7 @@ def _direction_changed(old_fp: str, new_fp: str) -> str | None:
 
 
 def build_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, optimizer: torch.optim.Optimizer,
-                     scaler: DynamicLossScaler | None, progress: Progress, fingerprint: str,
+                     scaler: DynamicLossScaler, progress: Progress, fingerprint: str,
                      device: torch.device) -> dict[str, Any]:
     """The training checkpoint (docs/architecture.md, "Checkpoints"); tensors on the CPU."""
     rng = {"torch": torch.get_rng_state(),
@@ -84,7 +84,7 @@ def build_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, 
         "train_state": {
             "progress": asdict(progress),
             "optimizer": ckpt.to_cpu(optimizer.state_dict()),
-            "scaler": scaler.state_dict() if scaler else None,
+            "scaler": scaler.state_dict(),
             "rng": rng,
             "fingerprint": fingerprint,
         },
@@ -92,7 +92,7 @@ def build_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, 
 
 
 def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scaler: DynamicLossScaler | None, device: torch.device, *, reset_optimizer: bool,
+            scaler: DynamicLossScaler, device: torch.device, *, reset_optimizer: bool,
             reset_data: bool) -> Progress:
     """Load a training checkpoint into the model, optimizer, loss scaler and RNGs; returns its
     progress. --reset-optimizer keeps a fresh optimizer and restarts the warm-up here;
@@ -105,8 +105,7 @@ def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.opti
         progress.history.append(f"reset optimizer at update {progress.update}")
     else:
         optimizer.load_state_dict(ts["optimizer"])
-        if scaler is not None and ts.get("scaler"):
-            scaler.load_state_dict(ts["scaler"])
+        scaler.load_state_dict(ts.get("scaler"))
     if reset_data:
         progress.updates_in_epoch = 0
         progress.history.append(f"reset data at update {progress.update}")

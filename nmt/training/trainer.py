@@ -3,25 +3,25 @@
 optimizer step), read top to bottom.
 
 Running `nmt train` again on a run directory resumes at the exact batch where it stopped.
-The rest lives beside this module: `nmt.training.rundir` (the files of the run directory),
-`nmt.training.state` (progress, the training checkpoint, resuming), `nmt.training.validate` (valid loss
-and BLEU, best checkpoint, patience), `nmt.training.metrics` (train records, log lines, progress
-bar), `nmt.training.oom` (skipping updates that ran out of memory), `nmt.training.distributed` (torchrun).
+The rest lives beside this module: `nmt.training.batches` (an epoch's updates for this rank,
+the empty-shard marker and the dummy batch, prefetching), `nmt.training.rundir` (the files of
+the run directory), `nmt.training.state` (progress, the training checkpoint, resuming),
+`nmt.training.validate` (valid loss and BLEU, best checkpoint, patience),
+`nmt.training.metrics` (train records, log lines, progress bar), `nmt.training.oom` (skipping
+updates that ran out of memory), `nmt.training.optim` (schedules, the loss scaler, clipping,
+Adam), `nmt.training.distributed` (torchrun, DDP, the collectives, stop signals).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
@@ -31,12 +31,22 @@ from nmt.errors import NmtError
 from nmt.models.transformer import build_model, num_parameters, summary
 from nmt.tokenizer import NMT_SPECIALS
 from nmt.training import validate as validation
-from nmt.training.batches import Prefetcher, TrainingData, epoch_groups
-from nmt.training.distributed import Env, setup_env, teardown_env, wrap_for_training
+from nmt.training.batches import EMPTY_SHARD, TrainingData, dummy_batch, epoch_updates, prefetched
+from nmt.training.distributed import (
+    Env,
+    StopSignals,
+    from_main,
+    gradient_sync,
+    max_over_ranks,
+    setup_env,
+    sum_over_ranks,
+    teardown_env,
+    wrap_for_training,
+)
 from nmt.training.loss import TranslationLoss
 from nmt.training.metrics import FiniteChecks, TrainMetrics, UpdateStats
 from nmt.training.oom import OomSkips, inject_oom_faults, is_oom
-from nmt.training.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at
+from nmt.training.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at, scale_and_clip
 from nmt.training.rundir import RunDir
 from nmt.training.state import (
     Progress,
@@ -101,22 +111,23 @@ class Trainer:
         self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
         self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
         torch.manual_seed(t.seed)
+        # the bare model (saved, validated) and what an update calls: the model and its loss
+        # as one module, under DDP and torch.compile when asked (nmt.training.distributed)
         self.model = build_model(cfg.model, self.tokenizer.vocab_size, pad_id=self.tokenizer.specials.pad).to(env.device)
-        # the model and its loss as one module: what DDP wraps and torch.compile compiles
-        self.objective = TranslationLoss(self.model, t.label_smoothing)
-        self.ddp, self.net = wrap_for_training(self.objective, env, t.compile, t.compile_mode)
+        objective = TranslationLoss(self.model, t.label_smoothing)
+        inject_oom_faults(objective, env.rank, lambda: self.progress.update + 1)
+        self.training_loss = wrap_for_training(objective, env, t.compile, t.compile_mode)
         # lengths padded to a multiple of this: few distinct shapes for kernels and compile
         self.pad_to = t.pad_to_multiple or (8 if env.device.type == "cuda" else 1)
+        self.dummy = dummy_batch(self.tokenizer.specials, self.pad_to).to(env.device)
         # (update, loss sum, gradient norm) of updates whose finiteness the host has not read yet
         self.unchecked = FiniteChecks()
         self.optimizer = build_optimizer(list(self.model.parameters()), t)
-        self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale) if t.precision == "fp16" else None
+        self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale, enabled=t.precision == "fp16")
         self.progress = Progress()
-        self.stop_signal: int | None = None
-        self.dummy_ids: Any = None
+        self.signals = StopSignals()
         self.interrupted_by: int | None = None
         self.oom = OomSkips(env, self.run_dir.path)
-        inject_oom_faults(self.objective, env.rank, lambda: self.progress.update + 1)
         try:
             if env.is_main:
                 self.run_dir.open(self.tokenizer.model_bytes)
@@ -131,21 +142,13 @@ class Trainer:
 
     # ---------------------------------------------------------------- one update
 
-    def _epoch_batches(self, epoch: int) -> list[list[Any]]:
-        t = self.cfg.train
-        batches = datamod.make_batches(
-            self.train_data.src_sizes, self.train_data.tgt_sizes, t.max_tokens,
-            seed=t.seed, epoch=epoch, shuffle=True, max_positions=self.cfg.model.max_positions,
-            pad_to=self.pad_to,
-        )
-        if batches.excluded and self.env.is_main:
-            log.warning("epoch %d: %d pairs longer than model.max_positions - 1 left out", epoch, batches.excluded)
-        self.dummy_ids = batches[0][:1] if len(batches) else None  # one sentence: cheap, weight 0
-        return epoch_groups(batches, self.env.rank, self.env.world_size, t.update_freq)
+    def epoch_updates(self, epoch: int) -> list[list[Any]]:
+        """This rank's updates of `epoch`: update_freq index arrays each (or `EMPTY_SHARD`)."""
+        return epoch_updates(self.cfg, self.train_data, self.env, epoch, self.pad_to)
 
     def train_update(self, group: list[Any]) -> UpdateStats | None:
-        """Forward/backward over `group` (update_freq batches: index arrays, or batches that
-        `collate` made already), then one optimizer step.
+        """Forward/backward over `group` (update_freq batches: index arrays, batches that
+        `collate` made already, or `EMPTY_SHARD`), then one optimizer step.
 
         Returns the update's statistics, or None when it was skipped: an fp16 overflow, or a
         rank that ran out of memory (then every rank skips it; the update is not counted).
@@ -159,96 +162,86 @@ class Trainer:
         now (whether to skip this update and halve the scale), and DDP reads the ranks'
         out-of-memory flag (whether every rank skips).
         """
-        env, t = self.env, self.cfg.train
-        self.net.train()
+        t, update = self.cfg.train, self.progress.update + 1
+        self.training_loss.train()
         if t.dropout_ramp_end:
-            self.model.set_dropout(dropout_at(self.progress.update + 1, t, self.cfg.model.dropout))
-        scale = self.scaler.scale if self.scaler else 1.0
-        sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, nll: no sync per batch
-        ntokens = nsent = 0.0
-        oom = False
-        for j, item in enumerate(group):
-            # DDP all-reduces the gradients in the backward of the last batch: a rank whose shard
-            # ran out, or that ran out of memory, runs a dummy batch with weight 0 there, so
-            # that every rank takes part (DDP would hang otherwise).
-            sync = j == len(group) - 1 or env.world_size == 1
-            if oom and not (sync and env.world_size > 1):
-                continue
-            try:
-                loss, nll, batch_tokens, batch_sents = self._forward_backward(None if oom else item, scale, sync)
-            except Exception as e:
-                if not is_oom(e):
-                    raise
-                oom = True
-                self.oom.forget(e, self.optimizer, self.progress.update + 1)
-                if not (sync and env.world_size > 1):
-                    continue
-                loss, nll, batch_tokens, batch_sents = self._forward_backward(None, scale, sync)
-            sums += torch.stack([loss, nll]).double()
-            ntokens += batch_tokens
-            nsent += batch_sents
-        ooms = float(oom)
-        if env.world_size > 1:
-            stats = torch.cat([sums, torch.tensor([ntokens, nsent, ooms], dtype=torch.float64, device=env.device)])
-            dist.all_reduce(stats)
-            ntokens, nsent, ooms = stats[2:].tolist()  # every rank must agree to skip
-            sums = stats[:2]
-        if ooms:
+            self.model.set_dropout(dropout_at(update, t, self.cfg.model.dropout))
+        sums, ntokens, nsent, oom = self._forward_backward_all(group)
+        sums, (ntokens, nsent, ooms) = sum_over_ranks(self.env, sums, [ntokens, nsent, float(oom)])
+        if ooms:  # every rank skips an update in which any ran out of memory
             self.oom.skip(int(ooms), self.optimizer, self.progress)
             return None
         self.oom.reset()
-        next_update = self.progress.update + 1
         # DDP averaged the gradients over ranks; make them a mean over all target tokens.
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if grads:
-            torch._foreach_mul_(grads, env.world_size / (max(ntokens, 1.0) * scale))
-        if t.clip_norm > 0:
-            gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
-        else:
-            gnorm = torch.nn.utils.get_total_norm(grads)
-        if self.scaler is not None:
-            overflow = not math.isfinite(float(gnorm))
-            self.scaler.update(overflow, next_update)
-            if overflow:
-                self.optimizer.zero_grad(set_to_none=True)
-                self.progress.skipped_overflow += 1
-                log.info("fp16 overflow at update %d: skipped, loss scale now %g", next_update, self.scaler.scale)
-                return None
-        else:
-            self.unchecked.add(next_update, sums[0], gnorm)
-        lr = lr_at(next_update - self.progress.schedule_offset, t, self.cfg.model.d_model)
+        gnorm = scale_and_clip(list(self.model.parameters()),
+                               self.env.world_size / (max(ntokens, 1.0) * self.scaler.scale), t.clip_norm)
+        if self.scaler.overflowed(gnorm, update):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.progress.skipped_overflow += 1
+            log.info("fp16 overflow at update %d: skipped, loss scale now %g", update, self.scaler.scale)
+            return None
+        self.unchecked.add(update, sums[0], gnorm)
+        lr = lr_at(update - self.progress.schedule_offset, t, self.cfg.model.d_model)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.progress.update = next_update
+        self.progress.update = update
         return UpdateStats(sums[0], sums[1], gnorm, ntokens, nsent, lr)
+
+    def _forward_backward_all(self, group: list[Any]) -> tuple[torch.Tensor, float, float, bool]:
+        """The update's batches on this rank: their (loss, nll) sums (float64, on the device),
+        target tokens and sentences, and whether this rank ran out of memory (then it runs no
+        more batches of the update and its gradients are gone)."""
+        sums = torch.zeros(2, dtype=torch.float64, device=self.env.device)  # no sync per batch
+        ntokens = nsent = 0.0
+        oom = False
+        for j, item in enumerate(group):
+            # DDP all-reduces the gradients in the backward of the last batch. Every rank must
+            # take part (DDP hangs otherwise): one without a batch there (its shard ran out, or
+            # it ran out of memory) runs the dummy batch with weight 0.
+            all_reduce = self.env.world_size > 1 and j == len(group) - 1
+            if item is not EMPTY_SHARD and not oom:
+                try:
+                    batch = self._on_device(item)
+                    sums += self._forward_backward(batch, self.scaler.scale, all_reduce)
+                    ntokens, nsent = ntokens + batch.num_target_tokens, nsent + len(batch)
+                    continue
+                except Exception as e:
+                    if not is_oom(e):
+                        raise
+                    oom = True
+                    self.oom.forget(e, self.optimizer, self.progress.update + 1)
+            if all_reduce:
+                self._forward_backward(self.dummy, 0.0, all_reduce)
+        return sums, ntokens, nsent, oom
+
+    def _on_device(self, item: Any) -> datamod.Batch:
+        cuda = self.env.device.type == "cuda"
+        batch = item if isinstance(item, datamod.Batch) else datamod.collate(
+            self.train_data, item, self.tokenizer.specials, pin_memory=cuda, pad_to=self.pad_to)
+        return batch.to(self.env.device)
+
+    def _forward_backward(self, batch: datamod.Batch, loss_scale: float, all_reduce: bool) -> torch.Tensor:
+        """One batch, its loss × loss_scale (0 for the dummy batch) backpropagated: its (loss,
+        nll) sums, float64 on the device. With `all_reduce` DDP all-reduces the gradients."""
+        with gradient_sync(self.training_loss, self.env, all_reduce):
+            loss, nll = self._batch_loss(self.training_loss, batch)
+            try:
+                (loss * loss_scale).backward()
+            except Exception as e:
+                if is_oom(e) and all_reduce:
+                    raise NmtError(
+                        f"out of memory in the backward pass at update {self.progress.update + 1} on rank "
+                        f"{self.env.rank}: DDP cannot skip an update once the gradient all-reduce has started; "
+                        "lower train.max_tokens (and raise train.update_freq to keep the batch size)") from None
+                raise
+        return torch.stack([loss.detach(), nll.detach()]).double()
 
     def check_finite(self) -> None:
         """Stop at the first non-finite update since the last check (`FiniteChecks`). Called
         before anything is logged, validated or saved, so no checkpoint holds its weights."""
         self.unchecked.check(self.run_dir.path)
-
-    def _forward_backward(self, item: Any, scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-        """One batch (the dummy batch with weight 0 for None): (loss, nll, tokens, sentences) × weight."""
-        env = self.env
-        weight = 1.0 if item is not None else 0.0
-        batch = item if isinstance(item, datamod.Batch) else datamod.collate(
-            self.train_data, item if item is not None else self.dummy_ids, self.tokenizer.specials,
-            pin_memory=env.device.type == "cuda", pad_to=self.pad_to)
-        batch = batch.to(env.device)
-        with (nullcontext() if sync or self.ddp is None else self.ddp.no_sync()):
-            loss, nll = self._batch_loss(self.net, batch)
-            try:
-                (loss * (scale * weight)).backward()
-            except Exception as e:
-                if is_oom(e) and sync and env.world_size > 1:
-                    raise NmtError(
-                        f"out of memory in the backward pass at update {self.progress.update + 1} on rank "
-                        f"{env.rank}: DDP cannot skip an update once the gradient all-reduce has started; "
-                        "lower train.max_tokens (and raise train.update_freq to keep the batch size)") from None
-                raise
-        return loss.detach() * weight, nll.detach() * weight, batch.tgt_tokens * weight, len(batch) * weight
 
     def _batch_loss(self, net: torch.nn.Module, batch: datamod.Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Label-smoothed loss and NLL summed over the batch's real target tokens (`nmt.training.loss`:
@@ -259,56 +252,36 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
 
     def run(self) -> str:
+        """Train until a stop reason (`stop_reason`) or a stop signal; returns why it stopped."""
         cfg, p = self.cfg, self.progress
         reason = stop_reason(cfg, p)
         if reason:
             log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir.path, p.update, reason)
             return reason
-        old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            return self._loop()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-
-    def _handle_signal(self, signum: int, frame: Any) -> None:
-        if self.stop_signal is not None:  # a second Ctrl-C: stop now, the last checkpoint stands
-            raise KeyboardInterrupt
-        self.stop_signal = signum
-        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
-                    signal.Signals(signum).name)
-
-    def _loop(self) -> str:
-        cfg, p = self.cfg, self.progress
         start, elapsed0 = time.monotonic(), p.elapsed
         metrics = TrainMetrics(cfg, self.env, p.update, self.run_dir.emit)
-        reason: str | None = None
-        while reason is None:
-            groups = self._epoch_batches(p.epoch)
-            if not groups:
-                raise NmtError(f"{cfg.data.dir}: the {cfg.data.train_split} split has no usable pairs")
-            if p.updates_in_epoch >= len(groups):  # a changed train.max_tokens: the epoch is over
-                p.epoch, p.updates_in_epoch = p.epoch + 1, 0
-                reason = stop_reason(cfg, p)
-                continue
-            with self._prepared(groups[p.updates_in_epoch :]) as todo:
-                for group in todo:
-                    stats = self.train_update(group)
-                    p.updates_in_epoch += 1
-                    epoch_end = p.updates_in_epoch == len(groups)
-                    p.elapsed = elapsed0 + time.monotonic() - start
-                    reason = self._after_update(stats, epoch_end, metrics)
-                    if reason is not None or epoch_end:
-                        break
+        with self.signals:
+            while reason is None:
+                updates = self.epoch_updates(p.epoch)
+                if not updates:
+                    raise NmtError(f"{cfg.data.dir}: the {cfg.data.train_split} split has no usable pairs")
+                if p.updates_in_epoch >= len(updates):  # a changed train.max_tokens: the epoch is over
+                    p.epoch, p.updates_in_epoch = p.epoch + 1, 0
+                    reason = stop_reason(cfg, p)
+                    continue
+                with prefetched(self.train_data, updates[p.updates_in_epoch :], self.tokenizer.specials,
+                                self.env.device, self.pad_to) as todo:
+                    for group in todo:
+                        stats = self.train_update(group)
+                        p.updates_in_epoch += 1
+                        epoch_end = p.updates_in_epoch == len(updates)
+                        p.elapsed = elapsed0 + time.monotonic() - start
+                        reason = self._after_update(stats, epoch_end, metrics)
+                        if reason is not None or epoch_end:
+                            break
         metrics.close()
         log.info("done: %s at update %d, epoch %d, %.0f s of training", reason, p.update, p.epoch, p.elapsed)
         return reason
-
-    def _prepared(self, groups: list[list[Any]]) -> Any:
-        """The updates' batches, collated ahead in a background thread on a GPU (nmt.training.batches)."""
-        if self.env.device.type != "cuda":
-            return nullcontext(groups)
-        return Prefetcher(self.train_data, groups, self.tokenizer.specials, pad_to=self.pad_to, pin_memory=True)
 
     def _after_update(self, stats: UpdateStats | None, epoch_end: bool, metrics: TrainMetrics) -> str | None:
         """Log, validate and save as the intervals say; returns why to stop, if it is time."""
@@ -316,7 +289,7 @@ class Trainer:
         if stats is not None:
             if p.update % t.log_interval == 0:  # a log record must not carry a NaN's numbers
                 self.check_finite()
-            metrics.add(stats, p, self.scaler.scale if self.scaler is not None else None)
+            metrics.add(stats, p, self.scaler)
         if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
             p.epoch, p.updates_in_epoch = p.epoch + 1, 0  # epoch and its validation runs once
         interrupted = self._agree_to_stop()
@@ -326,7 +299,7 @@ class Trainer:
         at_save = fresh and t.save_interval_updates and p.update % t.save_interval_updates == 0
         if interrupted and reason is None:
             self.save(numbered=True, best=False)
-            self.interrupted_by = self.stop_signal or signal.SIGTERM
+            self.interrupted_by = self.signals.received or signal.SIGTERM
             return (f"stopped by {signal.Signals(self.interrupted_by).name} at update {p.update}; "
                     "checkpoint written, run the same command to resume")
         if at_valid or epoch_end or reason is not None:  # the final update validates too
@@ -341,13 +314,9 @@ class Trainer:
     def _agree_to_stop(self) -> bool:
         """Whether a stop signal arrived, on any rank. Ranks also take the largest elapsed time,
         so that train.max_time stops all of them after the same update (DDP hangs otherwise)."""
-        flag = self.stop_signal is not None
-        if self.env.world_size > 1:
-            both = torch.tensor([float(flag), self.progress.elapsed], dtype=torch.float64, device=self.env.device)
-            dist.all_reduce(both, op=dist.ReduceOp.MAX)
-            flag_f, self.progress.elapsed = both.tolist()
-            flag = flag_f > 0
-        return flag
+        stop, self.progress.elapsed = max_over_ranks(self.env, [float(self.signals.received is not None),
+                                                                self.progress.elapsed])
+        return stop > 0
 
     def _validate_and_save(self, numbered: bool) -> None:
         self.check_finite()
@@ -362,17 +331,16 @@ class Trainer:
                         "valid_s": time.monotonic() - started})
             log.info("valid | update %d | %s | best %s", self.progress.update,
                      " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
-        if self.env.world_size > 1:  # everyone follows rank 0's early-stopping bookkeeping
-            flag = torch.tensor([self.progress.bad_validations], dtype=torch.float64, device=self.env.device)
-            dist.broadcast(flag, 0)
-            self.progress.bad_validations = int(flag.item())
+        # everyone follows rank 0's early-stopping bookkeeping
+        self.progress.bad_validations = int(from_main(self.env, self.progress.bad_validations))
         self.save(numbered=numbered, best=best)
 
     def validate(self) -> dict[str, float]:
         """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.training.validate, with this trainer's loss."""
         assert self.valid_data is not None
+        objective = TranslationLoss(self.model, self.cfg.train.label_smoothing)  # without DDP and compile
         return validation.validate(self.cfg, self.model, self.tokenizer, self.valid_data, self.tgt_lang,
-                                   self.env.device, lambda batch: self._batch_loss(self.objective, batch))
+                                   self.env.device, lambda batch: self._batch_loss(objective, batch))
 
     # ---------------------------------------------------------------- checkpoints
 
