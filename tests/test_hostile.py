@@ -117,6 +117,29 @@ def test_the_lock_is_held_while_the_run_directory_is_open(tmp_path):
     second.close()
 
 
+@pytest.mark.parametrize("planted", ["symlink", "fifo", "directory"])
+def test_a_lock_that_is_not_a_regular_file_is_refused_and_nothing_is_written_through_it(
+        prepared, tmp_path, capfd, planted):
+    """Issue 25: `ln -s victim.txt RUN/train.lock` made training truncate victim.txt."""
+    run_dir, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run_dir.mkdir()
+    victim.write_text("precious\n")
+    lock = run_dir / "train.lock"
+    {"symlink": lambda: lock.symlink_to(victim), "fifo": lambda: os.mkfifo(lock), "directory": lock.mkdir}[planted]()
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir))
+    assert_one_line(code, err, str(lock), "symbolic link" if planted == "symlink" else "regular file")
+    assert victim.read_text() == "precious\n" and not (run_dir / "checkpoint_last.pt").exists()
+
+
+def test_the_last_run_marker_is_not_written_through_a_symlink(prepared, tmp_path, caplog):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    Path(".nmt-last-run").symlink_to(victim)
+    train(tiny(prepared[0], tmp_path / "run", max_updates=1))  # a convenience only: training goes on
+    assert victim.read_text() == "precious\n" and Path(".nmt-last-run").is_symlink()
+    assert "not recording the run: .nmt-last-run: the last-run marker is a symbolic link" in caplog.text
+
+
 # ------------------------------------------------------------------ 2. --set values and paths
 
 
