@@ -140,6 +140,15 @@ def test_the_last_run_marker_is_not_written_through_a_symlink(prepared, tmp_path
     assert "not recording the run: .nmt-last-run: the last-run marker is a symbolic link" in caplog.text
 
 
+def test_a_tensorboard_path_that_is_a_file_is_one_line_and_kept(prepared, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "tensorboard").write_text("notes\n")
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.tensorboard": True}))
+    assert_one_line(code, err, str(run_dir / "tensorboard"), "not a directory", "train.tensorboard")
+    assert (run_dir / "tensorboard").read_text() == "notes\n"
+
+
 # ------------------------------------------------------------------ 2. --set values and paths
 
 

@@ -206,14 +206,14 @@ def _record_last_run(run_dir: Path) -> None:
 
 def _summary_writer(path: Path) -> Any:
     """A TensorBoard writer to `path` (train.tensorboard), or a one-line error saying what to install."""
+    if path.exists() and not path.is_dir():
+        raise NmtError(f"{path}: not a directory, where train.tensorboard writes its logs; "
+                       "move it away or set train.tensorboard: false")
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise NmtError("train.tensorboard: true needs the tensorboard package: pip install tensorboard "
                        "(or pip install 'nmt[tensorboard]')") from None
-    if path.exists() and not path.is_dir():
-        raise NmtError(f"{path}: not a directory, where train.tensorboard writes its logs; "
-                       "move it away or set train.tensorboard: false")
     try:
         return SummaryWriter(log_dir=str(path))
     except OSError as e:
