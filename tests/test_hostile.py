@@ -22,9 +22,11 @@ import pytest
 import torch
 from helpers import ROOT, TINY, nmt, nmt_here, save_random_model, set_args, tiny
 
+from nmt.api import Translator
 from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from nmt.config import config_to_dict, load_config, replace
+from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.textio import TextStats, iter_lines
 from nmt.tokenizer import Tokenizer
@@ -258,6 +260,25 @@ DECODE_MISTAKES = [
 def test_translate_option_out_of_bounds_is_one_line(ckpt, capfd, args, needle):
     code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, *args)
     assert_one_line(code, err, needle)
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xla", "cpu:0", "cuda:01", "cuda:99999999999"])
+def test_a_device_nmt_does_not_run_on_is_refused_by_one_rule_everywhere(ckpt, capfd, device):
+    """Issue 25: translate --device meta was a NotImplementedError, mps and xla a RuntimeError."""
+    code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, "--device", device)
+    assert_one_line(code, err, f"unknown device {device!r}", "auto, cpu, cuda or cuda:N")
+    with pytest.raises(NmtError, match=f"unknown device {device!r}"):
+        Translator.load(ckpt, device=device)
+    code, _, err = run_here(capfd, "train", str(TINY), "--device", device, "--dump-config")
+    assert_one_line(code, err, "--device", "train.device must be auto, cpu, cuda or cuda:N")
+
+
+def test_a_cuda_device_beyond_the_last_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(NmtError, match=r"'cuda:2' asked for, but there are 2 CUDA devices"):
+        resolve_device("cuda:2")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
 
 
 def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(ckpt, prepared, tmp_path, capfd):
