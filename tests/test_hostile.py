@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT, TINY, nmt, nmt_here, save_random_model, set_args, tiny
+from helpers import ROOT, TINY, nmt, nmt_here, records, save_random_model, set_args, tiny
 
 from nmt.api import Translator
 from nmt.atomic import atomic_write_bytes, clean_temporaries
@@ -195,6 +196,25 @@ def test_resume_on_the_reversed_direction_is_refused_naming_both(prepared, tmp_p
     with pytest.raises(NmtError, match=r"resume refused.*en->de.*de->en.*--reset-data"):
         train(more)
     assert train(more, reset_data=True).update == 2
+
+
+def test_reset_data_starts_a_new_best_and_patience(prepared, tmp_path, caplog):
+    """Issue 25: after --reset-data onto the reverse direction, the best score (and so
+    checkpoint_best.pt) and patience still came from the old direction."""
+    caplog.set_level(logging.INFO, logger="nmt")
+    data, run_dir = prepared[0], tmp_path / "run"
+    cfg = tiny(data, run_dir, max_updates=1, patience=1)
+    train(cfg)
+    state = load_checkpoint(run_dir / "checkpoint_last.pt")  # an old best no validation can beat, patience spent
+    state["train_state"]["progress"].update(best=-1.0, bad_validations=1)
+    atomic_save(state, run_dir / "checkpoint_last.pt")
+    more = replace(cfg, train={"max_updates": 2})
+    assert train(more).update == 1  # as it stands: patience is spent
+    assert train(more, reset_data=True).update == 2
+    valid = records(run_dir, "valid")[-1]
+    assert valid["update"] == 2 and valid["best"] == valid["valid_loss"]
+    assert load_checkpoint(run_dir / "checkpoint_best.pt")["update"] == 2
+    assert "--reset-data: the best validation so far (-1.000)" in caplog.text
 
 
 # ------------------------------------------------------------------ 4. average-checkpoints
