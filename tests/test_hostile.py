@@ -152,6 +152,22 @@ def test_a_tensorboard_path_that_is_a_file_is_one_line_and_kept(prepared, tmp_pa
     assert (run_dir / "tensorboard").read_text() == "notes\n"
 
 
+def test_a_copied_run_trains_the_copy_not_the_original(prepared, tmp_path, capfd):
+    """Issue 25: `cp -r orig copy; nmt train copy/config.yaml` added checkpoints to orig (the saved
+    train.run_dir is orig's path)."""
+    orig, copy = tmp_path / "orig", tmp_path / "copy"
+    assert run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], orig))[0] == 0
+    shutil.copytree(orig, copy)
+    before = {p.name: p.stat().st_mtime_ns for p in orig.iterdir()}
+    code, _, err = run_here(capfd, "train", str(copy / "config.yaml"), "--set", "train.max_updates=2")
+    assert {p.name: p.stat().st_mtime_ns for p in orig.iterdir()} == before
+    assert code == 0 and f"resumed from update 1 in {copy} " in err, err
+    assert (copy / "checkpoint_2.pt").exists() and load_config(copy / "config.yaml").train.run_dir == str(copy)
+    code, _, err = run_here(capfd, "train", str(copy / "config.yaml"), "--run-dir", str(tmp_path / "new"))
+    assert code == 0 and f"new run in {tmp_path / 'new'}" in err  # --run-dir still chooses another
+    assert {p.name: p.stat().st_mtime_ns for p in orig.iterdir()} == before
+
+
 # ------------------------------------------------------------------ 2. --set values and paths
 
 

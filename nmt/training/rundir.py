@@ -10,6 +10,7 @@ lock and `.nmt-last-run` are written only as regular files, never through a symb
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -28,6 +29,25 @@ from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "train.lock"
+CONFIG_FILE = "config.yaml"
+# a config.yaml next to one of these is the config of a run directory (`run_dir_of_config`)
+RUN_DIR_FILES = (LOCK_FILE, "checkpoint_last.pt")
+
+
+def run_dir_of_config(config: Path, cfg: Config, run_dir_given: bool) -> Config:
+    """`cfg` (read from `config`) with the run directory to train.
+
+    `train.run_dir` is relative to the working directory, as fairseq's --save-dir is, except in
+    the config.yaml of a run directory: `nmt train RUN/config.yaml` trains RUN, wherever the run
+    was copied or moved to (issue 25: a copy trained the original, whose path the saved
+    train.run_dir held), unless `run_dir_given` (--run-dir or --set train.run_dir) names another."""
+    own = config.parent
+    if run_dir_given or config.name != CONFIG_FILE or not any((own / n).exists() for n in RUN_DIR_FILES):
+        return cfg
+    if Path(cfg.train.run_dir).resolve() != own.resolve():
+        log.info("%s is the config of the run directory %s: training there, not in its train.run_dir %s "
+                 "(--run-dir chooses another)", config, own, cfg.train.run_dir)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, run_dir=str(own)))
 
 
 class RunDirLock:
@@ -136,7 +156,7 @@ class RunDir:
             self._board.flush()
 
     def write_config(self, cfg: Config) -> None:
-        atomic_write_bytes(dump_config(cfg).encode("utf-8"), self.path / "config.yaml", "the config")
+        atomic_write_bytes(dump_config(cfg).encode("utf-8"), self.path / CONFIG_FILE, "the config")
 
     def save_checkpoint(self, state: dict[str, Any], update: int, *, numbered: bool, best: bool,
                         keep_last: int) -> None:

@@ -401,5 +401,5 @@ class Trainer:
                            f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir") from None
         if self.env.is_main:
             self.run_dir.write_config(self.cfg)
-            log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
-                     self.progress.epoch, self.progress.updates_in_epoch)
+            log.info("resumed from update %d in %s (epoch %d, %d updates into it)", self.progress.update,
+                     self.run_dir.path, self.progress.epoch, self.progress.updates_in_epoch)
