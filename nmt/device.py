@@ -6,6 +6,7 @@ reading a config (`nmt train --dump-config`) stays free of torch.
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,19 @@ def resolve_device(name: str) -> torch.device:
         raise NmtError(f"device {name!r} asked for, but there are {torch.cuda.device_count()} CUDA devices "
                        "(numbered from 0)")
     return device
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """The memory of `device`: a CUDA device's own, the machine's RAM for the CPU; None where
+    the platform does not say."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None
 
 
 def configure_cuda(device: torch.device) -> None:

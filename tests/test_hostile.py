@@ -29,6 +29,7 @@ from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from nmt.config import config_to_dict, load_config, replace
 from nmt.device import resolve_device
 from nmt.errors import NmtError
+from nmt.models.transformer import build_model
 from nmt.textio import TextStats, iter_lines
 from nmt.tokenizer import Tokenizer
 from nmt.training.rundir import RunDir, lock_run_dir
@@ -315,6 +316,41 @@ def test_a_cuda_device_beyond_the_last_is_one_line(monkeypatch):
     with pytest.raises(NmtError, match=r"'cuda:2' asked for, but there are 2 CUDA devices"):
         resolve_device("cuda:2")
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
+
+
+TOO_BIG = [{"model.ffn_dim": 10**9}, {"model.d_model": 10**8}, {"model.arch": "rnn", "model.rnn_hidden": 10**8},
+           {"model.encoder_layers": 10**6}, {"model.max_positions": 10**9}, {"model.decoder_layers": 10**400}]
+
+
+@pytest.mark.parametrize("sets", TOO_BIG, ids=lambda sets: ",".join(f"{k}={str(v)[:12]}" for k, v in sets.items()))
+def test_a_model_too_big_for_the_device_is_one_line_naming_its_keys(prepared, tmp_path, capfd, monkeypatch, sets):
+    """Issue 25: an allocator traceback after the data loaded (or, for 10^6 layers, minutes of building)."""
+    monkeypatch.setattr("nmt.device.memory_bytes", lambda device: 8 << 30, raising=False)  # any machine: 8 GiB
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], tmp_path / "run", **sets))
+    assert_one_line(code, err, *(f"{key}={value}" for key, value in sets.items() if key != "model.arch"),
+                    "8 GiB", "lower them")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_whose_shapes_overflow_is_one_line_in_training_and_dry_run(prepared, tmp_path, capfd):
+    for args in (tiny_sets(prepared[0], tmp_path / "run"), ["--dry-run", "--vocab-size", "500"]):
+        code, _, err = run_here(capfd, "train", str(TINY), *args, "--set", "model.d_model=1000000000")
+        assert_one_line(code, err, "model.d_model=1000000000", "cannot even be sized")
+
+
+def test_a_model_that_fails_to_allocate_is_one_line_naming_its_keys(prepared, tmp_path, capfd, monkeypatch):
+    """The estimate passed, the allocation did not (memory in use, a container's limit)."""
+    from nmt.training import sizing
+
+    def allocator_fails(*args: Any, **kwargs: Any) -> Any:
+        if torch.empty(0).device.type == "meta":  # sizing: shapes only
+            return build_model(*args, **kwargs)
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 128000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(sizing, "build_model", allocator_fails)
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], tmp_path / "run"))
+    assert_one_line(code, err, "model.d_model=32, model.ffn_dim=64", "cannot be allocated on cpu", "can't allocate")
 
 
 def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(ckpt, prepared, tmp_path, capfd):

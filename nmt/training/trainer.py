@@ -28,8 +28,8 @@ from nmt import data as datamod
 from nmt.config import Config
 from nmt.device import autocast, configure_cuda
 from nmt.errors import NmtError
-from nmt.models.transformer import build_model, num_parameters, summary
-from nmt.tokenizer import EOS, PAD
+from nmt.models.transformer import num_parameters, summary
+from nmt.tokenizer import EOS
 from nmt.training import validate as validation
 from nmt.training.batches import Prefetcher, TrainingData, epoch_groups
 from nmt.training.distributed import Env, setup_env, teardown_env, wrap_for_training
@@ -38,6 +38,7 @@ from nmt.training.metrics import FiniteChecks, TrainMetrics, UpdateStats
 from nmt.training.oom import OomSkips, inject_oom_faults, is_oom
 from nmt.training.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at
 from nmt.training.rundir import RunDir
+from nmt.training.sizing import build_training_model, meta_model
 from nmt.training.state import (
     Progress,
     build_checkpoint,
@@ -80,9 +81,7 @@ def dry_run(cfg: Config, vocab_size: int | None) -> str:
         vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
     if not EOS + 1 <= vocab_size < 2**31:  # the special tokens; token ids are at most int32
         raise NmtError(f"--vocab-size must be between {EOS + 1} and {2**31 - 1}, got {vocab_size}")
-    with torch.device("meta"):  # shapes only: a big vocabulary costs no memory
-        model = build_model(cfg.model, vocab_size, pad_id=PAD)
-    return summary(model)
+    return summary(meta_model(cfg.model, vocab_size))  # shapes only: a big vocabulary costs no memory
 
 
 class Trainer:
@@ -100,7 +99,7 @@ class Trainer:
         self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
         self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
         torch.manual_seed(t.seed)
-        self.model = build_model(cfg.model, self.tokenizer.vocab_size, pad_id=PAD).to(env.device)
+        self.model = build_training_model(cfg.model, self.tokenizer.vocab_size, env.device)
         # the model and its loss as one module: what DDP wraps and torch.compile compiles
         self.objective = TranslationLoss(self.model, t.label_smoothing)
         self.ddp, self.net = wrap_for_training(self.objective, env, t.compile, t.compile_mode)
