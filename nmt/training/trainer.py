@@ -29,7 +29,7 @@ from nmt.config import Config
 from nmt.device import autocast, configure_cuda
 from nmt.errors import NmtError
 from nmt.models.transformer import num_parameters, summary
-from nmt.tokenizer import EOS
+from nmt.tokenizer import EOS, PAD
 from nmt.training import validate as validation
 from nmt.training.batches import Prefetcher, TrainingData, epoch_groups
 from nmt.training.distributed import Env, setup_env, teardown_env, wrap_for_training
@@ -81,7 +81,7 @@ def dry_run(cfg: Config, vocab_size: int | None) -> str:
         vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
     if not EOS + 1 <= vocab_size < 2**31:  # the special tokens; token ids are at most int32
         raise NmtError(f"--vocab-size must be between {EOS + 1} and {2**31 - 1}, got {vocab_size}")
-    return summary(meta_model(cfg.model, vocab_size))  # shapes only: a big vocabulary costs no memory
+    return summary(meta_model(cfg.model, vocab_size, PAD))  # shapes only: a big vocabulary costs no memory
 
 
 class Trainer:
@@ -99,7 +99,7 @@ class Trainer:
         self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
         self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
         torch.manual_seed(t.seed)
-        self.model = build_training_model(cfg.model, self.tokenizer.vocab_size, env.device)
+        self.model = build_training_model(cfg.model, self.tokenizer.vocab_size, PAD, env.device)
         # the model and its loss as one module: what DDP wraps and torch.compile compiles
         self.objective = TranslationLoss(self.model, t.label_smoothing)
         self.ddp, self.net = wrap_for_training(self.objective, env, t.compile, t.compile_mode)
