@@ -164,6 +164,10 @@ def train_cmd(
     options = {key: (flag, value) for key, flag, value in (("train.run_dir", "--run-dir", run_dir),
                                                            ("train.device", "--device", device)) if value is not None}
     cfg = cfgmod.load_config(config, list(set_ or []), options)
+    from nmt.training.rundir import run_dir_of_config
+
+    given = run_dir is not None or any(item.partition("=")[0].strip() == "train.run_dir" for item in set_ or [])
+    cfg = run_dir_of_config(config, cfg, run_dir_given=given)
     if dump_config:
         echo(cfgmod.dump_config(cfg))
         return

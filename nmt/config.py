@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from nmt.device import DEVICES, is_device_name
 from nmt.errors import ConfigError
 from nmt.fields import coerce as _coerce
 from nmt.fields import opt
@@ -349,8 +350,7 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
         need(getattr(t, key) >= 1, f"train.{key}", "must be at least 1")
     need(t.fp16_init_scale > 0 and t.fp16_min_scale > 0, "train.fp16_init_scale",
          "and train.fp16_min_scale must be positive")
-    need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
-         "must be auto, cpu, cuda or cuda:N")
+    need(is_device_name(t.device), "train.device", f"must be {DEVICES}")
     need(bool(t.run_dir), "train.run_dir", "must not be empty")
     need(bool(cfg.data.dir), "data.dir", "must not be empty")
     check_decode(d, lambda key: f"{where.get('decode.' + key, where['_file'])}: decode.{key}")

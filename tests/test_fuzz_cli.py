@@ -4,7 +4,8 @@ exactly one stderr line starting with `nmt` and no traceback (the README's promi
 Values: negative, zero, huge, NaN and infinities, empty and blank strings, and paths that are a
 directory, missing, under a regular file, unwritable (/proc), an empty file or a file of
 another kind. Every config key goes through `nmt train --set KEY=VALUE --dump-config`, where the
-config is checked. The quick values run in `make test`; the whole product is `slow`.
+config is checked, and the model's sizes (1e6-1e9) through training, where they reach the
+allocator. The quick values run in `make test`; the whole product is `slow`.
 """
 
 from __future__ import annotations
@@ -123,6 +124,19 @@ def _cases() -> list[tuple[tuple[str, ...], bool]]:
 
 CASES = _cases()
 
+# Model sizes past the config's checks (1e6-1e9): each reaches the model's construction, where
+# `nmt train` sizes it against the device's memory. The memory is fixed at 1 GiB
+# (`memory_bytes`) so that each value has the same outcome on any machine: refused in one line,
+# or (model.max_positions=1000000) a model that fits and trains one update.
+MODEL_SIZES = [str(10**k) for k in range(6, 10)]
+MODEL_CASES = [
+    pytest.param(("train", str(TINY), "--set", "data.dir={data}", "--set", "train.run_dir=run", "--set", "train.device=cpu",
+                  "--set", "train.threads=1", "--set", "train.max_updates=1",
+                  *(("--set", "model.arch=rnn") if key.startswith("rnn") else ()), "--set", f"model.{key}={v}"),
+                 marks=() if v == MODEL_SIZES[-1] else pytest.mark.slow, id=f"model.{key}={v}")
+    for key in ("d_model", "ffn_dim", "encoder_layers", "decoder_layers", "max_positions", "rnn_hidden", "rnn_layers")
+    for v in MODEL_SIZES]
+
 
 def _check(world: dict[str, str], capfd: pytest.CaptureFixture, argv: tuple[str, ...]) -> None:
     args = list(argv)
@@ -145,4 +159,10 @@ def test_boundary_values_succeed_or_fail_in_one_line(world, capfd, argv):
 @pytest.mark.slow
 @pytest.mark.parametrize("argv", [a for a, quick in CASES if not quick], ids=lambda a: " ".join(a[:1] + a[-2:]))
 def test_every_boundary_value_succeeds_or_fails_in_one_line(world, capfd, argv):
+    _check(world, capfd, argv)
+
+
+@pytest.mark.parametrize("argv", MODEL_CASES)
+def test_model_sizes_that_reach_the_allocator_succeed_or_fail_in_one_line(world, capfd, monkeypatch, argv):
+    monkeypatch.setattr("nmt.device.memory_bytes", lambda device: 1 << 30, raising=False)
     _check(world, capfd, argv)

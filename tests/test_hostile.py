@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -20,12 +21,15 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT, TINY, dead_pid, nmt, nmt_here, save_random_model, set_args, tiny
+from helpers import ROOT, TINY, dead_pid, nmt, nmt_here, records, save_random_model, set_args, tiny
 
+from nmt.api import Translator
 from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from nmt.config import config_to_dict, load_config, replace
+from nmt.device import resolve_device
 from nmt.errors import NmtError
+from nmt.models.transformer import build_model
 from nmt.textio import TextStats, iter_lines
 from nmt.tokenizer import Tokenizer
 from nmt.training.rundir import RunDir, lock_run_dir
@@ -111,6 +115,54 @@ def test_the_lock_is_held_while_the_run_directory_is_open(tmp_path):
     second.close()
 
 
+@pytest.mark.parametrize("planted", ["symlink", "fifo", "directory"])
+def test_a_lock_that_is_not_a_regular_file_is_refused_and_nothing_is_written_through_it(
+        prepared, tmp_path, capfd, planted):
+    """Issue 25: `ln -s victim.txt RUN/train.lock` made training truncate victim.txt."""
+    run_dir, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run_dir.mkdir()
+    victim.write_text("precious\n")
+    lock = run_dir / "train.lock"
+    {"symlink": lambda: lock.symlink_to(victim), "fifo": lambda: os.mkfifo(lock), "directory": lock.mkdir}[planted]()
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir))
+    assert_one_line(code, err, str(lock), "symbolic link" if planted == "symlink" else "regular file")
+    assert victim.read_text() == "precious\n" and not (run_dir / "checkpoint_last.pt").exists()
+
+
+def test_the_last_run_marker_is_not_written_through_a_symlink(prepared, tmp_path, caplog):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    Path(".nmt-last-run").symlink_to(victim)
+    train(tiny(prepared[0], tmp_path / "run", max_updates=1))  # a convenience only: training goes on
+    assert victim.read_text() == "precious\n" and Path(".nmt-last-run").is_symlink()
+    assert "not recording the run: .nmt-last-run: the last-run marker is a symbolic link" in caplog.text
+
+
+def test_a_tensorboard_path_that_is_a_file_is_one_line_and_kept(prepared, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "tensorboard").write_text("notes\n")
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.tensorboard": True}))
+    assert_one_line(code, err, str(run_dir / "tensorboard"), "not a directory", "train.tensorboard")
+    assert (run_dir / "tensorboard").read_text() == "notes\n"
+
+
+def test_a_copied_run_trains_the_copy_not_the_original(prepared, tmp_path, capfd):
+    """Issue 25: `cp -r orig copy; nmt train copy/config.yaml` added checkpoints to orig (the saved
+    train.run_dir is orig's path)."""
+    orig, copy = tmp_path / "orig", tmp_path / "copy"
+    assert run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], orig))[0] == 0
+    shutil.copytree(orig, copy)
+    before = {p.name: p.stat().st_mtime_ns for p in orig.iterdir()}
+    code, _, err = run_here(capfd, "train", str(copy / "config.yaml"), "--set", "train.max_updates=2")
+    assert {p.name: p.stat().st_mtime_ns for p in orig.iterdir()} == before
+    assert code == 0 and f"resumed from update 1 in {copy} " in err, err
+    assert (copy / "checkpoint_2.pt").exists() and load_config(copy / "config.yaml").train.run_dir == str(copy)
+    code, _, err = run_here(capfd, "train", str(copy / "config.yaml"), "--run-dir", str(tmp_path / "new"))
+    assert code == 0 and f"new run in {tmp_path / 'new'}" in err  # --run-dir still chooses another
+    assert {p.name: p.stat().st_mtime_ns for p in orig.iterdir()} == before
+
+
 # ------------------------------------------------------------------ 2. --set values and paths
 
 
@@ -155,6 +207,25 @@ def test_resume_on_the_reversed_direction_is_refused_naming_both(prepared, tmp_p
     with pytest.raises(NmtError, match=r"resume refused.*en->de.*de->en.*--reset-data"):
         train(more)
     assert train(more, reset_data=True).update == 2
+
+
+def test_reset_data_starts_a_new_best_and_patience(prepared, tmp_path, caplog):
+    """Issue 25: after --reset-data onto the reverse direction, the best score (and so
+    checkpoint_best.pt) and patience still came from the old direction."""
+    caplog.set_level(logging.INFO, logger="nmt")
+    data, run_dir = prepared[0], tmp_path / "run"
+    cfg = tiny(data, run_dir, max_updates=1, patience=1)
+    train(cfg)
+    state = load_checkpoint(run_dir / "checkpoint_last.pt")  # an old best no validation can beat, patience spent
+    state["train_state"]["progress"].update(best=-1.0, bad_validations=1)
+    atomic_save(state, run_dir / "checkpoint_last.pt")
+    more = replace(cfg, train={"max_updates": 2})
+    assert train(more).update == 1  # as it stands: patience is spent
+    assert train(more, reset_data=True).update == 2
+    valid = records(run_dir, "valid")[-1]
+    assert valid["update"] == 2 and valid["best"] == valid["valid_loss"]
+    assert load_checkpoint(run_dir / "checkpoint_best.pt")["update"] == 2
+    assert "--reset-data: the best validation so far (-1.000)" in caplog.text
 
 
 # ------------------------------------------------------------------ 4. average-checkpoints
@@ -221,6 +292,60 @@ DECODE_MISTAKES = [
 def test_translate_option_out_of_bounds_is_one_line(ckpt, capfd, args, needle):
     code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, *args)
     assert_one_line(code, err, needle)
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xla", "cpu:0", "cuda:01", "cuda:99999999999"])
+def test_a_device_nmt_does_not_run_on_is_refused_by_one_rule_everywhere(ckpt, capfd, device):
+    """Issue 25: translate --device meta was a NotImplementedError, mps and xla a RuntimeError."""
+    code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, "--device", device)
+    assert_one_line(code, err, f"unknown device {device!r}", "auto, cpu, cuda or cuda:N")
+    with pytest.raises(NmtError, match=f"unknown device {device!r}"):
+        Translator.load(ckpt, device=device)
+    code, _, err = run_here(capfd, "train", str(TINY), "--device", device, "--dump-config")
+    assert_one_line(code, err, "--device", "train.device must be auto, cpu, cuda or cuda:N")
+
+
+def test_a_cuda_device_beyond_the_last_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(NmtError, match=r"'cuda:2' asked for, but there are 2 CUDA devices"):
+        resolve_device("cuda:2")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+
+
+TOO_BIG = [{"model.ffn_dim": 10**9}, {"model.d_model": 10**8}, {"model.arch": "rnn", "model.rnn_hidden": 10**8},
+           {"model.encoder_layers": 10**6}, {"model.max_positions": 10**9}, {"model.decoder_layers": 10**400}]
+
+
+@pytest.mark.parametrize("sets", TOO_BIG, ids=lambda sets: ",".join(f"{k}={str(v)[:12]}" for k, v in sets.items()))
+def test_a_model_too_big_for_the_device_is_one_line_naming_its_keys(prepared, tmp_path, capfd, monkeypatch, sets):
+    """Issue 25: an allocator traceback after the data loaded (or, for 10^6 layers, minutes of building)."""
+    monkeypatch.setattr("nmt.device.memory_bytes", lambda device: 8 << 30, raising=False)  # any machine: 8 GiB
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], tmp_path / "run", **sets))
+    assert_one_line(code, err, *(f"{key}={value}" for key, value in sets.items() if key != "model.arch"),
+                    "8 GiB", "lower them")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_whose_shapes_overflow_is_one_line_in_training_and_dry_run(prepared, tmp_path, capfd):
+    for args in (tiny_sets(prepared[0], tmp_path / "run"), ["--dry-run", "--vocab-size", "500"]):
+        code, _, err = run_here(capfd, "train", str(TINY), *args, "--set", "model.d_model=1000000000")
+        assert_one_line(code, err, "model.d_model=1000000000", "cannot even be sized")
+
+
+def test_a_model_that_fails_to_allocate_is_one_line_naming_its_keys(prepared, tmp_path, capfd, monkeypatch):
+    """The estimate passed, the allocation did not (memory in use, a container's limit)."""
+    from nmt.training import sizing
+
+    def allocator_fails(*args: Any, **kwargs: Any) -> Any:
+        if torch.empty(0).device.type == "meta":  # sizing: shapes only
+            return build_model(*args, **kwargs)
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 128000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(sizing, "build_model", allocator_fails)
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], tmp_path / "run"))
+    assert_one_line(code, err, "model.d_model=32, model.ffn_dim=64", "cannot be allocated on cpu", "can't allocate")
 
 
 def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(ckpt, prepared, tmp_path, capfd):

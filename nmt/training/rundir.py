@@ -3,28 +3,51 @@
 It holds `config.yaml` (resolved), `spm.model`, `train.log`, `metrics.jsonl` and the
 checkpoints (`checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint_<update>.pt`). Only
 rank 0 opens it, and holds its lock (`train.lock`) while it is open: a second `nmt train`
-on the same directory stops with one line naming the directory and the holder's pid. Every
-write error on it is an NmtError naming the file.
+on the same directory stops with one line naming the directory and the holder's pid. The
+lock and `.nmt-last-run` are written only as regular files, never through a symbolic link
+(`open_regular_file`). Every write error on it is an NmtError naming the file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import fcntl
 import json
 import logging
 import os
+import stat
 import sys
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from nmt import checkpoint as ckpt
-from nmt.atomic import atomic_write_bytes, clean_temporaries
+from nmt.atomic import atomic_write_bytes, clean_temporaries, write_all
 from nmt.config import Config, dump_config
 from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "train.lock"
+CONFIG_FILE = "config.yaml"
+# a config.yaml next to one of these is the config of a run directory (`run_dir_of_config`)
+RUN_DIR_FILES = (LOCK_FILE, "checkpoint_last.pt")
+
+
+def run_dir_of_config(config: Path, cfg: Config, run_dir_given: bool) -> Config:
+    """`cfg` (read from `config`) with the run directory to train.
+
+    `train.run_dir` is relative to the working directory, as fairseq's --save-dir is, except in
+    the config.yaml of a run directory: `nmt train RUN/config.yaml` trains RUN, wherever the run
+    was copied or moved to (issue 25: a copy trained the original, whose path the saved
+    train.run_dir held), unless `run_dir_given` (--run-dir or --set train.run_dir) names another."""
+    own = config.parent
+    if run_dir_given or config.name != CONFIG_FILE or not any((own / n).exists() for n in RUN_DIR_FILES):
+        return cfg
+    if Path(cfg.train.run_dir).resolve() != own.resolve():
+        log.info("%s is the config of the run directory %s: training there, not in its train.run_dir %s "
+                 "(--run-dir chooses another)", config, own, cfg.train.run_dir)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, run_dir=str(own)))
 
 
 class RunDirLock:
@@ -44,11 +67,7 @@ class RunDirLock:
 def lock_run_dir(path: Path) -> RunDirLock:
     """Lock the run directory `path` (which must exist) for this process, or raise an NmtError
     naming it and the pid of the process that holds it."""
-    lock_path = path / LOCK_FILE
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise NmtError(f"{lock_path}: cannot open the run directory's lock ({e.strerror or e})") from None
+    fd = open_regular_file(path / LOCK_FILE, os.O_RDWR, "the run directory's lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -98,10 +117,7 @@ class RunDir:
         spm = self.path / "spm.model"
         if not spm.exists():
             atomic_write_bytes(spm_model, spm, "the sentencepiece model")
-        try:  # `nmt translate` with no --checkpoint uses the last run started from this directory
-            Path(ckpt.LAST_RUN_FILE).write_text(str(self.path.resolve()) + "\n", encoding="utf-8")
-        except OSError as e:  # a convenience only: a read-only working directory is no reason to stop
-            log.warning("cannot record the run in %s (%s)", Path(ckpt.LAST_RUN_FILE).resolve(), e.strerror or e)
+        _record_last_run(self.path)
 
     def close(self) -> None:
         """Close metrics.jsonl, detach train.log (train() may run again in this process) and
@@ -140,7 +156,7 @@ class RunDir:
             self._board.flush()
 
     def write_config(self, cfg: Config) -> None:
-        atomic_write_bytes(dump_config(cfg).encode("utf-8"), self.path / "config.yaml", "the config")
+        atomic_write_bytes(dump_config(cfg).encode("utf-8"), self.path / CONFIG_FILE, "the config")
 
     def save_checkpoint(self, state: dict[str, Any], update: int, *, numbered: bool, best: bool,
                         keep_last: int) -> None:
@@ -169,14 +185,59 @@ class RunDir:
         log.info("saved %s", ", ".join(names + (["checkpoint_best.pt"] if best else [])))
 
 
+def open_regular_file(path: Path, flags: int, what: str) -> int:
+    """A descriptor of `path` opened with `flags` (and O_CREAT), refused in one line unless it is
+    a regular file. A symbolic link is not followed: one planted in a shared directory (runs/,
+    the working directory) would have training truncate whatever file it names (issue 25); a
+    FIFO opens without blocking (O_NONBLOCK) and is then refused like a device or a directory."""
+    flags |= os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NmtError(f"{path}: {what} is a symbolic link, which nmt does not follow; remove it") from None
+        if e.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a FIFO with no reader, opened for writing only
+            raise NmtError(f"{path}: {what} is not a regular file; remove it") from None
+        raise NmtError(f"{path}: cannot open {what} ({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NmtError(f"{path}: {what} is not a regular file; remove it")
+    return fd
+
+
+def _record_last_run(run_dir: Path) -> None:
+    """Write the run directory's path to .nmt-last-run in the working directory: `nmt translate`
+    with no --checkpoint uses the last run started here. A convenience only, so a read-only
+    working directory, a symbolic link or a FIFO there is a warning, not a reason to stop."""
+    marker = Path(ckpt.LAST_RUN_FILE)
+    try:
+        fd = open_regular_file(marker, os.O_WRONLY, "the last-run marker")
+    except NmtError as e:
+        log.warning("not recording the run: %s", e)
+        return
+    try:
+        os.ftruncate(fd, 0)
+        write_all(fd, (str(run_dir.resolve()) + "\n").encode("utf-8"))
+    except OSError as e:
+        log.warning("cannot record the run in %s (%s)", marker.resolve(), e.strerror or e)
+    finally:
+        os.close(fd)
+
+
 def _summary_writer(path: Path) -> Any:
     """A TensorBoard writer to `path` (train.tensorboard), or a one-line error saying what to install."""
+    if path.exists() and not path.is_dir():
+        raise NmtError(f"{path}: not a directory, where train.tensorboard writes its logs; "
+                       "move it away or set train.tensorboard: false")
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise NmtError("train.tensorboard: true needs the tensorboard package: pip install tensorboard "
                        "(or pip install 'nmt[tensorboard]')") from None
-    return SummaryWriter(log_dir=str(path))
+    try:
+        return SummaryWriter(log_dir=str(path))
+    except OSError as e:
+        raise NmtError(f"{path}: cannot write TensorBoard logs ({e.strerror or e})") from None
 
 
 class _RunLogHandler(logging.FileHandler):

@@ -8,6 +8,7 @@ or (unless --reset-data) the training data changed.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from nmt.config import Config, changed_keys, config_from_dict, config_to_dict
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
 from nmt.training.optim import DynamicLossScaler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,7 +99,7 @@ def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.opti
             reset_data: bool) -> Progress:
     """Load a training checkpoint into the model, optimizer, loss scaler and RNGs; returns its
     progress. --reset-optimizer keeps a fresh optimizer and restarts the warm-up here;
-    --reset-data restarts the epoch."""
+    --reset-data restarts the epoch, the best validation and patience."""
     model.load_state_dict(state["model"])
     ts = state["train_state"]
     progress = Progress(**ts["progress"])
@@ -106,9 +109,14 @@ def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.opti
     else:
         optimizer.load_state_dict(ts["optimizer"])
         scaler.load_state_dict(ts.get("scaler"))
-    if reset_data:
+    if reset_data:  # the valid set may have changed too (another data.dir, the reverse direction)
         progress.updates_in_epoch = 0
         progress.history.append(f"reset data at update {progress.update}")
+        if progress.best is not None:
+            log.info("--reset-data: the best validation so far (%.3f) and checkpoint_best.pt are on the "
+                     "old data; the next validation starts a new best (and patience) and replaces "
+                     "checkpoint_best.pt", progress.best)
+        progress.best, progress.bad_validations = None, 0
     rng = ts["rng"]
     torch.set_rng_state(rng["torch"])
     if torch.cuda.is_available() and rng.get("cuda") is not None and device.type == "cuda":

@@ -28,7 +28,7 @@ from nmt import data as datamod
 from nmt.config import Config
 from nmt.device import autocast, configure_cuda
 from nmt.errors import NmtError
-from nmt.models.transformer import build_model, num_parameters, summary
+from nmt.models.transformer import num_parameters, summary
 from nmt.tokenizer import NMT_SPECIALS
 from nmt.training import validate as validation
 from nmt.training.batches import EMPTY_SHARD, TrainingData, dummy_batch, epoch_updates, prefetched
@@ -48,6 +48,7 @@ from nmt.training.metrics import FiniteChecks, TrainMetrics, UpdateStats
 from nmt.training.oom import OomSkips, inject_oom_faults, is_oom
 from nmt.training.optim import DynamicLossScaler, build_optimizer, dropout_at, lr_at, scale_and_clip
 from nmt.training.rundir import RunDir
+from nmt.training.sizing import build_training_model, meta_model
 from nmt.training.state import (
     Progress,
     build_checkpoint,
@@ -91,9 +92,7 @@ def dry_run(cfg: Config, vocab_size: int | None) -> str:
     least = max(NMT_SPECIALS.ids()) + 1  # the special tokens of the vocabulary nmt trains
     if not least <= vocab_size < 2**31:  # token ids are at most int32
         raise NmtError(f"--vocab-size must be between {least} and {2**31 - 1}, got {vocab_size}")
-    with torch.device("meta"):  # shapes only: a big vocabulary costs no memory
-        model = build_model(cfg.model, vocab_size, pad_id=NMT_SPECIALS.pad)
-    return summary(model)
+    return summary(meta_model(cfg.model, vocab_size, NMT_SPECIALS.pad))  # shapes only: a big vocabulary costs no memory
 
 
 class Trainer:
@@ -113,7 +112,8 @@ class Trainer:
         torch.manual_seed(t.seed)
         # the bare model (saved, validated) and what an update calls: the model and its loss
         # as one module, under DDP and torch.compile when asked (nmt.training.distributed)
-        self.model = build_model(cfg.model, self.tokenizer.vocab_size, pad_id=self.tokenizer.specials.pad).to(env.device)
+        self.model = build_training_model(cfg.model, self.tokenizer.vocab_size, self.tokenizer.specials.pad,
+                                          env.device)
         objective = TranslationLoss(self.model, t.label_smoothing)
         inject_oom_faults(objective, env.rank, lambda: self.progress.update + 1)
         self.training_loss = wrap_for_training(objective, env, t.compile, t.compile_mode)
@@ -370,5 +370,5 @@ class Trainer:
                            f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir") from None
         if self.env.is_main:
             self.run_dir.write_config(self.cfg)
-            log.info("resumed from update %d (epoch %d, %d updates into it)", self.progress.update,
-                     self.progress.epoch, self.progress.updates_in_epoch)
+            log.info("resumed from update %d in %s (epoch %d, %d updates into it)", self.progress.update,
+                     self.run_dir.path, self.progress.epoch, self.progress.updates_in_epoch)
