@@ -242,6 +242,14 @@ def padded_length(length: Length, multiple: int) -> Length:
     return -(-length // multiple) * multiple
 
 
+def pad_rows(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
+    """Token lists -> (len(rows), longest) long tensor, each row right-padded with `pad`."""
+    batch = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        batch[i, : len(row)] = torch.tensor(row)
+    return batch
+
+
 def collate(
     data: ParallelData, indices: Sequence[int] | np.ndarray, pin_memory: bool = False, pad_to: int = 1
 ) -> Batch:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from nmt.atomic import replacing
+from nmt.data import pad_rows
 from nmt.device import autocast
 from nmt.errors import NmtError
 from nmt.tokenizer import BOS, EOS, PAD
@@ -73,20 +74,13 @@ def attention_matrices(model: Any, sources: Sequence[Sequence[int]], targets: Se
     amp = autocast(device, "fp32" if precision == "int8" else precision)
     for first in range(0, len(sources), ATTENTION_BATCH):
         srcs, tgts = sources[first:first + ATTENTION_BATCH], targets[first:first + ATTENTION_BATCH]
-        src = _padded([[*s, EOS] for s in srcs]).to(device)  # (B, S)
-        prev = _padded([[BOS, *t] for t in tgts]).to(device)  # (B, T)
+        src = pad_rows([[*s, EOS] for s in srcs], PAD).to(device)  # (B, S)
+        prev = pad_rows([[BOS, *t] for t in tgts], PAD).to(device)  # (B, T)
         with torch.inference_mode(), amp:
             weights = m.attention_weights(src, prev).float().cpu()  # (B, L, H, T, S)
         for row, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
             out.append(weights[row, :, :, : len(t) + 1, : len(s) + 1].numpy())
     return out
-
-
-def _padded(seqs: list[list[int]]) -> torch.Tensor:
-    batch = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        batch[row, : len(seq)] = torch.tensor(seq)
-    return batch
 
 
 def hard_alignment(weights: np.ndarray, layer: int) -> list[tuple[int, int]]:

@@ -19,6 +19,7 @@ import torch
 
 from nmt.checkpoint import LAST_RUN_FILE, load_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, config_from_dict
+from nmt.data import pad_rows
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import SPECIALS, Shortlist, load_shortlist
@@ -217,10 +218,7 @@ def translate_token_lists(
     batches = [[todo[j] for j in batch] for batch in _batches(lengths, cfg.batch_size, cfg.max_tokens)]
 
     def run(ids: list[int]) -> None:
-        width = max(len(seqs[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), PAD, dtype=torch.long)
-        for row, i in enumerate(ids):
-            src[row, : len(seqs[i]) + 1] = torch.tensor([*seqs[i], EOS])
+        src = pad_rows([[*seqs[i], EOS] for i in ids], PAD)
         search_model, vocab = model, None
         if shortlist is not None:
             vocab, allowed = shortlist.batch_vocab(src, PAD)
@@ -276,16 +274,10 @@ def score_token_lists(
     results: list[list[float]] = [[] for _ in sources]
     amp = autocast(device, "fp32" if precision == "int8" else precision)
     for ids in _batches([len(s) for s in sources], cfg.batch_size, cfg.max_tokens):
-        width = max(len(sources[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), PAD, dtype=torch.long)
-        for row, i in enumerate(ids):
-            src[row, : len(sources[i]) + 1] = torch.tensor([*sources[i], EOS])
+        src = pad_rows([[*sources[i], EOS] for i in ids], PAD)
         gold = [[*targets[i], EOS] for i in ids]
-        steps = max(map(len, gold))
-        feed = torch.full((len(ids), steps), PAD, dtype=torch.long)  # (B, T): gold tokens, padded
-        for row, g in enumerate(gold):
-            feed[row, : len(g)] = torch.tensor(g)
-        feed = feed.to(device)
+        feed = pad_rows(gold, PAD).to(device)  # (B, T): gold tokens, padded
+        steps = feed.size(1)
         out = torch.zeros(len(ids), steps)  # (B, T)
         with torch.inference_mode(), amp:
             state = model.encode(src.to(device))
