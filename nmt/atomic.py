@@ -16,7 +16,8 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from nmt.errors import NmtError
@@ -130,6 +131,24 @@ class TextWriter:
     def flush(self) -> None:
         data, self.parts = "".join(self.parts).encode("utf-8"), []
         write_all(self.fd, data)
+
+
+def write_stdout(write: Callable[[TextWriter], object], what: str = "") -> None:
+    """`write(out)`, then `out.flush()`, with `out` a TextWriter on standard output: a closed
+    stdout or a failed write (a full disk, a file-size limit) is one line, "standard output:
+    cannot write {what} (reason)". A broken pipe (the reader went away) is raised: the CLI
+    ends quietly."""
+    if sys.stdout is None:
+        raise NmtError("standard output is closed")
+    try:
+        sys.stdout.flush()  # what print() may have left in Python's buffer goes first
+        out = TextWriter(sys.stdout.fileno())
+        write(out)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise NmtError(f"standard output: cannot write{' ' + what if what else ''} ({e.strerror or e})") from None
 
 
 def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file") -> None:

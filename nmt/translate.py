@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nmt.api import Translation, Translator
-from nmt.atomic import TextWriter, clean_temporaries, replacing, target
+from nmt.atomic import TextWriter, clean_temporaries, replacing, target, write_stdout
 from nmt.decoding.alignment import layer_count, pharaoh, resolve_layer, save_attention
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
@@ -155,7 +155,7 @@ def translate_main(opts: TranslateOptions) -> None:
             with replacing(output, "the translations") as tmp, open(tmp, "xb", buffering=0) as f:
                 run(TextWriter(f.fileno()))
         else:
-            _to_stdout(run)
+            write_stdout(run, "the translations")
         if opts.attention and attention is not None:
             save_attention(opts.attention, attention)
             log.info("wrote the attention of %d translations to %s", len(attention), opts.attention)
@@ -186,15 +186,3 @@ def _input(path: Path | None) -> tuple[BinaryIO, str]:
         raise NmtError(f"{path}: input file not found") from None
     except OSError as e:
         raise NmtError(f"--input {path}: cannot open ({e.strerror or e})") from None
-
-
-def _to_stdout(run: Any) -> None:
-    """`run(out)` writing to standard output; a failed write (a full disk, a file-size limit)
-    is one line. A closed pipe (the reader went away) goes to the CLI, which ends quietly."""
-    sys.stdout.flush()
-    try:
-        run(TextWriter(sys.stdout.fileno()))
-    except BrokenPipeError:
-        raise
-    except OSError as e:
-        raise NmtError(f"standard output: cannot write the translations ({e.strerror or e})") from None
