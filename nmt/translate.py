@@ -84,9 +84,9 @@ def format_line(hyps: list[Translation], nbest: int, scores: bool, alignment: bo
     return "\t".join(fields)
 
 
-def translate_stream(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
-                     scores: bool = False, buffer_lines: int = 0, alignment: bool = False,
-                     attention: list[Any] | None = None) -> int:
+def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
+                       scores: bool = False, buffer_lines: int = 0, alignment: bool = False,
+                       attention: list[Any] | None = None) -> int:
     """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
     buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
     With a list `attention`, (line index, weights, source pieces, target pieces) of each
@@ -146,7 +146,7 @@ def translate_main(opts: TranslateOptions) -> None:
         if opts.alignment or opts.attention:  # a model without attention says so before any input is read
             resolve_layer(opts.alignment_layer, layer_count(translator.loaded.model))
         attention: list[Any] | None = [] if opts.attention else None
-        run = partial(translate_stream, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
+        run = partial(write_translations, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
                       buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention)
         if output is not None:
             # written to a temporary next to it and renamed at the end: an error or an interrupt
