@@ -180,7 +180,7 @@ def test_batches_padded_to_a_multiple_keep_the_budget_and_repeat_shapes(prepared
 
 
 def test_prefetcher_yields_what_collate_makes_and_passes_errors_on(prepared):
-    from nmt.training.batches import Prefetcher
+    from nmt.training.data import Prefetcher
 
     d = ParallelData.load(prepared[0], "train")
     groups = [[b, None] for b in make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)]

@@ -31,7 +31,7 @@ from nmt.errors import NmtError
 from nmt.models.transformer import build_model, num_parameters, summary
 from nmt.tokenizer import EOS, PAD
 from nmt.training import validate as validation
-from nmt.training.batches import Prefetcher, TrainingData, epoch_groups
+from nmt.training.data import Prefetcher, TrainingData, epoch_groups
 from nmt.training.distributed import Env, setup_env, teardown_env, wrap_for_training
 from nmt.training.loss import TranslationLoss
 from nmt.training.metrics import FiniteChecks, TrainMetrics, UpdateStats
