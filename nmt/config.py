@@ -285,15 +285,6 @@ def config_from_dict(raw: dict[str, Any], where: str = "checkpoint") -> Config:
     return Config(**{name: _build_section(name, dict(raw.get(name, {})), w) for name in SECTIONS})
 
 
-def replace(cfg: Config, **sections: dict[str, Any]) -> Config:
-    """A copy of `cfg` with some keys changed, e.g. replace(cfg, train={"lr": 1e-3})."""
-    new = {}
-    for name in SECTIONS:
-        part = getattr(cfg, name)
-        new[name] = dataclasses.replace(part, **sections.get(name, {}))
-    return Config(**new)
-
-
 def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
     return {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
 

@@ -23,7 +23,7 @@ from nmt import checkpoint as ckpt
 from nmt import cli
 from nmt import data as datamod
 from nmt.checkpoint import atomic_save
-from nmt.config import Config, config_to_dict, load_config, replace
+from nmt.config import SECTIONS, Config, config_to_dict, load_config
 from nmt.errors import NmtError
 from nmt.models.transformer import build_model
 from nmt.tokenizer import PAD, Tokenizer
@@ -67,6 +67,18 @@ def nmt_here(*args: str) -> int:
 def set_args(sets: Mapping[str, object]) -> list[str]:
     """`--set key=value` for each item."""
     return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+
+
+# ------------------------------------------------------------------ configs
+
+
+def with_overrides(cfg: Config, **sections: dict[str, Any]) -> Config:
+    """A copy of `cfg` with some keys changed, e.g. with_overrides(cfg, train={"lr": 1e-3})."""
+    new = {}
+    for name in SECTIONS:
+        part = getattr(cfg, name)
+        new[name] = dataclasses.replace(part, **sections.get(name, {}))
+    return Config(**new)
 
 
 # ------------------------------------------------------------------ synthetic data
@@ -136,7 +148,7 @@ def save_random_model(path: Path, tokenizer: Tokenizer, seed: int, model: dict[s
 def tiny(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
     """configs/tiny.yaml on the CPU with THREADS threads, logging every update."""
     base = load_config(TINY)
-    return replace(base, data={"dir": str(data_dir)}, model=model or {},
+    return with_overrides(base, data={"dir": str(data_dir)}, model=model or {},
                    train={"run_dir": str(run_dir), "log_interval": 1, "device": "cpu", "threads": THREADS,
                           **train_opts})
 

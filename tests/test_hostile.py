@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT, TINY, nmt, nmt_here, save_random_model, set_args, tiny
+from helpers import ROOT, TINY, nmt, nmt_here, save_random_model, set_args, tiny, with_overrides
 
 from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
-from nmt.config import config_to_dict, load_config, replace
+from nmt.config import config_to_dict, load_config
 from nmt.errors import NmtError
 from nmt.textio import TextStats, iter_lines
 from nmt.tokenizer import Tokenizer
@@ -157,7 +157,7 @@ def test_resume_on_the_reversed_direction_is_refused_naming_both(prepared, tmp_p
     meta = json.loads((reversed_data / "prepare.json").read_text())
     meta["source_lang"], meta["target_lang"] = meta["target_lang"], meta["source_lang"]
     (reversed_data / "prepare.json").write_text(json.dumps(meta))
-    more = replace(cfg, data={"dir": str(reversed_data)}, train={"max_updates": 2})
+    more = with_overrides(cfg, data={"dir": str(reversed_data)}, train={"max_updates": 2})
     with pytest.raises(NmtError, match=r"resume refused.*en->de.*de->en.*--reset-data"):
         train(more)
     assert train(more, reset_data=True).update == 2
