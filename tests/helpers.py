@@ -23,7 +23,8 @@ from nmt import checkpoint as ckpt
 from nmt import cli
 from nmt import data as datamod
 from nmt.checkpoint import atomic_save
-from nmt.config import SECTIONS, Config, config_to_dict, load_config
+from nmt.config import SECTIONS, Config, DecodeConfig, config_to_dict, load_config
+from nmt.decoding.search import SearchModel, token_search, top_candidates
 from nmt.errors import NmtError
 from nmt.models.transformer import build_model
 from nmt.tokenizer import PAD, Tokenizer
@@ -283,3 +284,25 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         grad.scatter_add_(1, target.clamp(min=0).unsqueeze(1), torch.where(keep, -a, 0.0).unsqueeze(1))
         grad.mul_(torch.where(keep, grad_loss.float(), 0.0).unsqueeze(1))
         return grad.to(ctx.dtype), None, None, None
+
+
+# ------------------------------------------------------------------ greedy search
+
+
+def first_maximum(scores: torch.Tensor, sent_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy's pick: each row's highest score, ties to the lower token id (`top_candidates`)."""
+    best_score, best = top_candidates(scores, scores.new_zeros(scores.size(0), 1), 1)
+    return best_score.view(-1), best.view(-1)
+
+
+def greedy_search(model: SearchModel, src: torch.Tensor, cfg: DecodeConfig, *, pad: int = 0,
+                  unk: int = 1, bos: int = 2, eos: int = 3,
+                  max_len: int | None = None) -> list[list[int]]:
+    """src (B, S) -> for each sentence the argmax output tokens, without EOS: `token_search`
+    picking the first maximum, the reference that beam 1 (translate's greedy) must equal.
+
+    Same length limits and token rules as `beam_search` (which it equals with beam 1).
+    `max_len` is the model's number of positions; see `max_output_lengths`.
+    """
+    hyps = token_search(model, src, cfg, first_maximum, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len)
+    return [h.tokens for h in hyps]
