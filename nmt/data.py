@@ -227,11 +227,6 @@ class Batch:
             target_index=fn(self.target_index), target_tokens=fn(self.target_tokens),
         )
 
-    @property
-    def padded_positions(self) -> int:
-        """Source and target positions of the padded tensors (what a batch costs to run)."""
-        return self.src.numel() + self.target.numel()
-
 
 Length = TypeVar("Length", int, np.ndarray)
 
