@@ -148,7 +148,8 @@ def write_stdout(write: Callable[[TextWriter], object], what: str = "") -> None:
     except BrokenPipeError:
         raise
     except OSError as e:
-        raise NmtError(f"standard output: cannot write{' ' + what if what else ''} ({e.strerror or e})") from None
+        action = f"cannot write {what}" if what else "cannot write"
+        raise NmtError(f"standard output: {action} ({e.strerror or e})") from None
 
 
 def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file") -> None:

@@ -110,12 +110,10 @@ class Transformer(nn.Module):
         """The output projection (the one way to it): final decoder states (N, D) -> logits
         (N, V), or with `vocab` (K,) (a shortlist) the logits of those K tokens (N, K); in int8
         when the model's output projection is (nmt.models.quantize)."""
-        if vocab is None and self.int8_output is not None:
-            return self.int8_output
-        weight = self.output_weight if vocab is None else self.output_weight[vocab]
-        if self.int8_output is not None:
-            return Int8Linear(weight)
-        return partial(F.linear, weight=weight)
+        weight = self.output_weight if vocab is None else self.output_weight[vocab]  # (V or K, D)
+        if self.int8_output is None:
+            return partial(F.linear, weight=weight)
+        return self.int8_output if vocab is None else Int8Linear(weight)
 
     def forward(self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None) -> Tensor:
         """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V); with
