@@ -20,7 +20,8 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -211,6 +212,25 @@ class TextWriter:
     def flush(self) -> None:
         data, self.parts = "".join(self.parts).encode("utf-8"), []
         write_all(self.fd, data)
+
+
+def write_stdout(write: Callable[[TextWriter], object], what: str = "") -> None:
+    """`write(out)`, then `out.flush()`, with `out` a TextWriter on standard output: a closed
+    stdout or a failed write (a full disk, a file-size limit) is one line, "standard output:
+    cannot write {what} (reason)". A broken pipe (the reader went away) is raised: the CLI
+    ends quietly."""
+    if sys.stdout is None:
+        raise NmtError("standard output is closed")
+    try:
+        sys.stdout.flush()  # what print() may have left in Python's buffer goes first
+        out = TextWriter(sys.stdout.fileno())
+        write(out)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        action = f"cannot write {what}" if what else "cannot write"
+        raise NmtError(f"standard output: {action} ({e.strerror or e})") from None
 
 
 def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file") -> None:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import typer
 
 from nmt import __version__
-from nmt.atomic import TextWriter
+from nmt.atomic import write_stdout
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 from nmt.options import PrepareOptions, TranslateOptions
@@ -395,14 +395,4 @@ def _run(command: Any, args: list[str]) -> None:
 def echo(text: str) -> None:
     """Print `text` (and a newline unless it ends in one) on stdout: a closed or full stdout is one
     line naming it; a broken pipe ends quietly (main)."""
-    if sys.stdout is None:
-        raise NmtError("standard output is closed")
-    try:
-        sys.stdout.flush()
-        out = TextWriter(sys.stdout.fileno())
-        out.write(text if text.endswith("\n") else text + "\n")
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as e:
-        raise NmtError(f"standard output: cannot write ({e.strerror or e})") from None
+    write_stdout(lambda out: out.write(text if text.endswith("\n") else text + "\n"))

@@ -287,15 +287,6 @@ def config_from_dict(raw: dict[str, Any], where: str = "checkpoint") -> Config:
     return Config(**{name: _build_section(name, dict(raw.get(name, {})), w) for name in SECTIONS})
 
 
-def replace(cfg: Config, **sections: dict[str, Any]) -> Config:
-    """A copy of `cfg` with some keys changed, e.g. replace(cfg, train={"lr": 1e-3})."""
-    new = {}
-    for name in SECTIONS:
-        part = getattr(cfg, name)
-        new[name] = dataclasses.replace(part, **sections.get(name, {}))
-    return Config(**new)
-
-
 def changed_keys(old: Config, new: Config, section: str) -> list[tuple[str, Any, Any]]:
     """(`section.key`, old value, new value) of each key of `section` that differs, in field order."""
     a, b = dataclasses.asdict(getattr(old, section)), dataclasses.asdict(getattr(new, section))

@@ -110,30 +110,6 @@ def read_stream(stream: BinaryIO, name: str = "<stdin>") -> list[str]:
     return list(textio.iter_lines(stream, textio.TextStats(name, log_each=True)))
 
 
-def score_files(
-    hyp_path: str | Path,
-    ref_paths: Sequence[str | Path],
-    metrics: Sequence[str] = ("bleu", "chrf"),
-    *,
-    tokenize: str | None = None,
-    lowercase: bool = False,
-) -> list[MetricResult]:
-    """`score_corpus` on files; errors name the files."""
-    if not ref_paths:
-        raise NmtError("scoring needs at least one reference file")
-    hyps = read_lines(hyp_path)
-    refs = [read_lines(path) for path in ref_paths]
-    return score_corpus(
-        hyps,
-        refs,
-        metrics,
-        tokenize=tokenize,
-        lowercase=lowercase,
-        names=[str(p) for p in ref_paths],
-        hyp_name=str(hyp_path),
-    )
-
-
 def format_results(results: Sequence[MetricResult], json: bool = False) -> str:
     """`nmt score` output: sacreBLEU's line and the signature per metric, or a JSON list."""
     if json:

@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nmt.api import Translation, Translator
-from nmt.atomic import FileArg, TextWriter, check_outputs, clean_temporaries, replacing, target
+from nmt.atomic import (
+    FileArg,
+    TextWriter,
+    check_outputs,
+    clean_temporaries,
+    replacing,
+    target,
+    write_stdout,
+)
 from nmt.decoding.alignment import (
     AttentionWriter,
     layer_count,
@@ -93,9 +101,9 @@ def format_line(hyps: list[Translation], nbest: int, scores: bool, alignment: bo
     return "\t".join(fields)
 
 
-def translate_stream(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
-                     scores: bool = False, buffer_lines: int = 0, alignment: bool = False,
-                     attention: AttentionWriter | None = None) -> int:
+def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
+                       scores: bool = False, buffer_lines: int = 0, alignment: bool = False,
+                       attention: AttentionWriter | None = None) -> int:
     """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
     buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
     With an `attention` file, the attention of each non-empty line's best translation is added
@@ -158,7 +166,7 @@ def translate_main(opts: TranslateOptions) -> None:
         if opts.alignment or opts.attention:  # a model without attention says so before any input is read
             resolve_layer(opts.alignment_layer, layer_count(translator.loaded.model))
         with writing_attention(opts.attention) if opts.attention else contextlib.nullcontext() as attention:
-            run = partial(translate_stream, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
+            run = partial(write_translations, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
                           buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention)
             if output is not None:
                 # written to a temporary next to it and renamed at the end: an error or an interrupt
@@ -167,7 +175,7 @@ def translate_main(opts: TranslateOptions) -> None:
                 with replacing(output, "the translations") as tmp, open(tmp, "xb", buffering=0) as f:
                     run(TextWriter(f.fileno()))
             else:
-                _to_stdout(run)
+                write_stdout(run, "the translations")
     finally:
         if opts.input:
             inp.close()
@@ -212,15 +220,3 @@ def _input(path: Path | None) -> tuple[BinaryIO, str]:
         raise NmtError(f"{path}: input file not found") from None
     except OSError as e:
         raise NmtError(f"--input {path}: cannot open ({e.strerror or e})") from None
-
-
-def _to_stdout(run: Any) -> None:
-    """`run(out)` writing to standard output; a failed write (a full disk, a file-size limit)
-    is one line. A closed pipe (the reader went away) goes to the CLI, which ends quietly."""
-    sys.stdout.flush()
-    try:
-        run(TextWriter(sys.stdout.fileno()))
-    except BrokenPipeError:
-        raise
-    except OSError as e:
-        raise NmtError(f"standard output: cannot write the translations ({e.strerror or e})") from None

@@ -147,9 +147,8 @@ def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.Tem
     """A small Transformer (2+2 layers, d_model 64) trained for 300 updates on `prepared`
     (~20 s): it ends its outputs with EOS on its own, so it decodes real sentences to real
     lengths, as a random model does not."""
-    from helpers import tiny
+    from helpers import tiny, with_overrides
 
-    from nmt.config import replace
     from nmt.training.trainer import train
 
     run = tmp_path_factory.mktemp("trained") / "run"
@@ -157,7 +156,7 @@ def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.Tem
                                         "heads": 4},
                max_updates=300, lr=3e-3, warmup_updates=50, max_tokens=1024, valid_bleu=False,
                save_interval_updates=0, log_interval=100)
-    cfg = replace(cfg, decode={"beam": 4, "max_len_a": 1.5, "max_len_b": 10})
+    cfg = with_overrides(cfg, decode={"beam": 4, "max_len_a": 1.5, "max_len_b": 10})
     threads = torch.get_num_threads()
     try:
         train(cfg)

@@ -23,10 +23,12 @@ from nmt import checkpoint as ckpt
 from nmt import cli
 from nmt import data as datamod
 from nmt.checkpoint import atomic_save
-from nmt.config import Config, config_to_dict, load_config, replace
+from nmt.config import SECTIONS, Config, DecodeConfig, config_to_dict, load_config
+from nmt.decoding.search import SearchModel, token_search, top_candidates
 from nmt.errors import NmtError
 from nmt.models.transformer import build_model
-from nmt.tokenizer import Tokenizer
+from nmt.tokenizer import NMT_SPECIALS, Tokenizer
+from nmt.training.loss import smoothed_cross_entropy, smoothing_weights
 from nmt.training.trainer import Env, Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +76,18 @@ def dead_pid() -> int:
 def set_args(sets: Mapping[str, object]) -> list[str]:
     """`--set key=value` for each item."""
     return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+
+
+# ------------------------------------------------------------------ configs
+
+
+def with_overrides(cfg: Config, **sections: dict[str, Any]) -> Config:
+    """A copy of `cfg` with some keys changed, e.g. with_overrides(cfg, train={"lr": 1e-3})."""
+    new = {}
+    for name in SECTIONS:
+        part = getattr(cfg, name)
+        new[name] = dataclasses.replace(part, **sections.get(name, {}))
+    return Config(**new)
 
 
 # ------------------------------------------------------------------ synthetic data
@@ -143,7 +157,7 @@ def save_random_model(path: Path, tokenizer: Tokenizer, seed: int, model: dict[s
 def tiny(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
     """configs/tiny.yaml on the CPU with THREADS threads, logging every update."""
     base = load_config(TINY)
-    return replace(base, data={"dir": str(data_dir)}, model=model or {},
+    return with_overrides(base, data={"dir": str(data_dir)}, model=model or {},
                    train={"run_dir": str(run_dir), "log_interval": 1, "device": "cpu", "threads": THREADS,
                           **train_opts})
 
@@ -223,3 +237,79 @@ def assert_equal_runs(ddp_dir: Path, single_dir: Path) -> None:
     valid_a, valid_b = records(ddp_dir, "valid"), records(single_dir, "valid")
     assert [r["update"] for r in valid_a] == [r["update"] for r in valid_b]
     assert sorted(p.name for p in ddp_dir.glob("*.pt")) == sorted(p.name for p in single_dir.glob("*.pt"))
+
+
+# ------------------------------------------------------------------ the plain loss
+
+
+def label_smoothed_nll_loss(
+    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed label-smoothed cross-entropy and summed NLL over non-padding targets, unchunked:
+    the reference the training loss (`nmt.training.loss.projected_smoothed_loss`) is checked
+    against.
+
+    logits (N, V) in any dtype, target (N,). Computed in fp32. The smoothed target puts
+    1 - epsilon on the gold token and epsilon / (V - 1) on every other token (as fairseq),
+    so loss = (1 - epsilon - eps_i) * nll + eps_i * sum_v(-log p_v), eps_i = epsilon / (V-1).
+    The gradient comes from `_SmoothedCrossEntropy` in one pass over (N, V).
+    """
+    if not logits.requires_grad:
+        return smoothed_cross_entropy(logits, target, epsilon, ignore_index)[:2]
+    loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon, ignore_index)
+    return loss, nll
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Label-smoothed cross-entropy with a hand-written backward.
+
+    Per kept row, loss = -(a * lp[gold] + b * sum_v lp[v]) with a = 1 - epsilon - eps_i,
+    b = eps_i (`smoothing_weights`), so d loss / d logit_v = (a + b V) p_v - b - a [v = gold].
+    Computed in place in the saved log-probabilities.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, epsilon: float,
+                ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, nll, lprobs, keep = smoothed_cross_entropy(logits, target, epsilon, ignore_index)
+        ctx.save_for_backward(lprobs, target, keep)
+        ctx.epsilon, ctx.dtype = epsilon, logits.dtype
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor, grad_nll: Any) -> tuple[Any, ...]:
+        lprobs, target, keep = ctx.saved_tensors
+        vocab = lprobs.size(-1)
+        a, b = smoothing_weights(ctx.epsilon, vocab)
+        grad = lprobs.exp_().mul_(a + b * vocab)  # the saved buffer becomes the gradient
+        if b:
+            grad.sub_(b)
+        # -a at each kept row's gold token; a scatter, not rows = keep.nonzero(), which would
+        # make the host wait for the device to say how many rows there are
+        grad.scatter_add_(1, target.clamp(min=0).unsqueeze(1), torch.where(keep, -a, 0.0).unsqueeze(1))
+        grad.mul_(torch.where(keep, grad_loss.float(), 0.0).unsqueeze(1))
+        return grad.to(ctx.dtype), None, None, None
+
+
+# ------------------------------------------------------------------ greedy search
+
+
+def first_maximum(scores: torch.Tensor, sent_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy's pick: each row's highest score, ties to the lower token id (`top_candidates`)."""
+    best_score, best = top_candidates(scores, scores.new_zeros(scores.size(0), 1), 1)
+    return best_score.view(-1), best.view(-1)
+
+
+def greedy_search(model: SearchModel, src: torch.Tensor, cfg: DecodeConfig, *, pad: int = NMT_SPECIALS.pad,
+                  unk: int = NMT_SPECIALS.unk, bos: int = NMT_SPECIALS.bos, eos: int = NMT_SPECIALS.eos,
+                  max_len: int | None = None) -> list[list[int]]:
+    """src (B, S) -> for each sentence the argmax output tokens, without EOS: `token_search`
+    picking the first maximum, the reference that beam 1 (translate's greedy) must equal.
+
+    Same length limits and token rules as `beam_search` (which it equals with beam 1).
+    `max_len` is the model's number of positions; see `max_output_lengths`.
+    """
+    hyps = token_search(model, src, cfg, first_maximum, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len)
+    return [h.tokens for h in hyps]

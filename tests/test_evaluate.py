@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,6 @@ from nmt.evaluate import (
     load_test_set,
     read_lines,
     score_corpus,
-    score_files,
 )
 
 HYPS = [
@@ -67,6 +67,30 @@ def test_multiple_references_tokenize_and_lowercase():
     assert results[0].score == expected.score
     assert "nrefs:2|case:lc|" in results[0].signature and "tok:intl" in results[0].signature
     assert results[0].score > score_corpus(HYPS, [REF1], ("bleu",))[0].score
+
+
+def score_files(
+    hyp_path: str | Path,
+    ref_paths: Sequence[str | Path],
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    *,
+    tokenize: str | None = None,
+    lowercase: bool = False,
+) -> list[MetricResult]:
+    """`score_corpus` on files (as `nmt score --ref` reads them); errors name the files."""
+    if not ref_paths:
+        raise NmtError("scoring needs at least one reference file")
+    hyps = read_lines(hyp_path)
+    refs = [read_lines(path) for path in ref_paths]
+    return score_corpus(
+        hyps,
+        refs,
+        metrics,
+        tokenize=tokenize,
+        lowercase=lowercase,
+        names=[str(p) for p in ref_paths],
+        hyp_name=str(hyp_path),
+    )
 
 
 def test_mismatched_line_counts_name_both_counts_and_files(tmp_path):

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import TINY, nmt, records
+from helpers import TINY, nmt, records, with_overrides
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, ModelConfig, load_config, replace
+from nmt.config import Config, ModelConfig, load_config
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import NMT_SPECIALS
 from nmt.training.trainer import train
@@ -38,7 +38,7 @@ def _needs_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_cfg(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
-    return replace(load_config(TINY), data={"dir": str(data_dir)}, model=model or {},
+    return with_overrides(load_config(TINY), data={"dir": str(data_dir)}, model=model or {},
                    train={"run_dir": str(run_dir), "log_interval": 1, "device": "cuda", **train_opts})
 
 
@@ -134,10 +134,10 @@ def test_an_update_never_synchronizes_with_the_host(prepared, tmp_path, precisio
 @pytest.mark.parametrize("precision, tol", [("fp32", 1e-5), ("fp16", 1e-3)])
 def test_resume_equals_uninterrupted(prepared, tmp_path, precision, tol):
     cfg = run_cfg(prepared[0], tmp_path / "a", precision=precision, max_tokens=1024, validate_interval_updates=4)
-    train(replace(cfg, train={"max_updates": 9}))
+    train(with_overrides(cfg, train={"max_updates": 9}))
     run_b = tmp_path / "b"
-    train(replace(cfg, train={"run_dir": str(run_b), "max_updates": 4}))
-    second = train(replace(cfg, train={"run_dir": str(run_b), "max_updates": 9}))
+    train(with_overrides(cfg, train={"run_dir": str(run_b), "max_updates": 4}))
+    second = train(with_overrides(cfg, train={"run_dir": str(run_b), "max_updates": 9}))
     assert second.update == 9
     a = {r["update"]: r["loss"] for r in records(tmp_path / "a", "train")}
     b = {r["update"]: r["loss"] for r in records(run_b, "train")}

@@ -21,12 +21,23 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT, TINY, dead_pid, nmt, nmt_here, records, save_random_model, set_args, tiny
+from helpers import (
+    ROOT,
+    TINY,
+    dead_pid,
+    nmt,
+    nmt_here,
+    records,
+    save_random_model,
+    set_args,
+    tiny,
+    with_overrides,
+)
 
 from nmt.api import Translator
 from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
-from nmt.config import config_to_dict, load_config, replace
+from nmt.config import config_to_dict, load_config
 from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.models.transformer import build_model
@@ -203,7 +214,7 @@ def test_resume_on_the_reversed_direction_is_refused_naming_both(prepared, tmp_p
     meta = json.loads((reversed_data / "prepare.json").read_text())
     meta["source_lang"], meta["target_lang"] = meta["target_lang"], meta["source_lang"]
     (reversed_data / "prepare.json").write_text(json.dumps(meta))
-    more = replace(cfg, data={"dir": str(reversed_data)}, train={"max_updates": 2})
+    more = with_overrides(cfg, data={"dir": str(reversed_data)}, train={"max_updates": 2})
     with pytest.raises(NmtError, match=r"resume refused.*en->de.*de->en.*--reset-data"):
         train(more)
     assert train(more, reset_data=True).update == 2
@@ -219,7 +230,7 @@ def test_reset_data_starts_a_new_best_and_patience(prepared, tmp_path, caplog):
     state = load_checkpoint(run_dir / "checkpoint_last.pt")  # an old best no validation can beat, patience spent
     state["train_state"]["progress"].update(best=-1.0, bad_validations=1)
     atomic_save(state, run_dir / "checkpoint_last.pt")
-    more = replace(cfg, train={"max_updates": 2})
+    more = with_overrides(cfg, train={"max_updates": 2})
     assert train(more).update == 1  # as it stands: patience is spent
     assert train(more, reset_data=True).update == 2
     valid = records(run_dir, "valid")[-1]

@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import label_smoothed_nll_loss
 
 from nmt import data as datamod
 from nmt.config import ModelConfig
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import NMT_SPECIALS
-from nmt.training.loss import TranslationLoss, label_smoothed_nll_loss, projected_smoothed_loss
+from nmt.training.loss import TranslationLoss, projected_smoothed_loss
 
 
 def reference(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float):

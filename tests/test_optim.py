@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
+from helpers import label_smoothed_nll_loss
 
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
-from nmt.training.loss import label_smoothed_nll_loss
 from nmt.training.optim import DynamicLossScaler, dropout_at, lr_at
 
 

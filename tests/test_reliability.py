@@ -44,10 +44,11 @@ from helpers import (
     train_single,
     updates_per_epoch,
     weights,
+    with_overrides,
 )
 
 from nmt import checkpoint as ckpt
-from nmt.config import load_config, replace
+from nmt.config import load_config
 from nmt.training.oom import FAULT_OOM_ENV
 from nmt.training.trainer import train
 
@@ -163,7 +164,7 @@ def test_sigkill_twenty_times_then_resume_equals_an_uninterrupted_run(prepared, 
     assert temporaries(run_dir) == []
     assert all(json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
     cfg = load_config(TINY, [f"{k}={v}" for k, v in sets.items()])
-    train(replace(cfg, train={"run_dir": str(tmp_path / "straight")}))
+    train(with_overrides(cfg, train={"run_dir": str(tmp_path / "straight")}))
     assert_same_weights(weights(tmp_path / "straight"), weights(run_dir))
     assert losses(tmp_path / "straight") == pytest.approx(losses(run_dir), abs=1e-6)
 
@@ -174,7 +175,7 @@ def test_incomplete_metrics_line_of_a_killed_run_is_cut_off(prepared, tmp_path, 
     metrics = tmp_path / "run" / "metrics.jsonl"
     with open(metrics, "ab") as f:
         f.write(b'{"type": "train", "upd')  # killed mid-write
-    train(replace(cfg, train={"max_updates": 3}))
+    train(with_overrides(cfg, train={"max_updates": 3}))
     assert [r["update"] for r in records(tmp_path / "run", "train")] == [1, 2, 3]
     assert "incomplete last line" in caplog.text
 
@@ -187,11 +188,11 @@ def test_resume_takes_a_checkpoint_newer_than_checkpoint_last(prepared, tmp_path
     (run_dir / "checkpoint_last.pt").unlink()
     os.link(run_dir / "checkpoint_2.pt", run_dir / "checkpoint_last.pt")
     caplog.set_level("INFO")
-    train(replace(cfg, train={"max_updates": 5}))
+    train(with_overrides(cfg, train={"max_updates": 5}))
     assert "checkpoint_3.pt is newer than checkpoint_last.pt (update 2)" in caplog.text
     assert "resumed from update 3" in caplog.text
     assert sorted(losses(run_dir)) == [1, 2, 3, 4, 5] and len(records(run_dir, "train")) == 5  # nothing redone
-    train(replace(cfg, train={"run_dir": str(tmp_path / "straight"), "max_updates": 5}))
+    train(with_overrides(cfg, train={"run_dir": str(tmp_path / "straight"), "max_updates": 5}))
     assert_same_weights(weights(tmp_path / "straight"), weights(run_dir))
 
 
@@ -287,7 +288,7 @@ def test_write_failure_stops_with_one_line_naming_the_path(prepared, tmp_path, c
 
 def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, tmp_path):
     cfg = tiny(prepared[0], tmp_path / "oom", update_freq=2, max_tokens=1024)
-    oomed, clean = make_trainer(cfg), make_trainer(replace(cfg, train={"run_dir": str(tmp_path / "clean")}))
+    oomed, clean = make_trainer(cfg), make_trainer(with_overrides(cfg, train={"run_dir": str(tmp_path / "clean")}))
     try:
         groups = oomed.epoch_updates(1)
         real_forward, calls = oomed.model.decoder_states, []  # the forward pass of training

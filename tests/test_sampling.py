@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import nmt_here, save_random_model
+from helpers import greedy_search, nmt_here, save_random_model
 
 from nmt.api import Translator
 from nmt.config import DecodeConfig
 from nmt.decoding.predict import load_models, translate_token_lists
 from nmt.decoding.sampling import sampler
-from nmt.decoding.search import greedy_search
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer, train_sentencepiece
 

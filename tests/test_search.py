@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import greedy_search
 
 from nmt.config import DecodeConfig
 from nmt.decoding.search import (
     LENPEN_HELP,
     Hypothesis,
     beam_search,
-    greedy_search,
     length_penalty,
     max_output_lengths,
     top_candidates,

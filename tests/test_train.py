@@ -29,12 +29,12 @@ from helpers import (
     tiny,
     updates_per_epoch,
     weights,
+    with_overrides,
     write_parallel,
 )
 
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
-from nmt.config import replace
 from nmt.errors import NmtError
 from nmt.prepare import PrepareOptions, prepare_bpe
 from nmt.training.optim import DynamicLossScaler, dropout_at, lr_at
@@ -77,13 +77,13 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
     stop, total = spec["stop"](per_epoch), spec["total"](per_epoch)
     assert 0 < stop <= total and (case == "at-epoch-end" or stop < per_epoch)
 
-    train(replace(cfg, train={"max_updates": total}))
+    train(with_overrides(cfg, train={"max_updates": total}))
     run_b = tmp_path / "b"
-    first = train(replace(cfg, train={"run_dir": str(run_b), "max_updates": stop}))
+    first = train(with_overrides(cfg, train={"run_dir": str(run_b), "max_updates": stop}))
     assert first.update == stop
     state = ckpt.load_checkpoint(run_b / "checkpoint_last.pt")["train_state"]["progress"]
     assert (state["epoch"], state["updates_in_epoch"]) == ((1, stop) if stop < per_epoch else (2, 0))
-    second = train(replace(cfg, train={"run_dir": str(run_b), "max_updates": total}))
+    second = train(with_overrides(cfg, train={"run_dir": str(run_b), "max_updates": total}))
     assert second.update == total
 
     a, b = losses(tmp_path / "a"), losses(run_b)
@@ -102,19 +102,19 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
 def test_dropout_ramp_applies_per_update_and_resumes_exactly(prepared, tmp_path):
     cfg = tiny(prepared[0], tmp_path / "a", {"dropout": 0.0}, max_tokens=1024,
                dropout_ramp_start=2, dropout_ramp_end=6, dropout_ramp_to=0.4)
-    train(replace(cfg, train={"max_updates": 8}))
+    train(with_overrides(cfg, train={"max_updates": 8}))
     logged = {r["update"]: r["dropout"] for r in records(tmp_path / "a", "train")}
     assert logged == {u: pytest.approx(dropout_at(u, cfg.train, 0.0)) for u in range(1, 9)}
     assert logged[2] == 0.0 and logged[4] == pytest.approx(0.2) and logged[8] == pytest.approx(0.4)
 
     run_b = tmp_path / "b"  # stopped in the middle of the ramp
-    train(replace(cfg, train={"run_dir": str(run_b), "max_updates": 4}))
-    train(replace(cfg, train={"run_dir": str(run_b), "max_updates": 8}))
+    train(with_overrides(cfg, train={"run_dir": str(run_b), "max_updates": 4}))
+    train(with_overrides(cfg, train={"run_dir": str(run_b), "max_updates": 8}))
     assert losses(tmp_path / "a") == pytest.approx(losses(run_b), abs=1e-6)
     assert_same_weights(weights(tmp_path / "a"), weights(run_b))
 
     run_c = tmp_path / "c"  # no ramp: the same until the ramp starts, then different
-    train(replace(cfg, train={"run_dir": str(run_c), "max_updates": 3, "dropout_ramp_end": 0}))
+    train(with_overrides(cfg, train={"run_dir": str(run_c), "max_updates": 3, "dropout_ramp_end": 0}))
     a, c = losses(tmp_path / "a"), losses(run_c)
     assert [a[1], a[2]] == pytest.approx([c[1], c[2]], abs=1e-6)
     assert abs(a[3] - c[3]) > 1e-4
@@ -128,7 +128,7 @@ def test_logged_loss_is_the_interval_mean_per_target_token(prepared, tmp_path):
     train(cfg)
     each = records(tmp_path / "each", "train")
     assert [r["update"] for r in each] == list(range(1, 7))
-    train(replace(cfg, train={"run_dir": str(tmp_path / "every3"), "log_interval": 3}))
+    train(with_overrides(cfg, train={"run_dir": str(tmp_path / "every3"), "log_interval": 3}))
     every3 = records(tmp_path / "every3", "train")
     assert [r["update"] for r in every3] == [3, 6]
     for rec, window in zip(every3, (each[:3], each[3:]), strict=True):
@@ -159,7 +159,7 @@ def test_finished_run_started_again_changes_nothing(prepared, tmp_path, caplog):
 def test_resume_refuses_a_changed_model_naming_the_key(prepared, tmp_path):
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=2)
     train(cfg)
-    changed = replace(cfg, model={"ffn_dim": 96}, train={"max_updates": 4})
+    changed = with_overrides(cfg, model={"ffn_dim": 96}, train={"max_updates": 4})
     with pytest.raises(NmtError, match=r"model\.ffn_dim: 64 -> 96"):
         train(changed)
 
@@ -188,13 +188,13 @@ def test_a_run_written_before_a_config_key_existed_resumes(prepared, tmp_path):
     for section, key in (("model", "arch"), ("model", "cell"), ("train", "pad_to_multiple")):  # at defaults
         del state["config"][section][key]
     ckpt.atomic_save(state, last)
-    assert train(replace(cfg, train={"max_updates": 4})).update == 4
+    assert train(with_overrides(cfg, train={"max_updates": 4})).update == 4
 
 
 def test_resume_on_changed_data_needs_reset_data(prepared, other_data, tmp_path):
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=3)
     train(cfg)
-    moved = replace(cfg, data={"dir": str(other_data)}, train={"max_updates": 6})
+    moved = with_overrides(cfg, data={"dir": str(other_data)}, train={"max_updates": 6})
     with pytest.raises(NmtError, match="training data changed.*fingerprint.*--reset-data"):
         train(moved)
     result = train(moved, reset_data=True)
@@ -213,13 +213,13 @@ def test_resume_refuses_another_tokenizer_even_with_reset_data(prepared, tmp_pat
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=2)
     train(cfg)
     with pytest.raises(NmtError, match="tokenizer"):
-        train(replace(cfg, data={"dir": str(other)}, train={"max_updates": 4}), reset_data=True)
+        train(with_overrides(cfg, data={"dir": str(other)}, train={"max_updates": 4}), reset_data=True)
 
 
 def test_reset_optimizer_restarts_the_schedule(prepared, tmp_path):
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=6, warmup_updates=4)
     train(cfg)
-    train(replace(cfg, train={"max_updates": 8}), reset_optimizer=True)
+    train(with_overrides(cfg, train={"max_updates": 8}), reset_optimizer=True)
     lrs = {r["update"]: r["lr"] for r in records(tmp_path / "run", "train")}
     assert lrs[6] == pytest.approx(lr_at(6, cfg.train, cfg.model.d_model))
     assert lrs[7] == pytest.approx(lr_at(1, cfg.train, cfg.model.d_model))  # warm-up starts again
@@ -237,7 +237,7 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     # which turns a difference of 1e-12 in a near-zero gradient into one of lr when eps is 1e-9.
     cfg = tiny(prepared[0], tmp_path / "acc", update_freq=2, label_smoothing=0.1, clip_norm=0.0, adam_eps=1e-3)
     accumulating = make_trainer(cfg)
-    big = make_trainer(replace(cfg, train={"run_dir": str(tmp_path / "big"), "update_freq": 1}))
+    big = make_trainer(with_overrides(cfg, train={"run_dir": str(tmp_path / "big"), "update_freq": 1}))
     b1, b2 = accumulating.epoch_updates(1)[0]
     specials = big.tokenizer.specials
     assert len(b1) != len(b2) or datamod.collate(big.train_data, b1, specials).num_target_tokens != \
@@ -349,7 +349,7 @@ def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run
     assert_same_weights(weights(run_dir, f"checkpoint_{stopped_at}.pt"), last["model"], 0.0)
 
     assert train(cfg).update == stopped_at + 3
-    train(replace(cfg, train={"run_dir": str(tmp_path / "straight")}))
+    train(with_overrides(cfg, train={"run_dir": str(tmp_path / "straight")}))
     assert_same_weights(weights(tmp_path / "straight"), weights(run_dir))
     assert losses(tmp_path / "straight") == pytest.approx(losses(run_dir), abs=1e-6)
 
@@ -368,7 +368,7 @@ def test_nan_loss_stops_naming_the_update_and_leaves_checkpoints_intact(prepared
 
     monkeypatch.setattr(lossmod, "projected_smoothed_loss", nan_loss)
     with pytest.raises(NmtError, match="non-finite loss at update 4"):
-        train(replace(cfg, train={"max_updates": 10}))
+        train(with_overrides(cfg, train={"max_updates": 10}))
     assert snapshot(tmp_path / "run") == before
     assert ckpt.load_latest(tmp_path / "run")["update"] == 3
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, nmt, nmt_here, save_random_model
+from helpers import ROOT, greedy_search, nmt, nmt_here, save_random_model
 
 from nmt.decoding.predict import load_models, translate_token_lists
-from nmt.decoding.search import beam_search, greedy_search, length_penalty
+from nmt.decoding.search import beam_search, length_penalty
 from nmt.decoding.shortlist import Shortlist, load_shortlist, save_shortlist
 from nmt.tokenizer import NMT_SPECIALS, Tokenizer, train_sentencepiece
 

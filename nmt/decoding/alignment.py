@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from nmt.atomic import clean_temporaries, replacing, target
-from nmt.decoding.predict import decode_autocast, pad_rows
+from nmt.data import pad_rows
+from nmt.decoding.predict import decode_autocast
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds
 

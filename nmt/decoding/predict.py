@@ -19,6 +19,7 @@ import torch
 
 from nmt.checkpoint import LAST_RUN_FILE, load_model_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, check_nbest
+from nmt.data import pad_rows
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
@@ -36,14 +37,6 @@ def decode_autocast(device: torch.device, precision: str) -> Any:
     """The autocast a decode at `precision` runs under: int8 under fp32, its decoder being
     quantised already (`load_models`); bf16 and fp16 as `nmt.device.autocast`."""
     return autocast(device, "fp32" if precision == "int8" else precision)
-
-
-def pad_rows(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
-    """Token-id rows -> (N, longest) long, right-padded with `pad`."""
-    batch = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
-    for i, row in enumerate(rows):
-        batch[i, : len(row)] = torch.tensor(row)
-    return batch
 
 
 class Ensemble:

@@ -1,4 +1,5 @@
-"""Greedy and beam search over the model protocol of docs/architecture.md.
+"""Beam search (beam 1 is greedy) and token-by-token search (sampling) over the model protocol
+of docs/architecture.md.
 
 The search knows the model only through `encode(src) -> state`,
 `decode_step(tokens (N,), state) -> (log_probs (N, V), state)` and `reorder(state, index)`.
@@ -176,31 +177,14 @@ def _block_(scores: Tensor, step: int, history: Tensor, at_max: Tensor | None,
 
 Pick = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """(scores (N, V) of the live rows' next token, sentence of each row (N,) CPU) -> the chosen
-tokens' log-probs (N,) and the tokens (N,): greedy's first maximum, or a sample."""
-
-
-def first_maximum(scores: Tensor, sent_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Greedy's pick: each row's highest score, ties to the lower token id (`top_candidates`)."""
-    best_score, best = top_candidates(scores, scores.new_zeros(scores.size(0), 1), 1)
-    return best_score.view(-1), best.view(-1)
-
-
-def greedy_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, pad: int = 0,
-                  unk: int = 1, bos: int = 2, eos: int = 3,
-                  max_len: int | None = None) -> list[list[int]]:
-    """src (B, S) -> for each sentence the argmax output tokens, without EOS.
-
-    Same length limits and token rules as `beam_search` (which it equals with beam 1).
-    `max_len` is the model's number of positions; see `max_output_lengths`.
-    """
-    hyps = token_search(model, src, cfg, first_maximum, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len)
-    return [h.tokens for h in hyps]
+tokens' log-probs (N,) and the tokens (N,): a sample, or (the tests' greedy search) the first maximum."""
 
 
 def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick, *, pad: int,
                  unk: int, bos: int, eos: int, max_len: int | None = None) -> list[Hypothesis]:
-    """src (B, S) -> one hypothesis per sentence, one token per step chosen by `pick` (greedy:
-    `first_maximum`; sampling: `nmt.decoding.sampling.sampler`) among the tokens the rules allow.
+    """src (B, S) -> one hypothesis per sentence, one token per step chosen by `pick` (sampling:
+    `nmt.decoding.sampling.sampler`; the tests' greedy search: the first maximum) among the
+    tokens the rules allow.
 
     Same length limits and token rules as `beam_search`. Scores are those of the model's
     log-probs (normalised by the length penalty of `cfg`, as beam search ranks them).

@@ -103,16 +103,17 @@ class Transformer(nn.Module):
         return [cast(DecoderLayer, layer).cross_attn.keys_values(memory) for layer in self.decoder]
 
     def output(self, x: Tensor) -> Tensor:
-        """Decoder states (..., D) -> logits (..., V) through the tied output projection."""
-        if self.int8_output is not None:
-            return self.int8_output(self.decoder_norm(x))
-        return F.linear(self.decoder_norm(x), self.tgt_embed.tokens.weight)
+        """Decoder output (..., D) -> logits (..., V): the final norm, then the output projection."""
+        return self.projection()(self.decoder_norm(x))
 
-    def projection(self, weight: Tensor) -> Callable[[Tensor], Tensor]:
-        """x (N, D) -> x weight^T, in int8 when the model's output projection is."""
-        if self.int8_output is not None:
-            return Int8Linear(weight)
-        return partial(F.linear, weight=weight)
+    def projection(self, vocab: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+        """The output projection (the one way to it): final decoder states (N, D) -> logits
+        (N, V), or with `vocab` (K,) (a shortlist) the logits of those K tokens (N, K); in int8
+        when the model's output projection is (nmt.models.quantize)."""
+        weight = self.output_weight if vocab is None else self.output_weight[vocab]  # (V or K, D)
+        if self.int8_output is None:
+            return partial(F.linear, weight=weight)
+        return self.int8_output if vocab is None else Int8Linear(weight)
 
     def forward(self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None) -> Tensor:
         """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V); with
@@ -135,7 +136,8 @@ class Transformer(nn.Module):
 
     @property
     def output_weight(self) -> Tensor:
-        """(V, D): the output projection, tied to the target embedding."""
+        """(V, D): the output projection's matrix, tied to the target embedding (the loss,
+        nmt.training.loss, multiplies by it chunk by chunk)."""
         return self.tgt_embed.tokens.weight
 
     def attention_weights(self, src: Tensor, prev_output: Tensor) -> Tensor:
@@ -173,7 +175,7 @@ class Transformer(nn.Module):
         state = DecoderState(mask, self.cross_keys_values(memory))
         if shortlist is not None:
             state.vocab, state.blocked = shortlist[0], ~shortlist[1]
-            state.project = self.projection(self.tgt_embed.tokens.weight[state.vocab])
+            state.project = self.projection(state.vocab)
         return state
 
     @torch.no_grad()

@@ -20,25 +20,13 @@ from torch import nn
 CHUNK_ELEMENTS = 1 << 24
 
 
-def label_smoothed_nll_loss(
-    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed label-smoothed cross-entropy and summed NLL over non-padding targets.
-
-    logits (N, V) in any dtype, target (N,). Computed in fp32. The smoothed target puts
-    1 - epsilon on the gold token and epsilon / (V - 1) on every other token (as fairseq),
-    so loss = (1 - epsilon - eps_i) * nll + eps_i * sum_v(-log p_v), eps_i = epsilon / (V-1).
-    The gradient comes from `_SmoothedCrossEntropy` in one pass over (N, V).
-    """
-    if not logits.requires_grad:
-        return _smoothed_ce(logits, target, epsilon, ignore_index)[:2]
-    loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon, ignore_index)
-    return loss, nll
-
-
-def _smoothed_ce(logits: torch.Tensor, target: torch.Tensor, epsilon: float,
-                 ignore_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, nll, lprobs (N, V) fp32, keep (N,) bool): the forward pass of the loss."""
+def smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Label-smoothed cross-entropy of logits (N, V) in any dtype, target (N,), computed in fp32:
+    (loss, nll, lprobs (N, V) fp32, keep (N,) bool), loss and NLL summed over the rows whose
+    target is not `ignore_index`. The smoothed target puts 1 - epsilon on the gold token and
+    epsilon / (V - 1) on every other token (as fairseq). `_ProjectedSmoothedLoss` computes
+    the gradient from `lprobs` itself."""
     lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) fp32
     keep = target != ignore_index
     gold = lprobs.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
@@ -47,46 +35,11 @@ def _smoothed_ce(logits: torch.Tensor, target: torch.Tensor, epsilon: float,
         return nll, nll.detach(), lprobs, keep
     # the (N,) row sums masked, not rows of lprobs selected: no (N, V) copy
     smooth = -torch.where(keep, lprobs.sum(dim=-1), 0.0).sum()
-    eps_i = epsilon / (lprobs.size(-1) - 1)
-    return (1.0 - epsilon - eps_i) * nll + eps_i * smooth, nll.detach(), lprobs, keep
+    a, b = smoothing_weights(epsilon, lprobs.size(-1))
+    return a * nll + b * smooth, nll.detach(), lprobs, keep
 
 
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Label-smoothed cross-entropy with a hand-written backward.
-
-    Per kept row, loss = -(a * lp[gold] + b * sum_v lp[v]) with a = 1 - epsilon - eps_i,
-    b = eps_i, so d loss / d logit_v = (a + b V) p_v - b - a [v = gold]. Computed in place in
-    the saved log-probabilities: autograd's chain (log_softmax, gather, sum, where) costs
-    several (N, V) passes and buffers, ~8% of a CPU training update at V = 8000.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, epsilon: float,
-                ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, nll, lprobs, keep = _smoothed_ce(logits, target, epsilon, ignore_index)
-        ctx.save_for_backward(lprobs, target, keep)
-        ctx.epsilon, ctx.dtype = epsilon, logits.dtype
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_loss: torch.Tensor, grad_nll: Any) -> tuple[Any, ...]:
-        lprobs, target, keep = ctx.saved_tensors
-        vocab = lprobs.size(-1)
-        b = ctx.epsilon / (vocab - 1) if ctx.epsilon else 0.0
-        a = 1.0 - ctx.epsilon - b
-        grad = lprobs.exp_().mul_(a + b * vocab)  # the saved buffer becomes the gradient
-        if b:
-            grad.sub_(b)
-        # -a at each kept row's gold token; a scatter, not rows = keep.nonzero(), which would
-        # make the host wait for the device to say how many rows there are
-        grad.scatter_add_(1, target.clamp(min=0).unsqueeze(1), torch.where(keep, -a, 0.0).unsqueeze(1))
-        grad.mul_(torch.where(keep, grad_loss.float(), 0.0).unsqueeze(1))
-        return grad.to(ctx.dtype), None, None, None
-
-
-def _smoothing_weights(epsilon: float, vocab: int) -> tuple[float, float]:
+def smoothing_weights(epsilon: float, vocab: int) -> tuple[float, float]:
     """(a, b): per row, loss = -(a * lp[gold] + b * sum_v lp[v]) (fairseq's smoothing)."""
     b = epsilon / (vocab - 1) if epsilon else 0.0
     return 1.0 - epsilon - b, b
@@ -98,7 +51,7 @@ def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: 
 
     states (M, D) are the final decoder states of M real target tokens (no padding), weight
     (V, D) the output projection, target (M,) their labels. Equal to
-    `label_smoothed_nll_loss(F.linear(states, weight), target, epsilon, pad)`, computed
+    the label-smoothed cross-entropy of `F.linear(states, weight)` (`smoothed_cross_entropy`), computed
     `chunk_rows` rows at a time (default: CHUNK_ELEMENTS / V), in fp32 after the matmul.
     """
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.size(0))
@@ -106,7 +59,7 @@ def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: 
         total = torch.zeros(2, dtype=torch.float32, device=states.device)
         for start in range(0, states.size(0), rows):
             logits = F.linear(states[start : start + rows], weight)
-            loss, nll, _, _ = _smoothed_ce(logits, target[start : start + rows], epsilon, -1)
+            loss, nll, _, _ = smoothed_cross_entropy(logits, target[start : start + rows], epsilon, -1)
             total += torch.stack([loss, nll])
         return total[0], total[1]
     loss, nll = _ProjectedSmoothedLoss.apply(states, weight, target, epsilon, rows)
@@ -115,21 +68,23 @@ def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: 
 
 class _ProjectedSmoothedLoss(torch.autograd.Function):
     """The chunked loss with its gradients computed in the forward pass, chunk by chunk:
-    d loss / d logit_v = (a + b V) p_v - b - a [v = gold] (see `_SmoothedCrossEntropy`), then
+    per row, loss = -(a * lp[gold] + b * sum_v lp[v]) (`smoothing_weights`), so
+    d loss / d logit_v = (a + b V) p_v - b - a [v = gold], computed in place in the chunk's
+    log-probabilities (autograd's chain would cost several (c, V) passes and buffers); then
     d states = g @ weight and d weight += g^T @ states; only one chunk's g exists at a time."""
 
     @staticmethod
     def forward(ctx: Any, states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float,
                 rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         vocab = weight.size(0)
-        a, b = _smoothing_weights(epsilon, vocab)
+        a, b = smoothing_weights(epsilon, vocab)
         grad_states = torch.empty_like(states)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         total = torch.zeros(2, dtype=torch.float32, device=states.device)
         for start in range(0, states.size(0), rows):
             h, gold = states[start : start + rows], target[start : start + rows]
             logits = F.linear(h, weight)  # (c, V) in the autocast dtype, if any
-            loss, nll, lprobs, _ = _smoothed_ce(logits, gold, epsilon, -1)
+            loss, nll, lprobs, _ = smoothed_cross_entropy(logits, gold, epsilon, -1)
             total += torch.stack([loss, nll])
             grad = lprobs.exp_().mul_(a + b * vocab)  # (c, V) fp32: the chunk's only big buffer
             if b:

@@ -3,7 +3,7 @@
 optimizer step), read top to bottom.
 
 Running `nmt train` again on a run directory resumes at the exact batch where it stopped.
-The rest lives beside this module: `nmt.training.batches` (an epoch's updates for this rank,
+The rest lives beside this module: `nmt.training.data` (an epoch's updates for this rank,
 the empty-shard marker and the dummy batch, prefetching), `nmt.training.rundir` (the files of
 the run directory), `nmt.training.state` (progress, the training checkpoint, resuming),
 `nmt.training.validate` (valid loss and BLEU, best checkpoint, patience),
@@ -31,7 +31,7 @@ from nmt.errors import NmtError
 from nmt.models.transformer import num_parameters, summary
 from nmt.tokenizer import NMT_SPECIALS
 from nmt.training import validate as validation
-from nmt.training.batches import EMPTY_SHARD, TrainingData, dummy_batch, epoch_updates, prefetched
+from nmt.training.data import EMPTY_SHARD, TrainingData, dummy_batch, epoch_updates, prefetched
 from nmt.training.distributed import (
     Env,
     StopSignals,
