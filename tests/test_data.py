@@ -1,4 +1,4 @@
-"""Memory-mapped splits, token-based batching, sharding (nmt.training.batches), collation."""
+"""Memory-mapped splits, token-based batching, sharding (nmt.training.data), collation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from nmt.training.batches import EMPTY_SHARD, shard_batches
 
 from nmt.data import (
     Batch,
@@ -20,6 +19,7 @@ from nmt.data import (
 )
 from nmt.errors import NmtError
 from nmt.tokenizer import NMT_SPECIALS, SpecialIds, Tokenizer
+from nmt.training.data import EMPTY_SHARD, shard_batches
 
 
 def padded_cost(batch, src, tgt) -> int:
