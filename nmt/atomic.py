@@ -14,6 +14,7 @@ its inputs (and with its other outputs) before anything is written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -329,3 +330,29 @@ def _inside(file: str | os.PathLike | int, directory: tuple[object, object]) -> 
     if isinstance(file, int) or directory[0] == "path":
         return False
     return any(_file_key(parent) == directory for parent in Path(os.path.realpath(file)).parents)
+
+
+def open_regular_file(path: Path, flags: int, what: str, *, create: bool = True) -> int:
+    """A descriptor of `path` opened with `flags` (and O_CREAT if `create`), refused in one line
+    unless it is a regular file. A symbolic link is not followed: one planted in a shared
+    directory (runs/, the working directory) would have training truncate whatever file it
+    names, or translation read a checkpoint path from anywhere (issue 25); a FIFO opens without
+    blocking (O_NONBLOCK) and is then refused like a device or a directory. A missing file
+    (without `create`) raises FileNotFoundError for the caller to word."""
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        if create:
+            raise NmtError(f"{path}: cannot create {what} (its directory is missing)") from None
+        raise
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NmtError(f"{path}: {what} is a symbolic link, which nmt does not follow; remove it") from None
+        if e.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a FIFO with no reader, opened for writing only
+            raise NmtError(f"{path}: {what} is not a regular file; remove it") from None
+        raise NmtError(f"{path}: cannot open {what} ({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NmtError(f"{path}: {what} is not a regular file; remove it")
+    return fd

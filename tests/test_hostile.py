@@ -149,6 +149,21 @@ def test_the_last_run_marker_is_not_written_through_a_symlink(prepared, tmp_path
     assert "not recording the run: .nmt-last-run: the last-run marker is a symbolic link" in caplog.text
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_translate_reads_the_last_run_marker_only_from_a_regular_file(tmp_path, kind):
+    """Without --checkpoint, translate reads .nmt-last-run: a FIFO there hung it (no writer ever
+    comes), and a symlink was followed to a path of anyone's choosing. Both are one line now."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text(str(tmp_path / "some-run") + "\n")
+    if kind == "fifo":
+        os.mkfifo(tmp_path / ".nmt-last-run")
+    else:
+        (tmp_path / ".nmt-last-run").symlink_to(elsewhere)
+    r = nmt("translate", cwd=tmp_path, stdin="A dog.\n", timeout=60)
+    what = "is not a regular file" if kind == "fifo" else "is a symbolic link"
+    assert_one_line(r.returncode, r.stderr, ".nmt-last-run", what)
+
+
 def test_a_tensorboard_path_that_is_a_file_is_one_line_and_kept(prepared, tmp_path, capfd):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

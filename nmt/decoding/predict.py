@@ -9,6 +9,7 @@ formed by length for speed; results never depend on the batching.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from nmt.atomic import open_regular_file
 from nmt.checkpoint import LAST_RUN_FILE, load_model_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, check_nbest
 from nmt.data import pad_rows
@@ -87,11 +89,16 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
     if paths:
         return [Path(p) for p in paths]
     marker = Path(LAST_RUN_FILE)
-    if not marker.exists():
+    try:  # never through a symlink, never blocking on a FIFO (nmt.atomic.open_regular_file)
+        fd = open_regular_file(marker, os.O_RDONLY, "the last-run marker", create=False)
+    except FileNotFoundError:
         raise NmtError("no --checkpoint given and no `nmt train` run recorded in this directory "
-                       f"({LAST_RUN_FILE} not found)")
+                       f"({LAST_RUN_FILE} not found)") from None
+    except NmtError as e:
+        raise NmtError(f"{e}, or give --checkpoint") from None
     try:
-        run_dir = Path(marker.read_text(encoding="utf-8").strip())
+        with open(fd, "rb", closefd=True) as f:
+            run_dir = Path(f.read(65536).decode("utf-8").strip())
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a UTF-8 path"
         raise NmtError(f"{marker.resolve()}: cannot read the last run ({reason}); give --checkpoint") from None

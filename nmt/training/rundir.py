@@ -11,19 +11,17 @@ lock and `.nmt-last-run` are written only as regular files, never through a symb
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
 import json
 import logging
 import os
-import stat
 import sys
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from nmt import checkpoint as ckpt
-from nmt.atomic import atomic_write_bytes, clean_temporaries, write_all
+from nmt.atomic import atomic_write_bytes, clean_temporaries, open_regular_file, write_all
 from nmt.config import Config, dump_config
 from nmt.errors import NmtError
 
@@ -183,26 +181,6 @@ class RunDir:
                 raise NmtError(f"{e.filename or self.path}: cannot delete an old checkpoint "
                                f"({e.strerror or e})") from None
         log.info("saved %s", ", ".join(names + (["checkpoint_best.pt"] if best else [])))
-
-
-def open_regular_file(path: Path, flags: int, what: str) -> int:
-    """A descriptor of `path` opened with `flags` (and O_CREAT), refused in one line unless it is
-    a regular file. A symbolic link is not followed: one planted in a shared directory (runs/,
-    the working directory) would have training truncate whatever file it names (issue 25); a
-    FIFO opens without blocking (O_NONBLOCK) and is then refused like a device or a directory."""
-    flags |= os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise NmtError(f"{path}: {what} is a symbolic link, which nmt does not follow; remove it") from None
-        if e.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a FIFO with no reader, opened for writing only
-            raise NmtError(f"{path}: {what} is not a regular file; remove it") from None
-        raise NmtError(f"{path}: cannot open {what} ({e.strerror or e})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise NmtError(f"{path}: {what} is not a regular file; remove it")
-    return fd
 
 
 def _record_last_run(run_dir: Path) -> None:
