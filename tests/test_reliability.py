@@ -286,7 +286,12 @@ def test_write_failure_stops_with_one_line_naming_the_path(prepared, tmp_path, c
 # ------------------------------------------------------------------ out of memory
 
 
-def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, tmp_path):
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory (simulated)"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                 "you tried to allocate 140737488355328 bytes. Error code 12 (Cannot allocate memory)"),  # torch's CPU text
+], ids=["cuda", "cpu"])
+def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, tmp_path, error):
     cfg = tiny(prepared[0], tmp_path / "oom", update_freq=2, max_tokens=1024)
     oomed, clean = make_trainer(cfg), make_trainer(with_overrides(cfg, train={"run_dir": str(tmp_path / "clean")}))
     try:
@@ -296,7 +301,7 @@ def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, t
         def forward(*args: Any, **kwargs: Any) -> Any:
             calls.append(1)
             if len(calls) == 4:  # the second batch of update 2, after the first one's backward
-                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+                raise error
             return real_forward(*args, **kwargs)
 
         oomed.model.decoder_states = forward  # type: ignore[method-assign]
