@@ -9,6 +9,7 @@ another seed than the runs that start from it.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from helpers import (
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.models.transformer import build_model
+from nmt.tokenizer import Tokenizer
 from nmt.training.loss import TranslationLoss
 from nmt.training.trainer import train
 
@@ -136,3 +138,53 @@ def test_a_bad_init_from_is_one_line_and_writes_nothing(prepared, base, tmp_path
     assert nmt_here(*run_args(prepared[0], run, paths[case], **model)) == 1
     one_line_error(capsys, f"train.init_from {paths[case]}: ", needles[case])
     assert not run.exists()
+
+
+# ------------------------------------------------------------------ prepare-bpe --tokenizer-from
+
+
+def test_data_prepared_with_tokenizer_from_passes_the_check_and_a_learned_tokenizer_is_refused(
+        raw_corpus, base, tmp_path, capsys):
+    """--tokenizer-from copies the checkpoint's sentencepiece model byte for byte, learns
+    nothing, and the run that fine-tunes the checkpoint on that data starts; data prepared
+    with a sentencepiece model of its own is refused in one line naming the checkpoint and
+    the data."""
+    prepare = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"), "--workers", "1"]
+    ours, learned = tmp_path / "ours", tmp_path / "learned"
+    assert nmt_here(*prepare, "--tokenizer-from", str(base), "--destdir", str(ours)) == 0
+    model_bytes = ckpt.load_checkpoint(base)["tokenizer"]["model"]
+    assert (ours / "spm.model").read_bytes() == model_bytes
+    assert json.loads((ours / "prepare.json").read_text())["spm"]["source"] == str(base)
+    assert nmt_here(*run_args(ours, tmp_path / "run", base)) == 0
+    assert ckpt.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["update"] == 1
+
+    assert nmt_here(*prepare, "--vocab-size", "400", "--destdir", str(learned)) == 0
+    assert Tokenizer(learned / "spm.model").sha256 != Tokenizer(ours / "spm.model").sha256
+    capsys.readouterr()
+    assert nmt_here(*run_args(learned, tmp_path / "refused", base)) == 1
+    one_line_error(capsys, f"train.init_from {base}: tokenizer differs", str(learned), "--tokenizer-from")
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--vocab-size", "400"], "--vocab-size cannot be combined with --tokenizer-from"),
+    (["--spm-model", "x.model"], "--tokenizer-from and --spm-model cannot be combined"),
+], ids=["vocab-size", "spm-model"])
+def test_tokenizer_from_refuses_options_that_choose_another_vocabulary(raw_corpus, base, tmp_path, capsys,
+                                                                        extra, needle):
+    args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"),
+            "--tokenizer-from", str(base), "--destdir", str(tmp_path / "out"), *extra]
+    assert nmt_here(*args) == 1
+    one_line_error(capsys, needle)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "not a checkpoint"])
+def test_a_bad_tokenizer_from_is_one_line(raw_corpus, base, tmp_path, capsys, case):
+    paths = {"missing": tmp_path / "none.pt", "directory": base.parent, "not a checkpoint": tmp_path / "notes.txt"}
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"),
+            "--tokenizer-from", str(paths[case]), "--destdir", str(tmp_path / "out")]
+    assert nmt_here(*args) == 1
+    one_line_error(capsys, f"--tokenizer-from {paths[case]}: ")
+    assert not (tmp_path / "out").exists()
