@@ -86,6 +86,8 @@ def load_checkpoint(
     """Load and check a checkpoint. `mmap=True` pages tensors in lazily (cheap for
     averaging when `train_state` is large)."""
     path = Path(path)
+    if path.is_dir():
+        raise NmtError(f"{path}: a directory, not a checkpoint file")
     if not path.is_file():
         raise NmtError(f"{path}: checkpoint not found")
     try:
@@ -97,6 +99,8 @@ def load_checkpoint(
                 f"{path}: checkpoint holds objects that safe loading (weights_only) refuses; "
                 f"it was not written by nmt ({reason[:120]})"
             ) from exc
+        if not zipfile.is_zipfile(path):  # torch's words for it depend on mmap: "invalid load key", ...
+            reason = "not the zip archive that torch.save writes"
         raise NmtError(f"{path}: corrupt or truncated checkpoint ({reason})") from exc
     if not isinstance(ckpt, dict):
         raise NmtError(f"{path}: corrupt or truncated checkpoint (not a dict)")
@@ -124,6 +128,15 @@ class ModelCheckpoint:
     config: Config
     tokenizer: Tokenizer  # its sentencepiece model, with the special ids (`tokenizer.specials`)
     weights: dict[str, torch.Tensor]  # the model's state dict
+
+    def load_into(self, model: torch.nn.Module) -> None:
+        """Copy the weights into `model`, built from this checkpoint's model config; an NmtError
+        naming the checkpoint where they do not fit it (missing or unexpected keys, other shapes)."""
+        try:
+            model.load_state_dict(self.weights)
+        except RuntimeError as e:
+            first = " ".join(str(e).split())[:300]
+            raise NmtError(f"{self.path}: its weights do not match its model config ({first})") from None
 
 
 def load_model_checkpoint(path: str | Path, *, mmap: bool = False) -> ModelCheckpoint:
@@ -155,10 +168,10 @@ def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
     passed over. Where checkpoints exist but none loads, an NmtError names them.
     """
     run_dir = Path(run_dir)
-    last = run_dir / "checkpoint_last.pt"
-    numbered = list(reversed(list_update_checkpoints(run_dir))) if run_dir.is_dir() else []
-    if not last.is_file() and not numbered:
+    if not has_checkpoints(run_dir):
         return None
+    last = run_dir / "checkpoint_last.pt"
+    numbered = list(reversed(list_update_checkpoints(run_dir)))
     failures: list[str] = []
     state, source = None, last
     if last.is_file():
@@ -181,6 +194,14 @@ def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
     if failures:
         log.warning("resuming from %s (passed over: %s)", source, ", ".join(failures))
     return state
+
+
+def has_checkpoints(run_dir: str | Path) -> bool:
+    """Whether `run_dir` holds a checkpoint that `nmt train` resumes (`load_latest`):
+    checkpoint_last.pt or a checkpoint_<update>.pt."""
+    run_dir = Path(run_dir)
+    return run_dir.is_dir() and ((run_dir / "checkpoint_last.pt").is_file()
+                                 or bool(list_update_checkpoints(run_dir)))
 
 
 def _load_for_resume(path: Path, failures: list[str]) -> dict[str, Any] | None:

@@ -157,6 +157,9 @@ def train_cmd(
     """Train a Transformer (or an RNN: model.arch); running it again on the run directory resumes exactly.
 
     Many GPUs: torchrun --standalone --nproc_per_node N -m nmt train CONFIG
+
+    Fine-tuning a checkpoint: --set train.init_from=CHECKPOINT, on data prepared with
+    nmt prepare-bpe --tokenizer-from CHECKPOINT (docs/config.md lists every key).
     """
     from nmt import config as cfgmod
 

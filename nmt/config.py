@@ -64,6 +64,11 @@ class ModelConfig:
     max_positions: int = opt(1024, "Longest source or target sequence the model accepts.")
 
 
+# Model keys that shape training, not the network (no weight depends on them): a run started
+# from a checkpoint's weights (train.init_from) may set them otherwise.
+TRAINING_ONLY_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     max_tokens: int = opt(4096, "Padded source+target tokens per batch (per GPU).")
@@ -112,6 +117,13 @@ class TrainConfig:
     fp16_init_scale: float = opt(128.0, "Initial loss scale for fp16.")
     fp16_min_scale: float = opt(1e-4, "Stop with an error when the fp16 loss scale falls below.")
     run_dir: str = opt("runs/default", "Run directory: config, checkpoints, logs, metrics.")
+    init_from: str = opt(
+        "", "Fine-tuning: a new run starts from the model weights of this nmt checkpoint, with a fresh "
+        "optimizer, lr schedule, update counter and data position; empty = random weights. Its model "
+        f"config must equal this one except {', '.join(f'model.{k}' for k in TRAINING_ONLY_MODEL_KEYS)} "
+        "(they shape training, not the network), and its tokenizer must be "
+        "data.dir's spm.model (prepare the data with `nmt prepare-bpe --tokenizer-from CHECKPOINT`). "
+        "Ignored once the run directory has checkpoints: the run resumes from them.")
     log_interval: int = opt(50, "Log training metrics every N updates: loss and nll per target token over those N updates, their mean gnorm.")
     threads: int = opt(0, "CPU threads for torch; 0 = torch's default.")
     device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.")

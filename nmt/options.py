@@ -27,6 +27,9 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+DEFAULT_VOCAB_SIZE = 8000  # of the sentencepiece model prepare-bpe learns
+
+
 @dataclass
 class PrepareOptions:
     """The options of `nmt prepare-bpe`, declared once: the command's flags are made from
@@ -38,12 +41,16 @@ class PrepareOptions:
     destdir: str = opt(REQUIRED, "Output directory for the binarized dataset.")
     validpref: str | None = opt(None, "Validation prefix (split 'valid').")
     testpref: str | None = opt(None, "Comma-separated test prefixes (splits test, test1, ...).")
-    vocab_size: int = opt(8000, "Joint sentencepiece vocabulary size.")
+    vocab_size: int | None = opt(None, f"Joint sentencepiece vocabulary size to learn (default {DEFAULT_VOCAB_SIZE}).")
     model_type: str = opt("bpe", "Sentencepiece model type: bpe or unigram.")
     character_coverage: float = opt(1.0, "Sentencepiece character coverage.")
     byte_fallback: bool = opt(True, "Byte fallback, so no input becomes <unk>.")
     input_sentence_size: int = opt(2_000_000, "Sentences sampled to learn BPE (bounds memory/time on big corpora).")
     spm_model: str | None = opt(None, "Reuse this sentencepiece model instead of learning one.")
+    tokenizer_from: str | None = opt(
+        None, "Segment with the tokenizer and vocabulary of this nmt checkpoint (the sentencepiece model "
+        "inside it, copied byte for byte to spm.model) instead of learning one: data to fine-tune it on "
+        "(train.init_from). Not with --vocab-size or --spm-model.")
     max_len: int = opt(250, "Drop training pairs with a side longer than this (tokens).")
     min_len: int = opt(1, "Drop training pairs with a side shorter than this (tokens).")
     max_ratio: float = opt(3.0, "Drop training pairs whose token-length ratio exceeds this; 0 = off.")

@@ -1,5 +1,8 @@
 """`nmt prepare-bpe`: learn (or reuse) a joint sentencepiece model, filter, binarize, report.
 
+A reused model is a sentencepiece file (`--spm-model`) or the one inside an nmt checkpoint
+(`--tokenizer-from`: data to fine-tune that checkpoint on, its vocabulary unchanged).
+
 Input: fairseq-style prefixes (`--trainpref D/train` means `D/train.en` and `D/train.de`,
 or their `.gz`). Output in `destdir`, with split names train, valid, test, test1, ...:
 `spm.model`/`spm.vocab`, the binarized splits (format in `nmt.data`), `{split}.raw.{lang}`
@@ -36,9 +39,10 @@ from nmt.atomic import (
     directory_target,
     replacing_directory,
 )
+from nmt.checkpoint import load_model_checkpoint
 from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
 from nmt.errors import NmtError
-from nmt.options import PrepareOptions
+from nmt.options import DEFAULT_VOCAB_SIZE, PrepareOptions
 from nmt.textio import TextStats, count_lines, find_text, read_lines
 from nmt.tokenizer import Tokenizer, train_sentencepiece
 
@@ -63,7 +67,7 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     _check_options(opts)
     dest = directory_target(opts.destdir, "--destdir")
     check_replaceable(dest, opts.force, (META_FILE,), f"an output of nmt prepare-bpe (no {META_FILE})", "--destdir")
-    reused = Tokenizer.from_file(opts.spm_model) if opts.spm_model else None
+    reused = _reused_tokenizer(opts)
     splits = _find_splits(opts)  # reads every file once: after the cheap checks
     check_outputs(_inputs(opts, splits), [FileArg("--destdir", opts.destdir, directory=True)])
     _make_parent(dest)
@@ -88,7 +92,7 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
             "spm": {
                 "model": "spm.model",
                 "sha256": tok.sha256,
-                "source": str(opts.spm_model) if reused else "trained",
+                "source": str(opts.spm_model or opts.tokenizer_from) if reused else "trained",
             },
             "splits": reports,
             "sha256": hashes,
@@ -124,7 +128,13 @@ def _check_options(opts: PrepareOptions) -> None:
         opts.model_type in ("bpe", "unigram"),
         f"--model-type must be bpe or unigram, got {opts.model_type!r}",
     )
-    need(opts.spm_model is not None or opts.vocab_size >= 8, "--vocab-size must be at least 8")
+    need(opts.spm_model is not None or opts.vocab_size is None or opts.vocab_size >= 8,
+         "--vocab-size must be at least 8")
+    if opts.tokenizer_from is not None:  # the checkpoint's vocabulary, nothing learned or chosen
+        need(opts.spm_model is None, "--tokenizer-from and --spm-model cannot be combined: the checkpoint "
+             "brings its own sentencepiece model")
+        need(opts.vocab_size is None, "--vocab-size cannot be combined with --tokenizer-from: the vocabulary "
+             "is the checkpoint's")
     need(0 < opts.character_coverage <= 1, "--character-coverage must be in (0, 1]")
     need(opts.input_sentence_size >= 0, "--input-sentence-size must not be negative")
     need(opts.max_len >= 1, "--max-len must be at least 1")
@@ -160,7 +170,22 @@ def _inputs(opts: PrepareOptions, splits: list[_Split]) -> list[FileArg]:
               for split in splits for path in split.files.values()]
     if opts.spm_model:
         inputs.append(FileArg("--spm-model", opts.spm_model, "the sentencepiece model"))
+    if opts.tokenizer_from:
+        inputs.append(FileArg("--tokenizer-from", opts.tokenizer_from, "the checkpoint"))
     return inputs
+
+
+def _reused_tokenizer(opts: PrepareOptions) -> Tokenizer | None:
+    """The sentencepiece model of --spm-model or of the checkpoint --tokenizer-from (loaded by the
+    one checkpoint loader, with its checks); None where one is to be learned."""
+    if opts.spm_model:
+        return Tokenizer.from_file(opts.spm_model)
+    if opts.tokenizer_from:
+        try:
+            return load_model_checkpoint(opts.tokenizer_from, mmap=True).tokenizer
+        except NmtError as e:
+            raise NmtError(f"--tokenizer-from {e}") from None
+    return None
 
 
 def _make_parent(dest: Path) -> None:
@@ -173,26 +198,29 @@ def _make_parent(dest: Path) -> None:
 def _tokenizer(
     opts: PrepareOptions, train: _Split, reused: Tokenizer | None, work: Path
 ) -> Tokenizer:
-    """Reuse --spm-model or learn one joint model on both sides of train; into work/spm.*"""
+    """Reuse --spm-model or --tokenizer-from's model, or learn one joint model on both sides of
+    train; into work/spm.*"""
     if reused is not None:
         (work / "spm.model").write_bytes(reused.model_bytes)
-        vocab = Path(opts.spm_model).with_suffix(".vocab")  # type: ignore[arg-type]
-        if vocab.is_file():
+        vocab = Path(opts.spm_model).with_suffix(".vocab") if opts.spm_model else None
+        if vocab is not None and vocab.is_file():
             shutil.copyfile(vocab, work / "spm.vocab")
-        logger.info("reusing %s (vocab %d)", opts.spm_model, reused.vocab_size)
+        logger.info("reusing the sentencepiece model of %s (vocab %d)", opts.spm_model or opts.tokenizer_from,
+                    reused.vocab_size)
         return reused
     start = time.time()
+    vocab_size = DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
     logger.info(
         "learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
         opts.model_type,
-        opts.vocab_size,
+        vocab_size,
         " + ".join(map(str, train.files.values())),
         opts.input_sentence_size,
     )
     model = train_sentencepiece(
         list(train.files.values()),
         work / "spm",
-        opts.vocab_size,
+        vocab_size,
         model_type=opts.model_type,
         character_coverage=opts.character_coverage,
         byte_fallback=opts.byte_fallback,

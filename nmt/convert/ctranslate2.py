@@ -75,12 +75,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         raise NmtError(f"{checkpoint}: model.arch {cfg.arch} cannot be exported; CTranslate2 export maps a Transformer only")
     _check_exportable(cfg, str(checkpoint))
     model = Transformer(cfg, tokenizer.vocab_size, pad_id=tokenizer.specials.pad)
-    try:
-        model.load_state_dict(ckpt.weights)
-    except RuntimeError as e:  # weights of another architecture
-        first = " ".join(str(e).split())[:300]
-        raise NmtError(f"{checkpoint}: its weights are not those of the Transformer this export maps "
-                       f"({first})") from None
+    ckpt.load_into(model)
     converters = _import_ctranslate2()
     spec = transformer_spec(model.eval(), tokenizer)
 

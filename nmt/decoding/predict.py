@@ -126,11 +126,7 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
         if precision == "int8" and cfg.model.arch != "transformer":
             raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
         model: Any = build_model(cfg.model, ckpt.tokenizer.vocab_size, pad_id=ckpt.tokenizer.specials.pad)
-        try:
-            model.load_state_dict(ckpt.weights)
-        except RuntimeError as e:  # missing or unexpected keys, other shapes
-            first = " ".join(str(e).split())[:300]
-            raise NmtError(f"{path}: the weights do not match the checkpoint's config ({first})") from None
+        ckpt.load_into(model)
         model = model.to(device).eval()
         models.append(quantize_decoder(model) if precision == "int8" else model)
         del ckpt

@@ -1,4 +1,5 @@
-"""Training progress and the training checkpoint: what it holds beyond the model, and resuming from it.
+"""Training progress and the training checkpoint: what it holds beyond the model, resuming from
+it, and starting a new run from another checkpoint's weights (`init_from_checkpoint`).
 
 A run resumes at the exact batch where it stopped: the batch order of an epoch is a function
 of (seed, epoch) only, and the checkpoint holds the optimizer, loss scaler, RNG states and
@@ -16,7 +17,13 @@ from typing import Any
 import torch
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, changed_keys, config_from_dict, config_to_dict
+from nmt.config import (
+    TRAINING_ONLY_MODEL_KEYS,
+    Config,
+    changed_keys,
+    config_from_dict,
+    config_to_dict,
+)
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
 from nmt.training.optim import DynamicLossScaler
@@ -156,3 +163,27 @@ def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, f
     if data_changed:
         raise NmtError(f"{run_dir}: resume refused, the training data changed ({'; '.join(data_changed)}); "
                        "pass --reset-data to continue on the new data")
+
+
+def init_from_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer) -> None:
+    """Fine-tuning (train.init_from): copy the model weights of that checkpoint into `model`, the
+    new run's, as fairseq's --finetune-from-model and Marian's --pretrained-model do; the
+    optimizer, schedule, progress and data position stay fresh. Loaded by the one loader, with
+    its checks (weights only, no code from the file). Refused in one line naming
+    train.init_from and the checkpoint where its model config differs from `cfg.model` in a key
+    other than `TRAINING_ONLY_MODEL_KEYS`, or its tokenizer is not data.dir's."""
+    path = Path(cfg.train.init_from)
+    try:
+        source = ckpt.load_model_checkpoint(path, mmap=True)  # the weights are copied into the model once
+        changed = [c for c in changed_keys(source.config, cfg, "model")
+                   if c[0].partition(".")[2] not in TRAINING_ONLY_MODEL_KEYS]
+        if changed:
+            key, theirs, ours = changed[0]
+            raise NmtError(f"{path}: {key} is {theirs!r} in the checkpoint but {ours!r} in this run's config; "
+                           f"set it as the checkpoint has it")
+        if source.tokenizer.sha256 != tokenizer.sha256:
+            raise NmtError(f"{path}: tokenizer differs from the one of {cfg.data.dir} (spm.model); prepare the "
+                           f"data with `nmt prepare-bpe --tokenizer-from {path}`")
+        source.load_into(model)
+    except NmtError as e:
+        raise NmtError(f"train.init_from {e}") from None

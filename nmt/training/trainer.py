@@ -53,6 +53,7 @@ from nmt.training.state import (
     Progress,
     build_checkpoint,
     check_compatible,
+    init_from_checkpoint,
     restore,
     stop_reason,
 )
@@ -114,6 +115,11 @@ class Trainer:
         # as one module, under DDP and torch.compile when asked (nmt.training.distributed)
         self.model = build_training_model(cfg.model, self.tokenizer.vocab_size, self.tokenizer.specials.pad,
                                           env.device)
+        # fine-tuning: a new run starts from train.init_from's weights, checked before the run
+        # directory is touched; a run with checkpoints resumes them (`_resume`)
+        self.init_from = t.init_from if t.init_from and not ckpt.has_checkpoints(self.run_dir.path) else ""
+        if self.init_from:
+            init_from_checkpoint(cfg, self.model, self.tokenizer)
         objective = TranslationLoss(self.model, t.label_smoothing)
         inject_oom_faults(objective, env.rank, lambda: self.progress.update + 1)
         self.training_loss = wrap_for_training(objective, env, t.compile, t.compile_mode)
@@ -125,6 +131,8 @@ class Trainer:
         self.optimizer = build_optimizer(list(self.model.parameters()), t)
         self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale, enabled=t.precision == "fp16")
         self.progress = Progress()
+        if self.init_from:  # where the run's weights came from, kept in its checkpoints
+            self.progress.history.append(f"initialized from {Path(self.init_from).resolve()}")
         self.signals = StopSignals()
         self.interrupted_by: int | None = None
         self.oom = OomSkips(env, self.run_dir.path)
@@ -358,7 +366,8 @@ class Trainer:
         if state is None:
             if self.env.is_main:
                 self.run_dir.write_config(self.cfg)
-                log.info("new run in %s\n%s", self.run_dir.path, summary(self.model))
+                start = f", its weights from {self.init_from}" if self.init_from else ""
+                log.info("new run in %s%s\n%s", self.run_dir.path, start, summary(self.model))
             return
         try:
             check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
@@ -369,6 +378,9 @@ class Trainer:
             raise NmtError(f"{self.run_dir.path}: its checkpoint loads but cannot be resumed from "
                            f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir") from None
         if self.env.is_main:
+            if self.cfg.train.init_from:
+                log.info("train.init_from %s ignored: %s has checkpoints, the run resumes from them",
+                         self.cfg.train.init_from, self.run_dir.path)
             self.run_dir.write_config(self.cfg)
             log.info("resumed from update %d in %s (epoch %d, %d updates into it)", self.progress.update,
                      self.run_dir.path, self.progress.epoch, self.progress.updates_in_epoch)
