@@ -72,7 +72,7 @@ class ModelConfig:
         "relu", "transformer: the feed-forward activation. gelu = x*Phi(x) with the exact erf (Hugging "
         "Face's activation_function gelu; also current Marian's gelu); gelu_tanh = the tanh "
         "approximation (Hugging Face's gelu_new); gelu_sigmoid = x*sigmoid(1.702x), what Marian's "
-        "transformer-ffn-activation gelu computed in the versions OPUS-MT was trained with (CTranslate2's "
+        "transformer-ffn-activation gelu computed until March 2023 (marian-dev d225c24d; CTranslate2's "
         "Marian converter maps it so); swish = x*sigmoid(x) (SiLU; Marian's and Hugging Face's swish).")
     norm_eps: float = opt(
         1e-5, "transformer: the LayerNorms' epsilon (PyTorch's and Hugging Face MarianMT's 1e-5; "
