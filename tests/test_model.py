@@ -413,3 +413,20 @@ def test_hf_positions_are_not_learned():
 
     with pytest.raises(ConfigError, match="model.positions hf_marian is a sinusoid table"):
         validate(Config(model=ModelConfig(learned_positions=True, positions="hf_marian")))
+
+
+def test_a_checkpointed_marian_like_model_rebuilds_the_same(tmp_path):
+    """The new options' state (untied output matrix, output bias) is in the state dict; the
+    tables and the zero start are rebuilt from the config."""
+    from nmt.config import Config, config_from_dict, config_to_dict
+
+    model = make(**VARIANTS["marian-like"])
+    with torch.no_grad():
+        model.output_bias.normal_()
+    assert {"output_embedding", "output_bias"} <= set(model.state_dict())
+    torch.save({"model": model.state_dict(), "config": config_to_dict(Config(model=model.cfg))}, tmp_path / "m.pt")
+    saved = torch.load(tmp_path / "m.pt", weights_only=True)
+    again = build_model(config_from_dict(saved["config"]).model, V, pad_id=PAD).eval()
+    again.load_state_dict(saved["model"])
+    src, prev = tokens(6, 4), tokens(5, 5, bos=True)
+    torch.testing.assert_close(again(src, prev), model(src, prev), rtol=0, atol=0)
