@@ -58,15 +58,48 @@ class ModelConfig:
     activation_dropout: float = opt(0.0, "Dropout after the feed-forward ReLU.")
     norm_first: bool = opt(False, "Pre-norm (true) instead of the paper's post-norm (false).")
     share_embeddings: bool = opt(
-        True, "Tie source, target and output-projection embeddings (joint vocabulary)."
+        True, "Tie the source and target embeddings (joint vocabulary); with tie_output (the default) "
+        "the output projection too, three-way (Marian's tied-embeddings-all)."
     )
+    tie_output: bool = opt(
+        True, "transformer: the output projection is the target embedding (Marian's tied-embeddings, "
+        "fairseq's share_decoder_input_output_embed); false = its own (V, d_model) matrix "
+        "(Marian's decoder_ff_logit_out_W).")
+    output_bias: bool = opt(
+        False, "transformer: a learned bias on the output projection (Marian's decoder_ff_logit_out_b, "
+        "Hugging Face's final_logits_bias).")
+    activation: Literal["relu", "gelu", "gelu_tanh", "gelu_sigmoid", "swish"] = opt(
+        "relu", "transformer: the feed-forward activation. gelu = x*Phi(x) with the exact erf (Hugging "
+        "Face's activation_function gelu; also current Marian's gelu); gelu_tanh = the tanh "
+        "approximation (Hugging Face's gelu_new); gelu_sigmoid = x*sigmoid(1.702x), what Marian's "
+        "transformer-ffn-activation gelu computed until March 2023 (marian-dev d225c24d; CTranslate2's "
+        "Marian converter maps it so); swish = x*sigmoid(x) (SiLU; Marian's and Hugging Face's swish).")
+    norm_eps: float = opt(
+        1e-5, "transformer: the LayerNorms' epsilon (PyTorch's and Hugging Face MarianMT's 1e-5; "
+        "Marian's Transformer uses 1e-6).")
     learned_positions: bool = opt(False, "Learned position embeddings instead of sinusoids.")
+    positions: Literal["nmt", "marian", "hf_marian"] = opt(
+        "nmt", "transformer: the sinusoid table (positions count from 0, added to the token embedding "
+        "scaled by sqrt(d_model), in all three). nmt and marian: sin in the first half of the columns, "
+        "cos in the second, frequency 10000^(-i/(d/2-1)) for column i of a half (tensor2tensor; Marian's "
+        "SinusoidalPositionEmbeddings; the two equal for an even d_model). hf_marian: the table Hugging "
+        "Face's MarianMT runs (and CTranslate2's Marian converter writes): the same halves, frequency "
+        "10000^(-2i/d), so it differs from Marian's own; a model fine-tuned there expects it. Not with "
+        "learned_positions.")
+    decoder_start: Literal["bos", "zeros"] = opt(
+        "bos", "transformer: the decoder's first input. bos = the embedding of the start token the "
+        "search feeds; zeros = a zero vector (plus the position) whatever that token is, as Marian "
+        "starts (Hugging Face MarianMT feeds pad, whose embedding row is zero).")
     max_positions: int = opt(1024, "Longest source or target sequence the model accepts.")
 
 
 # Model keys that shape training, not the network (no weight depends on them): a run started
 # from a checkpoint's weights (train.init_from) may set them otherwise.
 TRAINING_ONLY_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout")
+
+# the Transformer's options that the rnn would silently ignore: refused with arch rnn
+TRANSFORMER_ONLY = [f for f in fields(ModelConfig) if f.name in
+                    {"tie_output", "output_bias", "activation", "norm_eps", "positions", "decoder_start"}]
 
 
 @dataclass(frozen=True)
@@ -331,6 +364,12 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
     need(m.d_model % m.heads == 0, "model.heads", f"({m.heads}) must divide model.d_model ({m.d_model})")
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         need(0.0 <= getattr(m, key) < 1.0, f"model.{key}", "must be in [0, 1)")
+    need(m.norm_eps > 0, "model.norm_eps", "must be positive")
+    for f in TRANSFORMER_ONLY:
+        need(m.arch == "transformer" or getattr(m, f.name) == f.default, f"model.{f.name}",
+             "applies to model.arch transformer only")
+    need(not (m.learned_positions and m.positions != "nmt"), "model.positions",
+         f"{m.positions} is a sinusoid table; it cannot go with model.learned_positions")
     need(t.max_tokens >= 1, "train.max_tokens", "must be at least 1")
     need(t.update_freq >= 1, "train.update_freq", "must be at least 1")
     need(t.lr > 0, "train.lr", "must be positive")

@@ -39,6 +39,16 @@ VARIANTS = {
     "learned positions": {"learned_positions": True},
     "untied source embeddings": {"share_embeddings": False},
     "odd head size, 3 layers": {"d_model": 36, "heads": 3, "encoder_layers": 3, "decoder_layers": 2},
+    # issue 26: the options of Marian / Hugging Face MarianMT models
+    "marian: swish, untied output with bias, zero start, eps 1e-6": {
+        "activation": "swish", "tie_output": False, "output_bias": True, "decoder_start": "zeros",
+        "norm_eps": 1e-6, "positions": "marian"},
+    "hf marian: gelu, separate embeddings, its table": {
+        "activation": "gelu", "share_embeddings": False, "output_bias": True, "positions": "hf_marian",
+        "decoder_start": "zeros"},
+    "pre-norm, gelu_sigmoid, untied output": {"norm_first": True, "activation": "gelu_sigmoid",
+                                              "tie_output": False},
+    "gelu_tanh": {"activation": "gelu_tanh"},
 }
 
 
@@ -79,6 +89,10 @@ def ct2_translate(model_dir: Path, tokenizer, texts: list[str], beam: int, lenpe
 def test_exported_model_gives_the_same_token_log_probs(variant, test_tokenizer, raw_corpus,
                                                        tmp_path):
     ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=3, model=VARIANTS[variant])
+    if VARIANTS[variant].get("output_bias"):  # initialised to zeros: make it count
+        state = torch.load(ckpt, weights_only=True)
+        state["model"]["output_bias"] = torch.randn(test_tokenizer.vocab_size, generator=torch.Generator().manual_seed(4))
+        torch.save(state, ckpt)
     export(ckpt, tmp_path / "ct2")
     ours = Translator.load(ckpt, device="cpu")
     tok = ours.loaded.tokenizer

@@ -17,26 +17,32 @@ from nmt.tokenizer import NMT_SPECIALS
 from nmt.training.loss import TranslationLoss, projected_smoothed_loss
 
 
-def reference(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float):
-    return label_smoothed_nll_loss(F.linear(states, weight), target, eps, ignore_index=NMT_SPECIALS.pad)
+def reference(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float,
+              bias: torch.Tensor | None = None):
+    return label_smoothed_nll_loss(F.linear(states, weight, bias), target, eps, ignore_index=NMT_SPECIALS.pad)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("chunk_rows", [1, 7, 64, None])
-def test_chunked_loss_and_gradients_equal_the_plain_loss(eps, chunk_rows):
+@pytest.mark.parametrize("with_bias", [False, True])  # model.output_bias
+def test_chunked_loss_and_gradients_equal_the_plain_loss(eps, chunk_rows, with_bias):
     torch.manual_seed(0)
     states = torch.randn(37, 16, requires_grad=True)
     weight = torch.randn(29, 16, requires_grad=True)
+    bias = (0.1 * torch.randn(29)).requires_grad_() if with_bias else None
     target = torch.randint(4, 29, (37,))
-    loss, nll = projected_smoothed_loss(states, weight, target, eps, chunk_rows)
+    loss, nll = projected_smoothed_loss(states, weight, target, eps, chunk_rows, bias)
     (1.7 * loss).backward()
     ref_states, ref_weight = states.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
-    ref_loss, ref_nll = reference(ref_states, ref_weight, target, eps)
+    ref_bias = None if bias is None else bias.detach().clone().requires_grad_()
+    ref_loss, ref_nll = reference(ref_states, ref_weight, target, eps, ref_bias)
     (1.7 * ref_loss).backward()
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(states.grad, ref_states.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(weight.grad, ref_weight.grad, rtol=1e-5, atol=1e-6)
+    if bias is not None:
+        torch.testing.assert_close(bias.grad, ref_bias.grad, rtol=1e-5, atol=1e-6)
     assert not nll.requires_grad
 
 

@@ -2,13 +2,14 @@
 cached == full decoding (both architectures, every variant); for the Transformer also
 parameter counts against the closed form, weight tying, dropout, bf16 autocast."""
 
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from nmt.config import ModelConfig, load_config
-from nmt.models.layers import Dropout
+from nmt.models.layers import Dropout, sinusoids
 from nmt.models.transformer import Transformer, build_model, num_parameters, summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +21,13 @@ VARIANTS = {
     "pre-norm": {"norm_first": True},
     "learned-positions": {"learned_positions": True},
     "separate-embeddings": {"share_embeddings": False, "norm_first": True},
+    # the options an OPUS-MT / Marian Transformer needs (issue 26)
+    "marian-like": {"activation": "swish", "output_bias": True, "tie_output": False,
+                    "positions": "marian", "decoder_start": "zeros", "norm_eps": 1e-6},
+    "hf-marian-like": {"activation": "gelu", "output_bias": True, "positions": "hf_marian",
+                       "decoder_start": "zeros", "share_embeddings": False},
+    "gelu-variants-pre-norm": {"activation": "gelu_sigmoid", "norm_first": True, "tie_output": False},
+    "gelu-tanh": {"activation": "gelu_tanh", "output_bias": True},
     # the RNN encoder-decoder (nmt.models.rnn) behind the same protocol
     "rnn-gru": {"arch": "rnn"},
     "rnn-lstm": {"arch": "rnn", "cell": "lstm", "share_embeddings": False},
@@ -49,7 +57,7 @@ def tokens(*lengths: int, width: int | None = None, bos: bool = False, seed: int
     return out
 
 
-@pytest.mark.parametrize("variant", ["post-norm", "pre-norm", *RNNS])
+@pytest.mark.parametrize("variant", ["post-norm", "pre-norm", "marian-like", "hf-marian-like", *RNNS])
 def test_future_target_tokens_do_not_change_earlier_logits(variant):
     model = make(**VARIANTS[variant])
     src, prev = tokens(6, 4), tokens(7, 7, bos=True)
@@ -60,7 +68,7 @@ def test_future_target_tokens_do_not_change_earlier_logits(variant):
     assert not torch.allclose(a[:, 4:], b[:, 4:])
 
 
-@pytest.mark.parametrize("variant", ["post-norm", "pre-norm", *RNNS])
+@pytest.mark.parametrize("variant", ["post-norm", "pre-norm", "marian-like", "hf-marian-like", *RNNS])
 def test_padding_does_not_change_logits(variant):
     model = make(**VARIANTS[variant])
     src, prev = tokens(5, 9, seed=3), tokens(4, 8, bos=True, seed=4)  # row 0 padded on both sides
@@ -131,9 +139,10 @@ def closed_form(cfg: ModelConfig, vocab: int) -> int:
     encoder_layer = attention + ffn + 2 * 2 * D  # two LayerNorms
     decoder_layer = 2 * attention + ffn + 3 * 2 * D
     final_norms = 2 * 2 * D if cfg.norm_first else 0
-    embeddings = vocab * D * (1 if cfg.share_embeddings else 2)
+    embeddings = vocab * D * (1 + (not cfg.share_embeddings) + (not cfg.tie_output))
+    output_bias = vocab if cfg.output_bias else 0
     return (embeddings + cfg.encoder_layers * encoder_layer + cfg.decoder_layers * decoder_layer
-            + final_norms)
+            + final_norms + output_bias)
 
 
 @pytest.mark.parametrize("name, low, high", [("base", 60e6, 66e6), ("big", 205e6, 215e6)])
@@ -276,3 +285,148 @@ def test_longer_than_max_positions_is_a_clear_error():
 def test_summary_ends_with_parameter_count():
     model = make()
     assert summary(model).splitlines()[-1] == f"parameters: {num_parameters(model)}"
+
+
+# ------------------------------------------------------------------ the options of issue 26
+
+
+@pytest.mark.parametrize("share, tie", [(True, True), (True, False), (False, True), (False, False)])
+def test_source_target_and_output_tying_are_independent(share, tie):
+    model = make(share_embeddings=share, tie_output=tie, output_bias=True)
+    src, tgt, out = model.src_embed.tokens.weight, model.tgt_embed.tokens.weight, model.output_weight
+    assert (src is tgt) == share and (out is tgt) == tie and (out is src) == (share and tie)
+    assert num_parameters(model) == closed_form(model.cfg, V)
+    with torch.no_grad():
+        model.output_bias.copy_(torch.randn(V))
+    x = torch.randn(2, 32)
+    torch.testing.assert_close(model.output(x), x @ out.T + model.output_bias)
+    # a shortlist's columns get the same weight rows and bias entries
+    vocab = torch.tensor([0, 5, 9, 17])
+    torch.testing.assert_close(model.projection(vocab)(x), model.output(x)[:, vocab])
+
+
+def hf_marian_table(n_pos: int, dim: int) -> torch.Tensor:
+    """transformers' MarianSinusoidalPositionalEmbedding._init_weight, transcribed."""
+    import numpy as np
+
+    enc = np.array([[pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)] for pos in range(n_pos)])
+    out = torch.empty(n_pos, dim)
+    sentinel = dim // 2 if dim % 2 == 0 else dim // 2 + 1
+    out[:, :sentinel] = torch.FloatTensor(np.sin(enc[:, 0::2]))
+    out[:, sentinel:] = torch.FloatTensor(np.cos(enc[:, 1::2]))
+    return out
+
+
+def marian_table(n_pos: int, dim: int) -> torch.Tensor:
+    """Marian's SinusoidalPositionEmbeddings (src/tensors/cpu/tensor_operators.cpp), transcribed."""
+    half = dim / 2
+    step = math.log(10000.0) / (half - 1.0)
+    return torch.tensor([[math.sin(v) if i < int(half) else math.cos(v)
+                          for i in range(dim) for v in [p * math.exp((i % int(half)) * -step)]]
+                         for p in range(n_pos)])
+
+
+@pytest.mark.parametrize("dim", [32, 36, 7])
+def test_position_tables_equal_their_references(dim):
+    ours = {layout: sinusoids(50, dim, layout) for layout in ("nmt", "marian", "hf_marian")}
+    torch.testing.assert_close(ours["hf_marian"], hf_marian_table(50, dim), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours["marian"], marian_table(50, dim), rtol=0, atol=2e-5)
+    if dim % 2 == 0:  # Marian's own table is nmt's; Hugging Face's is not
+        torch.testing.assert_close(ours["marian"], ours["nmt"], rtol=0, atol=0)
+        assert not torch.allclose(ours["hf_marian"], ours["nmt"], atol=1e-2)
+    model = make(positions="hf_marian")
+    torch.testing.assert_close(model.tgt_embed.sinusoids, sinusoids(64, 32, "hf_marian"), rtol=0, atol=0)
+
+
+def test_a_zero_decoder_start_ignores_the_start_token():
+    src, prev = tokens(6, 4), tokens(5, 5, bos=True)
+    other = prev.clone()
+    other[:, 0] = torch.tensor([7, 11])  # any token in position 0
+    zeros = make(decoder_start="zeros")
+    torch.testing.assert_close(zeros(src, prev), zeros(src, other), rtol=0, atol=0)
+    # only position 0's token embedding is dropped: its position, and later tokens, still count
+    x = zeros.tgt_embed(prev)
+    torch.testing.assert_close(x[:, 0], zeros.tgt_embed.sinusoids[0].expand(2, -1))
+    torch.testing.assert_close(x[:, 1:], make(decoder_start="bos").tgt_embed(prev)[:, 1:])
+    bos = make(decoder_start="bos")
+    assert not torch.allclose(bos(src, prev), bos(src, other))
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("relu", lambda x: x.clamp(min=0)),
+    ("gelu", lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))),
+    ("gelu_tanh", lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))),
+    ("gelu_sigmoid", lambda x: x / (1 + torch.exp(-1.702 * x))),
+    ("swish", lambda x: x / (1 + torch.exp(-x))),
+])
+def test_feed_forward_activations(name, expected):
+    ffn = make(activation=name).encoder[0].ffn
+    x = torch.linspace(-5, 5, 101)
+    torch.testing.assert_close(ffn.activation(x), expected(x), rtol=1e-5, atol=1e-6)
+
+
+def test_norm_eps_reaches_every_layer_norm():
+    model = make(norm_eps=1e-6, norm_first=True)
+    eps = {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)}
+    assert eps == {1e-6}
+    assert {m.eps for m in make().modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-5}
+
+
+@pytest.mark.parametrize("variant", ["marian-like", "hf-marian-like"])
+def test_a_few_updates_lower_the_loss(variant):
+    """Every new parameter (the untied output matrix, the output bias) trains through the
+    chunked loss of nmt.training.loss."""
+    from nmt.training.loss import TranslationLoss
+
+    model = make(**{**VARIANTS[variant], "dropout": 0.0}).train()
+    loss_fn = TranslationLoss(model, epsilon=0.1)
+    src, prev = tokens(6, 5, 7, seed=7), tokens(5, 6, 4, bos=True, seed=8)
+    target = torch.cat([prev[:, 1:], torch.full((3, 1), PAD)], 1)
+    index = (target != PAD).flatten().nonzero().squeeze(1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        loss, _ = loss_fn(src, prev, index, target.flatten()[index])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert {"output_bias", *(["output_embedding"] if not model.cfg.tie_output else [])} <= changed
+
+
+@pytest.mark.parametrize("key, value", [("output_bias", True), ("tie_output", False), ("activation", "gelu"),
+                                        ("positions", "marian"), ("decoder_start", "zeros"),
+                                        ("norm_eps", 1e-6)])
+def test_transformer_only_options_are_refused_for_the_rnn(key, value):
+    from nmt.config import Config, ConfigError, validate
+
+    cfg = Config(model=ModelConfig(arch="rnn", **{key: value}))
+    with pytest.raises(ConfigError, match=f"model.{key} applies to model.arch transformer only"):
+        validate(cfg)
+
+
+def test_hf_positions_are_not_learned():
+    from nmt.config import Config, ConfigError, validate
+
+    with pytest.raises(ConfigError, match="model.positions hf_marian is a sinusoid table"):
+        validate(Config(model=ModelConfig(learned_positions=True, positions="hf_marian")))
+
+
+def test_a_checkpointed_marian_like_model_rebuilds_the_same(tmp_path):
+    """The new options' state (untied output matrix, output bias) is in the state dict; the
+    tables and the zero start are rebuilt from the config."""
+    from nmt.config import Config, config_from_dict, config_to_dict
+
+    model = make(**VARIANTS["marian-like"])
+    with torch.no_grad():
+        model.output_bias.normal_()
+    assert {"output_embedding", "output_bias"} <= set(model.state_dict())
+    torch.save({"model": model.state_dict(), "config": config_to_dict(Config(model=model.cfg))}, tmp_path / "m.pt")
+    saved = torch.load(tmp_path / "m.pt", weights_only=True)
+    again = build_model(config_from_dict(saved["config"]).model, V, pad_id=PAD).eval()
+    again.load_state_dict(saved["model"])
+    src, prev = tokens(6, 4), tokens(5, 5, bos=True)
+    torch.testing.assert_close(again(src, prev), model(src, prev), rtol=0, atol=0)

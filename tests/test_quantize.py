@@ -65,10 +65,19 @@ def test_int8_linear_row_does_not_depend_on_its_batch():
         assert torch.equal(q(x.view(5, 10, 96)), full.view(5, 10, 130))  # leading dims are rows
 
 
-def make(seed: int = 0) -> Transformer:
+# a Marian-like model (issue 26): its own output matrix with a bias, swish, a zero decoder start
+MARIAN = {"tie_output": False, "output_bias": True, "activation": "swish", "decoder_start": "zeros"}
+
+
+def make(seed: int = 0, **model: object) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, ffn_dim=128, heads=4, max_positions=64)
-    return Transformer(cfg, V, pad_id=NMT_SPECIALS.pad).eval()
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, ffn_dim=128, heads=4, max_positions=64,
+                      **model)  # type: ignore[arg-type]
+    out = Transformer(cfg, V, pad_id=NMT_SPECIALS.pad).eval()
+    if out.output_bias is not None:  # initialised to zeros: make it count
+        with torch.no_grad():
+            out.output_bias.normal_()
+    return out
 
 
 def test_quantize_decoder_replaces_the_decoder_linears_and_the_output_only():
@@ -81,8 +90,9 @@ def test_quantize_decoder_replaces_the_decoder_linears_and_the_output_only():
     assert model.tgt_embed.tokens.weight.dtype == torch.float32  # the embedding lookup stays fp32
 
 
-def test_int8_decode_steps_are_close_to_fp32():
-    fp32 = make()
+@pytest.mark.parametrize("model", [{}, MARIAN])
+def test_int8_decode_steps_are_close_to_fp32(model):
+    fp32 = make(**model)
     int8 = quantize_decoder(copy.deepcopy(fp32))
     g = torch.Generator().manual_seed(4)
     src = torch.randint(4, V, (3, 9), generator=g)
@@ -98,8 +108,9 @@ def test_int8_decode_steps_are_close_to_fp32():
         tokens = la.argmax(-1)
 
 
-def test_a_projection_over_a_token_subset_equals_those_columns_of_the_full_one():
-    model = quantize_decoder(make())
+@pytest.mark.parametrize("options", [{}, MARIAN])
+def test_a_projection_over_a_token_subset_equals_those_columns_of_the_full_one(options):
+    model = quantize_decoder(make(**options))
     vocab = torch.tensor([0, 3, 17, 59, 8])
     x = rows(6, 64)
     full = model.output(x)

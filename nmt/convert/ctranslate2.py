@@ -8,10 +8,13 @@ What has to line up (docs/architecture.md, "Exporting"):
 - positions: CTranslate2's built-in sinusoids count positions from 1, ours from 0 (and may be
   learned), so the table is always stored explicitly (`position_encodings.encodings`, row i
   = position i);
-- embeddings are scaled by sqrt(d_model) on both sides (`scale_embeddings`), the output
-  projection is the tied target embedding without bias;
+  any sinusoid layout (`model.positions`) is therefore exported as it is;
+- embeddings are scaled by sqrt(d_model) on both sides (`scale_embeddings`); the output
+  projection is `Transformer.output_weight` (the target embedding unless `model.tie_output` is
+  false) with `output_bias` where there is one; `model.decoder_start: zeros` is
+  `start_from_zero_embedding`; `model.activation` is one of CTranslate2's activations;
 - post-norm layers (`pre_norm=False`) have no final LayerNorm; pre-norm has one per side
-  (our `encoder_norm` / `decoder_norm`); our LayerNorms use eps 1e-5;
+  (our `encoder_norm` / `decoder_norm`); their epsilon (`model.norm_eps`) is `layer_norm_epsilon`;
 - self-attention's fused q/k/v rows are in CTranslate2's order (q, k, v), cross-attention's
   fused k/v too (its query is separate);
 - the source is tokens + EOS (`add_source_eos`), the decoder starts from BOS
@@ -53,7 +56,8 @@ INSTALL_HINT = "pip install 'nmt[ctranslate2]' (or pip install ctranslate2)"
 # it has its default) until the mapping handles it. Dropouts do not exist at inference.
 EXPORTED_FIELDS = frozenset({"encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "dropout",
                              "attention_dropout", "activation_dropout", "norm_first", "share_embeddings",
-                             "learned_positions", "max_positions",
+                             "learned_positions", "max_positions", "tie_output", "output_bias", "activation",
+                             "norm_eps", "positions", "decoder_start",
                              # arch is checked first (transformer only); the rnn keys do not apply
                              "arch", "cell", "attention", "rnn_hidden", "rnn_layers"})
 MARKERS = ("config.json", "model.bin")  # an existing OUT_DIR is replaced (--force) only if it looks like an export
@@ -129,10 +133,13 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
     """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights, with the vocabulary
     and special tokens of `tokenizer`. Every parameter of the model must be used once."""
     from ctranslate2.specs import transformer_spec as ts
+    from ctranslate2.specs.common_spec import Activation
 
     cfg = model.cfg
+    activation = {"relu": Activation.RELU, "gelu": Activation.GELU, "gelu_tanh": Activation.GELUTanh,
+                  "gelu_sigmoid": Activation.GELUSigmoid, "swish": Activation.SWISH}[cfg.activation]
     spec = ts.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads,
-                                          pre_norm=cfg.norm_first)
+                                          pre_norm=cfg.norm_first, activation=activation)
     used: set[int] = set()
 
     def take(p: torch.Tensor) -> Any:
@@ -175,7 +182,10 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
             linear(s.ffn.linear_0, layer.ffn.fc1)
             linear(s.ffn.linear_1, layer.ffn.fc2)
             norm(s.ffn.layer_norm, layer.norms[-1])
-    spec.decoder.projection.weight = take(model.tgt_embed.tokens.weight)  # tied, no bias
+    spec.decoder.projection.weight = take(model.output_weight)  # the target embedding if tied
+    if model.output_bias is not None:
+        spec.decoder.projection.bias = take(model.output_bias)
+    spec.decoder.start_from_zero_embedding = model.tgt_embed.zero_start
     unused = [name for name, p in model.named_parameters() if id(p) not in used]
     if unused:
         raise NmtError(f"the CTranslate2 export does not know the weights {', '.join(unused[:3])}")

@@ -10,6 +10,8 @@ N decoder rows during search (e.g. B * beam).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +22,23 @@ from nmt.config import ModelConfig
 KV = tuple[Tensor, Tensor]  # keys and values, each (B, H, L, Dh)
 
 
-def sinusoids(length: int, dim: int) -> Tensor:
-    """(length, dim) positions table: sin in the first half, cos in the second (fairseq, t2t)."""
+def sinusoids(length: int, dim: int, layout: str = "nmt") -> Tensor:
+    """(length, dim) positions table, row p = position p, sin in the first columns and cos in the
+    rest (not interleaved), in the layout `model.positions` names:
+    nmt: frequency 10000^(-i/(h-1)) for column i of each half h = dim // 2 (tensor2tensor);
+    marian: Marian's SinusoidalPositionEmbeddings (the same for an even dim);
+    hf_marian: transformers' MarianSinusoidalPositionalEmbedding, frequency 10000^(-2i/dim).
+    """
+    if layout == "marian":  # column c: frequency of c % h, sin for c < h (h = int(dim / 2))
+        h = dim // 2
+        cols = torch.arange(dim)
+        freqs = torch.exp((cols % h) * -(math.log(10000.0) / ((dim / 2 - 1) or 1.0)))
+        args = torch.arange(length).unsqueeze(1) * freqs.unsqueeze(0)  # (length, dim)
+        return torch.where(cols < h, torch.sin(args), torch.cos(args))
+    if layout == "hf_marian":  # ceil(dim/2) sin columns, then floor(dim/2) cos columns
+        freqs = torch.pow(10000.0, -2 * torch.arange((dim + 1) // 2, dtype=torch.float64) / dim)
+        args = torch.arange(length, dtype=torch.float64).unsqueeze(1) * freqs  # (length, ceil(dim/2))
+        return torch.cat([torch.sin(args), torch.cos(args[:, : dim // 2])], dim=1).float()
     half = dim // 2
     freqs = torch.exp(torch.arange(half) * -(math.log(10000.0) / max(half - 1, 1)))
     args = torch.arange(length).unsqueeze(1) * freqs.unsqueeze(0)  # (length, half)
@@ -82,22 +99,24 @@ class Dropout(nn.Module):
 class Embedding(nn.Module):
     """Token embedding scaled by sqrt(D) plus positions, then dropout: (B, T) -> (B, T, D).
 
-    Positions are 0 .. T-1 (padding is at the right end, so it needs no offset), sinusoidal or
-    learned (`cfg.learned_positions`). `tokens` may be shared with the other side.
+    Positions are 0 .. T-1 (padding is at the right end, so it needs no offset), sinusoidal
+    (`cfg.positions`) or learned (`cfg.learned_positions`). `tokens` may be shared with the other
+    side. With `zero_start` (the decoder's, `model.decoder_start: zeros`) the token at position 0
+    contributes a zero vector, whatever it is: only its position remains (Marian).
     """
 
     sinusoids: Tensor
 
-    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig):
+    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig, zero_start: bool = False):
         super().__init__()
-        self.tokens, self.scale = tokens, math.sqrt(cfg.d_model)
+        self.tokens, self.scale, self.zero_start = tokens, math.sqrt(cfg.d_model), zero_start
         self.max_positions = cfg.max_positions
         self.learned = cfg.learned_positions
         if self.learned:
             self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
             nn.init.normal_(self.positions.weight, std=cfg.d_model**-0.5)
         else:  # a buffer, not saved in checkpoints: rebuilt from the config
-            table = sinusoids(cfg.max_positions, cfg.d_model)
+            table = sinusoids(cfg.max_positions, cfg.d_model, cfg.positions)
             self.register_buffer("sinusoids", table, persistent=False)
         self.dropout = Dropout(cfg.dropout)
 
@@ -108,7 +127,10 @@ class Embedding(nn.Module):
             raise ValueError(f"a sequence of {end} positions exceeds model.max_positions="
                              f"{self.max_positions}; truncate it first")
         table = self.positions.weight if self.learned else self.sinusoids
-        return self.dropout(self.tokens(tokens) * self.scale + table[start:end])
+        x = self.tokens(tokens) * self.scale  # (B, T, D)
+        if self.zero_start and start == 0:
+            x = torch.cat([torch.zeros_like(x[:, :1]), x[:, 1:]], dim=1)
+        return self.dropout(x + table[start:end])
 
 
 def append(cache: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
@@ -188,16 +210,32 @@ class CrossAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
 
 
-class FeedForward(nn.Module):
-    """Position-wise ReLU feed-forward: (..., D) -> (..., D)."""
+def gelu_sigmoid(x: Tensor) -> Tensor:
+    """x * sigmoid(1.702 x): the gelu of older Marian versions (swish with beta 1.702)."""
+    return x * torch.sigmoid(1.702 * x)
 
-    def __init__(self, d_model: int, ffn_dim: int, activation_dropout: float):
+
+# model.activation -> the function (see its help for which reference computes which)
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu_sigmoid": gelu_sigmoid,
+    "swish": F.silu,
+}
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward, fc2(activation(fc1(x))): (..., D) -> (..., D)."""
+
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc1, self.fc2 = linear(d_model, ffn_dim), linear(ffn_dim, d_model)
-        self.dropout = Dropout(activation_dropout)
+        self.fc1, self.fc2 = linear(cfg.d_model, cfg.ffn_dim), linear(cfg.ffn_dim, cfg.d_model)
+        self.activation = ACTIVATIONS[cfg.activation]
+        self.dropout = Dropout(cfg.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+        return self.fc2(self.dropout(self.activation(self.fc1(x))))
 
 
 class Layer(nn.Module):
@@ -209,9 +247,9 @@ class Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, sublayers: int):
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model) for _ in range(sublayers))
+        self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) for _ in range(sublayers))
         self.dropout = Dropout(cfg.dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg)
 
     def pre(self, x: Tensor, i: int) -> Tensor:
         return self.norms[i](x) if self.norm_first else x

@@ -77,5 +77,5 @@ def quantize_decoder(model: Transformer) -> Transformer:
             for name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(module, name, Int8Linear(child.weight, child.bias))
-    model.int8_output = Int8Linear(model.output_weight)
+    model.int8_output = Int8Linear(model.output_weight, model.output_bias)
     return model

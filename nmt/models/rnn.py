@@ -92,6 +92,8 @@ class RNN(nn.Module):
         """(V, D): the output projection, tied to the target embedding."""
         return self.tgt_tokens.weight
 
+    output_bias = None  # the output projection has no bias (the training loss asks)
+
     # ------------------------------------------------------------------ encoder and one step
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -63,10 +63,11 @@ class DecoderState:
 class Transformer(nn.Module):
     """Encoder-decoder Transformer; `forward(src, prev_output)` -> logits for training.
 
-    Embeddings: with `cfg.share_embeddings` one (V, D) matrix is the encoder input, decoder input
-    and output projection (three-way tying, joint vocabulary). Without it the encoder gets its
-    own matrix, and the decoder input and output projection still share one (fairseq's
-    share_decoder_input_output_embed). The output projection has no bias.
+    Embeddings: with `cfg.share_embeddings` the encoder and decoder inputs share one (V, D)
+    matrix (joint vocabulary), otherwise each has its own. With `cfg.tie_output` the output
+    projection is the decoder input's matrix (fairseq's share_decoder_input_output_embed; with
+    share_embeddings three-way tying), otherwise its own `output_embedding`. `cfg.output_bias`
+    adds a learned (V,) bias to the logits.
     """
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int):
@@ -75,12 +76,16 @@ class Transformer(nn.Module):
         tgt_tokens = token_embedding(vocab_size, cfg.d_model, pad_id)
         src_tokens = (tgt_tokens if cfg.share_embeddings
                       else token_embedding(vocab_size, cfg.d_model, pad_id))
-        self.src_embed, self.tgt_embed = Embedding(src_tokens, cfg), Embedding(tgt_tokens, cfg)
+        self.src_embed = Embedding(src_tokens, cfg)
+        self.tgt_embed = Embedding(tgt_tokens, cfg, zero_start=cfg.decoder_start == "zeros")
+        self.output_embedding = (None if cfg.tie_output
+                                 else token_embedding(vocab_size, cfg.d_model, pad_id).weight)
+        self.output_bias = nn.Parameter(torch.zeros(vocab_size)) if cfg.output_bias else None
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # pre-norm leaves the residual stream un-normalised: one final LayerNorm on each side
-        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
         self.int8_output: nn.Module | None = None  # set by nmt.models.quantize.quantize_decoder
 
     def set_dropout(self, p: float) -> None:
@@ -110,10 +115,13 @@ class Transformer(nn.Module):
         """The output projection (the one way to it): final decoder states (N, D) -> logits
         (N, V), or with `vocab` (K,) (a shortlist) the logits of those K tokens (N, K); in int8
         when the model's output projection is (nmt.models.quantize)."""
-        weight = self.output_weight if vocab is None else self.output_weight[vocab]  # (V or K, D)
+        weight: Tensor = self.output_weight  # (V, D)
+        bias: Tensor | None = self.output_bias  # (V,) or None
+        if vocab is not None:
+            weight, bias = weight[vocab], None if bias is None else bias[vocab]  # (K, D), (K,)
         if self.int8_output is None:
-            return partial(F.linear, weight=weight)
-        return self.int8_output if vocab is None else Int8Linear(weight)
+            return partial(F.linear, weight=weight, bias=bias)
+        return self.int8_output if vocab is None else Int8Linear(weight, bias)
 
     def forward(self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None) -> Tensor:
         """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V); with
@@ -136,9 +144,10 @@ class Transformer(nn.Module):
 
     @property
     def output_weight(self) -> Tensor:
-        """(V, D): the output projection's matrix, tied to the target embedding (the loss,
-        nmt.training.loss, multiplies by it chunk by chunk)."""
-        return self.tgt_embed.tokens.weight
+        """(V, D): the output projection's matrix, the target embedding's unless
+        `model.tie_output` is false (the loss, nmt.training.loss, multiplies by it chunk by
+        chunk, adding `output_bias` (V,) where there is one)."""
+        return self.tgt_embed.tokens.weight if self.output_embedding is None else self.output_embedding
 
     def attention_weights(self, src: Tensor, prev_output: Tensor) -> Tensor:
         """Teacher-forced cross-attention: src (B, S), prev_output (B, T) -> weights (B, L, H, T, S)
@@ -238,6 +247,15 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer |
     return Transformer(cfg, vocab_size, pad_id)
 
 
+def _tying(c: ModelConfig) -> str:
+    """Which embedding matrices are one, in words."""
+    if c.share_embeddings and c.tie_output:
+        return "all embeddings tied"
+    if c.tie_output:
+        return "decoder input/output tied"
+    return "source/target embeddings tied" if c.share_embeddings else "no embeddings tied"
+
+
 def num_parameters(model: nn.Module) -> int:
     """Number of distinct parameters: a tied matrix counts once (parameters() de-duplicates)."""
     return sum(p.numel() for p in model.parameters())
@@ -251,8 +269,7 @@ def summary(model: nn.Module) -> str:
         f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, "
         f"{c.heads} heads, ffn {c.ffn_dim}, {'pre' if c.norm_first else 'post'}-norm, "
         f"{'learned' if c.learned_positions else 'sinusoidal'} positions, "
-        f"vocab {model.vocab_size}, "
-        f"{'all embeddings tied' if c.share_embeddings else 'decoder input/output tied'}"]
+        f"vocab {model.vocab_size}, {_tying(c)}"]
     seen: set[int] = set()
     for name, child in model.named_children():
         params = [p for p in child.parameters() if id(p) not in seen]

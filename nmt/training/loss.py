@@ -46,23 +46,25 @@ def smoothing_weights(epsilon: float, vocab: int) -> tuple[float, float]:
 
 
 def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float,
-                            chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Label-smoothed loss and NLL, summed over rows, of logits = states @ weight^T.
+                            chunk_rows: int | None = None, bias: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label-smoothed loss and NLL, summed over rows, of logits = states @ weight^T (+ bias).
 
     states (M, D) are the final decoder states of M real target tokens (no padding), weight
-    (V, D) the output projection, target (M,) their labels. Equal to
-    the label-smoothed cross-entropy of `F.linear(states, weight)` (`smoothed_cross_entropy`), computed
-    `chunk_rows` rows at a time (default: CHUNK_ELEMENTS / V), in fp32 after the matmul.
+    (V, D) the output projection, bias (V,) its bias if any, target (M,) their labels. Equal to
+    the label-smoothed cross-entropy of `F.linear(states, weight, bias)` (`smoothed_cross_entropy`),
+    computed `chunk_rows` rows at a time (default: CHUNK_ELEMENTS / V), in fp32 after the matmul.
     """
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.size(0))
-    if not (torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad)):
+    trained = [t for t in (states, weight, bias) if t is not None and t.requires_grad]
+    if not (torch.is_grad_enabled() and trained):
         total = torch.zeros(2, dtype=torch.float32, device=states.device)
         for start in range(0, states.size(0), rows):
-            logits = F.linear(states[start : start + rows], weight)
+            logits = F.linear(states[start : start + rows], weight, bias)
             loss, nll, _, _ = smoothed_cross_entropy(logits, target[start : start + rows], epsilon, -1)
             total += torch.stack([loss, nll])
         return total[0], total[1]
-    loss, nll = _ProjectedSmoothedLoss.apply(states, weight, target, epsilon, rows)
+    loss, nll = _ProjectedSmoothedLoss.apply(states, weight, target, epsilon, rows, bias)
     return loss, nll
 
 
@@ -71,19 +73,21 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
     per row, loss = -(a * lp[gold] + b * sum_v lp[v]) (`smoothing_weights`), so
     d loss / d logit_v = (a + b V) p_v - b - a [v = gold], computed in place in the chunk's
     log-probabilities (autograd's chain would cost several (c, V) passes and buffers); then
-    d states = g @ weight and d weight += g^T @ states; only one chunk's g exists at a time."""
+    d states = g @ weight, d weight += g^T @ states and d bias += the column sums of g; only one
+    chunk's g exists at a time."""
 
     @staticmethod
     def forward(ctx: Any, states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float,
-                rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+                rows: int, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         vocab = weight.size(0)
         a, b = smoothing_weights(epsilon, vocab)
         grad_states = torch.empty_like(states)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         total = torch.zeros(2, dtype=torch.float32, device=states.device)
         for start in range(0, states.size(0), rows):
             h, gold = states[start : start + rows], target[start : start + rows]
-            logits = F.linear(h, weight)  # (c, V) in the autocast dtype, if any
+            logits = F.linear(h, weight, bias)  # (c, V) in the autocast dtype, if any
             loss, nll, lprobs, _ = smoothed_cross_entropy(logits, gold, epsilon, -1)
             total += torch.stack([loss, nll])
             grad = lprobs.exp_().mul_(a + b * vocab)  # (c, V) fp32: the chunk's only big buffer
@@ -93,8 +97,11 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
             g = grad.to(logits.dtype)
             grad_states[start : start + rows] = (g @ weight.to(g.dtype)).to(states.dtype)
             grad_weight += (g.t() @ h.to(g.dtype)).float()
-        ctx.save_for_backward(grad_states, grad_weight)
+            if grad_bias is not None:
+                grad_bias += grad.sum(0)
+        ctx.save_for_backward(grad_states, grad_weight, grad_bias)
         ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
         loss, nll = total[0].clone(), total[1].clone()
         ctx.mark_non_differentiable(nll)
         return loss, nll
@@ -102,10 +109,10 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor, grad_nll: Any) -> tuple[Any, ...]:
-        grad_states, grad_weight = ctx.saved_tensors
+        grad_states, grad_weight, grad_bias = ctx.saved_tensors
         scale = grad_loss.float()
         return (grad_states * scale.to(grad_states.dtype), (grad_weight * scale).to(ctx.weight_dtype),
-                None, None, None)
+                None, None, None, None if grad_bias is None else (grad_bias * scale).to(ctx.bias_dtype))
 
 
 class TranslationLoss(nn.Module):
@@ -122,4 +129,4 @@ class TranslationLoss(nn.Module):
                 target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         states = self.model.decoder_states(src, prev_output, target_index)  # (M, D)
         return projected_smoothed_loss(states, self.model.output_weight, target_tokens, self.epsilon,
-                                       self.chunk_rows)
+                                       self.chunk_rows, self.model.output_bias)
