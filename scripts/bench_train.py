@@ -135,7 +135,11 @@ def measure(spec: dict) -> dict:
     import torch
 
     from nmt.config import load_config
-    from nmt.training.trainer import Env, Trainer
+
+    try:
+        from nmt.training.trainer import Env, Trainer
+    except ImportError:  # --repo: a checkout from before the subpackages (nmt/train.py)
+        from nmt.train import Env, Trainer  # type: ignore[no-redef]
 
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
     sets = [f"data.dir={spec['prepared']}", f"train.run_dir={spec['run_dir']}", f"train.precision={spec['precision']}",
