@@ -64,12 +64,17 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def _named(path: str | Path, option: str) -> str:
+    """How a message names `path`: with the option it was given for ("-o out.txt"), if any."""
+    return f"{option} {path}" if option else str(path)
+
+
 def target(path: str | Path, option: str = "") -> Path:
     """The file that writing `path` replaces: a symlink's target (written through, the link
     stays), checked to be a possible file name: not a directory, in a directory that exists.
     `option` (e.g. "-o") is named in the NmtError."""
     path = Path(path)
-    name = f"{option} {path}" if option else str(path)
+    name = _named(path, option)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     if path.is_dir() or not path.name or path.name in (".", ".."):
@@ -83,7 +88,7 @@ def target(path: str | Path, option: str = "") -> Path:
 def directory_target(path: str | Path, option: str = "") -> Path:
     """The directory that writing `path` as a whole replaces: a symlink's target (written
     through, the link stays); never `.` or `..`, which cannot be renamed away."""
-    name = f"{option} {path}" if option else str(path)
+    name = _named(path, option)
     path = Path(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
@@ -95,7 +100,7 @@ def directory_target(path: str | Path, option: str = "") -> Path:
 def check_replaceable(dest: Path, force: bool, markers: tuple[str, ...], kind: str, option: str = "") -> None:
     """Refuse to replace an existing `dest` unless it is an empty directory or, with `force`, a
     directory holding all of `markers` (an earlier output of the command: `kind`)."""
-    name = f"{option} {dest}" if option else str(dest)
+    name = _named(dest, option)
     if not dest.exists():
         return
     if not dest.is_dir():
@@ -145,7 +150,7 @@ def replacing_directory(dest: Path, what: str, option: str = "") -> Iterator[Pat
     to fill, then put it in place of `dest` as a whole. The leftovers of killed writers of
     `dest` are removed first. On failure the sibling goes away and `dest` is unchanged; an
     OSError (no permission, a read-only or full filesystem) becomes an NmtError naming `dest`."""
-    name = f"{option} {dest}" if option else str(dest)
+    name = _named(dest, option)
     try:
         clean_temporaries(dest.parent, name=dest.name, directories=True)
         work = temporary_name(dest)
@@ -342,11 +347,9 @@ def open_regular_file(path: Path, flags: int, what: str, *, create: bool = True)
     flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
         fd = os.open(path, flags, 0o644)
-    except FileNotFoundError:
-        if create:
-            raise NmtError(f"{path}: cannot create {what} (its directory is missing)") from None
-        raise
     except OSError as e:
+        if e.errno == errno.ENOENT and not create:
+            raise
         if e.errno == errno.ELOOP:
             raise NmtError(f"{path}: {what} is a symbolic link, which nmt does not follow; remove it") from None
         if e.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a FIFO with no reader, opened for writing only

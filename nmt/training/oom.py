@@ -28,8 +28,8 @@ FAULT_OOM_ENV = "NMT_FAULT_OOM_AT"
 def is_oom(error: BaseException) -> bool:
     """A failed allocation: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError
     ("DefaultCPUAllocator: can't allocate memory"), skipped the same way."""
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and any(s in str(error) for s in ("out of memory", "can't allocate memory")))
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and any(
+        s in str(error) for s in ("out of memory", "can't allocate memory", "DefaultCPUAllocator")))
 
 
 class OomSkips:

@@ -75,7 +75,7 @@ def build_training_model(cfg: ModelConfig, vocab_size: int, pad_id: int, device:
     try:
         return build_model(cfg, vocab_size, pad_id=pad_id).to(device)
     except (RuntimeError, MemoryError) as e:
-        if not (is_oom(e) or isinstance(e, MemoryError) or "DefaultCPUAllocator" in str(e)):
+        if not (is_oom(e) or isinstance(e, MemoryError)):
             raise
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise NmtError(f"{_sizes(cfg, vocab_size)} make a model of {_approx(params)} parameters, which cannot be "
