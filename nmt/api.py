@@ -317,7 +317,7 @@ class Translator:
         if len(sources) != len(targets):
             raise NmtError(f"score: {len(sources)} sources but {len(targets)} targets")
         srcs = self._encode(sources, lambda i: f"sources[{i}]")
-        tgts = self._encode(targets, None)
+        tgts = self._encode(targets, None, target=True)
         limit = self.loaded.max_positions - 1
         for i, t in enumerate(tgts):
             if len(t) > limit:
@@ -335,14 +335,17 @@ class Translator:
 
     # ------------------------------------------------------------------ helpers
 
-    def _encode(self, texts: Sequence[str], where: Callable[[int], str] | None) -> list[list[int]]:
-        """Token ids of each text (cleaned, a str: see `_texts`); [] for blank ones. With `where`,
-        a text longer than the model's maximum is truncated, with a warning naming `where(i)`."""
+    def _encode(self, texts: Sequence[str], where: Callable[[int], str] | None, *,
+                target: bool = False) -> list[list[int]]:
+        """Token ids of each text (cleaned, a str: see `_texts`), as a source or with `target` as a
+        target; [] for blank ones. With `where`, a text longer than the model's maximum is
+        truncated, with a warning naming `where(i)`."""
         limit = self.loaded.max_positions - 1
+        encode = self.loaded.tokenizer.encode_target if target else self.loaded.tokenizer.encode
         seqs = []
         for i, text in enumerate(texts):
             text = clean_text(text)
-            seq = self.loaded.tokenizer.encode(text) if text.strip() else []
+            seq = encode(text) if text.strip() else []
             if where is not None and len(seq) > limit:
                 log.warning("%s: %d tokens, truncated to the model's maximum of %d", where(i), len(seq), limit)
                 seq = seq[:limit]

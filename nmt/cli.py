@@ -247,6 +247,27 @@ def export_cmd(
     export(checkpoint, out_dir, format=format, quantization=quantization, force=force)
 
 
+@app.command("import")
+def import_cmd(
+    source: Annotated[Path, typer.Argument(help="A Hugging Face MarianMT folder (config.json, model.safetensors or "
+                                           "pytorch_model.bin, source.spm, target.spm, vocab.json), or a Marian "
+                                           "release: its folder with decoder.yml, or the decoder.yml.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The checkpoint to write.")],
+) -> None:
+    """Import an OPUS-MT / Marian model as an nmt checkpoint (weights, config, tokenizer).
+
+    The checkpoint translates, scores, averages, exports and fine-tunes like any other
+    (train.init_from; prepare-bpe --tokenizer-from). Nothing in SOURCE is run: weights load
+    as plain tensors. Example: nmt import opus-mt-en-de -o opus-en-de.pt
+    """
+    from nmt.convert.marian import import_command
+
+    imported = import_command(source, output)
+    m, tok = imported.model, imported.tokenizer
+    echo(f"{output}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, vocabulary {tok.vocab_size}, "
+         f"{m.activation}, positions {m.positions}, from {imported.source}")
+
+
 @app.command("shortlist")
 def shortlist_cmd(
     data_dir: Annotated[Path, typer.Argument(help="A directory written by nmt prepare-bpe.")],

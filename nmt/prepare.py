@@ -308,7 +308,7 @@ def _binarize(
             for src, tgt in _chunks(readers, split):
                 for raw, lines in zip(raws, (src, tgt), strict=False):  # no raw text for train
                     raw.write("".join(line + "\n" for line in lines))
-                encoded = encoder.submit(tok.encode_batch, src + tgt, opts.workers)
+                encoded = encoder.submit(_encode_pair, tok, src, tgt, opts.workers)
                 if pending:
                     store(*pending)
                 pending = (src, tgt, encoded)
@@ -352,6 +352,11 @@ def _chunks(readers: list[Iterator[str]], split: _Split) -> Iterator[tuple[list[
     except ValueError:  # from zip(strict=True); the line counts were equal when checked
         files = " and ".join(map(str, split.files.values()))
         raise NmtError(f"{files} changed while being read (line counts differ now)") from None
+
+
+def _encode_pair(tok: Tokenizer, src: list[str], tgt: list[str], workers: int) -> list[list[int]]:
+    """The ids of a chunk's source lines, then of its target lines (each side its own model)."""
+    return tok.encode_batch(src, workers) + tok.encode_target_batch(tgt, workers)
 
 
 def _keep_mask(

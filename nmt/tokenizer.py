@@ -10,8 +10,10 @@ an error, since the ids are baked into the binarized data and the model's embedd
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,30 +100,89 @@ def train_sentencepiece(
 
 
 class Tokenizer:
-    """A loaded sentencepiece model with nmt's special ids (`specials`).
+    """What turns text into a model's ids and back: `encode` (source side), `encode_target`,
+    `decode` (target ids to text), `piece`, `vocab_size` and the special ids (`specials`).
 
-    `Tokenizer(path)` reads a .model file; `Tokenizer(model_bytes)` (or `from_bytes`) loads
-    the bytes a checkpoint embeds. Keeps the bytes (`model_bytes`, `sha256`) and pickles as
-    them.
+    Two kinds, loaded by `Tokenizer.from_file` / `from_bytes` from the bytes a checkpoint
+    and a prepared directory's spm.model hold (`model_bytes`, `sha256`):
+    - `SentencePieceTokenizer`: one joint sentencepiece model whose ids are the model's ids
+      (every model nmt trains, with `NMT_SPECIALS`);
+    - `VocabTokenizer`: a source and a target sentencepiece model and an explicit vocabulary
+      mapping their pieces to the model's ids (an imported OPUS-MT / Marian model: `</s>` 0,
+      `<unk>` 1, the pad row last), stored as nmt's bundle of the three.
+    Both pickle as their bytes.
     """
 
-    def __init__(self, source: str | os.PathLike | bytes, name: str | None = None):
-        if isinstance(source, (bytes, bytearray)):
-            self.model_bytes, self.name = bytes(source), name or "<sentencepiece model>"
-        else:
-            self.name = name or str(source)
-            try:
-                self.model_bytes = Path(source).read_bytes()
-            except OSError as e:
-                raise NmtError(
-                    f"{source}: cannot read sentencepiece model ({e.strerror})"
-                ) from None
-        self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
-        self._sp = spm.SentencePieceProcessor()
+    name: str
+    model_bytes: bytes
+    sha256: str
+    specials: SpecialIds
+
+    @staticmethod
+    def from_file(path: str | os.PathLike) -> Tokenizer:
         try:
-            self._sp.LoadFromSerializedProto(self.model_bytes)
-        except (RuntimeError, OSError, TypeError) as e:
-            raise NmtError(f"{self.name}: not a sentencepiece model ({e})") from None
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise NmtError(f"{path}: cannot read sentencepiece model ({e.strerror})") from None
+        return Tokenizer.from_bytes(data, str(path))
+
+    @staticmethod
+    def from_bytes(model_bytes: bytes, name: str | None = None) -> Tokenizer:
+        if bytes(model_bytes[: len(BUNDLE_MAGIC)]) == BUNDLE_MAGIC:
+            return VocabTokenizer.from_bundle(bytes(model_bytes), name)
+        return SentencePieceTokenizer(bytes(model_bytes), name)
+
+    def __reduce__(self):
+        return (Tokenizer.from_bytes, (self.model_bytes, self.name))
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one source sentence, without BOS/EOS."""
+        raise NotImplementedError
+
+    def encode_target(self, text: str) -> list[int]:
+        """Token ids of one target sentence (a reference, a constraint), without BOS/EOS."""
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        """`encode` of many source sentences."""
+        return [self.encode(t) for t in texts]
+
+    def encode_target_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        """`encode_target` of many target sentences."""
+        return [self.encode_target(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of target token ids; pad/bos/eos are skipped, unk shows as ' ⁇ '."""
+        raise NotImplementedError
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    def normalize(self, text: str) -> str:
+        """The source text as the model sees it (NFKC, whitespace collapsed)."""
+        raise NotImplementedError
+
+    def piece(self, token_id: int) -> str:
+        raise NotImplementedError
+
+    def language_tokens(self) -> list[str]:
+        """The target-language tokens (`>>xxx<<`) of a multilingual model's vocabulary, in id
+        order; [] for others."""
+        return []
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """One joint sentencepiece model with nmt's special ids (`NMT_SPECIALS`): its ids are the
+    model's ids, on both sides."""
+
+    def __init__(self, model_bytes: bytes, name: str | None = None):
+        self.model_bytes, self.name = bytes(model_bytes), name or "<sentencepiece model>"
+        self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
+        self._sp = _load_spm(self.model_bytes, self.name)
         sp = self._sp
         self.specials = SpecialIds(pad=sp.pad_id(), unk=sp.unk_id(), bos=sp.bos_id(), eos=sp.eos_id())
         if self.specials != NMT_SPECIALS:
@@ -133,42 +194,123 @@ class Tokenizer:
                 f"--bos_id={need.bos} --eos_id={need.eos})"
             )
 
-    @classmethod
-    def from_file(cls, path: str | os.PathLike) -> Tokenizer:
-        return cls(Path(path))
-
-    @classmethod
-    def from_bytes(cls, model_bytes: bytes, name: str | None = None) -> Tokenizer:
-        return cls(bytes(model_bytes), name)
-
-    def __reduce__(self):
-        return (Tokenizer, (self.model_bytes, self.name))
-
     @property
     def vocab_size(self) -> int:
         return self._sp.vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of one sentence, without BOS/EOS."""
         return self._sp.encode(text)
 
+    encode_target = encode
+
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        """Token ids of many sentences; sentencepiece runs `num_threads` threads without the GIL."""
+        """Sentencepiece runs `num_threads` threads without the GIL."""
         if not texts:
             return []
         return self._sp.encode(list(texts), num_threads=num_threads)
 
+    encode_target_batch = encode_batch
+
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of token ids; pad/bos/eos are skipped, unk shows as ' ⁇ '."""
         return self._sp.decode([int(i) for i in ids])
 
-    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
-        return [self.decode(ids) for ids in batch]
-
     def normalize(self, text: str) -> str:
-        """The text as the model sees it (NFKC, whitespace collapsed); decode(encode(x)) == this
-        when every character is in the vocabulary or byte_fallback is on."""
+        """decode(encode(x)) == this when every character is in the vocabulary or byte_fallback is on."""
         return self._sp.normalize(text).replace("\u2581", " ").removeprefix(" ")
 
     def piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(token_id)
+
+
+BUNDLE_MAGIC = b"NMT-TOKENIZER\n"  # then one JSON line (the header), then the source and target models
+LANGUAGE_TOKEN = re.compile(r">>[^<>\s]+<<")  # a multilingual model's target-language token, >>fra<<
+
+
+class VocabTokenizer(Tokenizer):
+    """A source and a target sentencepiece model whose pieces are looked up in an explicit
+    vocabulary (`pieces`, the model's id order), as OPUS-MT / Marian models are segmented:
+    a piece missing from the vocabulary is `<unk>`; the special ids are the vocabulary's
+    (`specials`), not the sentencepiece models'. A source text may start with a target-language
+    token (`>>fra<<`), which is looked up whole, as Marian and Hugging Face's MarianTokenizer do.
+    Decoding joins the target pieces with the target model (`▁` becomes a space)."""
+
+    def __init__(self, source_model: bytes, target_model: bytes, pieces: Sequence[str], specials: SpecialIds,
+                 name: str | None = None):
+        self.name = name or "<vocabulary tokenizer>"
+        self.source_model, self.target_model = bytes(source_model), bytes(target_model)
+        self.pieces = list(pieces)
+        self.specials = specials
+        self._ids = {p: i for i, p in enumerate(self.pieces)}
+        if len(self._ids) != len(self.pieces):
+            raise NmtError(f"{self.name}: the vocabulary lists a piece twice")
+        bad = [k for k, v in vars(specials).items() if not 0 <= v < len(self.pieces)]
+        if bad:
+            raise NmtError(f"{self.name}: special id {bad[0]}={getattr(specials, bad[0])} is outside the "
+                           f"vocabulary of {len(self.pieces)}")
+        self._source = _load_spm(self.source_model, f"{self.name} (source model)")
+        self._target = _load_spm(self.target_model, f"{self.name} (target model)")
+        header = json.dumps({"pieces": self.pieces, "specials": vars(specials), "source_bytes": len(self.source_model),
+                             "target_bytes": len(self.target_model)}, ensure_ascii=False)
+        self.model_bytes = BUNDLE_MAGIC + header.encode() + b"\n" + self.source_model + self.target_model
+        self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
+        self._skip = {specials.pad, specials.bos, specials.eos}
+
+    @classmethod
+    def from_bundle(cls, data: bytes, name: str | None = None) -> VocabTokenizer:
+        name = name or "<vocabulary tokenizer>"
+        try:
+            end = data.index(b"\n", len(BUNDLE_MAGIC))
+            header = json.loads(data[len(BUNDLE_MAGIC):end])
+            n_src, n_tgt = int(header["source_bytes"]), int(header["target_bytes"])
+            src, tgt = data[end + 1 : end + 1 + n_src], data[end + 1 + n_src :]
+            if len(tgt) != n_tgt or not isinstance(header["pieces"], list):
+                raise ValueError("truncated")
+            specials = SpecialIds(**{k: int(header["specials"][k]) for k in ("pad", "unk", "bos", "eos")})
+        except (ValueError, KeyError, TypeError) as e:
+            raise NmtError(f"{name}: corrupt tokenizer bundle ({e})") from None
+        return cls(src, tgt, header["pieces"], specials, name)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.pieces)
+
+    def _lookup(self, pieces: Iterable[str]) -> list[int]:
+        unk = self.specials.unk
+        return [self._ids.get(p, unk) for p in pieces]
+
+    def encode(self, text: str) -> list[int]:
+        code: list[int] = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1:
+            code, text = self._lookup([text[: end + 2]]), text[end + 2 :]
+        return code + self._lookup(self._source.encode(text, out_type=str))
+
+    def encode_target(self, text: str) -> list[int]:
+        return self._lookup(self._target.encode(text, out_type=str))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        pieces = [self.pieces[int(i)] for i in ids if int(i) not in self._skip]
+        return self._target.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+    def normalize(self, text: str) -> str:
+        return self._source.normalize(text).replace("\u2581", " ").removeprefix(" ")
+
+    def piece(self, token_id: int) -> str:
+        return self.pieces[token_id]
+
+    def language_tokens(self) -> list[str]:
+        return [p for p in self.pieces if LANGUAGE_TOKEN.fullmatch(p)]
+
+
+def spm_pieces(model_bytes: bytes, name: str) -> list[str]:
+    """The pieces of a sentencepiece model, in id order."""
+    sp = _load_spm(model_bytes, name)
+    return [sp.id_to_piece(i) for i in range(sp.vocab_size())]
+
+
+def _load_spm(model_bytes: bytes, name: str) -> spm.SentencePieceProcessor:
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(model_bytes)
+    except (RuntimeError, OSError, TypeError) as e:
+        raise NmtError(f"{name}: not a sentencepiece model ({e})") from None
+    return sp

@@ -139,7 +139,7 @@ def test_tokenizer(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFacto
     from nmt.tokenizer import Tokenizer, train_sentencepiece
 
     text = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
-    return Tokenizer(train_sentencepiece(text, tmp_path_factory.mktemp("spm") / "spm", 500))
+    return Tokenizer.from_file(train_sentencepiece(text, tmp_path_factory.mktemp("spm") / "spm", 500))
 
 
 @pytest.fixture(scope="session")

@@ -46,7 +46,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thr
 @pytest.fixture(scope="module")
 def models(raw_corpus, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("attention")
-    spm = Tokenizer(train_sentencepiece(raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de"),
+    spm = Tokenizer.from_file(train_sentencepiece(raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de"),
                                         root / "spm", 500))
     two_layers = {"encoder_layers": 2, "decoder_layers": 2}
     return {

@@ -159,7 +159,7 @@ def test_data_prepared_with_tokenizer_from_passes_the_check_and_a_learned_tokeni
     assert ckpt.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["update"] == 1
 
     assert nmt_here(*prepare, "--vocab-size", "400", "--destdir", str(learned)) == 0
-    assert Tokenizer(learned / "spm.model").sha256 != Tokenizer(ours / "spm.model").sha256
+    assert Tokenizer.from_file(learned / "spm.model").sha256 != Tokenizer.from_file(ours / "spm.model").sha256
     capsys.readouterr()
     assert nmt_here(*run_args(learned, tmp_path / "refused", base)) == 1
     one_line_error(capsys, f"train.init_from {base}: tokenizer differs", str(learned), "--tokenizer-from")

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("isolated")  # conftest: temporary cwd, log
 def world(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The files the cases refer to: {ckpt}, {data}, {input}, {empty}, {garbage}, {dir}, ..."""
     root = tmp_path_factory.mktemp("fuzz")
-    save_random_model(root / "a.pt", Tokenizer(prepared[0] / "spm.model"), 1)
+    save_random_model(root / "a.pt", Tokenizer.from_file(prepared[0] / "spm.model"), 1)
     (root / "in.txt").write_text("A man.\nTwo dogs run.\n")
     (root / "ref.txt").write_text("Ein Mann.\nZwei Hunde laufen.\n")
     (root / "empty").write_bytes(b"")

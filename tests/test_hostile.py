@@ -76,12 +76,12 @@ def assert_one_line(code: int, err: str, *needles: str, status: int = 1) -> str:
 @pytest.fixture(scope="module")
 def ckpt(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random tiny model on the prepared data's sentencepiece model (vocabulary 500)."""
-    return save_random_model(tmp_path_factory.mktemp("hostile") / "a.pt", Tokenizer(prepared[0] / "spm.model"), 1)
+    return save_random_model(tmp_path_factory.mktemp("hostile") / "a.pt", Tokenizer.from_file(prepared[0] / "spm.model"), 1)
 
 
 def _save(path: Path, spm: Path, **changes: Any) -> Path:
     """A random model's checkpoint with some of its entries replaced."""
-    state = load_checkpoint(save_random_model(path, Tokenizer(spm), 1))
+    state = load_checkpoint(save_random_model(path, Tokenizer.from_file(spm), 1))
     atomic_save({**state, **changes}, path)
     return path
 

@@ -399,7 +399,7 @@ def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path
     from nmt.translate import format_line, read_chunks
 
     text = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
-    tokenizer = Tokenizer(train_sentencepiece(text, tmp_path / "spm", 500))
+    tokenizer = Tokenizer.from_file(train_sentencepiece(text, tmp_path / "spm", 500))
     model = save_random_model(tmp_path / "random.pt", tokenizer, seed=1)
     rng = random.Random(7)
     lines = [_fuzz_line(rng) for _ in range(1000)]

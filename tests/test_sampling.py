@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thr
 @pytest.fixture(scope="module")
 def checkpoints(raw_corpus, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sampling")
-    spm = Tokenizer(train_sentencepiece(raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de"),
+    spm = Tokenizer.from_file(train_sentencepiece(raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de"),
                                         root / "spm", 500))
     return {"transformer": save_random_model(root / "t.pt", spm, seed=1),
             "rnn": save_random_model(root / "r.pt", spm, seed=2, model={"arch": "rnn", "rnn_hidden": 32})}

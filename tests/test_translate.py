@@ -48,8 +48,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thr
 def setup(raw_corpus, tmp_path_factory) -> Setup:
     root = tmp_path_factory.mktemp("translate")
     train = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
-    spm = Tokenizer(train_sentencepiece(train, root / "spm", 500))
-    other = Tokenizer(train_sentencepiece(train, root / "other", 450))
+    spm = Tokenizer.from_file(train_sentencepiece(train, root / "spm", 500))
+    other = Tokenizer.from_file(train_sentencepiece(train, root / "other", 450))
     sentences = raw_corpus.lines("test", "en")
     return Setup(
         a=save_random_model(root / "a.pt", spm, seed=1),

@@ -52,7 +52,7 @@ class TrainingData:
         d, t = cfg.data, cfg.train
         meta = datamod.read_meta(d.dir)
         src, tgt = d.source_lang or meta["source_lang"], d.target_lang or meta["target_lang"]
-        tokenizer = Tokenizer(Path(d.dir) / "spm.model")
+        tokenizer = Tokenizer.from_file(Path(d.dir) / "spm.model")
         if t.valid_bleu:
             check_beam_fits(t.valid_beam, tokenizer.vocab_size, "train.valid_beam")
         train = datamod.ParallelData.load(d.dir, d.train_split, src, tgt)
