@@ -169,6 +169,11 @@ class Tokenizer:
     def piece(self, token_id: int) -> str:
         raise NotImplementedError
 
+    def files(self) -> dict[str, bytes]:
+        """The sentencepiece models a deployment tokenizes with, by file name: spm.model, or
+        source.spm and target.spm."""
+        raise NotImplementedError
+
     def language_tokens(self) -> list[str]:
         """The target-language tokens (`>>xxx<<`) of a multilingual model's vocabulary, in id
         order; [] for others."""
@@ -220,6 +225,9 @@ class SentencePieceTokenizer(Tokenizer):
 
     def piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(token_id)
+
+    def files(self) -> dict[str, bytes]:
+        return {"spm.model": self.model_bytes}
 
 
 BUNDLE_MAGIC = b"NMT-TOKENIZER\n"  # then one JSON line (the header), then the source and target models
@@ -296,6 +304,9 @@ class VocabTokenizer(Tokenizer):
 
     def piece(self, token_id: int) -> str:
         return self.pieces[token_id]
+
+    def files(self) -> dict[str, bytes]:
+        return {"source.spm": self.source_model, "target.spm": self.target_model}
 
     def language_tokens(self) -> list[str]:
         return [p for p in self.pieces if LANGUAGE_TOKEN.fullmatch(p)]

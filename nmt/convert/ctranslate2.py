@@ -66,8 +66,8 @@ MARKERS = ("config.json", "model.bin")  # an existing OUT_DIR is replaced (--for
 def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2",
            quantization: str | None = None, force: bool = False) -> Path:
     """Write `checkpoint` as a `format` model directory `out_dir` (whole or not at all):
-    model.bin, config.json and shared_vocabulary.json of CTranslate2, and spm.model, the
-    sentencepiece model to tokenize with. Returns `out_dir`."""
+    model.bin, config.json and shared_vocabulary.json of CTranslate2, and the sentencepiece
+    model(s) to tokenize with: spm.model, or an imported model's source.spm and target.spm. Returns `out_dir`."""
     if format not in FORMATS:
         raise NmtError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -89,7 +89,8 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
 
     with replacing_directory(out, "the export", "OUT_DIR") as work:
         _Converter().convert(str(work), quantization=quantization, force=True)
-        (work / "spm.model").write_bytes(tokenizer.model_bytes)
+        for name, data in tokenizer.files().items():  # spm.model, or an imported model's source/target.spm
+            (work / name).write_bytes(data)
     log.info("wrote %s (CTranslate2%s, vocabulary %d)", out, f", {quantization}" if quantization else "",
              tokenizer.vocab_size)
     return out
