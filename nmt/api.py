@@ -21,6 +21,7 @@ any iterable of str but one str, a number as a number, a bool as a bool), named 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -53,6 +54,7 @@ from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option
 from nmt.options import TranslateOptions
 from nmt.textio import clean_text
+from nmt.tokenizer import LANGUAGE_TOKEN
 
 log = logging.getLogger(__name__)
 _BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
@@ -94,6 +96,18 @@ def clean_output(text: str) -> str:
 
 
 MAX_THREADS = 4096  # torch refuses absurd thread counts with an error of its own
+
+
+def _language_arg(lang: Any, name: str) -> str | None:
+    """A target language as given (fra, or >>fra<<) -> fra; checked to be a plain word."""
+    if lang is None:
+        return None
+    if not isinstance(lang, str):
+        raise NmtError(f"{name} must be a language code string, got {type(lang).__name__}")
+    bare = lang[2:-2] if LANGUAGE_TOKEN.fullmatch(lang) else lang
+    if not bare or not re.fullmatch(r"[^\s<>]+", bare):
+        raise NmtError(f"{name} must be a language code such as fra, got {lang!r}")
+    return bare
 
 
 def _api_name(key: str) -> str:
@@ -158,6 +172,7 @@ class Translator:
         self.loaded, self.decode, self.device = loaded, decode, device
         self.precision, self.workers, self.shortlist = precision, workers, shortlist
         self.alignment_layer = alignment_layer  # as given: checked against the model when used
+        self.target_lang: str | None = None  # the >>xxx<< token every source gets (from_options sets it)
 
     @classmethod
     def load(cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], **options: Any) -> Translator:
@@ -216,6 +231,7 @@ class Translator:
         shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
         translator = cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
                          shortlist=shortlist, alignment_layer=opts.alignment_layer)
+        translator.target_lang = translator._language_token(opts.target_lang, (name or _cli_name)("target_lang"))
         layers = layer_count(loaded.model)
         if opts.alignment_layer is not None and layers:  # checked against the model now, not at the first line
             resolve_layer(opts.alignment_layer, layers, (name or _cli_name)("alignment_layer"))
@@ -223,33 +239,39 @@ class Translator:
 
     # ------------------------------------------------------------------ translation
 
-    def translate(self, texts: Iterable[str]) -> list[str]:
-        """The best translation of each text, in order; "" for an empty or blank text."""
-        return [hyps[0].text if hyps else "" for hyps in self._nbest(_texts(texts, "texts", "translate"))]
+    def translate(self, texts: Iterable[str], *, target_lang: str | None = None) -> list[str]:
+        """The best translation of each text, in order; "" for an empty or blank text.
+        `target_lang` (a multilingual model's >>xxx<< language, e.g. "fra") overrides the one
+        the translator was loaded with, for this call."""
+        lang = self._language_token(target_lang, "translate: target_lang")
+        return [hyps[0].text if hyps else "" for hyps in self._nbest(_texts(texts, "texts", "translate"), lang=lang)]
 
     def translate_nbest(self, texts: Iterable[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
                         first_index: int = 0, alignment: bool = False,
-                        attention: bool = False) -> list[list[Translation]]:
+                        attention: bool = False, target_lang: str | None = None) -> list[list[Translation]]:
         """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
         [] for an empty or blank text. `where(i)` names input i in warnings (default
         "texts[i]"; the command passes FILE:LINE). With sampling, text i is input sentence
         first_index + i of the seed's generators (nmt.decoding.sampling; the command passes the line
         number, so chunking does not matter). With `alignment` / `attention`, each Translation
-        carries its hard alignment (of the `alignment_layer`) / its attention matrices."""
+        carries its hard alignment (of the `alignment_layer`) / its attention matrices.
+        `target_lang` as for `translate`."""
         name = "translate_nbest"
+        lang = self._language_token(target_lang, f"{name}: target_lang")
         nbest, first_index = _arg(nbest, int, "nbest", name), _arg(first_index, int, "first_index", name)
         alignment, attention = _arg(alignment, bool, "alignment", name), _arg(attention, bool, "attention", name)
         if first_index < 0:
             raise NmtError(f"{name}: first_index must be 0 or more, got {first_index}")
         return self._nbest(_texts(texts, "texts", name), nbest, where=where, first_index=first_index,
-                           alignment=alignment, attention=attention)
+                           alignment=alignment, attention=attention, lang=lang)
 
     def _nbest(self, texts: list[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
-               first_index: int = 0, alignment: bool = False, attention: bool = False) -> list[list[Translation]]:
-        """`translate_nbest` of arguments already checked."""
+               first_index: int = 0, alignment: bool = False, attention: bool = False,
+               lang: str | None = None) -> list[list[Translation]]:
+        """`translate_nbest` of arguments already checked; `lang` a checked >>xxx<< token."""
         check_nbest(nbest, self.decode, "nbest")
         layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
-        seqs = self._encode(texts, where or (lambda i: f"texts[{i}]"))
+        seqs = self._encode(texts, where or (lambda i: f"texts[{i}]"), lang=lang or self.target_lang)
         hyps = translate_token_lists(self.loaded.model, seqs, self.decode, specials=self.loaded.tokenizer.specials,
                                      nbest=nbest, device=self.device,
                                      precision=self.precision, max_positions=self.loaded.max_positions,
@@ -335,16 +357,35 @@ class Translator:
 
     # ------------------------------------------------------------------ helpers
 
+    def _language_token(self, lang: str | None, name: str) -> str | None:
+        """">>lang<<" for a target language the model has a token for; None for None."""
+        if lang is None:
+            return None
+        lang = _language_arg(lang, name)
+        token, known = f">>{lang}<<", self.loaded.tokenizer.language_tokens()
+        if not known:
+            raise NmtError(f"{name} {lang}: the model has no target-language tokens (>>xxx<<); it is not "
+                           "multilingual")
+        if token not in known:
+            close = difflib.get_close_matches(token, known, n=3)
+            hint = f" (did you mean {', '.join(t[2:-2] for t in close)}?)" if close else ""
+            raise NmtError(f"{name} {lang}: the model has no {token} token{hint}; it knows {len(known)} "
+                           f"languages, e.g. {', '.join(t[2:-2] for t in known[:8])}")
+        return token
+
     def _encode(self, texts: Sequence[str], where: Callable[[int], str] | None, *,
-                target: bool = False) -> list[list[int]]:
+                target: bool = False, lang: str | None = None) -> list[list[int]]:
         """Token ids of each text (cleaned, a str: see `_texts`), as a source or with `target` as a
-        target; [] for blank ones. With `where`, a text longer than the model's maximum is
-        truncated, with a warning naming `where(i)`."""
+        target; [] for blank ones. A source text not starting with a language token gets `lang`
+        (">>fra<<") first. With `where`, a text longer than the model's maximum is truncated,
+        with a warning naming `where(i)`."""
         limit = self.loaded.max_positions - 1
         encode = self.loaded.tokenizer.encode_target if target else self.loaded.tokenizer.encode
         seqs = []
         for i, text in enumerate(texts):
             text = clean_text(text)
+            if lang and text.strip() and not LANGUAGE_TOKEN.match(text):
+                text = f"{lang} {text}"
             seq = encode(text) if text.strip() else []
             if where is not None and len(seq) > limit:
                 log.warning("%s: %d tokens, truncated to the model's maximum of %d", where(i), len(seq), limit)

@@ -253,6 +253,9 @@ def import_cmd(
                                            "pytorch_model.bin, source.spm, target.spm, vocab.json), or a Marian "
                                            "release: its folder with decoder.yml, or the decoder.yml.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The checkpoint to write.")],
+    config: Annotated[Path | None, typer.Option(
+        help="Also write a training config to fine-tune it: the imported model section, train.init_from "
+             "set to the checkpoint, fine-tuning settings (lr 5e-5, 500 warm-up updates); set data.dir.")] = None,
 ) -> None:
     """Import an OPUS-MT / Marian model as an nmt checkpoint (weights, config, tokenizer).
 
@@ -262,7 +265,7 @@ def import_cmd(
     """
     from nmt.convert.marian import import_command
 
-    imported = import_command(source, output)
+    imported = import_command(source, output, config)
     m, tok = imported.model, imported.tokenizer
     echo(f"{output}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, vocabulary {tok.vocab_size}, "
          f"{m.activation}, positions {m.positions}, from {imported.source}")

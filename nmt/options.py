@@ -97,6 +97,10 @@ class TranslateOptions:
                        "shared out among them); 0 = one per thread. GPU: always 1.")
     shortlist: Path | None = opt(None, "A file from `nmt shortlist`: decode each sentence over its "
                                  "likely target tokens only (faster, approximate; off by default).")
+    target_lang: str | None = opt(
+        None, "Multilingual models (OPUS-MT, Marian): the target language, e.g. fra: each source line "
+        "starts with the model's >>fra<< token (a line that already starts with a >>xxx<< token keeps "
+        "its own). The model must have the token; refused for models without such tokens.")
     alignment_layer: int | None = opt(
         None, "Decoder layer whose cross-attention gives --alignment: 0-based, negative from the end; "
         "default: the last (the RNN has one).")

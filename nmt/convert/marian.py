@@ -42,8 +42,9 @@ import numpy as np
 import torch
 import yaml
 
+from nmt.atomic import FileArg, atomic_write_bytes, check_outputs
 from nmt.checkpoint import atomic_save, check_average_output
-from nmt.config import Config, ModelConfig, config_to_dict
+from nmt.config import Config, ModelConfig, config_to_dict, dump_config
 from nmt.errors import NmtError
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import SpecialIds, Tokenizer, VocabTokenizer, spm_pieces
@@ -540,10 +541,33 @@ def _read_bytes(path: Path) -> bytes:
         raise NmtError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def import_command(source: Path, output: Path) -> Imported:
-    """`nmt import SOURCE -o OUTPUT`: read the model, write its checkpoint atomically (an output
-    that is one of the source's files, or a name `nmt train` owns in a run directory, is refused)."""
-    check_average_output([source], output)
+# starting points for fine-tuning an imported model on in-domain data (the README's recipe)
+FINETUNE_TRAIN = {"lr": 5e-5, "warmup_updates": 500, "warmup_init_lr": 1e-7, "label_smoothing": 0.1,
+                  "max_tokens": 4096, "save_interval_updates": 500, "keep_last": 5}
+
+
+def finetune_config(imported: Imported, checkpoint: Path) -> Config:
+    """A training config to fine-tune the imported checkpoint: its model section, train.init_from
+    set to it, conservative fine-tuning settings (`FINETUNE_TRAIN`), data.dir to fill in."""
+    base = Config()
+    train = dataclasses.replace(base.train, init_from=str(checkpoint), run_dir="runs/finetune", **FINETUNE_TRAIN)
+    decode = base.decode if imported.beam is None else dataclasses.replace(base.decode, beam=imported.beam)
+    return dataclasses.replace(base, data=dataclasses.replace(base.data, dir="data-bin/finetune"),
+                               model=imported.model, train=train, decode=decode)
+
+
+def import_command(source: Path, output: Path, config: Path | None = None) -> Imported:
+    """`nmt import SOURCE -o OUTPUT [--config YAML]`: read the model, write its checkpoint (and
+    a fine-tuning config) atomically. An output that is one of the source's files, or a name
+    `nmt train` owns in a run directory, is refused before anything is read."""
+    outputs = [FileArg("--config", config)] if config is not None else []
+    folder = source if source.is_dir() else source.parent
+    inputs = [FileArg("SOURCE", p, f"a file of the model being imported ({p.name})")
+              for p in sorted(folder.iterdir()) if p.is_file()] if folder.is_dir() else []
+    check_outputs(inputs, [FileArg("-o", output, "the checkpoint"), *outputs])
+    check_average_output([], output)
     imported = import_model(source)
     atomic_save(imported_checkpoint(imported), output)
+    if config is not None:
+        atomic_write_bytes(dump_config(finetune_config(imported, output)).encode(), config, "the config")
     return imported
