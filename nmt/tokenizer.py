@@ -1,10 +1,11 @@
-"""Sentencepiece: training the joint model, encoding, decoding, the special ids.
+"""Tokenizers: training the joint sentencepiece model, encoding, decoding, the special ids.
 
 The only module that imports sentencepiece, and the one owner of the special ids: a
-`Tokenizer` reads them from its model (`Tokenizer.specials`, a `SpecialIds`), and everything
-else (data, models, search, export) receives them from it or as an argument. Every model nmt
-trains has `NMT_SPECIALS` (`pad=0, unk=1, bos=2, eos=3`); loading a model with other ids is
-an error, since the ids are baked into the binarized data and the model's embedding table.
+`Tokenizer` knows them (`Tokenizer.specials`, a `SpecialIds`), and everything else (data,
+models, search, export) receives them from it or as an argument. Every model nmt trains has
+one joint sentencepiece model with `NMT_SPECIALS` (`pad=0, unk=1, bos=2, eos=3`,
+`SentencePieceTokenizer`); an imported OPUS-MT / Marian model brings two sentencepiece models
+and its own vocabulary and ids (`VocabTokenizer`).
 """
 
 from __future__ import annotations
