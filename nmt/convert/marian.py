@@ -323,10 +323,10 @@ _YAML_CPP_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029\uf
 def _stand_ins(text: str) -> tuple[str, dict[int, str]]:
     """`text` with each _YAML_CPP_TEXT character replaced by a private-use character it does not
     hold, and the table that puts them back."""
-    found = sorted(set(_YAML_CPP_TEXT.findall(text)))
+    found: list[str] = sorted(set(_YAML_CPP_TEXT.findall(text)))
     free = (chr(c) for c in range(0xF0000, 0xFFFFE) if chr(c) not in text)
-    stand_in = {ch: next(free) for ch in found}
-    return text.translate(str.maketrans(stand_in)), {ord(v): k for k, v in stand_in.items()}
+    stand_in = {ord(ch): next(free) for ch in found}
+    return text.translate(stand_in), {ord(v): chr(k) for k, v in stand_in.items()}
 
 
 def read_marian_vocab(path: Path) -> list[str]:
@@ -470,11 +470,11 @@ def _map_marian(w: dict[str, np.ndarray], o: dict[str, Any], tok: VocabTokenizer
     def with_pad(rows: torch.Tensor) -> torch.Tensor:  # (V-1, D) -> (V, D): a zero pad row
         return torch.cat([rows, torch.zeros(1, rows.shape[1])])
 
-    def emb(side: str) -> torch.Tensor:
+    def embedding(side: str) -> torch.Tensor:
         return get("Wemb" if "Wemb" in w else f"{side}_Wemb", V - 1, d_model)
 
-    out: dict[str, torch.Tensor] = {"src_embed.tokens.weight": with_pad(emb("encoder")),
-                                    "tgt_embed.tokens.weight": with_pad(emb("decoder"))}
+    out: dict[str, torch.Tensor] = {"src_embed.tokens.weight": with_pad(embedding("encoder")),
+                                    "tgt_embed.tokens.weight": with_pad(embedding("decoder"))}
     if not tie:
         if "decoder_ff_logit_out_W" in w:
             out["output_embedding"] = with_pad(get("decoder_ff_logit_out_W", d_model, V - 1).T)
