@@ -13,6 +13,10 @@ c9f287db: embeddings times sqrt(dim), its sinusoids, `dan` / `n`+`da`+top `n` pr
 LayerNorm eps 1e-6, a zero vector before the first target token, the activations by version),
 in float64, from the `.npz`'s arrays: the reference that the import is checked against
 where CTranslate2 cannot be (it has no Marian position table, and maps gelu to one formula).
+Pre-norm self-attention attends over the normalised input, as Marian trains since v1.10.24
+(marian-dev 14042019: "fixes missing norm for keys and values in self-attention with pre-norm");
+Marian before that, and its step-by-step decoder after the first step (DecoderLayerSelfAttention
+passes the cached states, not the input, as keys), use the input unnormalised.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-# Pieces a vocabulary may hold that YAML quotes, escapes or reads as something else; the ones
-# CTranslate2's line parser (`load_vocab`) also reads right. Both lists are in model vocabularies.
+# Pieces a vocabulary may hold that YAML quotes, escapes or reads as something else, and that
+# CTranslate2's line parser (`load_vocab`) reads right too: in every release's vocabulary.
 AWKWARD = ['"', "'", "'a'", '"a"', "a:b", ":x", "x:", ":", "#", "#x", "x#", "\u2581#", "yes", "no", "null",
            "Null", "~", "true", "false", "on", "123", "1.5", "0x1F", "-", "-x", "--", "---", "...", "?",
            "?x", "\\", "a\\b", "\\x41", '"\\', "#\\x", "<<", "=", "!x", "&x", "*x", "%x", "@x", "`x", "|", ">",
