@@ -19,7 +19,7 @@ The mapping, as each source computes its model:
   the pad row is part of the vocabulary, as it is there.
 - Marian: Marian's own sinusoids (`positions: marian`), decoding starts from a zero vector
   (`decoder_start: zeros`), LayerNorm epsilon 1e-6; `transformer-ffn-activation: gelu` is
-  x*sigmoid(1.702x) in Marian up to v1.12 and the exact erf GELU after (the model.yml's
+  x*sigmoid(1.702x) in Marian up to v1.12.2 and the exact erf GELU after (the model.yml's
   `version` decides). A Marian model has no pad row: one is appended, with a zero embedding and
   an output bias of `PAD_LOGIT_BIAS`, so that its probability is exactly 0 in fp32, bf16 and fp16
   and the other tokens' log-probabilities are Marian's.
@@ -315,10 +315,26 @@ def _model_yml(w: dict[str, np.ndarray], npz: Path) -> dict[str, Any]:
     return opts
 
 
+# Characters that yaml-cpp (which writes and reads Marian's vocabularies) takes as text, but
+# PyYAML refuses raw (DEL and other control characters: yaml-cpp writes DEL raw, even quoted) or
+# reads as line breaks (NEL, U+2028, U+2029: YAML 1.1's, not 1.2's; yaml-cpp writes them raw).
+_YAML_CPP_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029\ufffe\uffff]")
+
+
+def _stand_ins(text: str) -> tuple[str, dict[int, str]]:
+    """`text` with each _YAML_CPP_TEXT character replaced by a private-use character it does not
+    hold, and the table that puts them back."""
+    found: list[str] = sorted(set(_YAML_CPP_TEXT.findall(text)))
+    free = (chr(c) for c in range(0xF0000, 0xFFFFE) if chr(c) not in text)
+    stand_in = {ord(ch): next(free) for ch in found}
+    return text.translate(stand_in), {ord(v): chr(k) for k, v in stand_in.items()}
+
+
 def read_marian_vocab(path: Path) -> list[str]:
     """A Marian vocabulary file (.yml: piece: id) -> its pieces in id order."""
     try:
-        mapping = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)  # every key a str
+        text, back = _stand_ins(path.read_text(encoding="utf-8"))
+        mapping = yaml.load(text, Loader=yaml.BaseLoader)  # every key a str
     except FileNotFoundError:
         raise NmtError(f"{path}: not found") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
@@ -326,7 +342,7 @@ def read_marian_vocab(path: Path) -> list[str]:
     if not isinstance(mapping, dict):
         raise NmtError(f"{path}: not a Marian vocabulary (a mapping of pieces to ids)")
     try:
-        ids = {str(k): int(v) for k, v in mapping.items()}
+        ids = {str(k).translate(back): int(v) for k, v in mapping.items()}
     except (TypeError, ValueError):
         raise NmtError(f"{path}: a piece's id is not an integer") from None
     return _pieces_in_id_order(ids, path)
@@ -376,10 +392,10 @@ _MARIAN_ACTIVATIONS = ("relu", "swish", "gelu")
 
 
 def _marian_gelu(version: str) -> str:
-    """Marian's gelu was x*sigmoid(1.702x) up to v1.12.0 (marian-dev d225c24d, March 2023,
-    made it the erf GELU)."""
+    """Marian's gelu was x*sigmoid(1.702x) up to v1.12.2 (marian-dev d225c24d, March 2023, made it
+    the erf GELU and bumped VERSION from v1.12.2 to v1.12.3)."""
     m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", version.strip())
-    if m and tuple(map(int, m.groups())) <= (1, 12, 0):
+    if m and tuple(map(int, m.groups())) <= (1, 12, 2):
         return "gelu_sigmoid"
     return "gelu"
 
@@ -399,6 +415,8 @@ def _map_marian(w: dict[str, np.ndarray], o: dict[str, Any], tok: VocabTokenizer
          f"transformer-decoder-autoreg {opt('transformer-decoder-autoreg', '')!r} (only self-attention)")
     need(not opt("transformer-no-projection", False), "transformer-no-projection is true")
     need(not opt("transformer-train-position-embeddings", False), "transformer-train-position-embeddings is true")
+    need(not opt("transformer-disable-position-embeddings", False), "transformer-disable-position-embeddings is true")
+    need(not opt("ulr", False), "ulr is true (universal language representation embeddings)")
     need(not opt("transformer-tied-layers", []), "transformer-tied-layers is set")
     need(int(opt("transformer-ffn-depth", 2)) == 2, f"transformer-ffn-depth {opt('transformer-ffn-depth', 2)} (only 2)")
     need(int(opt("transformer-decoder-ffn-depth", 0)) in (0, 2),
@@ -433,38 +451,48 @@ def _map_marian(w: dict[str, np.ndarray], o: dict[str, Any], tok: VocabTokenizer
         share_embeddings=share, tie_output=tie, output_bias=True, activation=activation,  # type: ignore[arg-type]
         norm_eps=MARIAN_LAYERNORM_EPS, positions="marian", decoder_start="zeros", max_positions=1024)
     V, pad = tok.vocab_size, tok.specials.pad
+    sizes = f"dim-emb {d_model}, transformer-dim-ffn {ffn_dim}, a vocabulary of {V - 1}"
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str, *shape: int) -> torch.Tensor:
+        """Parameter `name`, which must be a float array of `shape` (a vector (n,) may be (1, n),
+        as Marian writes its vectors), as float32."""
         if name not in w:
             raise NmtError(f"{where}: no parameter {name}")
-        return torch.from_numpy(np.asarray(w[name], dtype=np.float32).copy())
-
-    def vec(name: str) -> torch.Tensor:
-        return get(name).reshape(-1)
+        a = w[name]
+        if a.dtype.kind != "f":
+            raise NmtError(f"{where}: parameter {name} holds {a.dtype}, not floating-point numbers")
+        if a.shape != shape and not (len(shape) == 1 and a.shape == (1, *shape)):
+            want = (1, *shape) if len(shape) == 1 else shape
+            raise NmtError(f"{where}: parameter {name} has shape {a.shape}, not {want} ({sizes})")
+        if not np.isfinite(a).all():
+            raise NmtError(f"{where}: parameter {name} holds NaN or infinite values")
+        return torch.from_numpy(a.astype(np.float32).reshape(shape))
 
     def with_pad(rows: torch.Tensor) -> torch.Tensor:  # (V-1, D) -> (V, D): a zero pad row
-        if rows.shape[0] != V - 1:
-            raise NmtError(f"{where}: an embedding of {rows.shape[0]} rows for a vocabulary of {V - 1}")
         return torch.cat([rows, torch.zeros(1, rows.shape[1])])
 
-    emb = (lambda side: get("Wemb")) if "Wemb" in w else (lambda side: get(f"{side}_Wemb"))
-    out: dict[str, torch.Tensor] = {"src_embed.tokens.weight": with_pad(emb("encoder")),
-                                    "tgt_embed.tokens.weight": with_pad(emb("decoder"))}
+    def embedding(side: str) -> torch.Tensor:
+        return get("Wemb" if "Wemb" in w else f"{side}_Wemb", V - 1, d_model)
+
+    out: dict[str, torch.Tensor] = {"src_embed.tokens.weight": with_pad(embedding("encoder")),
+                                    "tgt_embed.tokens.weight": with_pad(embedding("decoder"))}
     if not tie:
         if "decoder_ff_logit_out_W" in w:
-            out["output_embedding"] = with_pad(get("decoder_ff_logit_out_W").T)
+            out["output_embedding"] = with_pad(get("decoder_ff_logit_out_W", d_model, V - 1).T)
         else:
-            out["output_embedding"] = with_pad(get("decoder_ff_logit_out_Wt"))
-    bias = vec("decoder_ff_logit_out_b") if "decoder_ff_logit_out_b" in w else torch.zeros(V - 1)
+            out["output_embedding"] = with_pad(get("decoder_ff_logit_out_Wt", V - 1, d_model))
+    bias = get("decoder_ff_logit_out_b", V - 1) if "decoder_ff_logit_out_b" in w else torch.zeros(V - 1)
     out["output_bias"] = torch.cat([bias, torch.tensor([PAD_LOGIT_BIAS])])
     assert pad == V - 1
 
-    def linear(prefix: str, suffix: str) -> tuple[torch.Tensor, torch.Tensor]:  # Marian's W is (in, out)
-        return get(f"{prefix}_W{suffix}").T.contiguous(), vec(f"{prefix}_b{suffix}")
+    def linear(prefix: str, suffix: str, d_in: int = d_model, d_out: int = d_model) -> tuple[torch.Tensor, torch.Tensor]:
+        """Marian's W is (in, out), nmt's (out, in)."""
+        return get(f"{prefix}_W{suffix}", d_in, d_out).T.contiguous(), get(f"{prefix}_b{suffix}", d_out)
 
     def norm(prefix: str, dst: str) -> None:
         tail = "_pre" if pre else ""
-        out[f"{dst}.weight"], out[f"{dst}.bias"] = vec(f"{prefix}_ln_scale{tail}"), vec(f"{prefix}_ln_bias{tail}")
+        out[f"{dst}.weight"] = get(f"{prefix}_ln_scale{tail}", d_model)
+        out[f"{dst}.bias"] = get(f"{prefix}_ln_bias{tail}", d_model)
 
     def attention(prefix: str, dst: str, fused: bool) -> None:
         (wq, bq), (wk, bk), (wv, bv) = (linear(prefix, s) for s in "qkv")
@@ -476,8 +504,8 @@ def _map_marian(w: dict[str, np.ndarray], o: dict[str, Any], tok: VocabTokenizer
         out[f"{dst}.out.weight"], out[f"{dst}.out.bias"] = linear(prefix, "o")
 
     def ffn(prefix: str, dst: str) -> None:
-        out[f"{dst}.ffn.fc1.weight"], out[f"{dst}.ffn.fc1.bias"] = linear(f"{prefix}_ffn", "1")
-        out[f"{dst}.ffn.fc2.weight"], out[f"{dst}.ffn.fc2.bias"] = linear(f"{prefix}_ffn", "2")
+        out[f"{dst}.ffn.fc1.weight"], out[f"{dst}.ffn.fc1.bias"] = linear(f"{prefix}_ffn", "1", d_model, ffn_dim)
+        out[f"{dst}.ffn.fc2.weight"], out[f"{dst}.ffn.fc2.bias"] = linear(f"{prefix}_ffn", "2", ffn_dim, d_model)
 
     for i in range(cfg.encoder_layers):
         s, d = f"encoder_l{i + 1}", f"encoder.{i}"
@@ -495,7 +523,8 @@ def _map_marian(w: dict[str, np.ndarray], o: dict[str, Any], tok: VocabTokenizer
         norm(f"{s}_ffn_ffn", f"{d}.norms.2")
     if pre:
         for side in ("encoder", "decoder"):
-            out[f"{side}_norm.weight"], out[f"{side}_norm.bias"] = vec(f"{side}_top_ln_scale"), vec(f"{side}_top_ln_bias")
+            out[f"{side}_norm.weight"] = get(f"{side}_top_ln_scale", d_model)
+            out[f"{side}_norm.bias"] = get(f"{side}_top_ln_bias", d_model)
     _check_shapes(out, cfg, V, where)
     return cfg, out
 
