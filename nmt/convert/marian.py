@@ -133,6 +133,8 @@ def read_hf_folder(folder: Path) -> Imported:
 
     tok = _hf_tokenizer(folder, vocab_size, pad, eos, start)
     tie = bool(get("tie_word_embeddings", True))
+    weights = {k.removeprefix("model."): v for k, v in _hf_weights(folder).items()}
+    share = share and _same_embeddings(weights)
     model = ModelConfig(
         arch="transformer", encoder_layers=int(get("encoder_layers")), decoder_layers=int(get("decoder_layers")),
         d_model=d_model, ffn_dim=ffn, heads=heads, dropout=float(get("dropout", 0.1)),
@@ -141,7 +143,6 @@ def read_hf_folder(folder: Path) -> Imported:
         share_embeddings=share, tie_output=tie, output_bias=True, activation=activations[act],  # type: ignore[arg-type]
         norm_eps=1e-5, positions="hf_marian", decoder_start="bos",
         max_positions=int(get("max_position_embeddings", 512)))
-    weights = _hf_weights(folder)
     return Imported(model, _map_hf(weights, model, folder, vocab_size), tok,
                     int(get("num_beams")) if get("num_beams") else None, str(folder))
 
@@ -208,9 +209,18 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def _map_hf(w: dict[str, torch.Tensor], cfg: ModelConfig, folder: Path, vocab_size: int) -> dict[str, torch.Tensor]:
-    w = {k.removeprefix("model.") if k.startswith("model.") else k: v for k, v in w.items()}
+def _same_embeddings(w: dict[str, torch.Tensor]) -> bool:
+    """Whether the encoder's and the decoder's token embeddings are one table. MarianMTModel's
+    forward reads `encoder.embed_tokens` and `decoder.embed_tokens` (a file may leave them out
+    where they are `shared`); transformers 5 ties them to `shared` only while
+    `tie_word_embeddings` is true, so a folder it wrote with `share_encoder_decoder_embeddings`
+    true and `tie_word_embeddings` false holds three different tables."""
+    shared = w.get("shared.weight")
+    enc, dec = w.get("encoder.embed_tokens.weight", shared), w.get("decoder.embed_tokens.weight", shared)
+    return enc is None or dec is None or (enc.shape == dec.shape and torch.equal(enc, dec))
 
+
+def _map_hf(w: dict[str, torch.Tensor], cfg: ModelConfig, folder: Path, vocab_size: int) -> dict[str, torch.Tensor]:
     def take(*names: str) -> torch.Tensor:
         for name in names:
             if name in w:
@@ -218,9 +228,8 @@ def _map_hf(w: dict[str, torch.Tensor], cfg: ModelConfig, folder: Path, vocab_si
         raise NmtError(f"{folder}: the weights lack {names[0]}")
 
     shared = ("shared.weight",)
-    enc = take("encoder.embed_tokens.weight", *shared)
-    dec = take(*shared, "decoder.embed_tokens.weight") if cfg.share_embeddings \
-        else take("decoder.embed_tokens.weight", *shared)
+    enc = take("encoder.embed_tokens.weight", *shared)  # what the forward reads (`_same_embeddings`)
+    dec = take("decoder.embed_tokens.weight", *shared)
     out: dict[str, torch.Tensor] = {"src_embed.tokens.weight": enc, "tgt_embed.tokens.weight": dec}
     if not cfg.tie_output:
         out["output_embedding"] = take("lm_head.weight")
