@@ -133,6 +133,7 @@ def read_hf_folder(folder: Path) -> Imported:
 
     tok = _hf_tokenizer(folder, vocab_size, pad, eos, start)
     tie = bool(get("tie_word_embeddings", True))
+    beam = _hf_beam(folder, cfg)  # checked before the weights are read
     weights = {k.removeprefix("model."): v for k, v in _hf_weights(folder).items()}
     share = share and _same_embeddings(weights)
     model = ModelConfig(
@@ -143,8 +144,22 @@ def read_hf_folder(folder: Path) -> Imported:
         share_embeddings=share, tie_output=tie, output_bias=True, activation=activations[act],  # type: ignore[arg-type]
         norm_eps=1e-5, positions="hf_marian", decoder_start="bos",
         max_positions=int(get("max_position_embeddings", 512)))
-    return Imported(model, _map_hf(weights, model, folder, vocab_size), tok,
-                    int(get("num_beams")) if get("num_beams") else None, str(folder))
+    return Imported(model, _map_hf(weights, model, folder, vocab_size), tok, beam, str(folder))
+
+
+def _hf_beam(folder: Path, cfg: dict[str, Any]) -> int | None:
+    """num_beams of generation_config.json, which transformers' generate() prefers and where
+    recent transformers versions write it (5.x keeps it nowhere else), else of config.json."""
+    path = folder / "generation_config.json"
+    generation = _read_json(path) if path.is_file() else {}
+    if not (isinstance(generation, dict) and generation.get("num_beams") is not None):
+        path, generation = folder / "config.json", cfg
+    beams = generation.get("num_beams")
+    if beams is None:
+        return None
+    if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
+        raise NmtError(f"{path}: num_beams {beams!r} is not a positive integer")
+    return beams
 
 
 def _hf_tokenizer(folder: Path, vocab_size: int, pad: int, eos: int, start: int) -> VocabTokenizer:
