@@ -214,18 +214,19 @@ def translate_token_lists(
 
     def run(ids: list[int]) -> None:
         src = pad_rows([[*seqs[i], specials.eos] for i in ids], specials.pad)  # (B, S)
-        search_model, vocab = model, None
-        if shortlist is not None:
+        search_model, vocab, ids_out = model, None, asdict(specials)
+        if shortlist is not None:  # the search numbers outputs by columns of the batch's vocabulary
             vocab, allowed = shortlist.batch_vocab(src, specials)
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
+            ids_out = {k: int(torch.searchsorted(vocab, v)) for k, v in ids_out.items()}
         with torch.inference_mode(), decode_autocast(device, precision):  # both are per thread
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])
-                hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, **asdict(specials),
-                                                  max_len=max_positions)]
+                hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, **ids_out,
+                                                  max_len=max_positions, source_pad=specials.pad)]
             else:
-                hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, **asdict(specials),
-                                   max_len=max_positions)
+                hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, **ids_out,
+                                   max_len=max_positions, source_pad=specials.pad)
         for i, h in zip(ids, hyps):
             if vocab is not None:  # token columns -> token ids
                 h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]

@@ -181,7 +181,8 @@ tokens' log-probs (N,) and the tokens (N,): a sample, or (the tests' greedy sear
 
 
 def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick, *, pad: int,
-                 unk: int, bos: int, eos: int, max_len: int | None = None) -> list[Hypothesis]:
+                 unk: int, bos: int, eos: int, max_len: int | None = None,
+                 source_pad: int | None = None) -> list[Hypothesis]:
     """src (B, S) -> one hypothesis per sentence, one token per step chosen by `pick` (sampling:
     `nmt.decoding.sampling.sampler`; the tests' greedy search: the first maximum) among the
     tokens the rules allow.
@@ -190,7 +191,7 @@ def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick,
     log-probs (normalised by the length penalty of `cfg`, as beam search ranks them).
     """
     bsz, device = src.size(0), src.device
-    max_out = max_output_lengths(src, cfg, pad, max_len)  # (N,) CPU, N = live rows
+    max_out = max_output_lengths(src, cfg, pad if source_pad is None else source_pad, max_len)  # (N,) CPU
     out: list[Hypothesis] = [Hypothesis([], 0.0, 0.0, []) for _ in range(bsz)]
     sent_ids = torch.arange(bsz)  # (N,) CPU: sentence of each live row
     tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (N, step)
@@ -259,9 +260,11 @@ def _finish(ends: Tensor, top_rows: Tensor, top_scores: Tensor, top_lp: Tensor, 
 # top to bottom: candidates, finished hypotheses, the live beam, the stopping rule, pruning.
 def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
                 pad: int, unk: int, bos: int, eos: int,
-                max_len: int | None = None) -> list[list[Hypothesis]]:
+                max_len: int | None = None, source_pad: int | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first, distinct.
-    pad, unk, bos, eos: the special ids of the model's vocabulary (`nmt.tokenizer.SpecialIds`).
+    pad, unk, bos, eos: the special ids of the model's vocabulary (`nmt.tokenizer.SpecialIds`),
+    as the model's outputs number them: over a shortlist, their columns; `source_pad` is then
+    the padding id of `src` (by default `pad`).
 
     An output has at most int(max_len_a * src_len + max_len_b) tokens before its EOS (EOS
     is forced there), at most `max_len` - 1 when the model has `max_len` positions, and at
@@ -289,7 +292,7 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     def lenpen(length: int) -> float:
         return length_penalty(length, cfg.lenpen, cfg.lenpen_style)
 
-    max_out = max_output_lengths(src, cfg, pad, max_len)  # (Bn,) CPU, Bn = live sentences
+    max_out = max_output_lengths(src, cfg, pad if source_pad is None else source_pad, max_len)  # (Bn,) CPU
     sent_ids = torch.arange(bsz)  # (Bn,) CPU: original index of each live sentence
     worst = torch.full((bsz,), -math.inf, dtype=torch.float64)  # (Bn,) beam-th finished score
     finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]

@@ -65,8 +65,8 @@ class Shortlist:
         """src (B, S) -> the batch's tokens (K,) ascending, and (B, K) bool: which of them
         each sentence may produce. One output projection over the K tokens serves the whole
         batch (a per-sentence projection would read each weight for `beam` rows only); the
-        mask keeps every sentence to its own list. The special tokens (nmt's are 0 .. 3)
-        come first, so their ids are also their columns."""
+        mask keeps every sentence to its own list. The special tokens are always among them;
+        the search numbers them by their columns (an imported model's pad is its last id)."""
         allowed = self.allowed(src, specials)
         vocab = allowed.any(0).nonzero().view(-1)
         return vocab, allowed[:, vocab]
