@@ -1,6 +1,7 @@
-"""Fine-tuning an imported OPUS-MT model (issue 26): the README's recipe through the real
+"""Using an imported OPUS-MT model (issue 26): the README's fine-tuning recipe through the real
 commands (`nmt import --config`, `prepare-bpe --tokenizer-from`, `nmt train`), checked against
-the reference implementation the model comes from (transformers' MarianMTModel).
+the reference implementation the model comes from (transformers' MarianMTModel), shortlists
+over its vocabulary, and a multilingual model's target language (`--target-lang`).
 
 - update 0 of the fine-tuning run is the imported model: its NLL on the first batch equals the
   Hugging Face model's cross-entropy on the same pairs;
@@ -20,9 +21,11 @@ from helpers import assert_same_weights, make_trainer, nmt_here, with_overrides
 from hf_marian import VARIANTS, train_spm_pair, write_hf_marian
 from transformers import MarianMTModel
 
+from nmt import Translator
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import load_config
+from nmt.errors import NmtError
 from nmt.training.loss import TranslationLoss
 from nmt.training.trainer import train
 
@@ -117,3 +120,54 @@ def test_a_shortlist_learned_on_the_imported_models_data_decodes_with_it(importe
     assert nmt_here(*common, "-o", str(tmp_path / "all.de"), "--shortlist", str(tmp_path / "all.pt")) == 0
     assert nmt_here(*common, "-o", str(tmp_path / "full.de")) == 0
     assert (tmp_path / "all.de").read_text() == (tmp_path / "full.de").read_text()
+
+
+# ------------------------------------------------------------------ --target-lang
+
+
+def test_target_lang_puts_the_language_token_first(imported, raw_corpus, tmp_path, capsys):
+    """--target-lang fra translates each line as ">>fra<< line" would be (a line with its own
+    token keeps it), through the command, the API's load option and its per-call argument,
+    and translate_stream; the token is in the source ids, looked up whole."""
+    checkpoint = imported[1]
+    lines = raw_corpus.lines("test", "en")[:6]
+    settings = {"beam": 2, "max_len_a": 0.0, "max_len_b": 6}
+    plain = Translator.load(checkpoint, **settings)
+    tok = plain.loaded.tokenizer
+    assert tok.encode(">>fra<< " + lines[0])[0] == tok.pieces.index(">>fra<<")
+    expected = plain.translate([f">>fra<< {line}" for line in lines[:5]] + [f">>deu<< {lines[5]}"])
+    assert expected != plain.translate(lines)  # the token changes the translations
+    assert Translator.load(checkpoint, target_lang="fra", **settings).translate(lines[:5] + [f">>deu<< {lines[5]}"]) \
+        == expected
+    assert plain.translate(lines[:5], target_lang=">>fra<<") == expected[:5]
+    streamed = Translator.load(checkpoint, target_lang="fra", **settings).translate_stream(iter(lines[:5]))
+    assert list(streamed) == expected[:5]
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(lines[:5]) + "\n\n")
+    assert nmt_here("translate", "-c", str(checkpoint), "-i", str(src), "-o", str(tmp_path / "out"),
+                    "--target-lang", "fra", "--beam", "2", "--max-len-a", "0", "--max-len-b", "6") == 0
+    assert (tmp_path / "out").read_text().split("\n") == [*expected[:5], "", ""]
+
+
+@pytest.mark.parametrize("lang, message", [("frx", "no >>frx<< token (did you mean fra?)"),
+                                           ("a b", "must be a language code such as fra")])
+def test_an_unknown_target_language_is_one_line(imported, tmp_path, capsys, lang, message):
+    src = tmp_path / "in.en"
+    src.write_text("A dog.\n")
+    out = tmp_path / "out"
+    assert nmt_here("translate", "-c", str(imported[1]), "-i", str(src), "-o", str(out), "--target-lang", lang) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("nmt: error: --target-lang") and message in err[0], err
+    assert not out.exists()
+    with pytest.raises(NmtError, match="translate: target_lang"):
+        Translator.load(imported[1], beam=2).translate(["A dog."], target_lang="xx")
+
+
+def test_target_lang_is_refused_for_a_model_without_language_tokens(prepared, tmp_path):
+    from helpers import save_random_model
+
+    from nmt.tokenizer import Tokenizer
+
+    path = save_random_model(tmp_path / "m.pt", Tokenizer.from_file(prepared[0] / "spm.model"), 1)
+    with pytest.raises(NmtError, match="target_lang= fra: the model has no target-language tokens"):
+        Translator.load(path, target_lang="fra")
