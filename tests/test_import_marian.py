@@ -222,7 +222,7 @@ def test_imported_config_tokenizer_and_pad_row(variant, tmp_path):
     assert m.tie_output == (v.tying in ("all", "decoder"))
     expected_act = {"relu": "relu", "swish": "swish"}.get(v.activation, "gelu" if "erf" in variant else "gelu_sigmoid")
     assert m.activation == expected_act
-    assert imp.beam == 4  # decoder.yml's beam-size
+    assert imp.decode == {"beam": 4, "lenpen": 1.0, "lenpen_style": "length"}  # decoder.yml: beam-size 4, normalize 1
     # Marian's vocabulary, then the pad row (also the BOS that is never fed: decoding starts from zeros)
     V = len(release.pieces)
     assert tok.pieces[:V] == release.pieces and tok.vocab_size == V + 1

@@ -57,12 +57,13 @@ _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch
 
 @dataclasses.dataclass
 class Imported:
-    """A model read from its source: config, weights in nmt's layout, tokenizer, decode beam."""
+    """A model read from its source: config, weights in nmt's layout, tokenizer, and the decode
+    settings it ships with (beam, length penalty: `DecodeConfig` keys)."""
 
     model: ModelConfig
     weights: dict[str, torch.Tensor]
     tokenizer: Tokenizer
-    beam: int | None
+    decode: dict[str, Any]
     source: str  # what it was read from, for the checkpoint's record
 
 
@@ -87,8 +88,7 @@ def import_model(source: str | Path) -> Imported:
 def imported_checkpoint(imported: Imported, base: Config | None = None) -> dict[str, Any]:
     """The checkpoint dict of an imported model (nmt's format, `nmt.checkpoint`)."""
     cfg = base or Config()
-    decode = cfg.decode if imported.beam is None else dataclasses.replace(cfg.decode, beam=imported.beam)
-    cfg = dataclasses.replace(cfg, model=imported.model, decode=decode)
+    cfg = dataclasses.replace(cfg, model=imported.model, decode=dataclasses.replace(cfg.decode, **imported.decode))
     tok = imported.tokenizer
     return {"format_version": 1, "model": imported.weights, "config": config_to_dict(cfg),
             "vocab_size": tok.vocab_size, "tokenizer": {"model": tok.model_bytes, "sha256": tok.sha256},
@@ -147,19 +147,26 @@ def read_hf_folder(folder: Path) -> Imported:
     return Imported(model, _map_hf(weights, model, folder, vocab_size), tok, beam, str(folder))
 
 
-def _hf_beam(folder: Path, cfg: dict[str, Any]) -> int | None:
-    """num_beams of generation_config.json, which transformers' generate() prefers and where
-    recent transformers versions write it (5.x keeps it nowhere else), else of config.json."""
+def _hf_beam(folder: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The decode settings of generation_config.json, which transformers' generate() prefers and
+    where recent transformers versions write them (5.x keeps them nowhere else), else of
+    config.json: num_beams -> beam, length_penalty -> lenpen (score / len^alpha, len counting
+    </s>: nmt's `length` style)."""
     path = folder / "generation_config.json"
     generation = _read_json(path) if path.is_file() else {}
     if not (isinstance(generation, dict) and generation.get("num_beams") is not None):
         path, generation = folder / "config.json", cfg
+    decode: dict[str, Any] = {}
     beams = generation.get("num_beams")
-    if beams is None:
-        return None
-    if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
-        raise NmtError(f"{path}: num_beams {beams!r} is not a positive integer")
-    return beams
+    if beams is not None:
+        if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
+            raise NmtError(f"{path}: num_beams {beams!r} is not a positive integer")
+        decode["beam"] = beams
+    penalty = generation.get("length_penalty", 1.0)
+    if not isinstance(penalty, (int, float)) or isinstance(penalty, bool) or not 0 <= penalty <= 10:
+        raise NmtError(f"{path}: length_penalty {penalty!r} is not a number between 0 and 10")
+    decode.update(lenpen=float(penalty), lenpen_style="length")
+    return decode
 
 
 def _hf_tokenizer(folder: Path, vocab_size: int, pad: int, eos: int, start: int) -> VocabTokenizer:
@@ -310,9 +317,15 @@ def read_marian(decoder_yml: Path) -> Imported:
     w = _read_npz(npz)
     opts = _model_yml(w, npz)
     tok = _marian_tokenizer(root / vocabs[0], root / vocabs[1], where)
-    beam = dec.get("beam-size")
+    decode: dict[str, Any] = {}
+    if isinstance(dec.get("beam-size"), int) and not isinstance(dec.get("beam-size"), bool) and dec["beam-size"] > 0:
+        decode["beam"] = dec["beam-size"]
+    normalize = dec.get("normalize", 0.0)  # Marian: score / len^normalize, len counting </s> (History::add)
+    if not isinstance(normalize, (int, float)) or isinstance(normalize, bool) or not 0 <= normalize <= 10:
+        raise NmtError(f"{where}: normalize {normalize!r} is not a number between 0 and 10")
+    decode.update(lenpen=float(normalize), lenpen_style="length")
     model, weights = _map_marian(w, opts, tok, str(npz))
-    return Imported(model, weights, tok, int(beam) if isinstance(beam, int) else None, str(npz))
+    return Imported(model, weights, tok, decode, str(npz))
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -358,7 +371,7 @@ def read_marian_vocab(path: Path) -> list[str]:
     """A Marian vocabulary file (.yml: piece: id) -> its pieces in id order."""
     try:
         text, back = _stand_ins(path.read_text(encoding="utf-8"))
-        mapping = yaml.load(text, Loader=yaml.BaseLoader)  # every key a str
+        mapping = yaml.load(text, Loader=getattr(yaml, "CBaseLoader", yaml.BaseLoader))  # every key a str
     except FileNotFoundError:
         raise NmtError(f"{path}: not found") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
@@ -604,7 +617,7 @@ def finetune_config(imported: Imported, checkpoint: Path) -> Config:
     set to it, conservative fine-tuning settings (`FINETUNE_TRAIN`), data.dir to fill in."""
     base = Config()
     train = dataclasses.replace(base.train, init_from=str(checkpoint), run_dir="runs/finetune", **FINETUNE_TRAIN)
-    decode = base.decode if imported.beam is None else dataclasses.replace(base.decode, beam=imported.beam)
+    decode = dataclasses.replace(base.decode, **imported.decode)
     return dataclasses.replace(base, data=dataclasses.replace(base.data, dir="data-bin/finetune"),
                                model=imported.model, train=train, decode=decode)
 
