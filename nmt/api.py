@@ -47,12 +47,15 @@ from nmt.decoding.predict import (
     score_token_lists,
     translate_token_lists,
 )
-from nmt.decoding.search import Hypothesis, length_penalty
+from nmt.data import pad_rows
+from nmt.decoding.constraints import Constraints
+from nmt.decoding.search import Hypothesis, length_penalty, max_output_lengths
 from nmt.decoding.shortlist import Shortlist
 from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option
 from nmt.options import TranslateOptions
+from nmt.terminology import Request, Terminology, check_request, load_terminology, with_terms
 from nmt.textio import clean_text
 from nmt.tokenizer import LANGUAGE_TOKEN
 
@@ -108,6 +111,37 @@ def _language_arg(lang: Any, name: str) -> str | None:
     if not bare or not re.fullmatch(r"[^\s<>]+", bare):
         raise NmtError(f"{name} must be a language code such as fra, got {lang!r}")
     return bare
+
+
+def _requests(texts: list[str], constraints: Any, avoid: Any, prefix: Any, ordered: Any,
+              where: str) -> list[Request] | None:
+    """The per-text lexical constraints of the API's arguments, checked (one entry per text)."""
+    if isinstance(ordered, bool):
+        ordered = [ordered] * len(texts)
+    elif isinstance(ordered, str) or not isinstance(ordered, Sequence) or len(ordered) != len(texts) \
+            or not all(isinstance(o, bool) for o in ordered):
+        raise NmtError(f"{where}: ordered must be True, False or a list of them, one per text ({len(texts)})")
+    if constraints is None and avoid is None and prefix is None:
+        return None
+    columns = {}
+    for key, value in (("constraints", constraints), ("avoid", avoid), ("prefix", prefix)):
+        if value is None:
+            continue
+        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != len(texts):
+            raise NmtError(f"{where}: {key} must be a list with one entry per text ({len(texts)})")
+        columns[key] = value
+    out = []
+    for i, text in enumerate(texts):
+        phrases = {}
+        for key in ("constraints", "avoid"):
+            entry = columns.get(key, [()] * len(texts))[i]
+            if isinstance(entry, str) or not isinstance(entry, Sequence):
+                raise NmtError(f"{where}: {key}[{i}] must be a list of strings")
+            phrases[key] = tuple(entry)
+        start = columns.get("prefix", [""] * len(texts))[i]
+        request = Request(text, phrases["constraints"], phrases["avoid"], "" if start is None else start, ordered[i])
+        out.append(check_request(request, f"{where}: text {i}"))
+    return out
 
 
 def _api_name(key: str) -> str:
@@ -173,6 +207,8 @@ class Translator:
         self.precision, self.workers, self.shortlist = precision, workers, shortlist
         self.alignment_layer = alignment_layer  # as given: checked against the model when used
         self.target_lang: str | None = None  # the >>xxx<< token every source gets (from_options sets it)
+        self.terminology: Terminology | None = None  # source term -> target term constraints (from_options)
+        self.term_stats = {"lines": 0, "terms": 0, "met": 0}  # lines with terms, their terms, terms in the output
 
     @classmethod
     def load(cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], **options: Any) -> Translator:
@@ -232,6 +268,11 @@ class Translator:
         translator = cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
                          shortlist=shortlist, alignment_layer=opts.alignment_layer)
         translator.target_lang = translator._language_token(opts.target_lang, (name or _cli_name)("target_lang"))
+        if opts.terminology is not None:
+            if cfg.sampling:
+                raise NmtError(f"{(name or _cli_name)('terminology')}: lexical constraints need beam search; they "
+                               "cannot be combined with sampling")
+            translator.terminology = load_terminology(opts.terminology)
         layers = layer_count(loaded.model)
         if opts.alignment_layer is not None and layers:  # checked against the model now, not at the first line
             resolve_layer(opts.alignment_layer, layers, (name or _cli_name)("alignment_layer"))
@@ -239,45 +280,74 @@ class Translator:
 
     # ------------------------------------------------------------------ translation
 
-    def translate(self, texts: Iterable[str], *, target_lang: str | None = None) -> list[str]:
+    def translate(self, texts: Iterable[str], *, target_lang: str | None = None,
+                  constraints: Sequence[Sequence[str]] | None = None, avoid: Sequence[Sequence[str]] | None = None,
+                  prefix: Sequence[str] | None = None, ordered: bool = False) -> list[str]:
         """The best translation of each text, in order; "" for an empty or blank text.
         `target_lang` (a multilingual model's >>xxx<< language, e.g. "fra") overrides the one
-        the translator was loaded with, for this call."""
+        the translator was loaded with, for this call. Lexical constraints, one entry per text
+        (see `translate_nbest`): `constraints` (target phrases that must appear), `avoid`
+        (phrases that must not), `prefix` (the translation's start), `ordered`."""
         lang = self._language_token(target_lang, "translate: target_lang")
-        return [hyps[0].text if hyps else "" for hyps in self._nbest(_texts(texts, "texts", "translate"), lang=lang)]
+        texts = _texts(texts, "texts", "translate")
+        requests = _requests(texts, constraints, avoid, prefix, ordered, "translate")
+        return [hyps[0].text if hyps else "" for hyps in self._nbest(texts, lang=lang, requests=requests)]
 
     def translate_nbest(self, texts: Iterable[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
                         first_index: int = 0, alignment: bool = False,
-                        attention: bool = False, target_lang: str | None = None) -> list[list[Translation]]:
+                        attention: bool = False, target_lang: str | None = None,
+                        constraints: Sequence[Sequence[str]] | None = None,
+                        avoid: Sequence[Sequence[str]] | None = None, prefix: Sequence[str] | None = None,
+                        ordered: bool | Sequence[bool] = False) -> list[list[Translation]]:
         """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
         [] for an empty or blank text. `where(i)` names input i in warnings (default
         "texts[i]"; the command passes FILE:LINE). With sampling, text i is input sentence
         first_index + i of the seed's generators (nmt.decoding.sampling; the command passes the line
         number, so chunking does not matter). With `alignment` / `attention`, each Translation
         carries its hard alignment (of the `alignment_layer`) / its attention matrices.
-        `target_lang` as for `translate`."""
+        `target_lang` as for `translate`.
+
+        Lexical constraints (beam search only), each a list with one entry per text:
+        `constraints[i]`, target phrases that must all appear in translation i (in the given
+        order with `ordered`); `avoid[i]`, phrases that must never appear; `prefix[i]`, the
+        text translation i must start with ("" for none); `ordered` (for all texts, or one per
+        text): the constraints must appear in their order. Phrases are segmented with the
+        model's target tokenizer as an output would be. A translation whose constraints do
+        not fit in the length limit ends with them unmet, with a warning naming the text. With
+        the translator's `terminology`, the target terms of each text's source terms are
+        added to its constraints."""
         name = "translate_nbest"
         lang = self._language_token(target_lang, f"{name}: target_lang")
         nbest, first_index = _arg(nbest, int, "nbest", name), _arg(first_index, int, "first_index", name)
         alignment, attention = _arg(alignment, bool, "alignment", name), _arg(attention, bool, "attention", name)
         if first_index < 0:
             raise NmtError(f"{name}: first_index must be 0 or more, got {first_index}")
-        return self._nbest(_texts(texts, "texts", name), nbest, where=where, first_index=first_index,
-                           alignment=alignment, attention=attention, lang=lang)
+        texts = _texts(texts, "texts", name)
+        requests = _requests(texts, constraints, avoid, prefix, ordered, name)
+        return self._nbest(texts, nbest, where=where, first_index=first_index,
+                           alignment=alignment, attention=attention, lang=lang, requests=requests)
 
     def _nbest(self, texts: list[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
                first_index: int = 0, alignment: bool = False, attention: bool = False,
-               lang: str | None = None) -> list[list[Translation]]:
-        """`translate_nbest` of arguments already checked; `lang` a checked >>xxx<< token."""
+               lang: str | None = None, requests: list[Request] | None = None) -> list[list[Translation]]:
+        """`translate_nbest` of arguments already checked; `lang` a checked >>xxx<< token,
+        `requests` the lexical constraints of each text (None: none)."""
         check_nbest(nbest, self.decode, "nbest")
+        where = where or (lambda i: f"texts[{i}]")
         layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
-        seqs = self._encode(texts, where or (lambda i: f"texts[{i}]"), lang=lang or self.target_lang)
+        seqs = self._encode(texts, where, lang=lang or self.target_lang)
+        if self.terminology is not None:
+            requests = [with_terms(r, self.terminology) for r in requests or [Request(t) for t in texts]]
+        cons = self._constraints(requests, seqs, where) if requests else None
         hyps = translate_token_lists(self.loaded.model, seqs, self.decode, specials=self.loaded.tokenizer.specials,
                                      nbest=nbest, device=self.device,
                                      precision=self.precision, max_positions=self.loaded.max_positions,
-                                     workers=self.workers, shortlist=self.shortlist, first_index=first_index)
+                                     workers=self.workers, shortlist=self.shortlist, first_index=first_index,
+                                     constraints=cons)
         decode = self.loaded.tokenizer.decode
         out = [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
+        if cons is not None and requests is not None:
+            self._report_constraints(requests, hyps, out, where)
         if alignment or attention:
             self._attach_attention(seqs, hyps, out, layer, alignment, attention)
         return out
@@ -354,6 +424,51 @@ class Translator:
             if normalize:
                 scores[i] /= length_penalty(len(lp), self.decode.lenpen, self.decode.lenpen_style)
         return scores
+
+    # ------------------------------------------------------------------ lexical constraints
+
+    def _constraints(self, requests: list[Request], seqs: list[list[int]],
+                     where: Callable[[int], str]) -> list[Constraints | None] | None:
+        """Each request's phrases as target token ids (None where it asks nothing); a phrase
+        that cannot fit in its sentence's length limit is an NmtError naming `where(i)`."""
+        if not any(r.asks() for r in requests):
+            return None
+        if self.decode.sampling:
+            raise NmtError(f"{where(next(i for i, r in enumerate(requests) if r.asks()))}: lexical constraints "
+                           "need beam search; they cannot be combined with sampling")
+        tok, out = self.loaded.tokenizer, []
+        for i, (request, seq) in enumerate(zip(requests, seqs, strict=True)):
+            if not request.asks() or not seq:
+                out.append(None)
+                continue
+            limit = int(max_output_lengths(pad_rows([[*seq, tok.specials.eos]], tok.specials.pad), self.decode,
+                                           tok.specials.pad, self.loaded.max_positions)[0])
+            include = tuple(tuple(tok.encode_target(p)) for p in request.constraints)
+            avoid = tuple(tuple(tok.encode_target(p)) for p in request.avoid)
+            prefix = tuple(tok.encode_target(request.prefix)) if request.prefix.strip() else ()
+            for kind, phrases, texts in (("constraint", include, request.constraints), ("prefix", (prefix,), (request.prefix,))):
+                for ids, text in zip(phrases, texts, strict=True):
+                    if len(ids) > limit:
+                        raise NmtError(f"{where(i)}: the {kind} {text!r} is {len(ids)} tokens, longer than the "
+                                       f"{limit} tokens this line's translation may have (decode.max_len_a/b)")
+            out.append(Constraints(include=include, ordered=request.ordered, avoid=avoid, prefix=prefix))
+        return out
+
+    def _report_constraints(self, requests: list[Request], hyps: list[list[Hypothesis]],
+                            out: list[list[Translation]], where: Callable[[int], str]) -> None:
+        """Warn, naming the line, where the best translation leaves constraints unmet; count the
+        terminology's terms (`term_stats`)."""
+        for i, (request, hs) in enumerate(zip(requests, hyps, strict=True)):
+            if not hs:
+                continue
+            unmet = getattr(hs[0], "unmet", 0)
+            if unmet:
+                log.warning("%s: %d of %d constraints not met within the length limit", where(i), unmet,
+                            len(request.constraints))
+            if request.terms:
+                self.term_stats["lines"] += 1
+                self.term_stats["terms"] += len(request.terms)
+                self.term_stats["met"] += sum(term in out[i][0].text for term in request.terms)
 
     # ------------------------------------------------------------------ helpers
 

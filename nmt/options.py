@@ -97,6 +97,15 @@ class TranslateOptions:
                        "shared out among them); 0 = one per thread. GPU: always 1.")
     shortlist: Path | None = opt(None, "A file from `nmt shortlist`: decode each sentence over its "
                                  "likely target tokens only (faster, approximate; off by default).")
+    json_input: bool = io_opt(
+        False, "Each input line is a JSON object: {\"text\": ..., \"constraints\": [...], \"avoid\": [...], "
+        "\"prefix\": ..., \"ordered\": false}, every key but text optional (Sockeye's --json-input): target "
+        "phrases that must appear, phrases that must not, the translation's start; still one output "
+        "line per input line.")
+    terminology: Path | None = opt(
+        None, "A file of 'source term<TAB>target term' lines: where a source term occurs in a line (whole "
+        "words, any case), its target term must appear in the translation (a lexical constraint). A "
+        "summary goes to stderr at the end.")
     target_lang: str | None = opt(
         None, "Multilingual models (OPUS-MT, Marian): the target language, e.g. fra: each source line "
         "starts with the model's >>fra<< token (a line that already starts with a >>xxx<< token keeps "

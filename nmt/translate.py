@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nmt.api import Translation, Translator
+from nmt.terminology import parse_json_line
 from nmt.atomic import (
     FileArg,
     TextWriter,
@@ -103,7 +104,7 @@ def format_line(hyps: list[Translation], nbest: int, scores: bool, alignment: bo
 
 def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
                        scores: bool = False, buffer_lines: int = 0, alignment: bool = False,
-                       attention: AttentionWriter | None = None) -> int:
+                       attention: AttentionWriter | None = None, json_input: bool = False) -> int:
     """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
     buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
     With an `attention` file, the attention of each non-empty line's best translation is added
@@ -112,9 +113,15 @@ def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name:
     written = 0
     streaming = buffer_lines > 0 or _isatty(inp)
     for texts in read_chunks(inp, name, buffer_lines or CHUNK_LINES, until_pause=streaming):
-        hyps = translator.translate_nbest(texts, nbest, where=partial(_line_name, name, written + 1),
-                                          first_index=written, alignment=alignment,
-                                          attention=attention is not None)
+        where = partial(_line_name, name, written + 1)
+        asks: dict[str, Any] = {}
+        if json_input:  # each line a JSON request: its text and its lexical constraints
+            requests = [parse_json_line(t, where(i)) for i, t in enumerate(texts)]
+            texts = [r.text for r in requests]
+            asks = {"constraints": [r.constraints for r in requests], "avoid": [r.avoid for r in requests],
+                    "prefix": [r.prefix for r in requests], "ordered": [r.ordered for r in requests]}
+        hyps = translator.translate_nbest(texts, nbest, where=where, first_index=written, alignment=alignment,
+                                          attention=attention is not None, **asks)
         for i, h in enumerate(hyps):
             out.write(format_line(h, nbest, scores, alignment) + "\n")
             if attention is not None and h and h[0].attention is not None:
@@ -167,7 +174,8 @@ def translate_main(opts: TranslateOptions) -> None:
             resolve_layer(opts.alignment_layer, layer_count(translator.loaded.model))
         with writing_attention(opts.attention) if opts.attention else contextlib.nullcontext() as attention:
             run = partial(write_translations, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
-                          buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention)
+                          buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention,
+                          json_input=opts.json_input)
             if output is not None:
                 # written to a temporary next to it and renamed at the end: an error or an interrupt
                 # leaves no partial file (and an existing one unchanged); a killed run's is removed here
@@ -176,6 +184,10 @@ def translate_main(opts: TranslateOptions) -> None:
                     run(TextWriter(f.fileno()))
             else:
                 write_stdout(run, "the translations")
+        if translator.terminology is not None:
+            t = translator.term_stats
+            log.info("terminology: %d lines had terms; %d of their %d terms are in the translations", t["lines"],
+                     t["met"], t["terms"])
     finally:
         if opts.input:
             inp.close()
@@ -191,6 +203,8 @@ def _files(opts: TranslateOptions, given: bool) -> tuple[list[FileArg], list[Fil
                   else FileArg("standard input", 0, "the input"))
     if opts.shortlist:
         inputs.append(FileArg("--shortlist", opts.shortlist, "the shortlist"))
+    if opts.terminology:
+        inputs.append(FileArg("--terminology", opts.terminology, "the terminology file"))
     outputs = [FileArg("-o", opts.output, "the translations") if opts.output
                else FileArg("standard output", 1, "the translations")]
     if opts.attention:

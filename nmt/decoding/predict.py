@@ -23,6 +23,7 @@ from nmt.checkpoint import LAST_RUN_FILE, load_model_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, check_nbest
 from nmt.data import pad_rows
 from nmt.decoding.sampling import sampler
+from nmt.decoding.constraints import Constraints
 from nmt.decoding.search import Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
 from nmt.device import PRECISIONS, autocast, configure_cuda
@@ -182,6 +183,7 @@ def translate_token_lists(
     workers: int = 1,
     shortlist: Shortlist | None = None,
     first_index: int = 0,
+    constraints: Sequence[Constraints | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam-search every token sequence (without eos); results in input order. `specials` are
     the special ids of the model's vocabulary (`Tokenizer.specials`). With `cfg.sampling`, one
@@ -203,7 +205,12 @@ def translate_token_lists(
     With a `shortlist` each sentence is decoded over its own list of likely target tokens
     (an approximation, see nmt.decoding.shortlist); the list depends on the sentence only, so
     batching still changes nothing.
+
+    `constraints[i]` (beam search only): the lexical constraints of sequence i
+    (nmt.decoding.constraints), or None; their tokens join the sentence's shortlist.
     """
+    if constraints is not None and cfg.sampling and any(c is not None for c in constraints):
+        raise ValueError("lexical constraints need beam search, not sampling")
     device = torch.device(device)
     limit = (max_positions - 1) if max_positions else None
     seqs = [list(s[:limit]) if limit else list(s) for s in seqs]
@@ -215,10 +222,13 @@ def translate_token_lists(
     def run(ids: list[int]) -> None:
         src = pad_rows([[*seqs[i], specials.eos] for i in ids], specials.pad)  # (B, S)
         search_model, vocab, ids_out = model, None, asdict(specials)
+        cons = None if constraints is None else [constraints[i] for i in ids]
         if shortlist is not None:  # the search numbers outputs by columns of the batch's vocabulary
-            vocab, allowed = shortlist.batch_vocab(src, specials)
+            vocab, allowed = shortlist.batch_vocab(src, specials, [c.tokens() if c else () for c in cons or []])
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
             ids_out = {k: int(torch.searchsorted(vocab, v)) for k, v in ids_out.items()}
+            if cons is not None:
+                cons = [c.mapped(vocab) if c else None for c in cons]
         with torch.inference_mode(), decode_autocast(device, precision):  # both are per thread
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])
@@ -226,7 +236,7 @@ def translate_token_lists(
                                                   max_len=max_positions, source_pad=specials.pad)]
             else:
                 hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, **ids_out,
-                                   max_len=max_positions, source_pad=specials.pad)
+                                   max_len=max_positions, source_pad=specials.pad, constraints=cons)
         for i, h in zip(ids, hyps):
             if vocab is not None:  # token columns -> token ids
                 h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]

@@ -17,6 +17,8 @@ training data; `nmt shortlist DATA_DIR -o FILE` writes it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,13 +63,18 @@ class Shortlist:
         allowed.scatter_(1, torch.where(real.unsqueeze(2) & (cand >= 0), cand, V).view(B, -1), True)
         return allowed[:, :V]
 
-    def batch_vocab(self, src: Tensor, specials: SpecialIds) -> tuple[Tensor, Tensor]:
+    def batch_vocab(self, src: Tensor, specials: SpecialIds,
+                    extra: Sequence[Sequence[int]] = ()) -> tuple[Tensor, Tensor]:
         """src (B, S) -> the batch's tokens (K,) ascending, and (B, K) bool: which of them
         each sentence may produce. One output projection over the K tokens serves the whole
         batch (a per-sentence projection would read each weight for `beam` rows only); the
         mask keeps every sentence to its own list. The special tokens are always among them;
-        the search numbers them by their columns (an imported model's pad is its last id)."""
+        the search numbers them by their columns (an imported model's pad is its last id).
+        `extra[b]`: tokens sentence b may produce besides (its lexical constraints' tokens)."""
         allowed = self.allowed(src, specials)
+        for b, tokens in enumerate(extra):
+            if tokens:
+                allowed[b, torch.tensor(sorted(set(tokens)), dtype=torch.long)] = True
         vocab = allowed.any(0).nonzero().view(-1)
         return vocab, allowed[:, vocab]
 
