@@ -17,18 +17,24 @@ chunk of 64 vocabulary columns, then the best chunks' columns only. On the CPU a
 width * V scores cost as much as a tenth of a step; the chunk maxima are one vectorised pass.
 Ties are broken by the lower (row, token) index in both stages, so the result is exactly that
 of one top-k over all continuations, and does not depend on the batch.
+
+With lexical constraints (`nmt.decoding.constraints`: phrases to include or avoid, a forced
+prefix) the candidates are more and taken in another order (`bank_candidates`, dynamic beam
+allocation); a batch without any runs exactly the code above.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
+
+from nmt.decoding.constraints import Constraints, ConstraintTracker, RowState
 
 if TYPE_CHECKING:
     from nmt.config import DecodeConfig
@@ -54,6 +60,7 @@ class Hypothesis:
     score: float  # logprob / length_penalty(len(tokens) + 1): what hypotheses are ranked by
     logprob: float  # sum of the token log-probs, EOS included
     positional_scores: list[float]  # log-prob of each token, EOS included (len(tokens) + 1)
+    unmet: int = 0  # positive constraints (`Constraints.include` phrases) the output lacks
 
 
 def length_penalty(length: int, alpha: float, style: str) -> float:
@@ -146,6 +153,73 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = N
     return cand.gather(1, pick), index.gather(1, pick)
 
 
+def bank_candidates(lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTracker,
+                    eos: int) -> tuple[Tensor, Tensor, RowState]:
+    """The candidates of each sentence in the order a constrained search takes them: dynamic
+    beam allocation (Post & Vilar 2018), vectorised over sentences x rows (Hu et al. 2019).
+
+    lprobs (Bn*width, V) and scores (Bn, width) as for `top_candidates`, lprobs masked by
+    `ConstraintTracker.block_`. The pool: the k best continuations, each row's best, and each
+    row's next token of each phrase it works on (the next of a begun phrase, the first of the
+    others), so that a hypothesis can always take a constraint further. A continuation that
+    comes twice counts once. Each candidate's bank is the number of constraint tokens it has
+    produced (`ConstraintTracker.bank`), and the pool is taken round-robin over the banks,
+    highest first: the best of each bank, then the second best of each, and so on. The beam
+    is thus shared about evenly among the banks, the highest getting the remainder, and a
+    bank's places that it cannot fill go to the others; hypotheses that have met more
+    constraints are not pruned away by likelier ones that have met fewer. Candidates with a
+    -inf score come last.
+
+    A row with no finite continuation because EOS is blocked before its constraints are met
+    gets EOS back (`ConstraintTracker.unblock_stuck_`): it may end, its output then says what
+    it lacks.
+
+    Returns scores (Bn, C), indices (Bn, C) (row of the sentence * V + token, as
+    `top_candidates`) and the candidates' constraint states (Bn, C, M). A sentence without
+    constraints has one bank: its candidates come in the order of `top_candidates`, and its
+    first k are those.
+    """
+    n_sent, width = scores.shape
+    vocab, device = lprobs.size(1), lprobs.device
+    row_scores = scores.reshape(-1, 1)  # (N, 1)
+    best_score, best_tok = top_candidates(lprobs, row_scores, 1)  # (N, 1): each row's best
+    stuck = cons.unblock_stuck_(lprobs, best_score.view(-1), eos).unsqueeze(1)
+    best_score = torch.where(stuck, row_scores + lprobs[:, eos : eos + 1], best_score)
+    best_tok = best_tok.masked_fill(stuck, eos)
+    top_scores, top_idx = top_candidates(lprobs, scores, k)  # (Bn, k)
+    need = cons.next_tokens()  # (N, M), -1: none
+    need_scores = torch.where(need >= 0, row_scores + lprobs.gather(1, need.clamp(min=0)), -math.inf)
+    first = (torch.arange(width, device=device) * vocab).view(1, width, 1)  # index of each row's token 0
+    cand = torch.cat([top_scores, best_score.view(n_sent, width), need_scores.view(n_sent, -1)], 1)
+    index = torch.cat([top_idx, (first + best_tok.view(n_sent, width, 1)).view(n_sent, width),
+                       (first + need.clamp(min=0).view(n_sent, width, -1)).view(n_sent, -1)], 1)
+
+    # best first: score descending, then the lower index; of a repeated continuation the first counts
+    by_score = _rank_keys(cand, index).argsort(dim=1, descending=True, stable=True)
+    cand, index = cand.gather(1, by_score), index.gather(1, by_score)
+    by_index = index.argsort(dim=1, stable=True)
+    grouped = index.gather(1, by_index)
+    repeat = torch.cat([torch.zeros_like(grouped[:, :1], dtype=torch.bool), grouped[:, 1:] == grouped[:, :-1]], 1)
+    dead = torch.zeros_like(repeat).scatter_(1, by_index, repeat) | cand.isneginf()
+    cand = cand.masked_fill(dead, -math.inf)  # a repeat may neither end nor live twice
+
+    # each candidate's constraint state and bank; the dead form a bank of their own, the last
+    sentence_row = torch.arange(n_sent, device=device).unsqueeze(1) * width
+    state = cons.advance(sentence_row + index // vocab, index % vocab)  # (Bn, C, M)
+    bank = cons.bank(state).masked_fill(dead, -1)
+
+    # round robin: sorted by bank (stable, so by score within a bank), then by rank in the bank
+    by_bank = bank.argsort(dim=1, descending=True, stable=True)
+    bank = bank.gather(1, by_bank)
+    position = torch.arange(bank.size(1), device=device).expand_as(bank)
+    new_bank = torch.cat([torch.ones_like(bank[:, :1], dtype=torch.bool), bank[:, 1:] != bank[:, :-1]], 1)
+    rank = position - torch.where(new_bank, position, 0).cummax(1).values
+    top = cons.total
+    key = torch.where(bank >= 0, rank * (top + 1) + top - bank, (top + 1) * bank.size(1) + position)
+    taken = by_bank.gather(1, key.argsort(dim=1, stable=True))
+    return cand.gather(1, taken), index.gather(1, taken), state.gather(taken)
+
+
 def _block_(scores: Tensor, step: int, history: Tensor, at_max: Tensor | None,
             cfg: DecodeConfig, pad: int, unk: int, bos: int, eos: int) -> None:
     """Set to -inf, in place, the scores of the next tokens the search may not produce.
@@ -231,28 +305,37 @@ def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick,
 
 def _finish(ends: Tensor, top_rows: Tensor, top_scores: Tensor, top_lp: Tensor, tokens: Tensor,
             pos_scores: Tensor, sent_ids: Tensor, penalty: float, beam: int,
-            finished: list[list[Hypothesis]], worst: Tensor) -> None:
+            finished: list[list[Hypothesis]], worst: Tensor, unmet: Tensor | None = None) -> None:
     """Move the candidates `ends` (Bn, beam; a CPU bool tensor) marks (EOS among a sentence's
     top `beam`) to the sentences' finished lists, keep each list's best `beam`, and update
     `worst` (Bn,), the beam-th finished score of each live sentence. The hypotheses come to
     the host in one copy (tokens, token log-probs and score side by side in float64, exact
-    for token ids below 2^53)."""
+    for token ids below 2^53).
+
+    With constraints, `unmet` (Bn, C) the positive phrases each candidate lacks: a list ranks
+    the hypotheses that lack fewer first, and `worst` counts only hypotheses that lack none."""
     b, c = ends.nonzero(as_tuple=True)
     device = top_rows.device
     bd, cd = b.to(device), c.to(device)
     rows = top_rows[bd, cd]
     step = tokens.size(1)
-    packed = torch.cat([tokens[rows].double(), pos_scores[rows].double(), top_lp[bd, cd].double().unsqueeze(1),
-                        top_scores[bd, cd].double().unsqueeze(1)], 1).tolist()  # (k, 2 * step + 2)
+    columns = [tokens[rows].double(), pos_scores[rows].double(), top_lp[bd, cd].double().unsqueeze(1),
+               top_scores[bd, cd].double().unsqueeze(1)]
+    if unmet is not None:
+        columns.append(unmet[bd, cd].double().unsqueeze(1))
+    packed = torch.cat(columns, 1).tolist()  # (k, 2 * step + 2 or 3)
     ids = sent_ids.tolist()
     for i, row in zip(b.tolist(), packed, strict=True):
-        toks, pos, logprob = [int(x) for x in row[:step]], row[step : 2 * step + 1], row[-1]
-        finished[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos))
+        toks, pos, logprob = [int(x) for x in row[:step]], row[step : 2 * step + 1], row[2 * step + 1]
+        lacks = int(row[-1]) if unmet is not None else 0
+        finished[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos, lacks))
     for i in set(b.tolist()):
         hyps = finished[ids[i]]
         hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
+        if unmet is not None:
+            hyps.sort(key=lambda h: h.unmet)
         del hyps[beam:]
-        if len(hyps) == beam:
+        if len(hyps) == beam and not hyps[-1].unmet:
             worst[i] = hyps[-1].score
 
 
@@ -260,7 +343,8 @@ def _finish(ends: Tensor, top_rows: Tensor, top_scores: Tensor, top_lp: Tensor, 
 # top to bottom: candidates, finished hypotheses, the live beam, the stopping rule, pruning.
 def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
                 pad: int, unk: int, bos: int, eos: int,
-                max_len: int | None = None, source_pad: int | None = None) -> list[list[Hypothesis]]:
+                max_len: int | None = None, source_pad: int | None = None,
+                constraints: Sequence[Constraints | None] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first, distinct.
     pad, unk, bos, eos: the special ids of the model's vocabulary (`nmt.tokenizer.SpecialIds`),
     as the model's outputs number them: over a shortlist, their columns; `source_pad` is then
@@ -280,6 +364,15 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
       overtake after normalisation, but its only bound (its log-prob over the penalty at
       maximum length) is so loose that the exact rule would decode every sentence to its
       maximum length.
+
+    `constraints`: one `Constraints` (or None) per sentence of `src`, as token ids of the
+    model's outputs (over a shortlist, columns). Phrases to include, in any or the given order,
+    phrases to avoid, a forced prefix: see `nmt.decoding.constraints`. The beam is then shared
+    among hypotheses by the number of constraint tokens they have met (`bank_candidates`); a
+    hypothesis may end only once it has every phrase to include, or at the maximum length,
+    where `Hypothesis.unmet` counts the phrases it lacks (a list ranks those that lack fewer
+    first; the stopping rule counts only finished hypotheses that lack none). Without any
+    constraint (None, or every one empty) the search is exactly the plain one.
     """
     beam = cfg.beam
     if not 1 <= nbest <= beam:
@@ -296,6 +389,7 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     sent_ids = torch.arange(bsz)  # (Bn,) CPU: original index of each live sentence
     worst = torch.full((bsz,), -math.inf, dtype=torch.float64)  # (Bn,) beam-th finished score
     finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
+    cons = ConstraintTracker.build(constraints, bsz, eos, device)  # None: no constraints
 
     # Step 0 runs on one row per sentence (every hypothesis starts as BOS); the first
     # reorder expands each sentence to `beam` rows. `width` = rows per sentence.
@@ -313,12 +407,22 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
         vocab = lprobs.size(1)
         if vocab <= beam:  # step 0 takes the beam from one row's candidates
             raise ValueError(f"the beam ({beam}) must be smaller than the vocabulary ({vocab})")
+        if step == 0 and cons is not None and cons.max_token >= vocab:
+            raise ValueError(f"constraint token {cons.max_token} is outside the vocabulary ({vocab})")
         ending = max_out <= step
         at_max = ending.repeat_interleave(width).to(device) if ending.any() else None
+        forced = cons.prefix_logprobs(lprobs, step) if cons is not None else None
         _block_(lprobs, step, tokens, at_max, cfg, pad, unk, bos, eos)
+        if cons is not None:  # avoided phrases, EOS before the phrases to include, the prefix
+            cons.block_(lprobs, tokens, at_max, eos, forced)
 
         # the log-prob of each continuation, scores[row] + lprobs[row, token], best 2*beam
-        top_scores, top_idx = top_candidates(lprobs, scores, min(ncand, width * vocab))
+        # (with constraints, more candidates, in the order of the banks)
+        k = min(ncand, width * vocab)
+        if cons is None:
+            top_scores, top_idx = top_candidates(lprobs, scores, k)
+        else:
+            top_scores, top_idx, cand_state = bank_candidates(lprobs, scores, k, cons, eos)
         top_rows = top_idx // vocab + torch.arange(n_sent, device=device).unsqueeze(1) * width
         top_tok = top_idx % vocab  # (Bn, 2*beam), and top_rows: the row each extends
         top_lp = lprobs.view(-1)[top_rows * vocab + top_tok]  # the new token's log-prob
@@ -327,19 +431,21 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
         # EOS among the top `beam` candidates finishes a hypothesis (fairseq)
         ends = is_eos[:, :beam] & top_scores[:, :beam].isfinite()
 
-        # the live beam: the best `beam` candidates that do not end in EOS, in score order
-        # (at most `beam` of the 2*beam end in EOS, one per row)
-        order = (is_eos.long() * ncand + torch.arange(is_eos.size(1), device=device))
+        # the live beam: the best `beam` candidates that do not end in EOS, in score order (or
+        # the banks'; at most `beam` of the 2*beam end in EOS, one per row; a repeat is -inf)
+        order = (is_eos.long() * is_eos.size(1) + torch.arange(is_eos.size(1), device=device))
         order = order.topk(beam, largest=False).indices  # (Bn, beam)
         rows = top_rows.gather(1, order)
         scores, new_tok, new_lp = (t.gather(1, order) for t in (top_scores, top_tok, top_lp))
+        if cons is not None:
+            cons.choose(cand_state.gather(order))
 
         # the step's one copy to the host: which candidates end, each sentence's best live log-prob
         host = torch.cat([ends.view(-1).float(), scores.max(1).values.float()]).cpu()
         ends_host, bound = host[: ends.numel()].view_as(ends).bool(), host[ends.numel() :].double()
         if ends_host.any():
             _finish(ends_host, top_rows, top_scores, top_lp, tokens, pos_scores, sent_ids, lenpen(step + 1),
-                    beam, finished, worst)
+                    beam, finished, worst, cons.unmet(cand_state) if cons is not None else None)
         if exact:
             bound = bound / lenpen(step + 2)
         done = ending | (bound <= worst)  # (bound is -inf when no live row is finite)
@@ -352,6 +458,8 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
             sent_ids, max_out, worst = sent_ids[keep], max_out[keep], worst[keep]
             keep = keep.to(device)
             rows, scores, new_tok, new_lp = (t[keep] for t in (rows, scores, new_tok, new_lp))
+            if cons is not None:
+                cons.keep(keep)
         rows = rows.view(-1)  # (Bn'*beam,) rows of the old beam, sentence-major
         tokens = torch.cat([tokens[rows], new_tok.view(-1, 1)], 1)
         pos_scores = torch.cat([pos_scores[rows], new_lp.view(-1, 1)], 1)
