@@ -36,7 +36,9 @@ from typing import Any
 import torch
 
 from nmt.config import DecodeConfig, check_nbest
+from nmt.data import pad_rows
 from nmt.decoding.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
+from nmt.decoding.constraints import Constraints
 from nmt.decoding.predict import (
     DECODE_PRECISIONS,
     Loaded,
@@ -47,8 +49,6 @@ from nmt.decoding.predict import (
     score_token_lists,
     translate_token_lists,
 )
-from nmt.data import pad_rows
-from nmt.decoding.constraints import Constraints
 from nmt.decoding.search import Hypothesis, length_penalty, max_output_lengths
 from nmt.decoding.shortlist import Shortlist
 from nmt.device import resolve_device
@@ -436,7 +436,8 @@ class Translator:
         if self.decode.sampling:
             raise NmtError(f"{where(next(i for i, r in enumerate(requests) if r.asks()))}: lexical constraints "
                            "need beam search; they cannot be combined with sampling")
-        tok, out = self.loaded.tokenizer, []
+        tok = self.loaded.tokenizer
+        out: list[Constraints | None] = []
         for i, (request, seq) in enumerate(zip(requests, seqs, strict=True)):
             if not request.asks() or not seq:
                 out.append(None)

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from nmt.api import Translation, Translator
-from nmt.terminology import parse_json_line
 from nmt.atomic import (
     FileArg,
     TextWriter,
@@ -54,6 +53,7 @@ from nmt.decoding.alignment import (
 from nmt.decoding.predict import resolve_checkpoints
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
+from nmt.terminology import Request, parse_json_line
 from nmt.textio import TextStats, iter_line_blocks
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name:
         where = partial(_line_name, name, written + 1)
         asks: dict[str, Any] = {}
         if json_input:  # each line a JSON request: its text and its lexical constraints
-            requests = [parse_json_line(t, where(i)) for i, t in enumerate(texts)]
+            requests = [parse_json_line(t, where(i)) if t.strip() else Request("") for i, t in enumerate(texts)]
             texts = [r.text for r in requests]
             asks = {"constraints": [r.constraints for r in requests], "avoid": [r.avoid for r in requests],
                     "prefix": [r.prefix for r in requests], "ordered": [r.ordered for r in requests]}

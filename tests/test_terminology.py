@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from nmt.errors import NmtError
-from nmt.terminology import Request, load_terminology, parse_json_line, terminology_from_pairs, with_terms
+from nmt.terminology import (
+    Request,
+    load_terminology,
+    parse_json_line,
+    terminology_from_pairs,
+    with_terms,
+)
 
 
 def test_a_json_line_gives_its_text_and_every_optional_key():

@@ -22,8 +22,8 @@ from nmt.atomic import open_regular_file
 from nmt.checkpoint import LAST_RUN_FILE, load_model_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, check_nbest
 from nmt.data import pad_rows
-from nmt.decoding.sampling import sampler
 from nmt.decoding.constraints import Constraints
+from nmt.decoding.sampling import sampler
 from nmt.decoding.search import Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
 from nmt.device import PRECISIONS, autocast, configure_cuda
@@ -75,6 +75,19 @@ class _Shortlisted:
 
     def reorder(self, state: Any, index: torch.Tensor) -> Any:
         return self.model.reorder(state, index)
+
+
+def _asked(c: Constraints | None) -> set[int]:
+    """The tokens a sentence's constraints make it produce (they join its shortlist)."""
+    return set() if c is None else {t for phrase in (*c.include, c.prefix) for t in phrase}
+
+
+def _in_columns(c: Constraints, vocab: torch.Tensor) -> Constraints:
+    """`c` numbered by the columns of a shortlisted batch's vocabulary; an avoided phrase with a
+    token outside it cannot appear anyway and is dropped."""
+    column = {int(t): i for i, t in enumerate(vocab.tolist())}
+    avoid = tuple(p for p in c.avoid if all(t in column for t in p))
+    return replace(c, avoid=avoid).mapped(column.__getitem__)
 
 
 @dataclass
@@ -224,11 +237,11 @@ def translate_token_lists(
         search_model, vocab, ids_out = model, None, asdict(specials)
         cons = None if constraints is None else [constraints[i] for i in ids]
         if shortlist is not None:  # the search numbers outputs by columns of the batch's vocabulary
-            vocab, allowed = shortlist.batch_vocab(src, specials, [c.tokens() if c else () for c in cons or []])
+            vocab, allowed = shortlist.batch_vocab(src, specials, [_asked(c) for c in cons or []])
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
             ids_out = {k: int(torch.searchsorted(vocab, v)) for k, v in ids_out.items()}
             if cons is not None:
-                cons = [c.mapped(vocab) if c else None for c in cons]
+                cons = [_in_columns(c, vocab) if c else None for c in cons]
         with torch.inference_mode(), decode_autocast(device, precision):  # both are per thread
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])

@@ -17,9 +17,8 @@ training data; `nmt shortlist DATA_DIR -o FILE` writes it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import logging
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +63,7 @@ class Shortlist:
         return allowed[:, :V]
 
     def batch_vocab(self, src: Tensor, specials: SpecialIds,
-                    extra: Sequence[Sequence[int]] = ()) -> tuple[Tensor, Tensor]:
+                    extra: Sequence[Collection[int]] = ()) -> tuple[Tensor, Tensor]:
         """src (B, S) -> the batch's tokens (K,) ascending, and (B, K) bool: which of them
         each sentence may produce. One output projection over the K tokens serves the whole
         batch (a per-sentence projection would read each weight for `beam` rows only); the
