@@ -17,7 +17,7 @@ SUBPACKAGES = {"models", "decoding", "training", "convert"}
 # the top-level modules anything may use: errors, config and options, the file formats (raw
 # text, atomic writes, tokenizer, binarized data, prepare-bpe, checkpoints), devices, metrics
 BASE = {"errors", "fields", "config", "options", "textio", "atomic", "tokenizer", "data",
-        "prepare", "checkpoint", "device", "evaluate"}
+        "prepare", "checkpoint", "device", "evaluate", "terminology"}
 # the commands' own modules: nothing imports them but the CLI (and `python -m nmt`)
 COMMANDS = {"cli", "__main__", "translate", "plot"}
 CLI = {"nmt.cli", "nmt.__main__"}
