@@ -206,3 +206,15 @@ def test_constraints_that_do_not_fit_together_warn_naming_the_text(trained_check
     warnings = [r.getMessage() for r in caplog.records if "constraints not met" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("texts[0]: ") and "of 5 constraints" in warnings[0]
     assert sum(a in out[0] for a in asks) < len(asks)
+
+
+def test_json_input_streams_line_by_line_with_the_same_output(trained_checkpoint, lines, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t, "constraints": ["Hund"]}) + "\n" for t in lines[:4]) + "\n")
+    outs = []
+    for extra in ([], ["--buffer-lines", "1"]):
+        out = tmp_path / f"out{len(extra)}"
+        assert nmt_here("translate", "-c", str(trained_checkpoint), "-i", str(src), "-o", str(out), "--json-input",
+                        *extra) == 0
+        outs.append(out.read_text())
+    assert outs[0] == outs[1] and len(outs[0].split("\n")) == 6
