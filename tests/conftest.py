@@ -165,6 +165,18 @@ def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.Tem
     return run / "checkpoint_last.pt"
 
 
+@pytest.fixture
+def restore_logging() -> Any:
+    """The in-process CLI (`cli.main`) points the root logger at this test's captured stderr;
+    undo that, so that a later test does not log to a closed stream
+    (`pytestmark = pytest.mark.usefixtures("restore_logging")`)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module's tests (`pytestmark = pytest.mark.usefixtures("one_thread")`):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import builtins
 import errno
 import json
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -52,18 +51,7 @@ VARIANTS = {
 }
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
-
-
-@pytest.fixture(autouse=True)
-def restore_logging():
-    """The in-process CLI points the root logger at this test's captured stderr; undo that, so
-    that a later test does not log to a closed stream."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")  # conftest: torch on one thread
 
 
 def pieces(tokenizer, text: str) -> list[str]:

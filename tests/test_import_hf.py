@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import math
 import shutil
 import struct
@@ -45,22 +44,12 @@ from nmt import Translator
 from nmt.checkpoint import load_checkpoint
 from nmt.decoding.predict import score_token_lists
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
+pytestmark = [pytest.mark.usefixtures("one_thread", "restore_logging"),
               pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
 
 LOGPROB_TOL = 1e-4  # per-token log-probabilities, nmt vs transformers (observed: below 1e-5)
 MAX_OUT = 24  # tokens before </s>, both sides (`hf_generate`)
 NEAR_TIE = 1e-4  # two searches may part only where their best scores are this close
-
-
-@pytest.fixture(autouse=True)
-def restore_logging():
-    """The in-process CLI points the root logger at this test's captured stderr; undo that."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 # ------------------------------------------------------------------ the models, made once for the module

@@ -26,7 +26,6 @@ CTranslate2's whenever a length penalty is set). Two differences are kept out of
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import pathlib
 from pathlib import Path
@@ -71,7 +70,7 @@ except ImportError:
     ct2 = None
 needs_ctranslate2 = pytest.mark.skipif(ct2 is None, reason="ctranslate2 is not installed (pip install -e '.[dev]')")
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
+pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")  # conftest: torch on one thread
 
 NEW_GELU = "v1.12.3 d225c24d 2023-03-01 13:48:09 +0000"  # the first Marian with the erf gelu
 
@@ -91,16 +90,6 @@ VARIANTS = {
                                                 version="v1.12.43 c9f287db 2025-06-23 19:47:45 +0000", seed=9),
 }
 CT2_VARIANTS = [name for name in VARIANTS if "erf" not in name]
-
-
-@pytest.fixture(autouse=True)
-def restore_logging():
-    """The in-process CLI points the root logger at this test's captured stderr; undo that."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def build(imported, **changes) -> Transformer:
