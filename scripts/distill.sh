@@ -9,7 +9,8 @@
 # Settings (environment): SRC, TGT, DATA, TEACHER, CONFIG, OUT, AVG (checkpoints averaged),
 # BEAM (the teacher's beam while distilling, 5), NBEST (1: the teacher's best; N: the best of N
 # by sentence chrF against the reference), EXTRA (more `nmt distill` options, e.g.
-# EXTRA="--set train.max_time=600").
+# EXTRA="--set train.max_time=600"), THREADS (CPU threads of the teacher's and the tests'
+# translations; default nmt's own).
 # SMOKE=1: every stage on the first 300 training lines (3 shards; 50 of val and of each test set), the
 # student configs/tiny.yaml for 30 updates: a check of the script in about a minute, not a student.
 set -euo pipefail
@@ -22,16 +23,20 @@ AVG=${AVG:-5}
 BEAM=${BEAM:-5}
 NBEST=${NBEST:-1}
 EXTRA=${EXTRA:-}
+THREADS=${THREADS:-}
 TESTS=(test_2016_flickr test_2017_flickr)
 if [ "$SMOKE" = 1 ]; then
   CONFIG=${CONFIG:-configs/tiny.yaml}
   OUT=${OUT:-runs/distill_smoke_${SRC}_${TGT}}
-  EXTRA="--shard-lines 100 --set train.max_updates=30 --set train.save_interval_updates=10 $EXTRA"
+  THREADS=${THREADS:-1}  # tiny models: a second thread only waits on a shared machine
+  EXTRA="--shard-lines 100 --set train.max_updates=30 --set train.save_interval_updates=10 --set train.threads=1 $EXTRA"
 else
   CONFIG=${CONFIG:-configs/student.yaml}
   OUT=${OUT:-runs/distill_${SRC}_${TGT}}
 fi
 RUN=$OUT/run
+THREAD_FLAGS=()
+[ -n "$THREADS" ] && THREAD_FLAGS=(--threads "$THREADS")
 EVAL=${OUT}_eval  # test sets, translations and scores (OUT itself is nmt distill's)
 start=$(date +%s)
 say() { printf '\n== %s\n' "$*" >&2; }
@@ -57,7 +62,7 @@ fi
 say "2/4 nmt distill -> $OUT (resumes, or reuses what is done)"
 # shellcheck disable=SC2086
 nmt distill --teacher "$TEACHER" -s "$SRC" -t "$TGT" --trainpref "$TRAIN" --validpref "$VAL" \
-  --out "$OUT" --config "$CONFIG" --beam "$BEAM" --nbest "$NBEST" $EXTRA
+  --out "$OUT" --config "$CONFIG" --beam "$BEAM" --nbest "$NBEST" ${THREAD_FLAGS[@]+"${THREAD_FLAGS[@]}"} $EXTRA
 
 say "3/4 nmt average-checkpoints --last $AVG"
 if [ ! -f "$RUN/checkpoint_avg.pt" ] || [ "$RUN/checkpoint_last.pt" -nt "$RUN/checkpoint_avg.pt" ]; then
@@ -82,7 +87,7 @@ for t in "${TESTS[@]}"; do
     ck=$TEACHER
     [ "$who" = student ] && ck=$RUN/checkpoint_avg.pt
     t0=$(date +%s%N)
-    nmt translate --checkpoint "$ck" < "$EVAL/$t.$SRC" > "$EVAL/$t.$who.$TGT"
+    nmt translate --checkpoint "$ck" ${THREAD_FLAGS[@]+"${THREAD_FLAGS[@]}"} < "$EVAL/$t.$SRC" > "$EVAL/$t.$who.$TGT"
     ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     nmt score --ref "$EVAL/$t.ref.$TGT" --metrics bleu,chrf < "$EVAL/$t.$who.$TGT" > "$EVAL/$t.$who.score"
     summary+=("$t $who: $(head -n 1 "$EVAL/$t.$who.score"); $(grep -m1 '^chrF' "$EVAL/$t.$who.score" || true)"
