@@ -170,6 +170,20 @@ def test_a_killed_distillation_resumes_without_translating_finished_shards(train
     assert report["prepare"]["kept"] == reference["prepare"]["kept"]
 
 
+def test_several_teachers_translate_as_an_ensemble(trained_checkpoint, corpus, raw_corpus, tmp_path):
+    """--teacher twice: the shards are the ensemble's translations (Translator with both
+    checkpoints), the student's vocabulary the first one's."""
+    other = tmp_path / "other.pt"
+    other.write_bytes(trained_checkpoint.read_bytes())
+    out = tmp_path / "ensemble"
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, "--teacher", str(other))) == 0
+    sources = lines_of(corpus / "train.en")
+    ensemble = Translator.load([trained_checkpoint, other], threads=1).translate(sources)
+    assert [line for p in shard_files(out) for line in lines_of(p)] == ensemble
+    manifest = json.loads((out / "shards/manifest.json").read_text())
+    assert manifest["teachers"] == [str(trained_checkpoint.resolve()), str(other.resolve())]
+
+
 # ------------------------------------------------------------------ n-best selection
 
 
