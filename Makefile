@@ -9,10 +9,11 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow test-gpu lint demo bench clean help
+.PHONY: install test test-slow test-gpu lint demo distill bench clean help
 
 help:
 	@echo "make demo       # prepare Multi30k en-de, train, average, translate, score"
+	@echo "make distill    # after make demo: distill its model into a 6+1-layer student, score both"
 	@echo "make test       # install and run the test suite (about 5 minutes on 2 cores)"
 	@echo "make test-slow  # the long system tests (learning tasks, demo pipeline, fault injection)"
 	@echo "make test-gpu   # the CUDA tests (tests/test_gpu.py); fails without a GPU"
@@ -41,6 +42,9 @@ lint: install
 
 demo: install
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
+
+distill: install
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/distill.sh
 
 bench: install
 	$(BIN)/python scripts/bench_prepare.py

@@ -26,7 +26,7 @@ from nmt import __version__
 from nmt.atomic import write_stdout
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
-from nmt.options import PrepareOptions, TranslateOptions
+from nmt.options import DistillOptions, PrepareOptions, TranslateOptions
 
 app = typer.Typer(
     name="nmt",
@@ -185,6 +185,29 @@ def train_cmd(
     if result.interrupted_by is not None:
         print(f"nmt train: {result.reason}", file=sys.stderr)
         raise typer.Exit(128 + result.interrupted_by)
+
+
+# ------------------------------------------------------------------ distill
+
+
+def _distill(opts: Any) -> None:
+    """Distill a teacher into a student: the teacher translates the training source (in shards
+    that a rerun never translates again), the best of --nbest by sentence chrF against the
+    reference is kept, degenerate pairs are dropped, the rest is prepared with the teacher's
+    vocabulary and the student trains on it (--config). Running it again resumes.
+
+    Example: nmt distill --teacher runs/m30k_en_de/checkpoint_avg.pt -s en -t de --trainpref
+    data/multi30k/train --validpref data/multi30k/val --out runs/distill --config configs/student.yaml
+    """
+    from nmt.distill import distill
+
+    result = distill(opts, progress=sys.stderr.isatty())
+    if result is not None and result.interrupted_by is not None:
+        print(f"nmt distill: {result.reason}", file=sys.stderr)
+        raise typer.Exit(128 + result.interrupted_by)
+
+
+_options_command("distill", DistillOptions, _distill)
 
 
 # ------------------------------------------------------------------ average-checkpoints

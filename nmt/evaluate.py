@@ -7,6 +7,7 @@ so they are comparable with published numbers; the signature says how they were 
 from __future__ import annotations
 
 import difflib
+import functools
 import json as jsonlib
 import os
 import re
@@ -22,6 +23,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from nmt import textio
 from nmt.atomic import FileArg, check_outputs
 from nmt.errors import NmtError
+from nmt.options import SENTENCE_METRICS
 
 METRICS = ("bleu", "chrf", "ter")
 DOWNLOAD_TIMEOUT_S = 60  # per socket operation; sacreBLEU's urlopen has none of its own
@@ -97,6 +99,21 @@ def corpus_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
     """BLEU with sacreBLEU's defaults, e.g. for validation; `refs` is a list of streams
     (`corpus_bleu(hyps, [refs])` for one reference), as in `sacrebleu.corpus_bleu`."""
     return score_corpus(hyps, refs, ("bleu",))[0].score
+
+
+def sentence_scores(hyps: Sequence[str], ref: str, metric: str = "chrf") -> list[float]:
+    """sacreBLEU's sentence-level score of each hypothesis against one reference: chrF
+    (`sacrebleu.sentence_chrf`) or BLEU with effective order (`sacrebleu.sentence_bleu`, as
+    sacreBLEU recommends for single sentences)."""
+    if metric not in SENTENCE_METRICS:
+        raise NmtError(f"unknown sentence metric {metric!r} (choices: {', '.join(SENTENCE_METRICS)})")
+    scorer = _sentence_metric(metric)
+    return [float(scorer.sentence_score(h, [ref]).score) for h in hyps]
+
+
+@functools.cache
+def _sentence_metric(metric: str) -> BLEU | CHRF:
+    return CHRF() if metric == "chrf" else BLEU(effective_order=True)
 
 
 def read_lines(path: str | Path) -> list[str]:

@@ -1,6 +1,6 @@
-"""The options of the commands that are not a training config: `nmt prepare-bpe` and
-`nmt translate`, declared once with their types, defaults and help. `nmt.cli` makes each
-command's flags from these fields (and `translate`'s decode flags from `DecodeConfig`);
+"""The options of the commands that are not a training config: `nmt prepare-bpe`,
+`nmt translate` and `nmt distill`, declared once with their types, defaults and help.
+`nmt.cli` makes each command's flags from these fields (and `translate`'s decode flags from `DecodeConfig`);
 the library checks their bounds. The Python API (`nmt.api.Translator.load`) takes the
 fields of `TranslateOptions` that are not the command's stream I/O (`io_opt`) as keyword
 arguments, with the `DecodeConfig` fields, so the command and the API cannot drift apart.
@@ -115,3 +115,42 @@ class TranslateOptions:
         "default: the last (the RNN has one).")
 
 
+
+
+#: the sentence-level scores (higher is better) of `distill --select`, computed by `nmt.evaluate.sentence_scores`
+SENTENCE_METRICS = ("chrf", "bleu")
+
+
+@dataclass
+class DistillOptions:
+    """The options of `nmt distill`, declared once: the command's flags are made from these
+    fields (nmt.cli); `nmt.distill` checks their bounds."""
+
+    source_lang: str = opt(REQUIRED, "Source language suffix, e.g. en.", flags=("--source-lang", "-s"))
+    target_lang: str = opt(REQUIRED, "Target language suffix, e.g. de.", flags=("--target-lang", "-t"))
+    trainpref: str = opt(REQUIRED, "The original training text (PREFIX.LANG or PREFIX.LANG.gz): the teacher "
+                         "translates its source side; its target side is the reference of --nbest selection.")
+    out: Path = opt(REQUIRED, "The distillation directory: shards/ (the teacher's translations), distilled/ "
+                    "(the filtered pairs), data-bin/, run/ (the student), distill.json (the report). Running "
+                    "the same command again resumes.", flags=("--out", "-o"))
+    teachers: list[Path] = opt_list("Teacher checkpoint; repeat for an ensemble (mean of log-probabilities). "
+                                    "The student gets the first one's vocabulary.", flags=("--teacher",))
+    validpref: str | None = opt(None, "Validation prefix, prepared with the teacher's vocabulary as it is "
+                                "(not translated).")
+    testpref: str | None = opt(None, "Comma-separated test prefixes, prepared as they are.")
+    config: Path | None = opt(None, "The student's training config, e.g. configs/student.yaml (data.dir and "
+                              "train.run_dir are set to OUT/data-bin and OUT/run). Without it, distill stops "
+                              "once OUT/data-bin is prepared.")
+    sets: list[str] = opt_list("Override a key of the student's config, e.g. --set train.max_time=600 "
+                               "(repeatable).", flags=("--set",))
+    nbest: int = opt(1, "Hypotheses the teacher gives per sentence; with more than 1, the one with the best "
+                     "sentence --select score against the reference is kept (at most the beam).")
+    select: str = opt("chrf", f"The sentence score of --nbest selection: {' or '.join(SENTENCE_METRICS)} "
+                      "(sacreBLEU's sentence chrF, or sentence BLEU with effective order).")
+    shard_lines: int = opt(5000, "Source lines per shard: each shard of translations is written whole when "
+                           "it is done, and a run killed midway loses at most the shard it was translating.")
+    beam: int | None = opt(None, "Beam size of the teacher (default: the teacher's decode.beam).")
+    device: str = opt("auto", "Where the teacher translates: auto, cpu, cuda or cuda:N (the student trains "
+                      "on its config's train.device).")
+    precision: str = opt("fp32", "The teacher's precision: fp32, bf16, fp16 (CUDA only) or int8 (CPU only).")
+    threads: int = opt(0, "CPU threads of the teacher; 0 = torch default (the student: train.threads).")

@@ -53,7 +53,9 @@ DROP_REASONS = ("empty", "too_short", "too_long", "ratio")  # checked in this or
 
 
 @dataclass
-class _Split:
+class Split:
+    """One split of the input: its prefix, its file per language, its line count (`find_splits`)."""
+
     name: str
     prefix: str
     files: dict[str, Path]  # lang -> input file
@@ -68,8 +70,8 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     dest = directory_target(opts.destdir, "--destdir")
     check_replaceable(dest, opts.force, (META_FILE,), f"an output of nmt prepare-bpe (no {META_FILE})", "--destdir")
     reused = _reused_tokenizer(opts)
-    splits = _find_splits(opts)  # reads every file once: after the cheap checks
-    check_outputs(_inputs(opts, splits), [FileArg("--destdir", opts.destdir, directory=True)])
+    splits = find_splits(opts)  # reads every file once: after the cheap checks
+    check_outputs(input_files(opts, splits), [FileArg("--destdir", opts.destdir, directory=True)])
     _make_parent(dest)
     with replacing_directory(dest, "the prepared data", "--destdir") as work:
         tok = _tokenizer(opts, splits[0], reused, work)
@@ -144,7 +146,7 @@ def _check_options(opts: PrepareOptions) -> None:
     need(opts.seed >= 0, "--seed must not be negative")
 
 
-def _find_splits(opts: PrepareOptions) -> list[_Split]:
+def find_splits(opts: PrepareOptions) -> list[Split]:
     """Locate every input file and check line counts, before any real work."""
     named = [("train", opts.trainpref, True)]
     if opts.validpref:
@@ -159,11 +161,11 @@ def _find_splits(opts: PrepareOptions) -> list[_Split]:
             raise NmtError(
                 f"{src} has {n_src} lines but {tgt} has {n_tgt}; parallel files must align"
             )
-        splits.append(_Split(name, prefix, files, n_src, filtered))
+        splits.append(Split(name, prefix, files, n_src, filtered))
     return splits
 
 
-def _inputs(opts: PrepareOptions, splits: list[_Split]) -> list[FileArg]:
+def input_files(opts: PrepareOptions, splits: list[Split]) -> list[FileArg]:
     """The files prepare-bpe reads (none of them may be in --destdir, which is replaced whole)."""
     options = {"train": "--trainpref", "valid": "--validpref"}
     inputs = [FileArg(options.get(split.name, "--testpref"), path, f"the {split.name} text")
@@ -196,7 +198,7 @@ def _make_parent(dest: Path) -> None:
 
 
 def _tokenizer(
-    opts: PrepareOptions, train: _Split, reused: Tokenizer | None, work: Path
+    opts: PrepareOptions, train: Split, reused: Tokenizer | None, work: Path
 ) -> Tokenizer:
     """Reuse --spm-model or --tokenizer-from's model, or learn one joint model on both sides of
     train; into work/spm.*"""
@@ -269,7 +271,7 @@ class _TokenWriter:
 
 
 def _binarize(
-    split: _Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOptions, work: Path, progress: bool
+    split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOptions, work: Path, progress: bool
 ) -> tuple[dict, dict[str, str]]:
     """Encode (and for train, filter) one split; returns its report and file hashes."""
     langs = (opts.source_lang, opts.target_lang)
@@ -343,7 +345,7 @@ def _binarize(
     return report, hashes
 
 
-def _chunks(readers: list[Iterator[str]], split: _Split) -> Iterator[tuple[list[str], list[str]]]:
+def _chunks(readers: list[Iterator[str]], split: Split) -> Iterator[tuple[list[str], list[str]]]:
     """(source lines, target lines) of up to CHUNK_PAIRS aligned pairs at a time."""
     pairs = zip(*readers, strict=True)
     try:

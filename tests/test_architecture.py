@@ -19,7 +19,7 @@ SUBPACKAGES = {"models", "decoding", "training", "convert"}
 BASE = {"errors", "fields", "config", "options", "textio", "atomic", "tokenizer", "data",
         "prepare", "checkpoint", "device", "evaluate", "terminology"}
 # the commands' own modules: nothing imports them but the CLI (and `python -m nmt`)
-COMMANDS = {"cli", "__main__", "translate", "plot"}
+COMMANDS = {"cli", "__main__", "translate", "plot", "distill"}
 CLI = {"nmt.cli", "nmt.__main__"}
 
 # part -> the parts it may import besides itself ("base": any BASE module)

@@ -7,7 +7,7 @@ import sys
 import pytest
 from helpers import ROOT, nmt
 
-COMMANDS = ["prepare-bpe", "train", "average-checkpoints", "translate", "score", "export"]
+COMMANDS = ["prepare-bpe", "train", "distill", "average-checkpoints", "translate", "score", "export"]
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:

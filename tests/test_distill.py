@@ -1,0 +1,424 @@
+"""`nmt distill` (issue 28): a teacher's translations of the training data, resumable in shards,
+n-best selection by sentence chrF, the degenerate-pair rule, the student's data with the
+teacher's vocabulary and the student's training, all through the real command line.
+
+The teacher is the `trained_checkpoint` fixture (it ends its outputs on its own, so it
+translates real sentences to real lengths); the training text is the first LINES pairs of
+`raw_corpus`, in shards of SHARD lines. Where a test is about what distill does with the
+teacher's outputs rather than about the teacher, `Translator.translate_nbest` is replaced by
+hand-written outputs (no decoding).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sacrebleu
+from helpers import ROOT, TINY, dead_pid, nmt_here, write_parallel
+
+from nmt.api import Translation, Translator
+from nmt.checkpoint import load_model_checkpoint
+from nmt.config import config_to_dict, load_config
+from nmt.distill import FILTER_RULES, MAX_NGRAM, degenerate, repeated_ngram, select_hypothesis
+
+pytestmark = pytest.mark.usefixtures("isolated")  # cli.main sets logging, train and translate torch's threads
+
+LINES, SHARD = 90, 30
+STUDENT = ["--config", str(TINY), "--set", "train.max_updates=3", "--set", "train.device=cpu",
+           "--set", "train.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def corpus(raw_corpus: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """train.en / train.de: the first LINES pairs of raw_corpus's train split."""
+    root = tmp_path_factory.mktemp("distill_corpus")
+    pairs = list(zip(raw_corpus.lines("train", "en")[:LINES], raw_corpus.lines("train", "de")[:LINES], strict=True))
+    write_parallel(pairs, root / "train", "en", "de")
+    return root
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def distill_args(teacher: Path, corpus: Path, raw_corpus: Any, out: Path, *extra: str) -> list[str]:
+    return ["distill", "--teacher", str(teacher), "-s", "en", "-t", "de", "--trainpref", str(corpus / "train"),
+            "--validpref", raw_corpus.prefix("val"), "--out", str(out), "--shard-lines", str(SHARD),
+            "--threads", "1", *extra]
+
+
+def shard_files(out: Path) -> list[Path]:
+    return [out / "shards" / f"{k:05d}.de" for k in range(-(-LINES // SHARD))]
+
+
+def stamps(paths: list[Path]) -> list[tuple[int, int]]:
+    """Inode and modification time of each file: a file written again (atomically: a new
+    inode) or touched shows."""
+    return [(os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in paths]
+
+
+def spy(monkeypatch: pytest.MonkeyPatch, *, fail_at: int | None = None,
+        outputs: Callable[[int, str], str] | None = None) -> list[int]:
+    """Record the first line (first_index) of each translate_nbest call; with `fail_at`, the
+    call of that number raises KeyboardInterrupt (Ctrl-C) before translating; with
+    `outputs`, the translation of line i (0-based) of text t is outputs(i, t), undecoded."""
+    calls: list[int] = []
+    real = Translator.translate_nbest
+
+    def translate_nbest(self: Translator, texts: list[str], nbest: int = 1, **kw: Any) -> list[list[Translation]]:
+        calls.append(kw.get("first_index", 0))
+        if fail_at is not None and len(calls) == fail_at:
+            raise KeyboardInterrupt
+        if outputs is not None:
+            first = kw.get("first_index", 0)
+            return [[Translation(outputs(first + i, t), 0.0, 0.0)] if t.strip() else [] for i, t in enumerate(texts)]
+        return real(self, texts, nbest, **kw)
+
+    monkeypatch.setattr(Translator, "translate_nbest", translate_nbest)
+    return calls
+
+
+def expected_pairs(sources: list[str], targets: list[str]) -> tuple[list[str], list[str]]:
+    kept = [(s, t) for s, t in zip(sources, targets, strict=True) if degenerate(s, t) is None]
+    return [s for s, _ in kept], [t for _, t in kept]
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def test_distillation_end_to_end_through_the_cli(trained_checkpoint, corpus, raw_corpus, tmp_path, monkeypatch):
+    """The teacher's beam translations become the student's targets (degenerate pairs aside),
+    prepared with the teacher's own sentencepiece model, and a student trains on them: an
+    ordinary checkpoint that translates. Running the command again translates nothing,
+    rewrites none of the steps' files, and the finished student stays finished."""
+    out = tmp_path / "d"
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, *STUDENT)) == 0
+
+    sources = lines_of(corpus / "train.en")
+    teacher = Translator.load(trained_checkpoint, threads=1).translate(sources)
+    shards = shard_files(out)
+    assert [line for p in shards for line in lines_of(p)] == teacher
+    assert all(len(lines_of(p)) == SHARD for p in shards)
+    kept_src, kept_tgt = expected_pairs(sources, teacher)
+    assert lines_of(out / "distilled/train.en") == kept_src
+    assert lines_of(out / "distilled/train.de") == kept_tgt
+
+    data = out / "data-bin"
+    assert (data / "spm.model").read_bytes() == load_model_checkpoint(trained_checkpoint).tokenizer.model_bytes
+    prepared = json.loads((data / "prepare.json").read_text())
+    assert prepared["splits"]["train"]["lines"] == len(kept_src)
+    assert prepared["splits"]["valid"]["lines"] == len(raw_corpus.lines("val", "en"))  # the original, untranslated
+
+    report = json.loads((out / "distill.json").read_text())
+    assert report["lines"] == LINES and report["shards"]["count"] == len(shards)
+    assert report["filter"]["kept"] == len(kept_src)
+    assert report["filter"]["kept"] + sum(report["filter"]["dropped"].values()) == LINES
+    assert set(report["filter"]["dropped"]) == set(FILTER_RULES)
+    assert report["prepare"]["kept"] == prepared["splits"]["train"]["kept"]
+    assert report["train"]["update"] == 3
+
+    student = out / "run/checkpoint_last.pt"
+    loaded = load_model_checkpoint(student)
+    assert loaded.config.model == load_config(TINY).model
+    assert loaded.tokenizer.sha256 == load_model_checkpoint(trained_checkpoint).tokenizer.sha256
+    assert isinstance(Translator.load(student, threads=1).translate([sources[0]])[0], str)
+
+    files = [*shards, out / "distilled/train.en", out / "distilled/train.de", data / "prepare.json", student]
+    before = stamps(files)
+    calls = spy(monkeypatch)
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, *STUDENT)) == 0
+    assert calls == [] and stamps(files) == before
+    assert json.loads((out / "distill.json").read_text())["train"]["update"] == 3
+
+
+def test_a_killed_distillation_resumes_without_translating_finished_shards(trained_checkpoint, corpus, raw_corpus,
+                                                                          tmp_path, monkeypatch):
+    """Ctrl-C while the third shard is being translated: the first two are on disk, whole, and
+    nothing else; a killed writer's temporary is there too (kill -9). The rerun translates
+    the third shard only, leaves the first two as they were (same inode, same mtime), removes
+    the temporary, and ends with the data of a run that was never interrupted."""
+    out, whole = tmp_path / "killed", tmp_path / "whole"
+    calls = spy(monkeypatch, fail_at=3)
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 130
+    shards = shard_files(out)
+    assert calls == [0, SHARD, 2 * SHARD]
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(["manifest.json", shards[0].name,
+                                                                         shards[1].name])
+    assert not (out / "distilled").exists() and not (out / "data-bin").exists()
+    leftover = out / "shards" / f".{shards[2].name}.tmp-{dead_pid()}-0123abcd"
+    leftover.write_text("half a shard\n")
+    finished = stamps(shards[:2])
+
+    calls = spy(monkeypatch)
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 0
+    assert calls == [2 * SHARD]
+    assert stamps(shards[:2]) == finished
+    assert not leftover.exists()
+
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, whole)) == 0
+    for name in [*(f"shards/{p.name}" for p in shards), "distilled/train.en", "distilled/train.de",
+                 "data-bin/train.en.bin", "data-bin/train.de.bin", "data-bin/train.de.idx"]:
+        assert (out / name).read_bytes() == (whole / name).read_bytes(), name
+    report, reference = (json.loads((d / "distill.json").read_text()) for d in (out, whole))
+    assert report["filter"] == {**reference["filter"], "files": report["filter"]["files"]}
+    assert report["prepare"]["kept"] == reference["prepare"]["kept"]
+
+
+def test_several_teachers_translate_as_an_ensemble(trained_checkpoint, corpus, raw_corpus, tmp_path):
+    """--teacher twice: the shards are the ensemble's translations (Translator with both
+    checkpoints), the student's vocabulary the first one's."""
+    other = tmp_path / "other.pt"
+    other.write_bytes(trained_checkpoint.read_bytes())
+    out = tmp_path / "ensemble"
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, "--teacher", str(other))) == 0
+    sources = lines_of(corpus / "train.en")
+    ensemble = Translator.load([trained_checkpoint, other], threads=1).translate(sources)
+    assert [line for p in shard_files(out) for line in lines_of(p)] == ensemble
+    manifest = json.loads((out / "shards/manifest.json").read_text())
+    assert manifest["teachers"] == [str(trained_checkpoint.resolve()), str(other.resolve())]
+
+
+# ------------------------------------------------------------------ n-best selection
+
+
+def test_select_hypothesis_is_sacrebleus_best_sentence_score():
+    ref = "Ein Mann fährt mit einem roten Fahrrad die Straße entlang."
+    hyps = ["Ein Mann fährt Fahrrad.", "Ein Mann fährt auf einem roten Fahrrad eine Straße entlang.",
+            "Mann", "Ein Mann mit einem Fahrrad."]
+    chrf = [sacrebleu.sentence_chrf(h, [ref]).score for h in hyps]
+    assert select_hypothesis(hyps, ref, "chrf") == chrf.index(max(chrf)) != 0
+    bleu = [sacrebleu.sentence_bleu(h, [ref]).score for h in hyps]
+    assert select_hypothesis(hyps, ref, "bleu") == bleu.index(max(bleu))
+    assert select_hypothesis(["Ein Hund.", "Ein Hund."], "Eine Katze.", "chrf") == 0  # a tie: the teacher's order
+    assert select_hypothesis(["anything"], ref, "chrf") == 0
+
+
+def test_nbest_keeps_the_hypothesis_with_the_best_sentence_chrf(trained_checkpoint, corpus, raw_corpus, tmp_path):
+    """With --nbest 3, the shards hold the teacher's 3 best (tab-separated, best first) and the
+    student's target is, per sentence, the one with the highest sacreBLEU sentence chrF against
+    the reference (the first on a tie); here that is not always the teacher's best."""
+    out = tmp_path / "nbest"
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, "--nbest", "3")) == 0
+    sources, refs = lines_of(corpus / "train.en"), lines_of(corpus / "train.de")
+    nbest = Translator.load(trained_checkpoint, threads=1).translate_nbest(sources, 3)
+    assert [line.split("\t") for p in shard_files(out) for line in lines_of(p)] == [[h.text for h in hs]
+                                                                                    for hs in nbest]
+    chosen = []
+    for hs, ref in zip(nbest, refs, strict=True):
+        scores = [sacrebleu.sentence_chrf(h.text, [ref]).score for h in hs]
+        chosen.append(scores.index(max(scores)))
+    assert any(chosen)
+    kept_src, kept_tgt = expected_pairs(sources, [hs[k].text for hs, k in zip(nbest, chosen, strict=True)])
+    assert lines_of(out / "distilled/train.en") == kept_src
+    assert lines_of(out / "distilled/train.de") == kept_tgt
+    report = json.loads((out / "distill.json").read_text())
+    assert report["select"] == {"nbest": 3, "metric": "chrf", "not_the_teachers_best": sum(k != 0 for k in chosen)}
+
+
+# ------------------------------------------------------------------ the degenerate-pair rule
+
+
+@pytest.mark.parametrize(("source", "target", "reason"), [
+    ("A dog runs.", "A dog runs.", "copy"),
+    ("A dog  runs. ", " A dog runs.", "copy"),  # spaces aside
+    ("Hello", "Hello", "copy"),
+    ("A dog runs.", "a dog runs.", None),  # not the same words
+    ("A dog.", "Ein Hund Hund Hund Hund läuft.", "repeat"),
+    ("A dog.", "Ein Hund Hund Hund läuft.", None),  # 3 times
+    ("A dog.", "x a b a b a b a b y", "repeat"),
+    ("A dog.", "x a b a b a b a y", None),
+    ("A dog.", " ".join(["a b c d"] * 4), "repeat"),
+    ("A dog.", " ".join(["a b c d e"] * 4), None),  # a 5-gram: longer than MAX_NGRAM
+    ("A dog.", "", None),  # empty: prepare-bpe's rule
+])
+def test_the_degenerate_rule(source, target, reason):
+    assert degenerate(source, target) == reason
+
+
+def test_repeated_ngram_counts_runs_not_occurrences():
+    assert repeated_ngram("a b a c a d a e".split()) is False  # 4 a's, never in a row
+    assert repeated_ngram(["x"] * 4) is True and repeated_ngram(["x"] * 3) is False
+    assert repeated_ngram(("p q " * 4).split(), times=4, max_n=1) is False  # bigrams not looked for
+    assert MAX_NGRAM == 4
+
+
+def test_the_filter_drops_what_it_says(trained_checkpoint, corpus, raw_corpus, tmp_path, monkeypatch):
+    """Hand-made teacher outputs, one kind per line in turn: a copy of the source, a looping
+    translation, an empty one, one far too long, the reference. distill drops the copies and
+    the loops and counts them; prepare-bpe's own filter drops the empty and the long ones (its
+    counts in distill.json too); the references pass both."""
+    sources, refs = lines_of(corpus / "train.en"), lines_of(corpus / "train.de")
+    long_ = [" ".join(f"w{j}x" for j in range(12 * len(s.split()))) for s in sources]
+    kinds = [lambda i, s: s, lambda i, s: "der der der der Hund", lambda i, s: "", lambda i, s: long_[i],
+             lambda i, s: refs[i]]
+    spy(monkeypatch, outputs=lambda i, s: kinds[i % 5](i, s))
+    out = tmp_path / "filter"
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 0
+    count = {k: len(range(k, LINES, 5)) for k in range(5)}
+    report = json.loads((out / "distill.json").read_text())
+    assert report["filter"]["dropped"] == {"copy": count[0], "repeat": count[1]}
+    assert lines_of(out / "distilled/train.en") == [s for i, s in enumerate(sources) if i % 5 > 1]
+    assert lines_of(out / "distilled/train.de") == [kinds[i % 5](i, s) for i, s in enumerate(sources) if i % 5 > 1]
+    dropped = report["prepare"]["dropped"]
+    assert dropped["empty"] == count[2]
+    assert dropped["ratio"] + dropped["too_long"] == count[3]
+    prepared = json.loads((out / "data-bin/prepare.json").read_text())["splits"]["train"]
+    assert prepared["kept"] == report["prepare"]["kept"] == count[4]
+
+
+# ------------------------------------------------------------------ bad input: one line, nothing lost
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("nmt: error: "), lines
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+def _case(name: str, tmp: Path, corpus: Path) -> tuple[dict[str, str | None], list[str], list[str]]:
+    """(options changed, options added, what the message names) of a bad-input case."""
+    bad = tmp / "bad"
+    bad.mkdir()
+    cases: dict[str, tuple[dict[str, str | None], list[str], list[str]]] = {
+        "no teacher": ({"--teacher": None}, [], ["--teacher"]),
+        "missing train": ({"--trainpref": str(bad / "train")}, [], [str(bad / "train.en"), "not found"]),
+        "misaligned": ({"--trainpref": str(bad / "train")}, [], [str(bad / "train.en"), str(bad / "train.de"),
+                                                                  f"{LINES} lines", f"{LINES - 1}"]),
+        "text teacher": ({"--teacher": str(corpus / "train.en")}, [], ["--teacher", str(corpus / "train.en")]),
+        "missing teacher": ({"--teacher": str(bad / "no.pt")}, [], ["--teacher", str(bad / "no.pt"), "not found"]),
+        "bad select": ({}, ["--select", "bleurt"], ["--select", "chrf", "bleurt"]),
+        "nbest above beam": ({}, ["--nbest", "9"], ["--nbest"]),
+        "no shard": ({"--shard-lines": "0"}, [], ["--shard-lines"]),
+        "same languages": ({"-t": "en"}, [], ["must differ"]),
+        "missing valid": ({"--validpref": str(bad / "val")}, [], [str(bad / "val.en"), "not found"]),
+        "bad config key": ({}, ["--config", str(bad / "c.yaml")], [str(bad / "c.yaml"), "model.d_modle"]),
+        "data.dir set": ({}, ["--config", str(TINY), "--set", "data.dir=x"], ["--set data.dir"]),
+        "out a file": ({"--out": str(corpus / "train.de")}, [], ["--out", "not a directory"]),
+        "out not distill's": ({"--out": str(bad)}, [], ["--out", str(bad), "not an nmt distill directory"]),
+    }
+    if name == "misaligned":
+        (bad / "train.en").write_text((corpus / "train.en").read_text())
+        (bad / "train.de").write_text("".join(line + "\n" for line in lines_of(corpus / "train.de")[:-1]))
+    if name == "bad config key":
+        (bad / "c.yaml").write_text("model:\n  d_modle: 3\n")
+    if name == "out not distill's":
+        (bad / "notes.txt").write_text("mine\n")
+    return cases[name]
+
+
+BAD = ["no teacher", "missing train", "misaligned", "text teacher", "missing teacher", "bad select",
+       "nbest above beam", "no shard", "same languages", "missing valid", "bad config key", "data.dir set",
+       "out a file", "out not distill's"]
+
+
+def _with(args: list[str], changed: dict[str, str | None], added: list[str]) -> list[str]:
+    out = []
+    i = 0
+    while i < len(args):
+        if args[i] in changed:
+            if changed[args[i]] is not None:
+                out += [args[i], str(changed[args[i]])]
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out + added
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_and_writes_nothing(case, trained_checkpoint, corpus, raw_corpus, tmp_path, capsys):
+    changed, added, needles = _case(case, tmp_path, corpus)
+    out = tmp_path / "out"
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    args = _with(distill_args(trained_checkpoint, corpus, raw_corpus, out), changed, added)
+    assert nmt_here(*args) == 1
+    one_line_error(capsys, *needles)
+    assert not out.exists()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+@contextmanager
+def _quiet_cli(path: Path) -> Iterator[pytest.MonkeyPatch]:
+    """`isolated` for a module fixture: a working directory, logging and threads restored."""
+    import logging
+
+    import torch
+
+    root = logging.getLogger()
+    handlers, level, threads = list(root.handlers), root.level, torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(path)
+        try:
+            yield mp
+        finally:
+            root.handlers[:] = handlers
+            root.setLevel(level)
+            torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def translated(trained_checkpoint, corpus, raw_corpus, tmp_path_factory) -> Path:
+    """A distillation directory whose shards are done (hand-made outputs: the references)."""
+    out = tmp_path_factory.mktemp("translated") / "d"
+    refs = lines_of(corpus / "train.de")
+    with _quiet_cli(out.parent) as mp:
+        spy(mp, outputs=lambda i, s: refs[i])
+        assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 0
+    return out
+
+
+@pytest.mark.parametrize(("changed", "added", "needles"), [
+    ({"--shard-lines": "45"}, [], ["--shard-lines 30 (now 45)"]),
+    ({}, ["--nbest", "2"], ["--nbest 1 (now 2)"]),
+    ({}, ["--beam", "3"], ["--beam the teacher's (now 3)"]),
+    ({"--trainpref": "{edited}"}, [], ["{edited}.en", "its content differs"]),
+])
+def test_a_rerun_with_other_settings_is_refused_and_keeps_the_shards(changed, added, needles, translated,
+                                                                    trained_checkpoint, corpus, raw_corpus,
+                                                                    tmp_path, capsys):
+    """Shards are never mixed: a rerun whose settings or source text (one word added to a
+    line) differ from those in the shards' manifest is one line naming the option, and every
+    file of the directory stays as it was."""
+    edited = lines_of(corpus / "train.en")
+    edited[5] = edited[5] + " again"
+    write_parallel(list(zip(edited, lines_of(corpus / "train.de"), strict=True)), tmp_path / "edited", "en", "de")
+    changed = {k: v.format(edited=tmp_path / "edited") for k, v in changed.items()}
+    files = sorted(p for p in translated.rglob("*") if p.is_file())
+    before = stamps(files)
+    assert nmt_here(*_with(distill_args(trained_checkpoint, corpus, raw_corpus, translated), changed, added)) == 1
+    one_line_error(capsys, str(translated / "shards"), *(n.format(edited=tmp_path / "edited") for n in needles))
+    assert sorted(p for p in translated.rglob("*") if p.is_file()) == files and stamps(files) == before
+
+
+def test_the_same_text_elsewhere_resumes(translated, trained_checkpoint, corpus, raw_corpus, tmp_path, monkeypatch):
+    """The shards are the translations of a text, not of a path: the same text moved resumes
+    (nothing to translate)."""
+    for lang in ("en", "de"):
+        (tmp_path / f"moved.{lang}").write_bytes((corpus / f"train.{lang}").read_bytes())
+    calls = spy(monkeypatch)
+    args = _with(distill_args(trained_checkpoint, corpus, raw_corpus, translated), {"--trainpref": str(tmp_path / "moved")}, [])
+    assert nmt_here(*args) == 0 and calls == []
+
+
+# ------------------------------------------------------------------ the student's config
+
+
+def test_the_student_config_is_the_demo_model_with_a_deep_encoder_and_a_shallow_decoder():
+    """configs/student.yaml trains as configs/multi30k.yaml does (budget, batches, schedule,
+    width, decoding): only the layer counts and the run directory differ, with more encoder
+    and fewer decoder layers than the teacher."""
+    student, teacher = (config_to_dict(load_config(ROOT / f"configs/{name}.yaml")) for name in ("student", "multi30k"))
+    for cfg in (student, teacher):
+        cfg["train"].pop("run_dir")
+    layers = {key: (student["model"].pop(key), teacher["model"].pop(key)) for key in ("encoder_layers",
+                                                                                     "decoder_layers")}
+    assert student == teacher
+    assert layers["encoder_layers"][0] > layers["encoder_layers"][1]
+    assert layers["decoder_layers"][0] < layers["decoder_layers"][1]
