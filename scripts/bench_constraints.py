@@ -32,18 +32,14 @@ sys.path.insert(0, str(ROOT))
 from nmt import Translator  # noqa: E402
 from nmt.textio import read_lines  # noqa: E402
 
-DEFAULT_DATA = ROOT.parent / "shared/data/multi30k"
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_translate import add_test_set_args  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA))
-    p.add_argument("--test", default="test_2016_flickr")
-    p.add_argument("--src", default="en")
-    p.add_argument("--tgt", default="de")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
+    add_test_set_args(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sentences", type=int, default=0, help="the first N sentences; 0 = all")
     p.add_argument("--min-chars", type=int, default=4)

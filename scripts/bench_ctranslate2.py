@@ -39,18 +39,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared/data/multi30k"
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_translate import add_test_set_args  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA))
-    p.add_argument("--test", default="test_2016_flickr")
-    p.add_argument("--src", default="en")
-    p.add_argument("--tgt", default="de")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
+    add_test_set_args(p)
     p.add_argument("--batch-size", type=int, help="default: the checkpoint's decode.batch_size")
     p.add_argument("--quantization", default="float32,int8", help="comma-separated export types")
     p.add_argument("--layouts", default="", help="CTranslate2 inter x intra threads besides Tx1, e.g. 1x2")

@@ -40,15 +40,20 @@ HEADER = ("| checkpoint | device | threads × workers | beam | batch | sentences
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", help="default: runs/m30k*/checkpoint_avg.pt")
+def add_test_set_args(p: argparse.ArgumentParser) -> None:
+    """The options the translation benchmarks share: which Multi30k test set, beam, threads."""
     p.add_argument("--data-dir", default=str(DEFAULT_DATA))
     p.add_argument("--test", default="test_2016_flickr")
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", help="default: runs/m30k*/checkpoint_avg.pt")
+    add_test_set_args(p)
     p.add_argument("--workers", type=int, default=0,
                    help="batches decoded at once (nmt translate --workers); 0 = one per thread")
     p.add_argument("--batch-size", type=int, help="default: the checkpoint's decode.batch_size")
