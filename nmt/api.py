@@ -462,7 +462,7 @@ class Translator:
         for i, (request, hs) in enumerate(zip(requests, hyps, strict=True)):
             if not hs:
                 continue
-            unmet = getattr(hs[0], "unmet", 0)
+            unmet = hs[0].unmet
             if unmet:
                 log.warning("%s: %d of %d constraints not met within the length limit", where(i), unmet,
                             len(request.constraints))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,7 +168,3 @@ def with_terms(request: Request, terminology: Terminology | None) -> Request:
         return request
     return Request(request.text, (*request.constraints, *terms), request.avoid, request.prefix, request.ordered,
                    tuple(terms))
-
-
-def requests_of(texts: Iterable[str]) -> list[Request]:
-    return [Request(t) for t in texts]
