@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make demo       # prepare Multi30k en-de, train, average, translate, score"
-	@echo "make distill    # after make demo: distill its model into a 6+1-layer student, score both"
+	@echo "make distill    # after make demo: distill its model into a 6+1-layer student of width 160, score both"
 	@echo "make test       # install and run the test suite (about 5 minutes on 2 cores)"
 	@echo "make test-slow  # the long system tests (learning tasks, demo pipeline, fault injection)"
 	@echo "make test-gpu   # the CUDA tests (tests/test_gpu.py); fails without a GPU"

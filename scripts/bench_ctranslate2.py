@@ -12,7 +12,8 @@ loads the model, translates the test set and writes it; we report
 - `process s` and `peak RSS MB`: the whole subprocess (start-up, imports, loading), its wall
   time and its own peak resident memory (VmHWM at its end; a child's getrusage would start
   from this process's own RSS, which Linux carries over fork and exec).
-nmt runs with `--threads T` and its default workers (one per thread), through the Python API
+nmt runs at each `--precision` (fp32; fp32,int8 adds `nmt translate --precision int8`) with
+`--threads T` and its default workers (one per thread), through the Python API
 that `nmt translate` is a reader/writer over; CTranslate2 with `inter_threads=T,
 intra_threads=1`, the same layout (`--layouts` adds others, e.g. 1x2).
 CTranslate2 decodes with the settings that equal nmt's `length` style (length_penalty =
@@ -24,7 +25,8 @@ limit (`max_decoding_length`) is one number per call, so each batch gets nmt's l
 longest source, max_len_a * (tokens + 1) + max_len_b (+1 for the EOS step); where a shorter
 sentence of the batch reaches its own nmt limit (an under-trained model repeating itself),
 nmt stops it with EOS and CTranslate2 goes on, so such outputs differ.
-Prints a markdown table; `--json FILE` writes the figures.
+Prints a markdown table (BLEU and chrF by sacreBLEU); `--json FILE` writes the figures.
+`measure()` is the same for other scripts (bench_distill.py: several checkpoints and test sets).
 """
 
 from __future__ import annotations
@@ -43,14 +45,20 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_translate import add_test_set_args  # noqa: E402
 
 
+def add_engine_args(p: argparse.ArgumentParser, precision: str = "fp32") -> None:
+    """Which engines measure() runs, and how."""
+    p.add_argument("--batch-size", type=int, help="default: the checkpoint's decode.batch_size")
+    p.add_argument("--precision", default=precision, help="comma-separated `nmt translate --precision` runs, e.g. fp32,int8")
+    p.add_argument("--quantization", default="float32,int8", help="comma-separated export types")
+    p.add_argument("--layouts", default="", help="CTranslate2 inter x intra threads besides Tx1, e.g. 1x2")
+    p.add_argument("--repeat", type=int, default=1)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
     add_test_set_args(p)
-    p.add_argument("--batch-size", type=int, help="default: the checkpoint's decode.batch_size")
-    p.add_argument("--quantization", default="float32,int8", help="comma-separated export types")
-    p.add_argument("--layouts", default="", help="CTranslate2 inter x intra threads besides Tx1, e.g. 1x2")
-    p.add_argument("--repeat", type=int, default=1)
+    add_engine_args(p)
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--worker", nargs=2, metavar=("ENGINE", "SPEC"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -65,7 +73,8 @@ def _nmt_worker(spec: dict) -> dict:
     from nmt import Translator
 
     torch.set_num_threads(spec["threads"])
-    translator = Translator.load(spec["checkpoint"], device="cpu", beam=spec["beam"], batch_size=spec["batch_size"])
+    translator = Translator.load(spec["checkpoint"], device="cpu", precision=spec["precision"], beam=spec["beam"],
+                                 batch_size=spec["batch_size"])
     texts = Path(spec["input"]).read_text(encoding="utf-8").split("\n")[:-1]
     best, out = float("inf"), []
     for _ in range(spec["repeat"]):
@@ -128,13 +137,9 @@ def run_worker(engine: str, spec: dict, threads: int) -> dict:
 # ------------------------------------------------------------------ the benchmark
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.worker:
-        engine, spec = args.worker
-        figures = (_nmt_worker if engine == "nmt" else _ct2_worker)(json.loads(spec))
-        print(json.dumps({**figures, "peak_rss_mb": peak_rss_mb()}))
-        return
+def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
+    """Every engine of args (nmt at each --precision, CTranslate2 at each --quantization and
+    layout) on one test set: a row each with its speed, peak memory, BLEU and chrF."""
     sys.path.insert(0, str(ROOT))
     from nmt.checkpoint import load_checkpoint
     from nmt.config import config_from_dict
@@ -142,12 +147,12 @@ def main(argv: list[str] | None = None) -> None:
     from nmt.evaluate import score_corpus
     from nmt.textio import read_lines
 
-    decode = config_from_dict(load_checkpoint(args.checkpoint)["config"]).decode
+    decode = config_from_dict(load_checkpoint(checkpoint)["config"]).decode
     if not (decode.lenpen_style == "length" or (decode.lenpen_style == "none" and decode.lenpen == 0)):
         sys.exit(f"decode.lenpen_style {decode.lenpen_style}: CTranslate2 normalises by length only")
     lenpen = decode.lenpen if decode.lenpen_style == "length" else 0.0
     batch = args.batch_size or decode.batch_size
-    prefix = Path(args.data_dir) / args.test
+    prefix = Path(args.data_dir) / test
     src = list(read_lines(next(prefix.parent.glob(f"{prefix.name}.{args.src}*"))))
     ref = list(read_lines(next(prefix.parent.glob(f"{prefix.name}.{args.tgt}*"))))
     rows = []
@@ -155,33 +160,53 @@ def main(argv: list[str] | None = None) -> None:
         inp = Path(tmp) / "src.txt"
         inp.write_text("".join(s + "\n" for s in src), encoding="utf-8")
         base = {"input": str(inp), "beam": args.beam, "batch_size": batch, "repeat": args.repeat}
-        runs = [("nmt translate (fp32)", "nmt", {"checkpoint": args.checkpoint, "threads": args.threads}, None)]
+        runs = [(f"nmt translate ({p})", "nmt", {"checkpoint": checkpoint, "threads": args.threads, "precision": p}, None)
+                for p in args.precision.split(",")]
         for q in args.quantization.split(","):
             model_dir = Path(tmp) / q
-            export(args.checkpoint, model_dir, quantization=None if q == "float32" else q)
+            export(checkpoint, model_dir, quantization=None if q == "float32" else q)
             size = (model_dir / "model.bin").stat().st_size / 2**20
             layouts = [(args.threads, 1)] + [tuple(map(int, x.split("x"))) for x in args.layouts.split(",") if x]
             for inter, intra in layouts:
                 runs.append((f"CTranslate2 {q} ({inter}×{intra})", "ct2",
                              {"model_dir": str(model_dir), "inter": inter, "intra": intra, "lenpen": lenpen,
                               "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b}, size))
-        outputs = {}
+        outputs: dict[str, list[str]] = {}
         for name, engine, spec, size in runs:
             out = Path(tmp) / f"{len(outputs)}.txt"
             figures = run_worker(engine, {**base, **spec, "output": str(out)}, args.threads)
             hyps = out.read_text(encoding="utf-8").split("\n")[:-1]
             outputs[name] = hyps
-            bleu = score_corpus(hyps, [ref], metrics=("bleu",))[0].score
+            bleu, chrf = (s.score for s in score_corpus(hyps, [ref], metrics=("bleu", "chrf")))
             same = sum(a == b for a, b in zip(hyps, outputs[runs[0][0]], strict=True))
-            rows.append({"engine": name, "model_mb": size, "sentences": len(src), **figures,
-                         "sent_per_s": len(src) / figures["translate_s"], "bleu": bleu, "same_as_nmt": same})
-    print(f"{args.test}, {len(src)} sentences, beam {args.beam}, batch {batch}, lenpen {lenpen}, "
-          f"{args.threads} threads\n")
-    print("| engine | translate s | sent/s | process s | peak RSS MB | BLEU | identical to nmt |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+            rows.append({"checkpoint": checkpoint, "test": test, "engine": name, "model_mb": size,
+                         "sentences": len(src), "beam": args.beam, "batch_size": batch, "lenpen": lenpen,
+                         "threads": args.threads, **figures, "sent_per_s": len(src) / figures["translate_s"],
+                         "bleu": bleu, "chrf": chrf, "same_as_first": same})
+    return rows
+
+
+def caption(row: dict) -> str:
+    """What a row of measure() was measured on, in words."""
+    return (f"{row['test']}, {row['sentences']} sentences, beam {row['beam']}, batch {row['batch_size']}, "
+            f"lenpen {row['lenpen']}, {row['threads']} threads")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        engine, spec = args.worker
+        figures = (_nmt_worker if engine == "nmt" else _ct2_worker)(json.loads(spec))
+        print(json.dumps({**figures, "peak_rss_mb": peak_rss_mb()}))
+        return
+    rows = measure(args, args.checkpoint, args.test)
+    r0 = rows[0]
+    print(caption(r0) + "\n")
+    print(f"| engine | translate s | sent/s | process s | peak RSS MB | BLEU | chrF | identical to {r0['engine']} |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['engine']} | {r['translate_s']:.2f} | {r['sent_per_s']:.1f} | {r['process_s']:.1f} | "
-              f"{r['peak_rss_mb']:.0f} | {r['bleu']:.2f} | {r['same_as_nmt']} / {r['sentences']} |")
+              f"{r['peak_rss_mb']:.0f} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['same_as_first']} / {r['sentences']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
 

@@ -14,7 +14,8 @@ AVG=${AVG:-5}
 EXTRA=${EXTRA:-}
 TESTS=(test_2016_flickr test_2017_flickr)
 start=$(date +%s)
-say() { printf '\n== %s\n' "$*" >&2; }
+# shellcheck source=scripts/common.sh
+source "$(dirname "$0")/common.sh"
 
 say "1/5 data: Multi30k $SRC-$TGT into $DATA"
 bash scripts/get_multi30k.sh "$DATA" "$SRC" "$TGT"
@@ -34,12 +35,7 @@ nmt train "$CONFIG" --set data.dir="$BIN" --set data.source_lang="$SRC" --set da
   --run-dir "$RUN" $EXTRA
 
 say "4/5 nmt average-checkpoints --last $AVG"
-if [ ! -f "$RUN/checkpoint_avg.pt" ] || [ "$RUN/checkpoint_last.pt" -nt "$RUN/checkpoint_avg.pt" ]; then
-  n=$(ls "$RUN" | grep -cE '^checkpoint_[0-9]+\.pt$' || true)
-  nmt average-checkpoints "$RUN" --last "$(( n < AVG ? n : AVG ))" -o "$RUN/checkpoint_avg.pt"
-else
-  echo "reusing $RUN/checkpoint_avg.pt" >&2
-fi
+average_last "$RUN" "$AVG"
 
 say "5/5 nmt translate + nmt score"
 summary=()

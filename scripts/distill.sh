@@ -3,14 +3,16 @@
 # stage through the real CLI. The teacher is the model `make demo` trains
 # (runs/m30k_SRC_TGT/checkpoint_avg.pt: run `make demo` first). `nmt distill` translates
 # Multi30k train with it (resumable, in shards), filters the pairs, prepares them with the
-# teacher's vocabulary and trains the student (configs/student.yaml, 6 + 1 layers) on them; the
+# teacher's vocabulary and trains the student (configs/student.yaml: 6 + 1 layers, d_model 160) on them; the
 # student's last checkpoints are averaged, then teacher and student translate test_2016_flickr
 # and test_2017_flickr and are scored side by side. Re-running reuses what is done.
 # Settings (environment): SRC, TGT, DATA, TEACHER, CONFIG, OUT, AVG (checkpoints averaged),
 # BEAM (the teacher's beam while distilling, 5), NBEST (1: the teacher's best; N: the best of N
 # by sentence chrF against the reference), EXTRA (more `nmt distill` options, e.g.
 # EXTRA="--set train.max_time=600"), THREADS (CPU threads of the teacher's and the tests'
-# translations; default nmt's own).
+# translations; default nmt's own), REFERENCE (1: also train the student's config on the original
+# references, prepared with the teacher's vocabulary, in OUT_reference: the baseline that shows
+# what distillation adds at the same config and minutes; it doubles the script's time).
 # SMOKE=1: every stage on the first 300 training lines (3 shards; 50 of val and of each test set), the
 # student configs/tiny.yaml for 30 updates: a check of the script in about a minute, not a student.
 set -euo pipefail
@@ -24,22 +26,28 @@ BEAM=${BEAM:-5}
 NBEST=${NBEST:-1}
 EXTRA=${EXTRA:-}
 THREADS=${THREADS:-}
+REFERENCE=${REFERENCE:-0}
 TESTS=(test_2016_flickr test_2017_flickr)
 if [ "$SMOKE" = 1 ]; then
   CONFIG=${CONFIG:-configs/tiny.yaml}
   OUT=${OUT:-runs/distill_smoke_${SRC}_${TGT}}
   THREADS=${THREADS:-1}  # tiny models: a second thread only waits on a shared machine
-  EXTRA="--shard-lines 100 --set train.max_updates=30 --set train.save_interval_updates=10 --set train.threads=1 $EXTRA"
+  SETS="--set train.max_updates=30 --set train.save_interval_updates=10 --set train.threads=1"
+  EXTRA="--shard-lines 100 $SETS $EXTRA"
+  REF_EXTRA="$SETS ${REF_EXTRA:-}"
 else
   CONFIG=${CONFIG:-configs/student.yaml}
   OUT=${OUT:-runs/distill_${SRC}_${TGT}}
 fi
 RUN=$OUT/run
+REF=${OUT}_reference
+REF_EXTRA=${REF_EXTRA:-}  # more `nmt train` options for the reference student (--set ...)
 THREAD_FLAGS=()
 [ -n "$THREADS" ] && THREAD_FLAGS=(--threads "$THREADS")
 EVAL=${OUT}_eval  # test sets, translations and scores (OUT itself is nmt distill's)
 start=$(date +%s)
-say() { printf '\n== %s\n' "$*" >&2; }
+# shellcheck source=scripts/common.sh
+source "$(dirname "$0")/common.sh"
 
 say "1/4 data: Multi30k $SRC-$TGT into $DATA; teacher $TEACHER"
 bash scripts/get_multi30k.sh "$DATA" "$SRC" "$TGT"
@@ -64,15 +72,26 @@ say "2/4 nmt distill -> $OUT (resumes, or reuses what is done)"
 nmt distill --teacher "$TEACHER" -s "$SRC" -t "$TGT" --trainpref "$TRAIN" --validpref "$VAL" \
   --out "$OUT" --config "$CONFIG" --beam "$BEAM" --nbest "$NBEST" ${THREAD_FLAGS[@]+"${THREAD_FLAGS[@]}"} $EXTRA
 
-say "3/4 nmt average-checkpoints --last $AVG"
-if [ ! -f "$RUN/checkpoint_avg.pt" ] || [ "$RUN/checkpoint_last.pt" -nt "$RUN/checkpoint_avg.pt" ]; then
-  n=$(ls "$RUN" | grep -cE '^checkpoint_[0-9]+\.pt$' || true)
-  nmt average-checkpoints "$RUN" --last "$(( n < AVG ? n : AVG ))" -o "$RUN/checkpoint_avg.pt"
-else
-  echo "reusing $RUN/checkpoint_avg.pt" >&2
+if [ "$REFERENCE" = 1 ]; then
+  say "2b/4 the reference: $CONFIG on the original references -> $REF (resumes, or says it is finished)"
+  if [ ! -f "$REF/data-bin/prepare.json" ]; then
+    nmt prepare-bpe --source-lang "$SRC" --target-lang "$TGT" --trainpref "$TRAIN" --validpref "$VAL" \
+      --tokenizer-from "$TEACHER" --destdir "$REF/data-bin"
+  else
+    echo "reusing $REF/data-bin" >&2
+  fi
+  # shellcheck disable=SC2086
+  nmt train "$CONFIG" --set data.dir="$REF/data-bin" --set data.source_lang="$SRC" --set data.target_lang="$TGT" \
+    --run-dir "$REF/run" $REF_EXTRA
 fi
 
-say "4/4 nmt translate + nmt score: teacher and student"
+say "3/4 nmt average-checkpoints --last $AVG"
+average_last "$RUN" "$AVG"
+if [ "$REFERENCE" = 1 ]; then average_last "$REF/run" "$AVG"; fi
+
+MODELS=(teacher student)
+if [ "$REFERENCE" = 1 ]; then MODELS+=(reference); fi
+say "4/4 nmt translate + nmt score: ${MODELS[*]}"
 summary=()
 for t in "${TESTS[@]}"; do
   if [ "$SMOKE" = 1 ]; then
@@ -83,9 +102,12 @@ for t in "${TESTS[@]}"; do
     gzip -dc "$DATA/$t.$TGT.gz" > "$EVAL/$t.ref.$TGT"
   fi
   lines=$(wc -l < "$EVAL/$t.$SRC")
-  for who in teacher student; do
-    ck=$TEACHER
-    [ "$who" = student ] && ck=$RUN/checkpoint_avg.pt
+  for who in "${MODELS[@]}"; do
+    case $who in
+      teacher) ck=$TEACHER ;;
+      student) ck=$RUN/checkpoint_avg.pt ;;
+      reference) ck=$REF/run/checkpoint_avg.pt ;;
+    esac
     t0=$(date +%s%N)
     nmt translate --checkpoint "$ck" ${THREAD_FLAGS[@]+"${THREAD_FLAGS[@]}"} < "$EVAL/$t.$SRC" > "$EVAL/$t.$who.$TGT"
     ms=$(( ($(date +%s%N) - t0) / 1000000 ))

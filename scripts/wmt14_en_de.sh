@@ -29,7 +29,8 @@ while [ $# -gt 0 ]; do
 done
 RAW=$WORK/raw BIN=$WORK/data-bin RUN=$WORK/run_$MODEL
 mkdir -p "$RAW"
-say() { printf '\n== %s\n' "$*" >&2; }
+# shellcheck source=scripts/common.sh
+source "$HERE/scripts/common.sh"
 
 if [ $SMOKE -eq 1 ]; then
   say "smoke: a few hundred Multi30k lines stand in for WMT'14"

@@ -407,18 +407,55 @@ def test_the_same_text_elsewhere_resumes(translated, trained_checkpoint, corpus,
     assert nmt_here(*args) == 0 and calls == []
 
 
+def test_the_student_is_an_ordinary_checkpoint(translated, trained_checkpoint, corpus, raw_corpus, tmp_path):
+    """What a user does with a distilled student (deep encoder, one decoder layer) works
+    through the CLI: averaging its last checkpoints, `translate --precision int8`, and `export`
+    to CTranslate2, float32 and int8, which loads and translates every line."""
+    import shutil
+
+    import ctranslate2
+
+    out = tmp_path / "d"
+    shutil.copytree(translated, out)
+    student = [*STUDENT, "--set", "train.save_interval_updates=1", "--set", "model.encoder_layers=3",
+               "--set", "model.decoder_layers=1"]
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, *student)) == 0
+    run, avg = out / "run", tmp_path / "avg.pt"
+    assert nmt_here("average-checkpoints", str(run), "--last", "3", "-o", str(avg)) == 0
+    loaded = load_model_checkpoint(avg)
+    assert (loaded.config.model.encoder_layers, loaded.config.model.decoder_layers) == (3, 1)
+    texts = raw_corpus.lines("test", "en")[:8]
+    (tmp_path / "in.en").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    for precision in ("fp32", "int8"):
+        hyp = tmp_path / f"{precision}.de"
+        assert nmt_here("translate", "-c", str(avg), "-i", str(tmp_path / "in.en"), "-o", str(hyp), "--device", "cpu",
+                        "--precision", precision, "--max-len-a", "0", "--max-len-b", "8") == 0
+        assert len(lines_of(hyp)) == len(texts)
+    tok = loaded.tokenizer
+    for quantization in ("float32", "int8"):
+        model_dir = tmp_path / f"ct2_{quantization}"
+        assert nmt_here("export", str(avg), str(model_dir), "--quantization", quantization) == 0
+        results = ctranslate2.Translator(str(model_dir), device="cpu").translate_batch(
+            [[tok.piece(i) for i in tok.encode(t)] for t in texts], beam_size=5, max_decoding_length=8)
+        assert len(results) == len(texts) and all(r.hypotheses[0] for r in results)
+
+
 # ------------------------------------------------------------------ the student's config
 
 
-def test_the_student_config_is_the_demo_model_with_a_deep_encoder_and_a_shallow_decoder():
+def test_the_student_config_is_the_demo_model_narrower_with_a_deep_encoder_and_a_shallow_decoder():
     """configs/student.yaml trains as configs/multi30k.yaml does (budget, batches, schedule,
-    width, decoding): only the layer counts and the run directory differ, with more encoder
-    and fewer decoder layers than the teacher."""
+    heads, decoding): only the shape and the run directory differ: more encoder and fewer
+    decoder layers than the teacher, and no wider (the feed-forward 4 times the width, as
+    the teacher's)."""
     student, teacher = (config_to_dict(load_config(ROOT / f"configs/{name}.yaml")) for name in ("student", "multi30k"))
     for cfg in (student, teacher):
         cfg["train"].pop("run_dir")
-    layers = {key: (student["model"].pop(key), teacher["model"].pop(key)) for key in ("encoder_layers",
-                                                                                     "decoder_layers")}
+    shape = {key: (student["model"].pop(key), teacher["model"].pop(key))
+             for key in ("encoder_layers", "decoder_layers", "d_model", "ffn_dim")}
     assert student == teacher
-    assert layers["encoder_layers"][0] > layers["encoder_layers"][1]
-    assert layers["decoder_layers"][0] < layers["decoder_layers"][1]
+    assert shape["encoder_layers"][0] > shape["encoder_layers"][1]
+    assert shape["decoder_layers"][0] < shape["decoder_layers"][1]
+    assert shape["d_model"][0] <= shape["d_model"][1]
+    assert [ffn / width for ffn, width in zip(shape["ffn_dim"], shape["d_model"], strict=True)] == [4, 4]
+    assert shape["d_model"][0] % student["model"]["heads"] == 0

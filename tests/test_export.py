@@ -38,6 +38,7 @@ VARIANTS = {
     "learned positions": {"learned_positions": True},
     "untied source embeddings": {"share_embeddings": False},
     "odd head size, 3 layers": {"d_model": 36, "heads": 3, "encoder_layers": 3, "decoder_layers": 2},
+    "deep encoder, one decoder layer (a distilled student)": {"encoder_layers": 4, "decoder_layers": 1},
     # issue 26: the options of Marian / Hugging Face MarianMT models
     "marian: swish, untied output with bias, zero start, eps 1e-6": {
         "activation": "swish", "tie_output": False, "output_bias": True, "decoder_start": "zeros",

@@ -4,8 +4,9 @@
   with 2 gloo processes, averaging, translate, score) on a few hundred Multi30k lines.
 - scripts/demo.sh (what `make demo` runs) with a reduced training budget: the model must
   reach a validation BLEU floor that a broken model (or one that learned nothing) cannot.
-- scripts/distill.sh SMOKE=1 (what `make distill` runs, on 300 lines with a tiny student and
-  the tests' small trained model as the teacher): every stage, and a rerun that reuses them.
+- scripts/distill.sh SMOKE=1 REFERENCE=1 (what `make distill` runs, on 300 lines with a tiny
+  student and the tests' small trained model as the teacher, plus the student trained on the
+  original references): every stage, and a rerun that reuses them.
 """
 
 import json
@@ -75,20 +76,28 @@ def test_demo_pipeline_reaches_a_bleu_floor(tmp_path, src, tgt):
 @pytest.mark.slow
 def test_distill_recipe_smoke(tmp_path, trained_checkpoint):
     need_multi30k()
-    env = script_env() | {"SMOKE": "1", "DATA": str(tmp_path / "data"), "OUT": str(tmp_path / "d"),
+    env = script_env() | {"SMOKE": "1", "REFERENCE": "1", "DATA": str(tmp_path / "data"), "OUT": str(tmp_path / "d"),
                           "TEACHER": str(trained_checkpoint)}
     r = subprocess.run(["bash", str(ROOT / "scripts/distill.sh")], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = (tmp_path / "d_eval/summary.txt").read_text()
     for test in ("test_2016_flickr", "test_2017_flickr"):
-        for who in ("teacher", "student"):
+        for who in ("teacher", "student", "reference"):
             assert f"{test} {who}: BLEU = " in summary
             assert len((tmp_path / f"d_eval/{test}.{who}.de").read_text().splitlines()) == 50
     report = json.loads((tmp_path / "d/distill.json").read_text())
     assert report["lines"] == 300 and report["train"]["update"] == 30
     assert (tmp_path / "d/run/checkpoint_avg.pt").exists()
+    # the reference: the same config on the original lines, with the teacher's vocabulary
+    ref_prepared = json.loads((tmp_path / "d_reference/data-bin/prepare.json").read_text())
+    assert ref_prepared["splits"]["train"]["kept"] == 300
+    assert (tmp_path / "d_reference/data-bin/spm.model").read_bytes() == (tmp_path / "d/data-bin/spm.model").read_bytes()
+    saved = sorted(p.name for p in (tmp_path / "d_reference/run").glob("checkpoint_[0-9]*.pt"))
+    assert saved[-1] == "checkpoint_30.pt", saved  # the student's 30 updates, as in SMOKE's settings
+    assert (tmp_path / "d_reference/run/checkpoint_avg.pt").exists()
     # a second run translates and trains nothing again
     r2 = subprocess.run(["bash", str(ROOT / "scripts/distill.sh")], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
-    assert r2.returncode == 0 and "all 3 shards" in r2.stderr and "already finished" in r2.stderr
+    assert r2.returncode == 0 and "all 3 shards" in r2.stderr and r2.stderr.count("already finished") == 2
+    assert "reusing " + str(tmp_path / "d_reference/data-bin") in r2.stderr
