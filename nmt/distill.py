@@ -60,7 +60,7 @@ from nmt.atomic import (
 from nmt.checkpoint import load_model_checkpoint
 from nmt.config import Config, load_config
 from nmt.data import META_FILE
-from nmt.errors import NmtError
+from nmt.errors import NmtError, require
 from nmt.evaluate import sentence_scores
 from nmt.options import SENTENCE_METRICS, DistillOptions, PrepareOptions, TranslateOptions
 from nmt.prepare import Split, find_splits, input_files, prepare_bpe
@@ -220,17 +220,13 @@ def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
 
 
 def _check_options(opts: DistillOptions) -> None:
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise NmtError(msg)
-
-    need(bool(opts.teachers), "give the teacher: --teacher CHECKPOINT (repeat it for an ensemble)")
-    need(bool(opts.source_lang) and bool(opts.target_lang), "--source-lang and --target-lang are required")
-    need(opts.source_lang != opts.target_lang, "--source-lang and --target-lang must differ")
-    need(opts.nbest >= 1, f"--nbest must be at least 1, got {opts.nbest}")
-    need(opts.select in SENTENCE_METRICS,
-         f"--select must be one of {', '.join(SENTENCE_METRICS)}, got {opts.select!r}")
-    need(opts.shard_lines >= 1, f"--shard-lines must be at least 1, got {opts.shard_lines}")
+    require(bool(opts.teachers), "give the teacher: --teacher CHECKPOINT (repeat it for an ensemble)")
+    require(bool(opts.source_lang) and bool(opts.target_lang), "--source-lang and --target-lang are required")
+    require(opts.source_lang != opts.target_lang, "--source-lang and --target-lang must differ")
+    require(opts.nbest >= 1, f"--nbest must be at least 1, got {opts.nbest}")
+    require(opts.select in SENTENCE_METRICS,
+            f"--select must be one of {', '.join(SENTENCE_METRICS)}, got {opts.select!r}")
+    require(opts.shard_lines >= 1, f"--shard-lines must be at least 1, got {opts.shard_lines}")
 
 
 def _prepare_options(opts: DistillOptions, trainpref: str, destdir: Path, force: bool = False) -> PrepareOptions:

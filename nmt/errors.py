@@ -11,3 +11,9 @@ class NmtError(Exception):
 
 class ConfigError(NmtError):
     """A config file or `--set` override that cannot be used; the message names the key."""
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise NmtError(message) unless `ok`: the options checks of the commands."""
+    if not ok:
+        raise NmtError(message)

@@ -116,7 +116,6 @@ class TranslateOptions:
 
 
 
-
 #: the sentence-level scores (higher is better) of `distill --select`, computed by `nmt.evaluate.sentence_scores`
 SENTENCE_METRICS = ("chrf", "bleu")
 

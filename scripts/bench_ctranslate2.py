@@ -42,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
 from bench_translate import add_test_set_args  # noqa: E402
 
 
@@ -140,7 +141,6 @@ def run_worker(engine: str, spec: dict, threads: int) -> dict:
 def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
     """Every engine of args (nmt at each --precision, CTranslate2 at each --quantization and
     layout) on one test set: a row each with its speed, peak memory, BLEU and chrF."""
-    sys.path.insert(0, str(ROOT))
     from nmt.checkpoint import load_checkpoint
     from nmt.config import config_from_dict
     from nmt.convert.ctranslate2 import export

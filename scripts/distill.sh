@@ -27,6 +27,7 @@ NBEST=${NBEST:-1}
 EXTRA=${EXTRA:-}
 THREADS=${THREADS:-}
 REFERENCE=${REFERENCE:-0}
+REF_EXTRA=${REF_EXTRA:-}  # more `nmt train` options for the reference student (--set ...)
 TESTS=(test_2016_flickr test_2017_flickr)
 if [ "$SMOKE" = 1 ]; then
   CONFIG=${CONFIG:-configs/tiny.yaml}
@@ -34,14 +35,13 @@ if [ "$SMOKE" = 1 ]; then
   THREADS=${THREADS:-1}  # tiny models: a second thread only waits on a shared machine
   SETS="--set train.max_updates=30 --set train.save_interval_updates=10 --set train.threads=1"
   EXTRA="--shard-lines 100 $SETS $EXTRA"
-  REF_EXTRA="$SETS ${REF_EXTRA:-}"
+  REF_EXTRA="$SETS $REF_EXTRA"
 else
   CONFIG=${CONFIG:-configs/student.yaml}
   OUT=${OUT:-runs/distill_${SRC}_${TGT}}
 fi
 RUN=$OUT/run
 REF=${OUT}_reference
-REF_EXTRA=${REF_EXTRA:-}  # more `nmt train` options for the reference student (--set ...)
 THREAD_FLAGS=()
 [ -n "$THREADS" ] && THREAD_FLAGS=(--threads "$THREADS")
 EVAL=${OUT}_eval  # test sets, translations and scores (OUT itself is nmt distill's)
