@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -24,7 +25,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from nmt.errors import NmtError
 
@@ -359,3 +360,88 @@ def open_regular_file(path: Path, flags: int, what: str, *, create: bool = True)
         os.close(fd)
         raise NmtError(f"{path}: {what} is not a regular file; remove it")
     return fd
+
+
+# ------------------------------------------------------------------ reading: regular files only
+
+# what nmt reads whole into memory (a config, a vocabulary, a tokenizer, a manifest) is refused
+# past this size: a symlink to /dev/zero or a runaway file must not read until memory runs out
+READ_LIMIT = 1 << 30
+
+
+def open_for_reading(path: str | Path, what: str, limit: int | None = READ_LIMIT) -> BinaryIO:
+    """`path` open for reading, refused in one line naming it unless it is a regular file of at
+    most `limit` bytes (None: any size). Symbolic links are followed (a Hugging Face cache links
+    every file to a blob); what they reach must be a regular file. A FIFO or a device would block
+    or never end: they are opened without blocking (O_NONBLOCK), looked at with fstat, refused.
+    A missing file raises FileNotFoundError for the caller to word."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno == errno.EISDIR:
+            raise NmtError(f"{path}: {what} is a directory, not a file") from None
+        raise NmtError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise NmtError(f"{path}: {what} is a directory, not a file")
+        raise NmtError(f"{path}: {what} is not a regular file (a FIFO, a device or a socket)")
+    if limit is not None and st.st_size > limit:
+        os.close(fd)
+        raise NmtError(f"{path}: {what} is {st.st_size:,} bytes, more than nmt reads ({limit:,})")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: str | Path, what: str, limit: int | None = READ_LIMIT) -> bytes:
+    """The bytes of `path` under `open_for_reading`'s rule; a missing file raises
+    FileNotFoundError, a read error NmtError naming the file."""
+    with open_for_reading(path, what, limit) as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise NmtError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+
+
+# ------------------------------------------------------------------ a directory's lock
+
+
+class DirectoryLock:
+    """An advisory lock (flock) on a file in a directory, which holds the holder's pid for the
+    message of the next comer. The kernel drops a flock when the process ends, however it ends
+    (`kill -9` included): no stale lock to clean up. The file itself stays."""
+
+    def __init__(self, fd: int):
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the only descriptor releases the flock
+            self.fd = None
+
+    def __enter__(self) -> DirectoryLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_directory(path: Path, name: str, what: str, busy: str) -> DirectoryLock:
+    """Lock the directory `path` (which must exist) for this process through its file `name` (a
+    regular file, never followed through a symbolic link: `open_regular_file`, named as `what`),
+    or raise the NmtError `{path}: {busy}`, `busy` with `{pid}` for the holder's: `nmt train`'s
+    run directory (`train.lock`), `nmt distill`'s --out (`distill.lock`)."""
+    fd = open_regular_file(path / name, os.O_RDWR, what)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise NmtError(f"{path}: {busy.format(pid=holder)}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return DirectoryLock(fd)

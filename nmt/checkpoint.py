@@ -172,6 +172,9 @@ def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
         return None
     last = run_dir / "checkpoint_last.pt"
     numbered = list(reversed(list_update_checkpoints(run_dir)))
+    for path in [last, *(path for _, path in numbered)]:  # a run directory's files are its own (training.rundir)
+        if path.is_symlink():
+            raise NmtError(f"{path}: a checkpoint is a symbolic link, which nmt does not follow; remove it")
     failures: list[str] = []
     state, source = None, last
     if last.is_file():

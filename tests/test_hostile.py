@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -138,6 +139,20 @@ def test_a_lock_that_is_not_a_regular_file_is_refused_and_nothing_is_written_thr
     code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir))
     assert_one_line(code, err, str(lock), "symbolic link" if planted == "symlink" else "regular file")
     assert victim.read_text() == "precious\n" and not (run_dir / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "train.log", "config.yaml", "spm.model", "checkpoint_1.pt"])
+def test_no_file_of_a_run_directory_is_written_through_a_symlink(prepared, tmp_path, capfd, name):
+    """Issue 33: `ln -s victim RUN/metrics.jsonl` (or train.log) made training cut the victim's
+    last line and append its records; a checkpoint, config.yaml or spm.model was replaced
+    through the link. Each is refused in one line naming it, and the victim is untouched."""
+    run_dir, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run_dir.mkdir()
+    victim.write_bytes(b"precious\nlast line without a newline")
+    (run_dir / name).symlink_to(victim)
+    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir))
+    assert_one_line(code, err, str(run_dir / name), "symbolic link")
+    assert victim.read_bytes() == b"precious\nlast line without a newline"
 
 
 def test_the_last_run_marker_is_not_written_through_a_symlink(prepared, tmp_path, caplog):
@@ -496,46 +511,69 @@ def test_a_reader_that_goes_away_ends_translate_quietly(ckpt, tmp_path):
 
 
 def _started_on_a_fifo(ckpt: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Any]:
-    """translate reading a named pipe: once we have opened its other end, nmt is past its start-up."""
+    """translate reading a named pipe, past its start-up: a first line written to the pipe has
+    been translated (`--buffer-lines 1`: its line on stdout, or in -o's temporary), so the model is loaded and the
+    command waits for more input. Opening the pipe is no such sign: translate opens its input
+    before it loads the model. Under load start-up can be slow, so the wait is long, and a
+    translate that never gets there is killed and reported, never waited for without end."""
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(fifo), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(fifo),
+                             "--buffer-lines", "1", *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
+
+    def fail(what: str) -> None:
+        proc.kill()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"translate {what} (exit {proc.returncode}): {out!r} {err!r}")
+
     while True:  # opened without blocking: a translate that exits early must not hang the test
         try:
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             break
         except OSError:  # ENXIO: no reader yet
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            if proc.poll() is not None or time.monotonic() > deadline:
+                fail("never opened its input")
             time.sleep(0.01)
     os.set_blocking(fd, True)
-    return proc, os.fdopen(fd, "w")
+    writer = os.fdopen(fd, "w")
+    writer.write("A dog runs.\n")
+    writer.flush()
+    output = Path(args[args.index("-o") + 1]) if "-o" in args else None
+    while not (select.select([proc.stdout], [], [], 0.05)[0] if output is None else
+               any(p.stat().st_size for p in output.parent.glob(f".{output.name}.tmp-*"))):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            writer.close()
+            fail("never translated its first line")
+        time.sleep(0.01)
+    return proc, writer
+
+
+def _stopped_by(proc: subprocess.Popen, writer: Any, sig: int) -> str:
+    """Send `sig`, then the command's stderr once it has ended (killed after 120 s)."""
+    try:
+        proc.send_signal(sig)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"translate did not stop within 120 s of signal {sig}: {proc.communicate(timeout=60)!r}")
+    finally:
+        writer.close()
+    return err
 
 
 def test_ctrl_c_in_translate_says_so_and_exits_130(ckpt, tmp_path):
     proc, writer = _started_on_a_fifo(ckpt, tmp_path)
-    try:
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        writer.close()
+    err = _stopped_by(proc, writer, signal.SIGINT)
     assert_one_line(proc.returncode, err, "interrupted", status=130)
 
 
 def test_sigterm_in_translate_leaves_no_temporary_and_exits_143(ckpt, tmp_path):
     proc, writer = _started_on_a_fifo(ckpt, tmp_path, "-o", str(tmp_path / "out.txt"))
-    try:
-        deadline = time.monotonic() + 60
-        while not list(tmp_path.glob(".out.txt.tmp-*")) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert list(tmp_path.glob(".out.txt.tmp-*")), "translate never started its output"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        writer.close()
+    err = _stopped_by(proc, writer, signal.SIGTERM)
     assert_one_line(proc.returncode, err, "SIGTERM", status=143)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fifo"]
 

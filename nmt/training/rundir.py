@@ -4,24 +4,32 @@ It holds `config.yaml` (resolved), `spm.model`, `train.log`, `metrics.jsonl` and
 checkpoints (`checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint_<update>.pt`). Only
 rank 0 opens it, and holds its lock (`train.lock`) while it is open: a second `nmt train`
 on the same directory stops with one line naming the directory and the holder's pid. The
-lock and `.nmt-last-run` are written only as regular files, never through a symbolic link
-(`open_regular_file`). Every write error on it is an NmtError naming the file.
+lock, `train.log`, `metrics.jsonl` and `.nmt-last-run` are opened only as regular files, never
+through a symbolic link (`open_regular_file`), and a file replaced whole (a checkpoint,
+`config.yaml`, `spm.model`) is refused when a link stands in its place: a link planted in a
+shared runs/ folder would otherwise have training cut or overwrite whatever file it names.
+Every write error on it is an NmtError naming the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import logging
 import os
-import sys
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from nmt import checkpoint as ckpt
-from nmt.atomic import atomic_write_bytes, clean_temporaries, open_regular_file, write_all
+from nmt.atomic import (
+    DirectoryLock,
+    atomic_write_bytes,
+    clean_temporaries,
+    lock_directory,
+    open_regular_file,
+    write_all,
+)
 from nmt.config import Config, dump_config
 from nmt.errors import NmtError
 
@@ -48,34 +56,12 @@ def run_dir_of_config(config: Path, cfg: Config, run_dir_given: bool) -> Config:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, run_dir=str(own)))
 
 
-class RunDirLock:
-    """An advisory lock (flock) on RUN/train.lock, which holds the holder's pid for the message
-    of the next comer. The kernel drops a flock when the process ends, however it ends
-    (`kill -9` included): no stale lock to clean up. The file itself stays."""
-
-    def __init__(self, fd: int):
-        self.fd: int | None = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the only descriptor releases the flock
-            self.fd = None
-
-
-def lock_run_dir(path: Path) -> RunDirLock:
+def lock_run_dir(path: Path) -> DirectoryLock:
     """Lock the run directory `path` (which must exist) for this process, or raise an NmtError
     naming it and the pid of the process that holds it."""
-    fd = open_regular_file(path / LOCK_FILE, os.O_RDWR, "the run directory's lock")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        raise NmtError(f"{path}: another nmt train (pid {holder}) is using this run directory; "
-                       "wait for it to finish, stop it, or choose another train.run_dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return RunDirLock(fd)
+    return lock_directory(path, LOCK_FILE, "the run directory's lock",
+                          "another nmt train (pid {pid}) is using this run directory; wait for it to finish, "
+                          "stop it, or choose another train.run_dir")
 
 
 class RunDir:
@@ -83,10 +69,10 @@ class RunDir:
 
     def __init__(self, path: Path, tensorboard: bool = False):
         self.path, self.tensorboard = path, tensorboard
-        self.metrics_file: Any = None
+        self.metrics_fd: int | None = None
         self._board: Any = None  # a torch.utils.tensorboard SummaryWriter with train.tensorboard
         self._log_handler: logging.Handler | None = None
-        self._lock: RunDirLock | None = None
+        self._lock: DirectoryLock | None = None
 
     def open(self, spm_model: bytes) -> None:
         """Create the run directory, clean up after a killed run, open train.log and metrics.jsonl,
@@ -98,21 +84,18 @@ class RunDir:
         self._lock = lock_run_dir(self.path)  # before anything in it is touched
         clean_temporaries(self.path)
         log_path, metrics_path = self.path / "train.log", self.path / "metrics.jsonl"
+        handler = _RunLogHandler(log_path)
+        handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+        logging.getLogger().addHandler(handler)
+        self._log_handler = handler
+        self.metrics_fd = open_regular_file(metrics_path, os.O_RDWR | os.O_APPEND, "metrics")
         try:
-            handler = _RunLogHandler(log_path)
-            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
-            logging.getLogger().addHandler(handler)
-            self._log_handler = handler
-        except OSError as e:
-            raise NmtError(f"{log_path}: cannot write the training log ({e.strerror or e})") from None
-        try:
-            _drop_partial_last_line(metrics_path)
-            self.metrics_file = open(metrics_path, "a", encoding="utf-8")
+            _drop_partial_last_line(self.metrics_fd, metrics_path)
         except OSError as e:
             raise NmtError(f"{metrics_path}: cannot write metrics ({e.strerror or e})") from None
         if self.tensorboard:
             self._board = _summary_writer(self.path / "tensorboard")
-        spm = self.path / "spm.model"
+        spm = _own_file(self.path / "spm.model", "the sentencepiece model")
         if not spm.exists():
             atomic_write_bytes(spm_model, spm, "the sentencepiece model")
         _record_last_run(self.path)
@@ -121,10 +104,10 @@ class RunDir:
         """Close metrics.jsonl, detach train.log (train() may run again in this process) and
         release the lock. Write errors are ignored here: the one that stopped training has been
         reported."""
-        if self.metrics_file is not None:
+        if self.metrics_fd is not None:
             with suppress(OSError):
-                self.metrics_file.close()
-            self.metrics_file = None
+                os.close(self.metrics_fd)
+            self.metrics_fd = None
         if self._board is not None:
             with suppress(OSError):
                 self._board.close()
@@ -140,12 +123,11 @@ class RunDir:
 
     def emit(self, record: dict[str, Any]) -> None:
         """Append one JSON line to metrics.jsonl (nothing where it is not open: ranks > 0)."""
-        if self.metrics_file is not None:
+        if self.metrics_fd is not None:
             try:
-                self.metrics_file.write(json.dumps(record) + "\n")
-                self.metrics_file.flush()
+                write_all(self.metrics_fd, (json.dumps(record) + "\n").encode("utf-8"))
             except OSError as e:
-                raise NmtError(f"{self.metrics_file.name}: cannot write metrics ({e.strerror or e})") from None
+                raise NmtError(f"{self.path / 'metrics.jsonl'}: cannot write metrics ({e.strerror or e})") from None
         if self._board is not None:  # the same numbers as scalars "train/loss", "valid/valid_bleu", ...
             kind, step = record.get("type", "train"), record.get("update", 0)
             for key, value in record.items():
@@ -154,7 +136,8 @@ class RunDir:
             self._board.flush()
 
     def write_config(self, cfg: Config) -> None:
-        atomic_write_bytes(dump_config(cfg).encode("utf-8"), self.path / CONFIG_FILE, "the config")
+        config = _own_file(self.path / CONFIG_FILE, "the config")
+        atomic_write_bytes(dump_config(cfg).encode("utf-8"), config, "the config")
 
     def save_checkpoint(self, state: dict[str, Any], update: int, *, numbered: bool, best: bool,
                         keep_last: int) -> None:
@@ -168,6 +151,8 @@ class RunDir:
         every save, and resuming already falls back from a damaged last to the previous
         numbered checkpoint (docs/reliability.md)."""
         names = ([f"checkpoint_{update}.pt"] if numbered else []) + ["checkpoint_last.pt"]
+        for name in names + (["checkpoint_best.pt"] if best else []):
+            _own_file(self.path / name, "a checkpoint")
         if best:
             ckpt.atomic_save(state, self.path / "checkpoint_best.pt")
         first = self.path / names[0]
@@ -218,28 +203,47 @@ def _summary_writer(path: Path) -> Any:
         raise NmtError(f"{path}: cannot write TensorBoard logs ({e.strerror or e})") from None
 
 
-class _RunLogHandler(logging.FileHandler):
-    """train.log. A failed write (disk full) stops training with an NmtError naming the file,
-    where logging would print a traceback and carry on."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, OSError):
-            raise NmtError(f"{self.baseFilename}: cannot write the training log ({error.strerror or error})") from None
-        super().handleError(record)
+def _own_file(path: Path, what: str) -> Path:
+    """`path`, a file of the run directory about to be replaced whole, unless a symbolic link
+    stands there: replacing writes through a link, onto whatever file it names."""
+    if path.is_symlink():
+        raise NmtError(f"{path}: {what} is a symbolic link, which nmt does not follow; remove it")
+    return path
 
 
-def _drop_partial_last_line(path: Path) -> None:
+class _RunLogHandler(logging.Handler):
+    """train.log, appended to as a regular file (no link followed), a line a write. A failed
+    write (disk full) stops training with an NmtError naming the file, where logging would
+    print a traceback and carry on."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+        self.fd: int | None = open_regular_file(path, os.O_WRONLY | os.O_APPEND, "the training log")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.fd is None:
+            return
+        line = (self.format(record) + "\n").encode("utf-8", "replace")
+        try:
+            write_all(self.fd, line)
+        except OSError as e:
+            raise NmtError(f"{self.path}: cannot write the training log ({e.strerror or e})") from None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        super().close()
+
+
+def _drop_partial_last_line(fd: int, path: Path) -> None:
     """A run killed while writing metrics.jsonl may leave half a line; appending after it would
     glue the next record to it. Cut it off (a record is a few hundred bytes)."""
-    if not path.is_file():  # new, or not a regular file (a pipe, /dev/full)
-        return
-    with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        start = max(0, size - (1 << 16))
-        f.seek(start)
-        tail = f.read()
-        if tail and not tail.endswith(b"\n"):
-            cut = start + tail.rfind(b"\n") + 1
-            f.truncate(cut)
-            log.warning("%s: removed an incomplete last line (%d bytes) left by an interrupted run", path, size - cut)
+    size = os.fstat(fd).st_size
+    start = max(0, size - (1 << 16))
+    tail = os.pread(fd, size - start, start)
+    if tail and not tail.endswith(b"\n"):
+        cut = start + tail.rfind(b"\n") + 1
+        os.ftruncate(fd, cut)
+        log.warning("%s: removed an incomplete last line (%d bytes) left by an interrupted run", path, size - cut)
