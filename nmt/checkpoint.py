@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from nmt.atomic import FileArg, check_outputs, fsync_path, replacing, target
+from nmt.atomic import FileArg, check_outputs, fsync_path, open_for_reading, replacing, target
 from nmt.config import Config, changed_keys, config_from_dict
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
@@ -86,10 +86,10 @@ def load_checkpoint(
     """Load and check a checkpoint. `mmap=True` pages tensors in lazily (cheap for
     averaging when `train_state` is large)."""
     path = Path(path)
-    if path.is_dir():
-        raise NmtError(f"{path}: a directory, not a checkpoint file")
-    if not path.is_file():
-        raise NmtError(f"{path}: checkpoint not found")
+    try:
+        open_for_reading(path, "the checkpoint", None).close()  # a regular file: never a FIFO or a device
+    except FileNotFoundError:
+        raise NmtError(f"{path}: checkpoint not found") from None
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:

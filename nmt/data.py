@@ -23,6 +23,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from nmt.atomic import read_regular
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds
 
@@ -57,7 +58,7 @@ def read_meta(data_dir: str | Path) -> dict:
         raise NmtError(f"{data_dir}: data directory not found (data.dir; run nmt prepare-bpe)")
     path = data_dir / META_FILE
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(read_regular(path, "the prepare-bpe report").decode("utf-8"))
     except FileNotFoundError:
         raise NmtError(
             f"{path} not found: data.dir is not a directory written by nmt prepare-bpe"
@@ -92,7 +93,7 @@ def read_raw(data_dir: str | Path, split: str, lang: str) -> list[str]:
     """The cleaned text of a valid/test split (BLEU references, translation input)."""
     path = raw_path(data_dir, split, lang)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_regular(path, "the text", None).decode("utf-8")
     except OSError as e:
         raise NmtError(f"{path}: cannot read ({e.strerror})") from None
     return text.split("\n")[:-1]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt.atomic import FileArg, check_outputs, replacing, target
+from nmt.atomic import FileArg, check_outputs, open_for_reading, replacing, target
 from nmt.decoding.alignment import load_attention
 from nmt.errors import NmtError
 
@@ -138,18 +138,18 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
     integer `update`; a drawn field that is not a number within +-MAX_VALUE) is skipped, and
     one warning says how many, naming the file and the first one's line."""
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise NmtError(f"{run_dir}: no metrics.jsonl (not a run directory of nmt train?)")
     records: dict[tuple[str, int], dict[str, Any]] = {}
     bad, first_bad = 0, 0
     try:
-        with open(path, "rb") as f:
+        with open_for_reading(path, "metrics", None) as f:
             for lineno, line in enumerate(f, 1):
                 rec = _record(line)
                 if rec is not None:
                     records[(rec.get("type", "train"), rec["update"])] = rec
                 elif line.strip():
                     bad, first_bad = bad + 1, first_bad or lineno
+    except FileNotFoundError:
+        raise NmtError(f"{run_dir}: no metrics.jsonl (not a run directory of nmt train?)") from None
     except OSError as e:
         raise NmtError(f"{path}: cannot read ({e.strerror or e})") from None
     if bad:

@@ -130,7 +130,7 @@ def test_a_bad_init_from_is_one_line_and_writes_nothing(prepared, base, tmp_path
     paths = {"missing": tmp_path / "none.pt", "directory": base.parent, "not a checkpoint": tmp_path / "notes.txt",
              "model config": base}
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
-    needles = {"missing": "checkpoint not found", "directory": "a directory, not a checkpoint file",
+    needles = {"missing": "checkpoint not found", "directory": "is a directory, not a file",
                "not a checkpoint": "corrupt or truncated checkpoint",
                "model config": "model.ffn_dim is 64 in the checkpoint but 96 in this run's config"}
     model = {"ffn_dim": 96, "dropout": 0.2} if case == "model config" else {}

@@ -498,6 +498,25 @@ def test_standard_output_that_cannot_be_written_is_one_line(ckpt, tmp_path, comm
     assert_one_line(r.returncode, r.stderr.decode(), "standard output")
 
 
+@pytest.mark.parametrize("planted", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("role", ["checkpoint", "shortlist", "prepare.json", "metrics"])
+def test_a_file_read_whole_is_a_regular_file_never_a_fifo_or_a_device(prepared, ckpt, tmp_path, planted, role):
+    """Issue 33: a FIFO where nmt expects a file blocked forever, a link to /dev/zero read until
+    memory ran out. Every file nmt reads whole goes through `nmt.atomic.open_for_reading`."""
+    data = tmp_path / "data"
+    shutil.copytree(prepared[0], data)
+    path = {"checkpoint": tmp_path / "model.pt", "shortlist": tmp_path / "list.pt",
+            "prepare.json": data / "prepare.json", "metrics": tmp_path / "run" / "metrics.jsonl"}[role]
+    path.parent.mkdir(exist_ok=True)
+    path.unlink(missing_ok=True)
+    os.mkfifo(path) if planted == "fifo" else path.symlink_to("/dev/zero")
+    args = {"checkpoint": ["translate", "-c", str(path)], "shortlist": ["translate", "-c", str(ckpt), "--shortlist", str(path)],
+            "prepare.json": ["train", str(TINY), *tiny_sets(data, tmp_path / "r")],
+            "metrics": ["plot", "curves", str(path.parent), "-o", str(tmp_path / "c.png")]}[role]
+    r = nmt(*args, stdin="A dog.\n", timeout=120)
+    assert_one_line(r.returncode, r.stderr, str(path), "not a regular file")
+
+
 # ------------------------------------------------------------------ 6. broken pipes and signals
 
 

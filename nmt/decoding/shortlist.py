@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.atomic import FileArg, check_outputs, target
+from nmt.atomic import FileArg, check_outputs, open_for_reading, target
 from nmt.checkpoint import atomic_save
 from nmt.data import META_FILE, ParallelData, bin_path, idx_path, read_meta
 from nmt.errors import NmtError
@@ -204,9 +204,12 @@ def load_shortlist(path: str | Path, *, vocab_size: int, spm_sha256: str) -> Sho
     """Read a file written by `nmt shortlist` and check it belongs to the model's vocabulary."""
     path = Path(path)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with open_for_reading(path, "the shortlist", None) as f:
+            obj = torch.load(f, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise NmtError(f"{path}: shortlist file not found") from None
+    except NmtError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
         raise NmtError(f"{path}: not a shortlist written by `nmt shortlist` ({type(e).__name__})") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
