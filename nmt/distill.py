@@ -2,32 +2,25 @@
 the training data, and a student (smaller and faster: configs/student.yaml, a deep encoder and
 a shallow decoder) is trained on the teacher's translations instead of the references.
 
-A command rather than a documented recipe of `nmt translate`, `prepare-bpe` and `train`,
-because three of its steps are no existing command: translating a corpus in shards that
-survive a kill (`nmt translate -o` writes its output whole or not at all, so a killed
-translation of a big corpus would start again from its first line), keeping the best of an
-n-best list by its sentence chrF against the reference, and filtering degenerate
-translations. Everything else is called, not written again: `nmt.api.Translator` translates
-(beam, ensembles, n-best), `nmt.prepare.prepare_bpe` prepares the student's data with the
-teacher's vocabulary (`--tokenizer-from`) and its usual filter, and
-`nmt.training.trainer.train` trains the student and resumes it.
-
-The steps, in OUT (--out), each resumable; running the same command again does what is left:
+A command, not a recipe of `translate`, `prepare-bpe` and `train`, for the steps no command
+does: translating a corpus in shards that survive a kill, n-best selection against the
+reference, the filter of degenerate translations; the rest is called (`Translator`,
+`prepare_bpe`, `train`). The steps, in OUT (--out), each resumable:
 
 1. translate: the source side of --trainpref in shards of --shard-lines lines, each written
-   whole to OUT/shards/NNNNN.TGT when it is done (one line per source line: the teacher's
-   --nbest hypotheses, best first, tab-separated). Finished shards are never translated
-   again; the settings they were made with are in OUT/shards/manifest.json, and a run with
-   other settings is refused rather than mixing them.
+   whole to OUT/shards/NNNNN.TGT when done (a line per source line: the --nbest hypotheses).
 2. select and filter: per sentence the hypothesis with the best sentence --select score
-   against the reference (the teacher's best where --nbest is 1), then the degenerate-pair
-   rule (`degenerate`): OUT/distilled/train.SRC and train.TGT, and what each rule dropped in
-   OUT/distill.json.
-3. prepare: `prepare-bpe` of OUT/distilled/train (with its own filter: an empty side, a side
-   too long or too short, a token-length ratio above 3), --validpref and --testpref as they
-   are, with the first teacher's tokenizer: OUT/data-bin.
-4. train: the student's config (--config) with data.dir OUT/data-bin and train.run_dir
-   OUT/run; a run there resumes, as `nmt train` does.
+   against the reference, then the degenerate-pair rule (`degenerate`): OUT/distilled/.
+3. prepare: `prepare-bpe` of OUT/distilled/train, --validpref and --testpref: OUT/data-bin.
+4. train: --config on OUT/data-bin in OUT/run, resumed as `nmt train` resumes (its checks).
+
+OUT/manifest.json holds what steps 1 to 3 were made from (`_records`): every setting and the
+sha256 of the source, each teacher, the reference and the valid/test text. A rerun compares
+(issue 33: a teacher replaced at its path gave a student of the shards of both): finished
+shards of another teacher, text or setting are refused in one line naming it, never mixed;
+another --select, reference or valid/test text makes the later steps again from the same
+shards, but a student trained on other pairs is refused. All is checked before anything is
+written; then OUT is locked (distill.lock): a second distill there stops at once.
 """
 
 from __future__ import annotations
@@ -35,78 +28,62 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, NamedTuple
 
 from tqdm import tqdm
 
+from nmt import atomic
 from nmt.api import Translator
-from nmt.atomic import (
-    TEMPORARY,
-    FileArg,
-    atomic_write_bytes,
-    check_outputs,
-    clean_temporaries,
-    replacing,
-    write_all,
-)
-from nmt.checkpoint import load_model_checkpoint
-from nmt.config import Config, load_config
+from nmt.checkpoint import has_checkpoints, load_model_checkpoint
+from nmt.config import Config
 from nmt.data import META_FILE
-from nmt.errors import NmtError, require
+from nmt.decoding.predict import decode_autocast
+from nmt.errors import NmtError
 from nmt.evaluate import sentence_scores
-from nmt.options import SENTENCE_METRICS, DistillOptions, PrepareOptions, TranslateOptions
+from nmt.options import DistillOptions, PrepareOptions
 from nmt.prepare import Split, find_splits, input_files, prepare_bpe
 from nmt.textio import TextStats, open_bytes, read_lines
 from nmt.training.trainer import TrainResult, train
 
 log = logging.getLogger(__name__)
 
-REPORT = "distill.json"
-MANIFEST = "manifest.json"
+REPORT, MANIFEST, LOCK = "distill.json", "manifest.json", "distill.lock"
+FORMAT_VERSION = 2  # of the manifest; 1 (in OUT/shards/) held the teachers' paths, not their content
+STEPS = ("translate", "select", "prepare")  # the manifest's records, each step made from the one before
+SMALL = 1 << 20  # the manifest and the reports distill reads are a few kB
 FILTER_RULES = ("copy", "repeat")  # checked in this order; a pair is counted under the first that applies
 REPEATS = 4  # a word n-gram this many times in a row makes a translation degenerate ...
 MAX_NGRAM = 4  # ... for n-grams of 1 to this many words
-# the options that the manifest's keys come from, for messages; the keys a rerun need not match
-# (shards are the translations of a text, wherever it is now)
-_MANIFEST_OPTIONS = {"source_sha256": "--trainpref", "lines": "--trainpref",
-                     "shard_lines": "--shard-lines", "nbest": "--nbest", "beam": "--beam", "teachers": "--teacher",
-                     "precision": "--precision"}
-_INFORMATIONAL = {"source"}
+# the options a record's keys come from, for messages; JSON's types, named
+_OPTIONS = {"lines": "--trainpref", "shard_lines": "--shard-lines", "nbest": "--nbest", "beam": "--beam",
+            "precision": "--precision", "metric": "--select"}
+_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "true or false", int: "an integer",
+          float: "a number", type(None): "null"}
+_BUSY = "another nmt distill (pid {pid}) is using this directory; wait for it to finish, stop it, or choose another --out"
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where each step writes, in OUT."""
+class Job(NamedTuple):
+    """A distillation checked before anything is written (`_checked`); its files in OUT first."""
 
+    opts: DistillOptions
     out: Path
-
-    @property
-    def shards(self) -> Path:
-        return self.out / "shards"
-
-    @property
-    def distilled(self) -> Path:
-        return self.out / "distilled"
-
-    @property
-    def data(self) -> Path:
-        return self.out / "data-bin"
-
-    @property
-    def run(self) -> Path:
-        return self.out / "run"
-
-    @property
-    def report(self) -> Path:
-        return self.out / REPORT
+    shards: Path
+    distilled: Path
+    data: Path
+    report: Path
+    manifest: Path
+    source: Path
+    reference: Path
+    lines: int
+    paths: list[Path]  # the shards
+    cfg: Config | None  # the student's
+    records: dict[str, dict[str, Any]]
 
 
 # ------------------------------------------------------------------ the rule and the selection
@@ -126,16 +103,11 @@ def repeated_ngram(words: Sequence[str], times: int = REPEATS, max_n: int = MAX_
 
 
 def degenerate(source: str, target: str) -> str | None:
-    """Why the pair (source, the teacher's translation) is dropped, or None to keep it:
-
-    - "copy": the translation is the source itself (words compared, spaces aside): the
-      teacher copied instead of translating;
-    - "repeat": a word or an n-gram of up to MAX_NGRAM words occurs REPEATS (4) or more times
-      in a row: the teacher's decoder looped.
-
-    The other degenerate pairs are `prepare-bpe`'s filter's (step 3), which applies to
-    every training set: an empty side, a side longer than 250 or shorter than 1 token, a
-    token-length ratio above 3."""
+    """Why the pair (source, the teacher's translation) is dropped, or None to keep it: "copy",
+    the translation is the source itself (words compared, spaces aside); "repeat", a word or an
+    n-gram of up to MAX_NGRAM words occurs REPEATS times in a row: the decoder looped. The other
+    degenerate pairs are those of `prepare-bpe`'s filter (step 3): an empty side, a side too
+    long or too short, a token-length ratio above 3."""
     words = target.split()
     if words and words == source.split():
         return "copy"
@@ -158,182 +130,223 @@ def select_hypothesis(hyps: Sequence[str], reference: str, metric: str = "chrf")
 
 
 def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
-    """Run what is left of the four steps (module docstring) in opts.out; returns the
-    student's training result, or None without --config."""
-    _check_options(opts)
-    where = Layout(Path(opts.out))
-    # the cheap checks first, all before anything is written: every text file there and each
-    # parallel pair aligned, the student's config, each teacher a checkpoint
-    originals = _prepare_options(opts, opts.trainpref, where.data)
+    """Run what is left of the steps (module docstring) in opts.out: the student's training result or None."""
+    job = _checked(opts)
+    todo = _plan(job)[1]
+    translator = Translator.from_options(opts.teacher_options()) if todo else None  # --beam, --nbest, ...
+    if translator is not None:  # refused now, before anything is written, not at the first shard
+        decode_autocast(translator.device, opts.precision)  # fp16 needs CUDA
+    _make_directory(job.out)
+    with atomic.lock_directory(job.out, LOCK, "the distillation's lock", _BUSY):
+        atomic.clean_temporaries(job.out)
+        manifest, todo = _plan(job)  # again under the lock: what another run did meanwhile counts
+        if todo:
+            manifest = _save_manifest(job, manifest, "translate", job.records["translate"])
+            translate_shards(translator or Translator.from_options(opts.teacher_options()), job, set(todo), progress)
+        else:
+            log.info("all %d shards of %s are translated (reusing them)", len(job.paths), job.shards)
+        translator = None  # the teacher leaves memory before the student trains
+        return _after_translation(job, manifest, progress)
+
+
+def _checked(opts: DistillOptions) -> Job:
+    """The checks that need no writing (the options, each text file there and each pair aligned,
+    the student's config, each teacher a checkpoint, no output an input), then the hashes."""
+    opts.check()
+    out = Path(opts.out)
+    shards, distilled, data = (out / name for name in ("shards", "distilled", "data-bin"))
+    originals = opts.prepare_options(opts.trainpref, str(data))
     splits = find_splits(originals)
     source, reference = (splits[0].files[lang] for lang in (opts.source_lang, opts.target_lang))
     lines = splits[0].lines
     if lines == 0:
         raise NmtError(f"--trainpref {source}: no lines to translate")
-    cfg = student_config(opts, where) if opts.config is not None else None
+    cfg = opts.student_config(out) if opts.config is not None else None
     for teacher in opts.teachers:
         try:
             load_model_checkpoint(teacher, mmap=True)
         except NmtError as e:
             raise NmtError(f"--teacher {e}") from None
-    check_outputs(_inputs(opts, originals, splits), [FileArg("--out", path, what, directory=True) for path, what in (
-        (where.shards, "the shards"), (where.distilled, "the distilled text"), (where.data, "the student's data"))])
-
-    manifest = _manifest(opts, source, lines)
-    known = _known_manifest(where, manifest)
-    paths = [where.shards / f"{k:05d}.{opts.target_lang}" for k in range(math.ceil(lines / opts.shard_lines))]
-    todo = [k for k, path in enumerate(paths) if known is None or not path.is_file()]
-    translator = _translator(opts) if todo else None  # checks --beam, --nbest, ... before anything is written
-    if known is None:
-        _make_directory(where.shards)
-        atomic_write_bytes(_json(manifest), where.shards / MANIFEST, "the shards' manifest")
-    if translator is not None:
-        translate_shards(translator, source, lines, paths, set(todo), opts, progress)
-        del translator
-    else:
-        log.info("all %d shards of %s are translated (reusing them)", len(paths), where.shards)
-
-    report = _read_report(where)
-    outputs = [where.distilled / f"train.{lang}" for lang in (opts.source_lang, opts.target_lang)]
-    fresh = bool(todo) or "filter" not in report or not all(p.is_file() for p in outputs)
-    if fresh:
-        report = {"format_version": 1, "teachers": [str(t) for t in opts.teachers], "source": str(source),
-                  "reference": str(reference), "lines": lines,
-                  "shards": {"count": len(paths), "shard_lines": opts.shard_lines, "dir": str(where.shards)},
-                  **select_and_filter(source, reference, paths, outputs, opts)}
-        _write_report(where, report)
-    else:
-        log.info("reusing %s (the selected and filtered pairs)", where.distilled)
-
-    prepared = prepare_student_data(opts, where, fresh, progress)
-    train_split = prepared["splits"]["train"]
-    report["prepare"] = {"data": str(where.data), "kept": train_split["kept"], "dropped": train_split["dropped"]}
-    _write_report(where, report)
-    if cfg is None:
-        log.info("no --config: the student is not trained; train it on %s, e.g. nmt train configs/student.yaml "
-                 "--set data.dir=%s", where.data, where.data)
-        return None
-    result = train(cfg)
-    report["train"] = {"run_dir": cfg.train.run_dir, "update": result.update, "reason": result.reason}
-    _write_report(where, report)
-    return result
+    atomic.check_outputs(_inputs(opts, originals, splits), [atomic.FileArg("--out", path, what, directory=True) for
+                         path, what in ((shards, "the shards"), (distilled, "the distilled text"),
+                                        (data, "the student's data"))])
+    paths = [shards / f"{k:05d}.{opts.target_lang}" for k in range(-(-lines // opts.shard_lines))]
+    return Job(opts, out, shards, distilled, data, out / REPORT, out / MANIFEST, source, reference, lines, paths,
+               cfg, _records(opts, splits, lines))
 
 
-def _check_options(opts: DistillOptions) -> None:
-    require(bool(opts.teachers), "give the teacher: --teacher CHECKPOINT (repeat it for an ensemble)")
-    require(bool(opts.source_lang) and bool(opts.target_lang), "--source-lang and --target-lang are required")
-    require(opts.source_lang != opts.target_lang, "--source-lang and --target-lang must differ")
-    require(opts.nbest >= 1, f"--nbest must be at least 1, got {opts.nbest}")
-    require(opts.select in SENTENCE_METRICS,
-            f"--select must be one of {', '.join(SENTENCE_METRICS)}, got {opts.select!r}")
-    require(opts.shard_lines >= 1, f"--shard-lines must be at least 1, got {opts.shard_lines}")
-
-
-def _prepare_options(opts: DistillOptions, trainpref: str, destdir: Path, force: bool = False) -> PrepareOptions:
-    """prepare-bpe's options for the student's data: `trainpref`, the original valid and test
-    text, the first teacher's tokenizer."""
-    return PrepareOptions(source_lang=opts.source_lang, target_lang=opts.target_lang, trainpref=trainpref,
-                          destdir=str(destdir), validpref=opts.validpref, testpref=opts.testpref,
-                          tokenizer_from=str(opts.teachers[0]), force=force)
-
-
-def _inputs(opts: DistillOptions, prepare: PrepareOptions, splits: list[Split]) -> list[FileArg]:
+def _inputs(opts: DistillOptions, prepare: PrepareOptions, splits: list[Split]) -> list[atomic.FileArg]:
     """What distill reads: what prepare-bpe reads (the text files, the first teacher), the other
     teachers, the student's config."""
     inputs = [arg._replace(option="--teacher", what="the teacher") if arg.option == "--tokenizer-from" else arg
               for arg in input_files(prepare, splits)]
-    inputs += [FileArg("--teacher", path, "a teacher") for path in opts.teachers[1:]]
+    inputs += [atomic.FileArg("--teacher", path, "a teacher") for path in opts.teachers[1:]]
     if opts.config is not None:
-        inputs.append(FileArg("--config", opts.config, "the student's config"))
+        inputs.append(atomic.FileArg("--config", opts.config, "the student's config"))
     return inputs
 
 
-def student_config(opts: DistillOptions, where: Layout) -> Config:
-    """--config with --set, trained on OUT/data-bin in OUT/run (unless --set train.run_dir
-    names another run directory); checked before anything is translated."""
-    keys = {item.partition("=")[0].strip() for item in opts.sets}
-    for key in ("data.dir", "data.source_lang", "data.target_lang"):
-        if key in keys:
-            raise NmtError(f"--set {key}: the student trains on {where.data} ({opts.source_lang}-"
-                           f"{opts.target_lang}), which distill prepares; leave it out")
-    options: dict[str, tuple[str, Any]] = {"data.dir": ("--out", str(where.data)),
-                                           "data.source_lang": ("--source-lang", opts.source_lang),
-                                           "data.target_lang": ("--target-lang", opts.target_lang)}
-    if "train.run_dir" not in keys:
-        options["train.run_dir"] = ("--out", str(where.run))
-    return load_config(opts.config, list(opts.sets), options)
+def _after_translation(job: Job, manifest: dict[str, Any], progress: bool) -> TrainResult | None:
+    """Steps 2 to 4, each made again where its record in the manifest is not this run's."""
+    opts, records = job.opts, job.records
+    report = _json_of(job.report, "the distillation report")  # not an object: written again
+    report = report if isinstance(report, dict) else {}
+    outputs = [job.distilled / f"train.{lang}" for lang in (opts.source_lang, opts.target_lang)]
+    if (manifest.get("select") != records["select"] or not isinstance(report.get("filter"), dict)
+            or not all(p.is_file() for p in outputs)):
+        manifest = _save_manifest(job, manifest, "select", None)  # the student's data goes with the pairs
+        report = {"format_version": 1, "teachers": [str(t) for t in opts.teachers], "source": str(job.source),
+                  "reference": str(job.reference), "lines": job.lines,
+                  "shards": {"count": len(job.paths), "shard_lines": opts.shard_lines, "dir": str(job.shards)},
+                  **select_and_filter(job.source, job.reference, job.paths, outputs, opts)}
+        _write_json(job.report, report, "the distillation report")
+        manifest = _save_manifest(job, manifest, "select", records["select"])
+    else:
+        log.info("reusing %s (the selected and filtered pairs)", job.distilled)
+    try:  # prepare-bpe's counts, or it prepares again
+        split = _json_of(job.data / META_FILE, "the student's data report")["splits"]["train"]
+        prepared: dict[str, Any] | None = {"kept": split["kept"], "dropped": split["dropped"]}
+    except (LookupError, TypeError):
+        prepared = None
+    if prepared is None or manifest.get("prepare") != records["prepare"]:
+        prepared = prepare_bpe(opts.prepare_options(str(job.distilled / "train"), str(job.data), force=True),
+                               progress=progress)["splits"]["train"]
+        _save_manifest(job, manifest, "prepare", records["prepare"])
+    else:
+        log.info("reusing %s (the student's data)", job.data)
+    report["prepare"] = {"data": str(job.data), "kept": prepared["kept"], "dropped": prepared["dropped"]}
+    _write_json(job.report, report, "the distillation report")
+    if job.cfg is None:
+        log.info("no --config: the student is not trained; train it on %s, e.g. nmt train configs/student.yaml "
+                 "--set data.dir=%s", job.data, job.data)
+        return None
+    result = train(job.cfg)
+    report["train"] = {"run_dir": job.cfg.train.run_dir, "update": result.update, "reason": result.reason}
+    _write_json(job.report, report, "the distillation report")
+    return result
 
 
-def _translator(opts: DistillOptions) -> Translator:
-    """The teacher (an ensemble for several) with distill's decode options, named as its flags."""
-    decode = {"beam": opts.beam} if opts.beam is not None else {}
-    return Translator.from_options(TranslateOptions(checkpoints=list(opts.teachers), decode=decode, nbest=opts.nbest,
-                                                    device=opts.device, precision=opts.precision,
-                                                    threads=opts.threads))
+# ------------------------------------------------------------------ the manifest
+
+
+def _records(opts: DistillOptions, splits: list[Split], lines: int) -> dict[str, dict[str, Any]]:
+    """What each step's output is made from: the files by their content (a text moved elsewhere
+    resumes), each teacher hashed once per run; the reference only where there is a choice."""
+    choice = opts.nbest > 1
+    return {"translate": {"source_sha256": _sha256(open_bytes(splits[0].files[opts.source_lang])),
+                          "lines": lines, "shard_lines": opts.shard_lines, "nbest": opts.nbest, "beam": opts.beam,
+                          "precision": opts.precision, "teachers_sha256": [
+                              _sha256(atomic.open_for_reading(t, "the teacher", None)) for t in opts.teachers]},
+            "select": {"metric": opts.select if choice else None,
+                       "reference_sha256": _sha256(open_bytes(splits[0].files[opts.target_lang])) if choice else None,
+                       "repeats": REPEATS, "max_ngram": MAX_NGRAM},
+            "prepare": {"splits": [[split.name, *(_sha256(open_bytes(f)) for f in split.files.values())]
+                                   for split in splits[1:]]}}
+
+
+def _sha256(stream: BinaryIO) -> str:
+    """The sha256 of what `stream` reads, in blocks (a checkpoint may be gigabytes)."""
+    digest = hashlib.sha256()
+    with stream as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _plan(job: Job) -> tuple[dict[str, Any], list[int]]:
+    """OUT's manifest ({} where new) and the shards left to translate. Finished shards of another
+    teacher, text or setting are refused, never mixed; so is a student (the config's run
+    directory) of other pairs: `nmt train` would refuse it, but after its pairs were replaced."""
+    known, records = _read_manifest(job), job.records
+    old, done = known.get("translate"), [path.is_file() for path in job.paths]
+    if old is not None and old != records["translate"] and any(done):
+        raise NmtError(f"{job.shards}: translated with {_difference(job, 'translate', old)}; run again with the "
+                       f"same text, teachers and settings, or delete {job.shards} to translate again")
+    changed = next((step for step in STEPS[:2] if known.get(step) != records[step]), None)
+    run = job.cfg.train.run_dir if job.cfg is not None else None
+    if changed is not None and run is not None and has_checkpoints(run):
+        raise NmtError(f"{run}: holds a student of other distilled pairs than these ("
+                       f"{_difference(job, changed, known.get(changed))}); move it away, or --set "
+                       "train.run_dir=ANOTHER, to train one on these")
+    return known, [k for k, finished in enumerate(done) if not finished or old != records["translate"]]
+
+
+def _difference(job: Job, step: str, old: dict[str, Any] | None) -> str:
+    """The first key where `step`'s record in the manifest (`old`) differs, as options name it."""
+    new = job.records[step]
+    if old is None:
+        return f"no record of them in {job.manifest}"
+    key = next(k for k in new if old[k] != new[k])
+    before, now = old[key], new[key]
+    if key == "teachers_sha256":
+        changed = [teacher for teacher, a, b in zip(job.opts.teachers, before, now) if a != b]
+        return (f"another teacher than --teacher {changed[0]} (its content differs)" if len(before) == len(now)
+                else f"{len(before)} --teacher (now {len(now)})")
+    texts = {"source_sha256": job.source, "reference_sha256": job.reference, "splits": "--validpref/--testpref"}
+    if key in texts:
+        return f"another text than {texts[key]} (its content differs)"
+    before, now = ("the teacher's" if value is None else value for value in (before, now))
+    return f"{_OPTIONS.get(key, key)} {before} (now {now})"
+
+
+def _read_manifest(job: Job) -> dict[str, Any]:
+    """OUT/manifest.json, checked; {} where OUT is new or holds only a killed run's lock and
+    temporaries. Anything else is refused: distill writes only where it has written before."""
+    if job.out.exists() and not job.out.is_dir():
+        raise NmtError(f"--out {job.out}: exists and is not a directory")
+    try:
+        known = json.loads(atomic.read_regular(job.manifest, "the distillation's manifest", SMALL))
+    except FileNotFoundError:
+        if job.out.is_dir() and any(e.name != LOCK and not atomic.TEMPORARY.fullmatch(e.name)
+                                    for e in job.out.iterdir()):
+            raise NmtError(f"--out {job.out}: not empty and not an nmt distill directory (no {MANIFEST}); "
+                           "choose a new or empty directory") from None
+        return {}
+    except (ValueError, RecursionError) as e:
+        raise NmtError(f"{job.manifest}: not JSON ({e}); move {job.out} away to start again") from None
+    problem = _manifest_problem(known, job.records)
+    if problem is not None:
+        raise NmtError(f"{job.manifest}: {problem}: not a manifest of this nmt distill; move {job.out} away "
+                       "to start again")
+    return known
+
+
+def _manifest_problem(known: Any, records: dict[str, dict[str, Any]]) -> str | None:
+    """What in `known` (a parsed manifest) is not as distill writes it, naming the key, or None:
+    each step's record holds this run's keys, each of its type (or null), and no others."""
+    if not isinstance(known, dict):
+        return f"{_KINDS[type(known)]} where an object belongs"
+    if known.get("format_version") != FORMAT_VERSION:
+        return f"format_version is not {FORMAT_VERSION}"
+    for step in (step for step in STEPS if step in known):
+        if not isinstance(known[step], dict):
+            return f"{step} is {_KINDS[type(known[step])]} where an object belongs"
+        unknown = [key for key in known[step] if key not in records[step]]
+        if unknown:
+            return f"{step}.{unknown[0]} is not a key of it"
+        for key, value in records[step].items():
+            theirs = known[step].get(key)
+            if key not in known[step] or None not in (theirs, value) and type(theirs) is not type(value):
+                found = _KINDS[type(theirs)] if key in known[step] else "missing"
+                return f"{step}.{key} is {found} where {_KINDS[type(value)]} belongs"
+    return None
+
+
+def _save_manifest(job: Job, manifest: dict[str, Any], step: str, record: Any) -> dict[str, Any]:
+    """`manifest` with `step`'s record (None: none) and none of the later steps' (made from its
+    output), written whole."""
+    later = STEPS[STEPS.index(step):]
+    kept = {"format_version": FORMAT_VERSION, **{k: v for k, v in manifest.items() if k not in later},
+            **({step: record} if record is not None else {})}
+    _write_json(job.manifest, kept, "the distillation's manifest")
+    return kept
 
 
 # ------------------------------------------------------------------ step 1: the shards
 
 
-def _manifest(opts: DistillOptions, source: Path, lines: int) -> dict[str, Any]:
-    """What the shards are translations of, and how: a rerun must match it."""
-    digest = hashlib.sha256()
-    with open_bytes(source) as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return {"format_version": 1, "source_sha256": digest.hexdigest(), "source": str(source.resolve()),
-            "lines": lines, "shard_lines": opts.shard_lines, "nbest": opts.nbest, "beam": opts.beam,
-            "precision": opts.precision, "teachers": [str(Path(t).resolve()) for t in opts.teachers]}
-
-
-def _known_manifest(where: Layout, manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """The manifest of OUT's shards, checked to be `manifest`; None where OUT is new or empty.
-    Anything else in OUT is refused: distill writes only where it has written before."""
-    path = where.shards / MANIFEST
-    if where.out.exists() and not where.out.is_dir():
-        raise NmtError(f"--out {where.out}: exists and is not a directory")
-    if not path.is_file():
-        if where.out.is_dir() and _holds_anything(where):
-            raise NmtError(f"--out {where.out}: not empty and not an nmt distill directory (no shards/{MANIFEST}); "
-                           "choose a new or empty directory")
-        return None
-    try:
-        known = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise NmtError(f"{path}: cannot read the shards' manifest ({e}); move {where.out} away to start again") from None
-    for key, value in manifest.items():
-        if key not in _INFORMATIONAL and known.get(key) != value:
-            option = _MANIFEST_OPTIONS.get(key, key)
-            what = (f"from another text than {manifest['source']} (its content differs)" if key == "source_sha256"
-                    else f"with {option} {_shown(known.get(key))} (now {_shown(value)})")
-            raise NmtError(f"{where.shards}: translated {what}; run again with the same text and settings, or "
-                           "choose another --out")
-    return known
-
-
-def _holds_anything(where: Layout) -> bool:
-    """Whether OUT holds anything but an empty shards/ (or the temporaries of a killed writer
-    of its manifest): what a run killed before it wrote the manifest leaves."""
-    try:
-        for entry in where.out.iterdir():
-            if entry != where.shards or not entry.is_dir():
-                return True
-            if any(TEMPORARY.fullmatch(e.name) is None for e in entry.iterdir()):
-                return True
-    except OSError as e:
-        raise NmtError(f"--out {where.out}: cannot read it ({e.strerror or e})") from None
-    return False
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "the teacher's"
-    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
-
-
 def _line_name(source: Path, first: int, i: int) -> str:
-    """FILE:LINE of line i of a shard whose first line is line `first` of `source`."""
-    return f"{source}:{first + i}"
+    return f"{source}:{first + i}"  # FILE:LINE of line i of a shard whose first line is `first`
 
 
 def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -341,12 +354,12 @@ def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def translate_shards(translator: Translator, source: Path, lines: int, paths: list[Path], todo: set[int],
-                     opts: DistillOptions, progress: bool) -> None:
-    """Translate shard k of `source` (lines k * shard_lines ...) to paths[k] for each k in
+def translate_shards(translator: Translator, job: Job, todo: set[int], progress: bool) -> None:
+    """Translate shard k of the source (lines k * shard_lines ...) to job.paths[k] for each k in
     `todo`, each written whole when it is done; a killed run's partial shard is removed."""
-    clean_temporaries(paths[0].parent)
-    size = opts.shard_lines
+    source, lines, paths, size = job.source, job.lines, job.paths, job.opts.shard_lines
+    _make_directory(job.shards)
+    atomic.clean_temporaries(job.shards)
     done = sum(min(size, lines - k * size) for k in range(len(paths)) if k not in todo)
     bar = tqdm(total=lines, initial=done, unit="line", desc="translate", dynamic_ncols=True,
                disable=None if progress else True)
@@ -356,10 +369,10 @@ def translate_shards(translator: Translator, source: Path, lines: int, paths: li
             if k not in todo:
                 continue
             start, first = time.time(), k * size
-            hyps = translator.translate_nbest(chunk, opts.nbest, where=partial(_line_name, source, first + 1),
+            hyps = translator.translate_nbest(chunk, job.opts.nbest, where=partial(_line_name, source, first + 1),
                                               first_index=first)
             text = "".join("\t".join(h.text for h in hs) + "\n" for hs in hyps)
-            atomic_write_bytes(text.encode("utf-8"), paths[k], "a shard of translations")
+            atomic.atomic_write_bytes(text.encode("utf-8"), paths[k], "a shard of translations")
             bar.update(len(chunk))
             say("%s: lines %d-%d of %d translated in %.1f s", paths[k], first + 1, first + len(chunk), lines,
                 time.time() - start)
@@ -377,58 +390,47 @@ def select_and_filter(source: Path, reference: Path, paths: list[Path], outputs:
     _make_directory(outputs[0].parent)
     dropped = dict.fromkeys(FILTER_RULES, 0)
     changed = kept = 0
-    sources = _chunks(read_lines(source, TextStats(str(source))), opts.shard_lines)
-    references = _chunks(read_lines(reference, TextStats(str(reference))), opts.shard_lines)
-    with replacing(outputs[0], "the distilled source") as tmp_src, \
-            replacing(outputs[1], "the distilled target") as tmp_tgt, \
+    sources, references = (_chunks(read_lines(f, TextStats(str(f))), opts.shard_lines) for f in (source, reference))
+    with atomic.replacing(outputs[0], "the distilled source") as tmp_src, \
+            atomic.replacing(outputs[1], "the distilled target") as tmp_tgt, \
             open(tmp_src, "xb", buffering=0) as out_src, open(tmp_tgt, "xb", buffering=0) as out_tgt:
         for path, srcs, refs in zip(paths, sources, references, strict=True):
             shard = list(read_lines(path, TextStats(str(path))))
             if len(shard) != len(srcs):
                 raise NmtError(f"{path}: {len(shard)} lines where its {len(srcs)} source lines need one each; "
                                "delete it to translate it again")
-            keep_src, keep_tgt = [], []
+            pairs = []
             for src, ref, line in zip(srcs, refs, shard, strict=True):
                 hyps = line.split("\t") if line else [""]
                 best = select_hypothesis(hyps, ref, opts.select)
                 changed += best != 0
                 reason = degenerate(src, hyps[best])
-                if reason is not None:
+                if reason is None:
+                    pairs.append((src, hyps[best]))
+                else:
                     dropped[reason] += 1
-                    continue
-                keep_src.append(src + "\n")
-                keep_tgt.append(hyps[best] + "\n")
-            kept += len(keep_src)
-            write_all(out_src.fileno(), "".join(keep_src).encode("utf-8"))
-            write_all(out_tgt.fileno(), "".join(keep_tgt).encode("utf-8"))
+            kept += len(pairs)
+            for side, out in enumerate((out_src, out_tgt)):
+                atomic.write_all(out.fileno(), "".join(pair[side] + "\n" for pair in pairs).encode("utf-8"))
         os.fsync(out_src.fileno())
         os.fsync(out_tgt.fileno())
-    pairs = kept + sum(dropped.values())
-    log.info("distilled %d pairs into %s: kept %d%s", pairs, outputs[0].parent, kept,
+    total = kept + sum(dropped.values())
+    log.info("distilled %d pairs into %s: kept %d%s", total, outputs[0].parent, kept,
              "".join(f", {n} dropped as {why}" for why, n in dropped.items() if n))
     return {"select": {"nbest": opts.nbest, "metric": opts.select, "not_the_teachers_best": changed},
-            "filter": {"pairs": pairs, "kept": kept, "dropped": dropped,
+            "filter": {"pairs": total, "kept": kept, "dropped": dropped,
                        "files": [str(p) for p in outputs]}}
 
 
-# ------------------------------------------------------------------ step 3: the student's data
-
-
-def prepare_student_data(opts: DistillOptions, where: Layout, fresh: bool, progress: bool) -> dict[str, Any]:
-    """prepare-bpe's report of OUT/data-bin: prepared now if the distilled pairs are new
-    (`fresh`) or it is not there, else the one there."""
-    meta = where.data / META_FILE
-    if not fresh and meta.is_file():
-        log.info("reusing %s (delete it to prepare it again)", where.data)
-        try:
-            return dict(json.loads(meta.read_text(encoding="utf-8")))
-        except (OSError, ValueError) as e:
-            raise NmtError(f"{meta}: cannot read it ({e}); delete {where.data} to prepare it again") from None
-    return prepare_bpe(_prepare_options(opts, str(where.distilled / "train"), where.data, force=True),
-                       progress=progress)
-
-
 # ------------------------------------------------------------------ files
+
+
+def _json_of(path: Path, what: str) -> Any:
+    """The JSON in `path` (a regular file), or None where there is none or it is not JSON."""
+    try:
+        return json.loads(atomic.read_regular(path, what, SMALL))
+    except (FileNotFoundError, ValueError, RecursionError):
+        return None
 
 
 def _make_directory(path: Path) -> None:
@@ -438,25 +440,7 @@ def _make_directory(path: Path) -> None:
         raise NmtError(f"{path}: cannot create it ({e.strerror or e})") from None
 
 
-def _json(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def _read_report(where: Layout) -> dict[str, Any]:
-    """OUT/distill.json, or {} where there is none yet (or it cannot be read: it is rewritten)."""
-    try:
-        report = json.loads(where.report.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return report if isinstance(report, dict) else {}
-
-
-def _write_report(where: Layout, report: dict[str, Any]) -> None:
-    """OUT/distill.json, written whole; left as it is where nothing in it changed (a rerun)."""
-    data = _json(report)
-    try:
-        if where.report.read_bytes() == data:
-            return
-    except OSError:
-        pass
-    atomic_write_bytes(data, where.report, "the distillation report")
+def _write_json(path: Path, obj: dict[str, Any], what: str) -> None:
+    """`obj` in `path`, written whole; left as it is where it holds `obj` already (a rerun)."""
+    if _json_of(path, what) != obj:
+        atomic.atomic_write_bytes((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), path, what)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nmt.config import Config, load_config
+from nmt.errors import NmtError, require
 from nmt.fields import REQUIRED, opt, opt_list
 
 
@@ -123,15 +125,18 @@ SENTENCE_METRICS = ("chrf", "bleu")
 @dataclass
 class DistillOptions:
     """The options of `nmt distill`, declared once: the command's flags are made from these
-    fields (nmt.cli); `nmt.distill` checks their bounds."""
+    fields (nmt.cli); `check` checks their bounds, and the other methods make from them the
+    options of what distill runs: prepare-bpe's, the teacher's, the student's config."""
 
     source_lang: str = opt(REQUIRED, "Source language suffix, e.g. en.", flags=("--source-lang", "-s"))
     target_lang: str = opt(REQUIRED, "Target language suffix, e.g. de.", flags=("--target-lang", "-t"))
     trainpref: str = opt(REQUIRED, "The original training text (PREFIX.LANG or PREFIX.LANG.gz): the teacher "
                          "translates its source side; its target side is the reference of --nbest selection.")
     out: Path = opt(REQUIRED, "The distillation directory: shards/ (the teacher's translations), distilled/ "
-                    "(the filtered pairs), data-bin/, run/ (the student), distill.json (the report). Running "
-                    "the same command again resumes.", flags=("--out", "-o"))
+                    "(the filtered pairs), data-bin/, run/ (the student), distill.json (the report), "
+                    "manifest.json (what each step was made from). Running the same command again resumes; "
+                    "finished shards of another teacher, text or setting are refused, never mixed.",
+                    flags=("--out", "-o"))
     teachers: list[Path] = opt_list("Teacher checkpoint; repeat for an ensemble (mean of log-probabilities). "
                                     "The student gets the first one's vocabulary.", flags=("--teacher",))
     validpref: str | None = opt(None, "Validation prefix, prepared with the teacher's vocabulary as it is "
@@ -153,3 +158,40 @@ class DistillOptions:
                       "on its config's train.device).")
     precision: str = opt("fp32", "The teacher's precision: fp32, bf16, fp16 (CUDA only) or int8 (CPU only).")
     threads: int = opt(0, "CPU threads of the teacher; 0 = torch default (the student: train.threads).")
+
+    def check(self) -> None:
+        """The bounds of the options, each refused in one line naming its flag."""
+        require(bool(self.teachers), "give the teacher: --teacher CHECKPOINT (repeat it for an ensemble)")
+        require(bool(self.source_lang) and bool(self.target_lang), "--source-lang and --target-lang are required")
+        require(self.source_lang != self.target_lang, "--source-lang and --target-lang must differ")
+        require(self.nbest >= 1, f"--nbest must be at least 1, got {self.nbest}")
+        require(self.select in SENTENCE_METRICS,
+                f"--select must be one of {', '.join(SENTENCE_METRICS)}, got {self.select!r}")
+        require(self.shard_lines >= 1, f"--shard-lines must be at least 1, got {self.shard_lines}")
+
+    def prepare_options(self, trainpref: str, destdir: str, force: bool = False) -> PrepareOptions:
+        """prepare-bpe's options for the student's data: `trainpref`, the original valid and test
+        text, the first teacher's tokenizer."""
+        return PrepareOptions(source_lang=self.source_lang, target_lang=self.target_lang, trainpref=trainpref,
+                              destdir=destdir, validpref=self.validpref, testpref=self.testpref,
+                              tokenizer_from=str(self.teachers[0]), force=force)
+
+    def teacher_options(self) -> TranslateOptions:
+        """translate's options for the teacher (an ensemble for several)."""
+        return TranslateOptions(checkpoints=list(self.teachers), decode={} if self.beam is None else {"beam": self.beam},
+                                nbest=self.nbest, device=self.device, precision=self.precision, threads=self.threads)
+
+    def student_config(self, out: Path) -> Config:
+        """--config with --set, trained on OUT/data-bin in OUT/run (unless --set train.run_dir
+        names another run directory); checked before anything is translated."""
+        keys = {item.partition("=")[0].strip() for item in self.sets}
+        for key in ("data.dir", "data.source_lang", "data.target_lang"):
+            if key in keys:
+                raise NmtError(f"--set {key}: the student trains on {out / 'data-bin'} ({self.source_lang}-"
+                               f"{self.target_lang}), which distill prepares; leave it out")
+        options: dict[str, tuple[str, Any]] = {"data.dir": ("--out", str(out / "data-bin")),
+                                               "data.source_lang": ("--source-lang", self.source_lang),
+                                               "data.target_lang": ("--target-lang", self.target_lang)}
+        if "train.run_dir" not in keys:
+            options["train.run_dir"] = ("--out", str(out / "run"))
+        return load_config(self.config, list(self.sets), options)

@@ -11,8 +11,10 @@ hand-written outputs (no decoding).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 import sacrebleu
-from helpers import ROOT, TINY, dead_pid, nmt_here, write_parallel
+from helpers import ROOT, TINY, dead_pid, nmt_here, save_random_model, write_parallel
 
 from nmt.api import Translation, Translator
 from nmt.checkpoint import load_model_checkpoint
@@ -64,20 +66,26 @@ def stamps(paths: list[Path]) -> list[tuple[int, int]]:
 
 
 def spy(monkeypatch: pytest.MonkeyPatch, *, fail_at: int | None = None,
-        outputs: Callable[[int, str], str] | None = None) -> list[int]:
+        outputs: Callable[[int, str], str | list[str]] | None = None,
+        during: Callable[[], None] | None = None) -> list[int]:
     """Record the first line (first_index) of each translate_nbest call; with `fail_at`, the
     call of that number raises KeyboardInterrupt (Ctrl-C) before translating; with
-    `outputs`, the translation of line i (0-based) of text t is outputs(i, t), undecoded."""
+    `outputs`, the translation of line i (0-based) of text t is outputs(i, t) (or its n-best
+    list), undecoded; `during` runs in the first call, while a shard is being translated."""
     calls: list[int] = []
     real = Translator.translate_nbest
 
     def translate_nbest(self: Translator, texts: list[str], nbest: int = 1, **kw: Any) -> list[list[Translation]]:
         calls.append(kw.get("first_index", 0))
+        if during is not None and len(calls) == 1:
+            during()
         if fail_at is not None and len(calls) == fail_at:
             raise KeyboardInterrupt
         if outputs is not None:
             first = kw.get("first_index", 0)
-            return [[Translation(outputs(first + i, t), 0.0, 0.0)] if t.strip() else [] for i, t in enumerate(texts)]
+            given = [outputs(first + i, t) for i, t in enumerate(texts)]
+            return [[Translation(h, 0.0, 0.0) for h in ([g] if isinstance(g, str) else g)] if t.strip() else []
+                    for g, t in zip(given, texts, strict=True)]
         return real(self, texts, nbest, **kw)
 
     monkeypatch.setattr(Translator, "translate_nbest", translate_nbest)
@@ -148,8 +156,8 @@ def test_a_killed_distillation_resumes_without_translating_finished_shards(train
     assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 130
     shards = shard_files(out)
     assert calls == [0, SHARD, 2 * SHARD]
-    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(["manifest.json", shards[0].name,
-                                                                         shards[1].name])
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted([shards[0].name, shards[1].name])
+    assert sorted(p.name for p in out.iterdir()) == ["distill.lock", "manifest.json", "shards"]
     assert not (out / "distilled").exists() and not (out / "data-bin").exists()
     leftover = out / "shards" / f".{shards[2].name}.tmp-{dead_pid()}-0123abcd"
     leftover.write_text("half a shard\n")
@@ -172,7 +180,8 @@ def test_a_killed_distillation_resumes_without_translating_finished_shards(train
 
 def test_several_teachers_translate_as_an_ensemble(trained_checkpoint, corpus, raw_corpus, tmp_path):
     """--teacher twice: the shards are the ensemble's translations (Translator with both
-    checkpoints), the student's vocabulary the first one's."""
+    checkpoints), the student's vocabulary the first one's; the manifest holds each teacher's
+    content hash, in order."""
     other = tmp_path / "other.pt"
     other.write_bytes(trained_checkpoint.read_bytes())
     out = tmp_path / "ensemble"
@@ -180,8 +189,9 @@ def test_several_teachers_translate_as_an_ensemble(trained_checkpoint, corpus, r
     sources = lines_of(corpus / "train.en")
     ensemble = Translator.load([trained_checkpoint, other], threads=1).translate(sources)
     assert [line for p in shard_files(out) for line in lines_of(p)] == ensemble
-    manifest = json.loads((out / "shards/manifest.json").read_text())
-    assert manifest["teachers"] == [str(trained_checkpoint.resolve()), str(other.resolve())]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["translate"]["teachers_sha256"] == [hashlib.sha256(p.read_bytes()).hexdigest()
+                                                        for p in (trained_checkpoint, other)]
 
 
 # ------------------------------------------------------------------ n-best selection
@@ -302,6 +312,8 @@ def _case(name: str, tmp: Path, corpus: Path) -> tuple[dict[str, str | None], li
         "data.dir set": ({}, ["--config", str(TINY), "--set", "data.dir=x"], ["--set data.dir"]),
         "out a file": ({"--out": str(corpus / "train.de")}, [], ["--out", "not a directory"]),
         "out not distill's": ({"--out": str(bad)}, [], ["--out", str(bad), "not an nmt distill directory"]),
+        # issue 33: the manifest was written, then the first shard refused fp16, and the manifest the next
+        "fp16 on the cpu": ({}, ["--device", "cpu", "--precision", "fp16"], ["fp16", "CUDA"]),
     }
     if name == "misaligned":
         (bad / "train.en").write_text((corpus / "train.en").read_text())
@@ -315,7 +327,7 @@ def _case(name: str, tmp: Path, corpus: Path) -> tuple[dict[str, str | None], li
 
 BAD = ["no teacher", "missing train", "misaligned", "text teacher", "missing teacher", "bad select",
        "nbest above beam", "no shard", "same languages", "missing valid", "bad config key", "data.dir set",
-       "out a file", "out not distill's"]
+       "out a file", "out not distill's", "fp16 on the cpu"]
 
 
 def _with(args: list[str], changed: dict[str, str | None], added: list[str]) -> list[str]:
@@ -405,6 +417,181 @@ def test_the_same_text_elsewhere_resumes(translated, trained_checkpoint, corpus,
     calls = spy(monkeypatch)
     args = _with(distill_args(trained_checkpoint, corpus, raw_corpus, translated), {"--trainpref": str(tmp_path / "moved")}, [])
     assert nmt_here(*args) == 0 and calls == []
+
+
+# ------------------------------------------------------------------ issue 33: what the shards and the pairs are made from
+
+
+def test_a_teacher_replaced_at_its_path_is_refused_and_its_shards_kept(trained_checkpoint, corpus, raw_corpus,
+                                                                     tmp_path, monkeypatch, capsys):
+    """Issue 33: another checkpoint written at the teacher's path between two runs was taken
+    for the one that translated the shards, and the student got the shards of both. The
+    manifest holds each teacher's content: the rerun is one line naming --teacher, and nothing
+    in OUT changes; with the shards deleted (what the line says to do), the new teacher
+    translates them all and the later steps are made again from its translations."""
+    teacher, out = tmp_path / "teacher.pt", tmp_path / "d"
+    teacher.write_bytes(trained_checkpoint.read_bytes())
+    refs = lines_of(corpus / "train.de")
+    spy(monkeypatch, outputs=lambda i, s: refs[i])
+    assert nmt_here(*distill_args(teacher, corpus, raw_corpus, out)) == 0
+    save_random_model(teacher, load_model_checkpoint(trained_checkpoint).tokenizer, seed=3)
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = stamps(files)
+    calls = spy(monkeypatch, outputs=lambda i, s: refs[i])
+    capsys.readouterr()
+    assert nmt_here(*distill_args(teacher, corpus, raw_corpus, out)) == 1
+    one_line_error(capsys, str(out / "shards"), f"--teacher {teacher}", "content differs")
+    assert calls == [] and stamps(files) == before
+
+    shutil.rmtree(out / "shards")
+    calls = spy(monkeypatch, outputs=lambda i, s: f"neu {refs[i]}")
+    assert nmt_here(*distill_args(teacher, corpus, raw_corpus, out)) == 0
+    assert calls == [0, SHARD, 2 * SHARD]
+    assert lines_of(out / "distilled/train.de") == expected_pairs(lines_of(corpus / "train.en"),
+                                                                  [f"neu {r}" for r in refs])[1]
+
+
+def two_hypotheses(ref: str) -> list[str]:
+    """Close to `ref` in characters but in few whole words (chrF's choice), and half of its
+    words verbatim with the rest replaced (BLEU's, more often)."""
+    words = ref.split()
+    half = len(words) // 2
+    return [" ".join(w[:-1] + "x" if len(w) > 2 else w for w in words),
+            " ".join(words[:half] + [f"zq{j}" for j in range(len(words) - half)])]
+
+
+@pytest.mark.parametrize("change", ["--select", "reference"])
+def test_another_selection_is_made_again_from_the_same_shards(change, trained_checkpoint, corpus, raw_corpus,
+                                                              tmp_path, monkeypatch):
+    """Issue 33: a rerun with another --select, or another reference text, kept the pairs
+    selected before. The shards stay (nothing translated, not rewritten); the selection, the
+    filter and the student's data are made again, as the new setting selects."""
+    sources, refs = lines_of(corpus / "train.en"), lines_of(corpus / "train.de")
+    out = tmp_path / "d"
+    spy(monkeypatch, outputs=lambda i, s: two_hypotheses(refs[i]))
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, "--nbest", "2")) == 0
+    nbest = [two_hypotheses(r) for r in refs]
+    first = [hs[select_hypothesis(hs, r, "chrf")] for hs, r in zip(nbest, refs, strict=True)]
+    assert lines_of(out / "distilled/train.de") == expected_pairs(sources, first)[1]
+    shards, fingerprint = stamps(shard_files(out)), json.loads((out / "data-bin/prepare.json").read_text())["fingerprint"]
+
+    text, extra, metric, new_refs = corpus, ["--select", "bleu"], "bleu", refs
+    if change == "reference":
+        text, extra, metric, new_refs = tmp_path / "other", [], "chrf", [hs[1] for hs in nbest]
+        write_parallel(list(zip(sources, new_refs, strict=True)), text / "train", "en", "de")
+    again = [hs[select_hypothesis(hs, r, metric)] for hs, r in zip(nbest, new_refs, strict=True)]
+    assert again != first
+    calls = spy(monkeypatch)
+    assert nmt_here(*distill_args(trained_checkpoint, text, raw_corpus, out, "--nbest", "2", *extra)) == 0
+    assert calls == [] and stamps(shard_files(out)) == shards
+    assert lines_of(out / "distilled/train.de") == expected_pairs(sources, again)[1]
+    assert json.loads((out / "distill.json").read_text())["select"]["metric"] == metric
+    assert json.loads((out / "data-bin/prepare.json").read_text())["fingerprint"] != fingerprint
+
+
+def test_a_student_of_other_pairs_is_refused_before_anything_is_written(trained_checkpoint, corpus, raw_corpus,
+                                                                       tmp_path, monkeypatch, capsys):
+    """A student trained on the pairs of --select chrf, then the same command with --select
+    bleu: `nmt train` would refuse to resume it on the new pairs, but only after they had
+    replaced those it was trained on. Refused first, in one line naming the run directory and
+    what changed, with every file as it was."""
+    refs = lines_of(corpus / "train.de")
+    out = tmp_path / "d"
+    spy(monkeypatch, outputs=lambda i, s: two_hypotheses(refs[i]))
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, "--nbest", "2", *STUDENT)) == 0
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = stamps(files)
+    capsys.readouterr()
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, "--nbest", "2", "--select", "bleu",
+                                  *STUDENT)) == 1
+    one_line_error(capsys, str(out / "run"), "--select chrf (now bleu)")
+    assert stamps(files) == before
+
+
+@pytest.mark.parametrize(("text", "needles"), [
+    ("[]", ["a list where an object belongs"]),
+    ("3", ["an integer where an object belongs"]),
+    ("null", ["null where an object belongs"]),
+    ('"manifest"', ["a string where an object belongs"]),
+    ('{"format_version": "2"}', ["format_version"]),
+    ("{translate}", ["not JSON"]),
+    ("[" * 100_000, ["not JSON"]),
+    (("translate", None, []), ["translate is a list where an object belongs"]),
+    (("translate", "shard_lines", "30"), ["translate.shard_lines is a string where an integer belongs"]),
+    (("translate", "nbest", True), ["translate.nbest is true or false where an integer belongs"]),
+    (("translate", "teachers_sha256", {}), ["translate.teachers_sha256 is an object where a list belongs"]),
+    (("select", "repeats", None), ["select.repeats is missing"]),
+], ids=["list", "number", "null", "string", "version", "not json", "deep", "step", "string field", "bool field",
+        "object field", "missing field"])
+def test_a_manifest_of_the_wrong_shape_is_one_line_naming_the_file_and_key(text, needles, translated,
+                                                                          trained_checkpoint, corpus, raw_corpus,
+                                                                          tmp_path, monkeypatch, capsys):
+    """Issue 33: a manifest that is valid JSON but not an object (or an object with a field of
+    the wrong type) was a traceback. Each is one line naming the file and the key, and nothing
+    in OUT changes."""
+    out = tmp_path / "d"
+    shutil.copytree(translated, out)
+    manifest = out / "manifest.json"
+    if isinstance(text, tuple):  # (step, key, value): one field of the real manifest changed (None: removed)
+        data = json.loads(manifest.read_text())
+        step, key, value = text
+        if key is None:
+            data[step] = value
+        elif value is None:
+            del data[step][key]
+        else:
+            data[step][key] = value
+        text = json.dumps(data)
+    manifest.write_text(text)
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = stamps(files)
+    calls = spy(monkeypatch)
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 1
+    one_line_error(capsys, str(manifest), *needles)
+    assert calls == [] and stamps(files) == before
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "distill.json", "data-bin/prepare.json"])
+@pytest.mark.parametrize("planted", ["fifo", "dev-zero"])
+def test_what_distill_reads_whole_is_a_regular_file(name, planted, translated, trained_checkpoint, corpus,
+                                                    raw_corpus, tmp_path, capsys):
+    """A FIFO in place of a file distill reads whole blocked it forever; a symlink to /dev/zero
+    read until memory ran out. Each is refused in one line naming it (`read_regular`), after
+    the log lines of the steps before the one that reads it."""
+    out = tmp_path / "d"
+    shutil.copytree(translated, out)
+    (out / name).unlink()
+    if planted == "fifo":
+        os.mkfifo(out / name)
+    else:
+        (out / name).symlink_to("/dev/zero")
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("nmt: error: ")]
+    assert len(errors) == 1 and err.rstrip("\n").endswith(errors[0]) and "Traceback" not in err, err
+    assert str(out / name) in errors[0] and "not a regular file" in errors[0], errors[0]
+
+
+def test_a_second_distill_on_the_same_out_stops_at_once(trained_checkpoint, corpus, raw_corpus, tmp_path,
+                                                        monkeypatch, capsys):
+    """Issue 33: two distills on one --out both translated every shard. While the first
+    translates its first shard, a second on the same --out is one line naming the directory
+    and the first one's pid, and translates nothing; the first finishes as if alone."""
+    out, refs = tmp_path / "d", lines_of(corpus / "train.de")
+    second: list[tuple[int, str]] = []
+
+    def run_second() -> None:
+        capsys.readouterr()
+        second.append((nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)), capsys.readouterr().err))
+
+    calls = spy(monkeypatch, outputs=lambda i, s: refs[i], during=run_second)
+    assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 0
+    [(code, err)] = second
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("nmt: error: "), lines
+    assert str(out) in lines[0] and f"pid {os.getpid()}" in lines[0], lines[0]
+    assert calls == [0, SHARD, 2 * SHARD]  # the second translated nothing
+    assert [line for p in shard_files(out) for line in lines_of(p)] == refs
 
 
 def test_the_student_is_an_ordinary_checkpoint(translated, trained_checkpoint, corpus, raw_corpus, tmp_path):
