@@ -426,7 +426,7 @@ def _run(command: Any, args: list[str]) -> None:
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt, EOFError, Terminated) as e:
+    except (typer.Abort, KeyboardInterrupt, Terminated) as e:  # not EOFError: a truncated file raises it
         print("nmt: stopped by SIGTERM" if isinstance(e, Terminated) else "nmt: interrupted", file=sys.stderr)
         sys.exit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
     except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import shutil
 import struct
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from typing import Any
 import ctranslate2 as ct2
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 from helpers import nmt_here
 from hf_marian import LANGUAGE_TOKENS, VARIANTS, Variant, train_spm_pair, write_hf_marian
@@ -45,7 +47,8 @@ from nmt.checkpoint import load_checkpoint
 from nmt.decoding.predict import score_token_lists
 
 pytestmark = [pytest.mark.usefixtures("one_thread", "restore_logging"),
-              pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
+              pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
+              pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")]  # a refusal's test data
 
 LOGPROB_TOL = 1e-4  # per-token log-probabilities, nmt vs transformers (observed: below 1e-5)
 MAX_OUT = 24  # tokens before </s>, both sides (`hf_generate`)
@@ -509,6 +512,38 @@ def huge_header(folder: Path) -> None:
     (folder / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + data[8:])
 
 
+def edit_weights(change: Callable[[dict[str, torch.Tensor]], None], bin: bool = False) -> Callable[[Path], None]:
+    """Rewrite the folder's weights after `change(state)` (names as the file has them), as
+    model.safetensors or, with `bin`, as pytorch_model.bin instead."""
+    def edit(folder: Path) -> None:
+        state = safetensors.torch.load_file(folder / "model.safetensors")
+        change(state)
+        if bin:
+            (folder / "model.safetensors").unlink()
+            torch.save(state, folder / "pytorch_model.bin")
+        else:
+            safetensors.torch.save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    return edit
+
+
+def write(name: str, text: str) -> Callable[[Path], None]:
+    return lambda folder: (folder / name).write_text(text)
+
+
+def not_regular(name: str, kind: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        (folder / name).unlink()
+        os.mkfifo(folder / name) if kind == "fifo" else (folder / name).symlink_to("/dev/zero")
+    return edit
+
+
+def safetensors_header(header: Any) -> Callable[[Path], None]:
+    data = json.dumps(header).encode()
+    return lambda folder: (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(data)) + data)
+
+
+Q, K = "model.encoder.layers.0.self_attn.q_proj.weight", "model.encoder.layers.0.self_attn.k_proj.weight"
+D = 40  # hf_marian's d_model
 REFUSALS: dict[str, tuple[Callable[[Path], None], str]] = {
     "model_type": (edit_config(model_type="bart"), "model_type 'bart', not marian"),
     "activation": (edit_config(activation_function="tanh"), "activation_function 'tanh'"),
@@ -520,6 +555,45 @@ REFUSALS: dict[str, tuple[Callable[[Path], None], str]] = {
     "no weights": (lambda f: (f / "model.safetensors").unlink(), "neither model.safetensors nor pytorch_model.bin"),
     "corrupt safetensors header": (corrupt_header, "model.safetensors: not a readable safetensors file"),
     "safetensors header past the end": (huge_header, "model.safetensors: not a readable safetensors file"),
+    # issue 33, item 6: imported numbers pass nmt's validation; no weight is dropped
+    "NaN output bias": (edit_weights(lambda w: w["final_logits_bias"].__setitem__((0, 3), math.nan)),
+                        "final_logits_bias holds NaN or infinite values"),
+    "+inf output bias": (edit_weights(lambda w: w["final_logits_bias"].__setitem__((0, 3), math.inf)),
+                         "final_logits_bias holds NaN or infinite values"),
+    "encoder_layers 0": (edit_config(encoder_layers=0), "config.json (encoder_layers): model.encoder_layers must be at least 1"),
+    "encoder_layers -1": (edit_config(encoder_layers=-1), "config.json (encoder_layers): model.encoder_layers must be"),
+    "heads -4": (edit_config(encoder_attention_heads=-4, decoder_attention_heads=-4),
+                 "config.json (encoder_attention_heads): model.heads must be at least 1"),
+    "max_position_embeddings 0": (edit_config(max_position_embeddings=0), "(max_position_embeddings): model.max_positions"),
+    "max_position_embeddings 10^9": (edit_config(max_position_embeddings=10**9),
+                                     "config.json (max_position_embeddings): 1000000000 positions, more than nmt imports"),
+    "a layer the config does not count": (edit_config(encoder_layers=1),
+                                          "weight model.encoder.layers.1.fc1.bias (and 15 more) is not part of the model"),
+    "a weight nothing reads": (edit_weights(lambda w: w.__setitem__("model.encoder.extra.weight", torch.ones(2))),
+                               "weight model.encoder.extra.weight is not part of the model"),
+    # item 7: the wrong shape of a file, a key or a weight
+    "config.json a list": (write("config.json", "[1, 2]"), "config.json: not a mapping of keys (it is a list)"),
+    "config.json nested 100,000 deep": (write("config.json", "[" * 100_000 + "]" * 100_000), "config.json: nested too deeply"),
+    "d_model a string": (edit_config(d_model="512"), "config.json: d_model is '512', not an integer"),
+    "vocab_size 1e400": (edit_config(vocab_size=1e400),
+                         "config.json: vocab_size is inf, not an integer"),
+    "tokenizer_config.json null": (write("tokenizer_config.json", "null"), "tokenizer_config.json: not a mapping"),
+    "vocab.json ids true": (write("vocab.json", '{"</s>": true, "<unk>": 1}'), "vocab.json: not a mapping of pieces to ids"),
+    "safetensors header a list": (safetensors_header([1, 2]), "model.safetensors: not a readable safetensors file"),
+    "safetensors int8 weight": (edit_weights(lambda w: w.__setitem__(Q, w[Q].to(torch.int8))), f"{Q} holds I8"),
+    "k_proj (d, d+1), fused after": (edit_weights(lambda w: w.__setitem__(K, torch.zeros(D, D + 1))),
+                                     f"{K} has shape ({D}, {D + 1}), not ({D}, {D})"),
+    "a sparse tensor in pytorch_model.bin": (edit_weights(lambda w: w.__setitem__(Q, w[Q].to_sparse()), bin=True),
+                                            f"{Q} holds a torch.sparse_coo tensor"),
+    "a quantized tensor in pytorch_model.bin": (
+        edit_weights(lambda w: w.__setitem__(Q, torch.quantize_per_tensor(w[Q], 0.1, 0, torch.qint8)), bin=True),
+        f"{Q} holds qint8"),
+    # item 8: regular files only, never blocking or reading without end
+    "vocab.json a FIFO": (not_regular("vocab.json", "fifo"), "vocab.json: a JSON file is not a regular file"),
+    "source.spm a FIFO": (not_regular("source.spm", "fifo"), "source.spm: a sentencepiece model is not a regular file"),
+    "model.safetensors a FIFO": (not_regular("model.safetensors", "fifo"), "model.safetensors: the weights file is not a"),
+    "config.json a symlink to /dev/zero": (not_regular("config.json", "zero"), "config.json: a JSON file is not a regular"),
+    "target.spm a symlink to /dev/zero": (not_regular("target.spm", "zero"), "target.spm: a sentencepiece model is not"),
 }
 
 
@@ -534,6 +608,21 @@ def test_refusals_are_one_line(models, tmp_path, capsys, case):
     assert nmt_here("import", str(folder), "-o", str(out)) == 1
     one_line_error(capsys, needle, str(folder))
     assert not out.exists()
+
+
+def test_a_bin_with_position_tables_and_a_tied_lm_head_imports_as_the_safetensors(models, tmp_path):
+    """Older OPUS-MT uploads' pytorch_model.bin hold every tensor of the state dict: the sinusoid
+    tables transformers recomputes (embed_positions) and the lm_head tied to the embeddings. They
+    are names the import knows, not refused as unused; the checkpoint is the safetensors folder's."""
+    folder = tmp_path / "model"
+    shutil.copytree(models.folder(VARIANTS["swish"]), folder)
+    state = models.hf(VARIANTS["swish"])[0].state_dict()
+    assert {"model.encoder.embed_positions.weight", "lm_head.weight"} <= set(state)
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    assert nmt_here("import", str(folder), "-o", str(tmp_path / "bin.pt")) == 0
+    ours, reference = (load_checkpoint(p)["model"] for p in (tmp_path / "bin.pt", models.checkpoint(VARIANTS["swish"])))
+    assert ours.keys() == reference.keys() and all(torch.equal(ours[k], reference[k]) for k in ours)
 
 
 class Planted:

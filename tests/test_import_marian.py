@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -404,6 +405,27 @@ class _Canary:
         return (pathlib.Path.touch, (self.path,))
 
 
+def _decoder_yml(old: str, new: str):
+    def edit(r: Release) -> None:
+        r.decoder_yml.write_text(r.decoder_yml.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+    return edit
+
+
+def _not_regular(name: str, kind: str):
+    def edit(r: Release) -> None:
+        (r.folder / name).unlink()
+        os.mkfifo(r.folder / name) if kind == "fifo" else (r.folder / name).symlink_to("/dev/zero")
+    return edit
+
+
+def _padded_member(r: Release) -> None:
+    """decoder_l1_ffn_b2 as a .npy of its shape followed by 16 MB it never declares (deflated: 16 kB)."""
+    rewrite_npz(r, drop=["decoder_l1_ffn_b2"])
+    with zipfile.ZipFile(r.npz, "a", zipfile.ZIP_DEFLATED) as z, z.open("decoder_l1_ffn_b2.npy", "w") as f:
+        np.lib.format.write_array(f, r.weights["decoder_l1_ffn_b2"])
+        f.write(bytes(1 << 24))
+
+
 D = Variant().d_model
 REFUSALS = {
     "type s2s": (lambda r: rewrite_npz(r, options={"type": "s2s"}), "type 's2s'"),
@@ -420,13 +442,53 @@ REFUSALS = {
     "no source.spm": (lambda r: (r.folder / "source.spm").unlink(), "source.spm is missing"),
     "separate vocabularies": (_separate_vocabularies, "vocab.src.yml and vocab.trg.yml differ"),
     "no special:model.yml": (lambda r: np.savez(r.npz, **r.weights), "no special:model.yml"),
-    "missing parameter": (lambda r: rewrite_npz(r, drop=["decoder_l2_context_Wv"]), "no parameter decoder_l2_context_Wv"),
+    "missing parameter": (lambda r: rewrite_npz(r, drop=["decoder_l2_context_Wv"]), "no weight decoder_l2_context_Wv"),
     "wrong shape": (lambda r: rewrite_npz(r, replace={"encoder_l1_self_Wq": np.zeros((D + 1, D), np.float32)}),
                     f"encoder_l1_self_Wq has shape ({D + 1}, {D}), not ({D}, {D})"),
     "wrong shape (3-d)": (lambda r: rewrite_npz(r, replace={"Wemb": r.weights["Wemb"][..., None]}),
                           "Wemb has shape"),
     "integers": (lambda r: rewrite_npz(r, replace={"decoder_l1_ffn_b2": np.zeros((1, D), np.int64)}),
                  "decoder_l1_ffn_b2 holds int64"),
+    # issue 33, item 6: imported numbers pass nmt's validation; no weight is dropped
+    "enc-depth 0": (lambda r: rewrite_npz(r, options={"enc-depth": 0}),
+                    "special:model.yml (enc-depth): model.encoder_layers must be at least 1"),
+    "enc-depth -1": (lambda r: rewrite_npz(r, options={"enc-depth": -1}), "(enc-depth): model.encoder_layers must be"),
+    "heads -4": (lambda r: rewrite_npz(r, options={"transformer-heads": -4}),
+                 "special:model.yml (transformer-heads): model.heads must be at least 1"),
+    "dropout 1.5": (lambda r: rewrite_npz(r, options={"transformer-dropout": 1.5}),
+                    "(transformer-dropout): model.dropout must be in [0, 1)"),
+    "a layer the options do not count": (lambda r: rewrite_npz(r, options={"enc-depth": 1}),
+                                         "weight encoder_l2_ffn_W1 (and 15 more) is not part of the model"),
+    "a parameter nothing reads": (lambda r: rewrite_npz(r, replace={"decoder_l1_extra": np.ones((1, D), np.float32)}),
+                                  "weight decoder_l1_extra is not part of the model"),
+    "an output matrix beside tied-embeddings-all": (
+        lambda r: rewrite_npz(r, replace={"decoder_ff_logit_out_Wt": r.weights["Wemb"]}),
+        "weight decoder_ff_logit_out_Wt is not part of the model"),
+    "NaN output bias": (lambda r: rewrite_npz(r, replace={"decoder_ff_logit_out_b": r.weights["decoder_ff_logit_out_b"]
+                                                          * np.float32("nan")}),
+                        "decoder_ff_logit_out_b holds NaN or infinite values"),
+    # item 7: the wrong shape of a file or a key
+    "decoder.yml a list": (lambda r: r.decoder_yml.write_text("[1, 2]\n"), "decoder.yml: not a mapping of keys (it is a list)"),
+    "special:model.yml a list": (lambda r: rewrite_npz(r, model_yml_text="- 1\n- 2\n"),
+                                 "special:model.yml: not a mapping of keys (it is a list)"),
+    "special:model.yml nested 100,000 deep": (lambda r: rewrite_npz(r, model_yml_text="[" * 100_000 + "]" * 100_000),
+                                              "special:model.yml: nested too deeply"),
+    "dim-emb a string": (lambda r: rewrite_npz(r, options={"dim-emb": "x32"}), "dim-emb is 'x32', not an integer"),
+    "a .npy named .npz": (lambda r: np.save(r.npz.with_suffix(".npy"), r.weights["Wemb"]) or
+                          r.npz.with_suffix(".npy").replace(r.npz), "model.npz: not a .npz archive"),
+    # item 15: decoder.yml's lists
+    "models: a string": (_decoder_yml("models:\n  - model.npz\n", "models: model.npz\n"),
+                         "decoder.yml: models is 'model.npz', not a list of file names"),
+    "vocabs: a string": (_decoder_yml("vocabs:\n  - vocab.yml\n  - vocab.yml\n", "vocabs: vocab.yml\n"),
+                         "decoder.yml: vocabs is 'vocab.yml', not a list of file names"),
+    # item 8: regular files only, each member of the .npz no bigger than its shape
+    "model.npz a FIFO": (_not_regular("model.npz", "fifo"), "model.npz: the model file is not a regular file"),
+    "source.spm a FIFO": (_not_regular("source.spm", "fifo"), "source.spm: a sentencepiece model is not a regular file"),
+    "vocab.yml a symlink to /dev/zero": (_not_regular("vocab.yml", "zero"), "vocab.yml: a Marian vocabulary is not a"),
+    "a member bigger than its shape": (_padded_member, f"decoder_l1_ffn_b2 stores {(1 << 24) + 128 + 4 * D:,} bytes"),
+    # item 11: an empty or truncated model is a damaged file, not an interrupt
+    "model.npz empty": (lambda r: r.npz.write_bytes(b""), "model.npz: not a .npz archive of arrays"),
+    "model.npz truncated": (lambda r: r.npz.write_bytes(r.npz.read_bytes()[:5000]), "model.npz: not a .npz archive"),
 }
 
 
@@ -441,16 +503,76 @@ def test_a_release_nmt_cannot_map_is_refused_in_one_line(case, tmp_path, capfd):
     assert not out.exists()
 
 
-def test_a_pickled_object_in_the_npz_is_refused_unrun(tmp_path, capfd):
+@pytest.mark.parametrize("member", ["objects", "decoder_l1_ffn_b2"], ids=["an unused member", "a weight"])
+def test_a_pickled_object_in_the_npz_is_refused_unrun(tmp_path, capfd, member):
+    """An array of pickled objects, as a member the mapping never reads (refused by its name, never
+    decompressed) or in place of a weight it reads (refused by its header, before its data)."""
     release = write_release(tmp_path / "rel", Variant())
     canary = tmp_path / "canary"
     objects = np.empty(1, dtype=object)
     objects[0] = _Canary(canary)
-    np.savez(release.npz, **release.weights, **{"special:model.yml": npz_text(model_yml(release.options)),
-                                                "objects": objects})
+    np.savez(release.npz, **{**release.weights, member: objects, "special:model.yml": npz_text(model_yml(release.options))})
     assert nmt_here("import", str(release.folder), "-o", str(tmp_path / "m.pt")) == 1
-    one_line_error(capfd, "not a readable .npz")
+    one_line_error(capfd, f"{member} is not part of the model" if member == "objects" else f"{member} holds Python objects")
     assert not canary.exists()
     with np.load(release.npz, allow_pickle=True) as npz:  # what loading it with pickles would have done
-        npz["objects"]
+        npz[member]
     assert canary.exists()
+
+
+# ------------------------------------------------------------------ what the import reads, it never writes
+
+
+@pytest.fixture
+def elsewhere(tmp_path) -> tuple[Release, Path]:
+    """A release in `b/` and a decoder.yml in `a/` that names b's model and vocabularies."""
+    release = write_release(tmp_path / "b", Variant())
+    (tmp_path / "a").mkdir()
+    decoder = tmp_path / "a" / "decoder.yml"
+    decoder.write_text(release.decoder_yml.read_text(encoding="utf-8").replace("model.npz", "../b/model.npz")
+                       .replace("vocab.yml", "../b/vocab.yml"), encoding="utf-8")
+    return release, decoder
+
+
+@pytest.mark.parametrize("option", ["-o", "--config"])
+@pytest.mark.parametrize("name", ["model.npz", "vocab.yml", "source.spm"])
+def test_no_output_is_a_file_the_import_reads_in_another_folder(elsewhere, tmp_path, capfd, name, option):
+    """Issue 33, item 3: decoder.yml names its files in another folder; `-o` (or `--config`) one of
+    them is refused before anything is written, and the file is kept."""
+    release, decoder = elsewhere
+    target, before = release.folder / name, (release.folder / name).read_bytes()
+    outputs = {"-o": target, "--config": tmp_path / "new.pt"} if option == "-o" else {"-o": tmp_path / "new.pt",
+                                                                                      "--config": target}
+    assert nmt_here("import", str(decoder), *(str(a) for o, path in outputs.items() for a in (o, path))) == 1
+    one_line_error(capfd, f"{option} {target} is a file of the model being imported (SOURCE {decoder.parent}/../b/{name})")
+    assert target.read_bytes() == before and not (tmp_path / "new.pt").exists()
+
+
+@pytest.mark.parametrize("config", ["{tmp}/", "{tmp}/missing/finetune.yaml", "{tmp}/m.pt"],
+                         ids=["a directory", "in no directory", "the checkpoint's name"])
+def test_a_config_that_cannot_be_written_leaves_no_checkpoint(tmp_path, capfd, config):
+    """Item 13: `nmt import -o m.pt --config bad` checks both outputs before it writes either."""
+    release = write_release(tmp_path / "rel", Variant())
+    args = ("import", str(release.folder), "-o", str(tmp_path / "m.pt"), "--config", config.format(tmp=tmp_path))
+    assert nmt_here(*args) == 1
+    assert not (tmp_path / "m.pt").exists()
+    one_line_error(capfd, "--config")
+
+
+def test_only_the_members_the_mapping_reads_are_decompressed(tmp_path, capfd, monkeypatch):
+    """Item 8: a .npz with a big unused member (16 MB of zeros, deflated to 16 kB) is refused by
+    that member's name; the member is never opened, so never decompressed."""
+    release = write_release(tmp_path / "rel", Variant())
+    with zipfile.ZipFile(release.npz, "a", zipfile.ZIP_DEFLATED) as z, z.open("junk.npy", "w") as f:
+        np.lib.format.write_array(f, np.zeros(1 << 22, np.float32))
+    opened = []
+    real_open = zipfile.ZipFile.open
+
+    def spy(self, name, *args, **kwargs):
+        opened.append(name.filename if isinstance(name, zipfile.ZipInfo) else name)
+        return real_open(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", spy)
+    assert nmt_here("import", str(release.folder), "-o", str(tmp_path / "m.pt")) == 1
+    one_line_error(capfd, "weight junk is not part of the model")
+    assert "junk.npy" not in opened and "Wemb.npy" in opened

@@ -1,0 +1,157 @@
+"""`nmt import` of a Hugging Face MarianMT folder: `config.json`, `model.safetensors` or
+`pytorch_model.bin`, `source.spm`, `target.spm`, `vocab.json` (and `tokenizer_config.json`,
+`generation_config.json`).
+
+The mapping, as transformers computes the model: post-norm layers, embeddings scaled by
+sqrt(d_model), the sinusoid table of `MarianSinusoidalPositionalEmbedding` (`positions:
+hf_marian`), decoding starts from the embedding of `decoder_start_token_id` (the pad row),
+logits plus `final_logits_bias`; the pad row is part of the vocabulary, as it is there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.config import ModelConfig
+from nmt.convert.reading import (
+    Imported,
+    Keys,
+    Pair,
+    Reader,
+    check_config,
+    check_shapes,
+    map_layers,
+    pieces_in_id_order,
+    shown,
+)
+from nmt.errors import NmtError
+from nmt.tokenizer import SpecialIds, VocabTokenizer
+
+_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                "swish": "swish", "silu": "swish"}
+# nmt's model keys -> config.json's, for the messages of the config's validation
+_KEYS = {"encoder_layers": "encoder_layers", "decoder_layers": "decoder_layers", "d_model": "d_model",
+         "ffn_dim": "encoder_ffn_dim", "heads": "encoder_attention_heads", "dropout": "dropout",
+         "attention_dropout": "attention_dropout", "activation_dropout": "activation_dropout",
+         "max_positions": "max_position_embeddings"}
+# the sublayers' LayerNorms (nmt's norms.0, .1, .2) under transformers' names
+_NORMS = {"self": "self_attn_layer_norm", "cross": "encoder_attn_layer_norm", "ffn": "final_layer_norm"}
+
+
+def read_hf_folder(folder: Path) -> Imported:
+    reader = Reader()
+    cfg = reader.json(folder / "config.json")
+    cfg.need(cfg.text("model_type", "") == "marian", f"model_type {cfg.raw.get('model_type')!r}, not marian")
+    d_model, heads, ffn = cfg.int("d_model", 512), cfg.int("encoder_attention_heads", 8), cfg.int("encoder_ffn_dim", 2048)
+    dec_heads, dec_ffn = cfg.int("decoder_attention_heads", 8), cfg.int("decoder_ffn_dim", 2048)
+    cfg.need(heads == dec_heads, f"encoder_attention_heads {heads} != decoder_attention_heads {dec_heads}")
+    cfg.need(ffn == dec_ffn, f"encoder_ffn_dim {ffn} != decoder_ffn_dim {dec_ffn}")
+    cfg.need(cfg.flag("scale_embedding", False), "scale_embedding is not true")
+    cfg.need(not cfg.flag("normalize_before", False), "normalize_before (pre-norm) is true")
+    cfg.need(not cfg.flag("normalize_embedding", False), "normalize_embedding is true")
+    cfg.need(not cfg.flag("add_final_layer_norm", False), "add_final_layer_norm is true")
+    act = cfg.text("activation_function", "gelu")
+    cfg.need(act in _ACTIVATIONS, f"activation_function {act!r} (supported: {', '.join(_ACTIVATIONS)})")
+    vocab_size = cfg.int("vocab_size")
+    dec_vocab = cfg.int("decoder_vocab_size", vocab_size)
+    cfg.need(dec_vocab == vocab_size, f"decoder_vocab_size {dec_vocab} != vocab_size {vocab_size} "
+                                      "(separate source and target vocabularies)")
+    pad, eos = cfg.int("pad_token_id"), cfg.int("eos_token_id")
+    model = ModelConfig(
+        arch="transformer", encoder_layers=cfg.int("encoder_layers"), decoder_layers=cfg.int("decoder_layers"),
+        d_model=d_model, ffn_dim=ffn, heads=heads, dropout=cfg.number("dropout", 0.1),
+        attention_dropout=cfg.number("attention_dropout", 0.0), activation_dropout=cfg.number("activation_dropout", 0.0),
+        norm_first=False, share_embeddings=cfg.flag("share_encoder_decoder_embeddings", True),
+        tie_output=cfg.flag("tie_word_embeddings", True), output_bias=True, activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
+        norm_eps=1e-5, positions="hf_marian", decoder_start="bos", max_positions=cfg.int("max_position_embeddings", 512))
+    check_config(model, cfg.where, _KEYS)
+    tok = _hf_tokenizer(reader, folder, vocab_size, pad, eos, cfg.int("decoder_start_token_id", pad))
+    beam = _hf_beam(reader, folder, cfg)  # checked before the weights are read
+    model, weights = _map_hf(reader, folder, model, vocab_size)
+    return Imported(model, weights, tok, beam, str(folder), reader.files)
+
+
+def _hf_beam(reader: Reader, folder: Path, cfg: Keys) -> dict[str, Any]:
+    """The decode settings of generation_config.json, which transformers' generate() prefers and
+    where recent transformers versions write them (5.x keeps them nowhere else), else of
+    config.json: num_beams -> beam, length_penalty -> lenpen (score / len^alpha, len counting
+    </s>: nmt's `length` style)."""
+    path = folder / "generation_config.json"
+    generation = reader.json(path) if os.path.lexists(path) else Keys({}, str(path))
+    if generation.raw.get("num_beams") is None:
+        generation = cfg
+    decode: dict[str, Any] = {"lenpen_style": "length"}
+    beams = generation.raw.get("num_beams")
+    if beams is not None:
+        if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
+            raise NmtError(f"{generation.where}: num_beams {shown(beams)} is not a positive integer")
+        decode["beam"] = beams
+    penalty = generation.number("length_penalty", 1.0)
+    if not 0 <= penalty <= 10:
+        raise NmtError(f"{generation.where}: length_penalty {penalty!r} is not a number between 0 and 10")
+    decode["lenpen"] = penalty
+    return decode
+
+
+def _hf_tokenizer(reader: Reader, folder: Path, vocab_size: int, pad: int, eos: int, start: int) -> VocabTokenizer:
+    path = folder / "tokenizer_config.json"
+    if os.path.lexists(path):
+        tok_cfg = reader.json(path)
+        tok_cfg.need(not tok_cfg.raw.get("separate_vocabs"),
+                     "separate_vocabs is true (separate source and target vocabularies)")
+    path = folder / "vocab.json"
+    vocab = reader.json(path).raw
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in vocab.values()):
+        raise NmtError(f"{path}: not a mapping of pieces to ids")
+    pieces = pieces_in_id_order(vocab, path)
+    if len(pieces) == vocab_size - 1 and pad == vocab_size - 1:  # the pad row is the model's, not vocab.json's
+        pieces.append("<pad>")
+    if len(pieces) != vocab_size:
+        raise NmtError(f"{path}: {len(pieces)} pieces, but config.json's vocab_size is {vocab_size}")
+    if "<unk>" not in vocab:
+        raise NmtError(f"{path}: no <unk> piece")
+    source, target = (reader.bytes(folder / name, "a sentencepiece model") for name in ("source.spm", "target.spm"))
+    return VocabTokenizer(source, target, pieces, SpecialIds(pad, vocab["<unk>"], start, eos),
+                          name=f"{folder}: its tokenizer")
+
+
+def _map_hf(reader: Reader, folder: Path, cfg: ModelConfig, V: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    names = [name for name in ("model.safetensors", "pytorch_model.bin") if os.path.lexists(folder / name)]
+    if not names:
+        raise NmtError(f"{folder}: neither model.safetensors nor pytorch_model.bin")
+    w = reader.weights(folder / names[0], prefix="model.")
+    D, F = cfg.d_model, cfg.ffn_dim
+    w.hint = f" (d_model {D}, encoder_ffn_dim {F}, vocab_size {V})"
+
+    def embedding(side: str) -> torch.Tensor:  # what MarianMTModel's forward reads (a file may hold only `shared`)
+        return w.take(f"{side}.embed_tokens.weight" if w.has(f"{side}.embed_tokens.weight") else "shared.weight", V, D)
+
+    def linear(name: str, d_out: int = D, d_in: int = D) -> Pair:
+        return w.take(f"{name}.weight", d_out, d_in), w.take(f"{name}.bias", d_out)
+
+    enc, dec = embedding("encoder"), embedding("decoder")
+    # transformers 5 ties the encoder's and decoder's tables to `shared` only while tie_word_embeddings
+    # is true: a folder it wrote with share_encoder_decoder_embeddings true and tie_word_embeddings false
+    # holds three different tables, and the model reads two of them
+    cfg = dataclasses.replace(cfg, share_embeddings=cfg.share_embeddings and torch.equal(enc, dec))
+    out = {"src_embed.tokens.weight": enc, "tgt_embed.tokens.weight": dec,
+           "output_bias": w.take("final_logits_bias", V) if w.has("final_logits_bias") else torch.zeros(V)}
+    if not cfg.tie_output:
+        out["output_embedding"] = w.take("lm_head.weight", V, D)
+    out |= map_layers(
+        cfg, lambda side, i, sub: tuple(linear(f"{side}.layers.{i}.{'self_attn' if sub == 'self' else 'encoder_attn'}."
+                                               f"{p}_proj") for p in ("q", "k", "v", "out")),
+        lambda side, i: (linear(f"{side}.layers.{i}.fc1", F, D), linear(f"{side}.layers.{i}.fc2", D, F)),
+        lambda side, i, sub: (w.take(f"{side}.layers.{i}.{_NORMS[sub]}.weight", D),
+                              w.take(f"{side}.layers.{i}.{_NORMS[sub]}.bias", D)))
+    # what transformers ties or recomputes: `shared` (the embeddings' source), lm_head when tied, the sinusoids
+    w.ignore("shared.weight", *(["lm_head.weight"] if cfg.tie_output else []),
+             "encoder.embed_positions.weight", "decoder.embed_positions.weight")
+    w.check_all_used(f"that {folder / 'config.json'} describes")
+    check_shapes(out, cfg, V, str(w.path))
+    return cfg, out

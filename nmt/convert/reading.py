@@ -1,0 +1,382 @@
+"""What every `nmt import` shares: reading a model's files, its numbers and its weights.
+
+- Files are read under nmt's one rule (`nmt.atomic.open_for_reading`: regular files only, a FIFO
+  or a device refused without blocking, a size bound), each recorded in `Reader.files`, so that
+  the command can refuse an output that is one of them.
+- JSON and YAML of the wrong shape (a list where a mapping belongs, a string where a number does,
+  nesting past the parser's depth) and weights that are missing, of another shape or type, not
+  finite, or never used are each one line naming the file and the key.
+- Weights are read lazily (`Weights`): a tensor only when the mapping asks for it, its shape and
+  type checked before its data is read, so a forged shape or an unused member of a `.npz` is
+  never decompressed. Nothing runs code from a file: `.bin` loads with
+  `torch.load(weights_only=True)`, `.npz` members are parsed without pickles, safetensors is
+  read by its library.
+- `map_layers` is the Transformer layer layout both sources fill; an imported config passes
+  `nmt.config.validate`, as any nmt config does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import warnings
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+import yaml
+from safetensors import SafetensorError, safe_open
+
+from nmt.atomic import READ_LIMIT, open_for_reading
+from nmt.config import Config, ModelConfig, validate
+from nmt.errors import NmtError
+from nmt.models.transformer import Transformer
+from nmt.tokenizer import Tokenizer
+
+MAX_POSITIONS = 1 << 16  # Marian and OPUS-MT use 512 to 1024; a longer table is a broken config, not a model
+_FLOATS = {"F16", "BF16", "F32", "F64"}  # safetensors' names of the floating-point types
+_NPY_HEADER = 1 << 16  # more than numpy writes before a .npy member's data
+
+
+@dataclasses.dataclass
+class Imported:
+    """A model read from its source: config, weights in nmt's layout, tokenizer, the decode
+    settings it ships with (beam, length penalty: `DecodeConfig` keys) and the files read."""
+
+    model: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    decode: dict[str, Any]
+    source: str  # what it was read from, for the checkpoint's record
+    files: list[Path]  # every file read: no output of the import may be one of them
+
+
+def one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:160] or type(e).__name__
+
+
+def shown(value: Any) -> str:
+    """A value for a message: short, and never the repr of a deep structure."""
+    if isinstance(value, (list, dict)):
+        return f"a {'list' if isinstance(value, list) else 'mapping'}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class Keys:
+    """A JSON or YAML mapping (config.json, decoder.yml, special:model.yml), each value read as
+    the type its reader expects (None: the default); anything else is one line naming `where`
+    (the file) and the key."""
+
+    def __init__(self, raw: Any, where: str):
+        if not isinstance(raw, dict):
+            raise NmtError(f"{where}: not a mapping of keys (it is {'empty' if raw is None else shown(raw)})")
+        self.raw, self.where = raw, where
+
+    def _get(self, key: str, default: Any, ok: Callable[[Any], bool], what: str) -> Any:
+        value = self.raw.get(key)
+        value = default if value is None else value
+        if value is None:
+            raise NmtError(f"{self.where}: {key} is missing; it must be {what}")
+        if not ok(value):
+            raise NmtError(f"{self.where}: {key} is {shown(value)}, not {what}")
+        return value
+
+    def int(self, key: str, default: int | None = None) -> int:
+        return self._get(key, default, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+
+    def number(self, key: str, default: float) -> float:
+        return float(self._get(key, default, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                               and math.isfinite(v), "a finite number"))
+
+    def flag(self, key: str, default: bool) -> bool:
+        return self._get(key, default, lambda v: isinstance(v, bool), "true or false")
+
+    def text(self, key: str, default: str) -> str:
+        return self._get(key, default, lambda v: isinstance(v, str), "a string")
+
+    def names(self, key: str) -> list[str]:
+        return self._get(key, [], lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v),
+                         "a list of file names")
+
+    def need(self, ok: bool, what: str) -> None:
+        if not ok:
+            raise NmtError(f"{self.where}: {what}; nmt import cannot map it")
+
+
+class Reader:
+    """The files of one import, each opened under `open_for_reading`'s rule and recorded."""
+
+    def __init__(self) -> None:
+        self.files: list[Path] = []
+
+    def open(self, path: Path, what: str, limit: int | None = READ_LIMIT) -> BinaryIO:
+        try:
+            f = open_for_reading(path, what, limit)
+        except FileNotFoundError:
+            raise NmtError(f"{path}: not found") from None
+        self.files.append(path)
+        return f
+
+    def bytes(self, path: Path, what: str) -> bytes:
+        with self.open(path, what) as f:
+            try:
+                return f.read()
+            except OSError as e:
+                raise NmtError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+
+    def text(self, path: Path, what: str) -> str:
+        try:
+            return self.bytes(path, what).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise NmtError(f"{path}: {what} is not UTF-8 text ({one_line(e)})") from None
+
+    def json(self, path: Path) -> Keys:
+        try:
+            return Keys(json.loads(self.text(path, "a JSON file")), str(path))
+        except RecursionError:
+            raise NmtError(f"{path}: nested too deeply to be a model's JSON") from None
+        except ValueError as e:  # JSONDecodeError, or an integer of more digits than Python converts
+            raise NmtError(f"{path}: not readable JSON ({one_line(e)})") from None
+
+    def weights(self, path: Path, prefix: str = "") -> Weights:
+        """The tensors of a .safetensors or .bin (a pickled state dict) file, named without `prefix`."""
+        with self.open(path, "the weights file", limit=None) as f:
+            w = _Safetensors(path) if path.suffix == ".safetensors" else _StateDict(path, f)
+        w.keys = {key.removeprefix(prefix): key for key in w.keys}
+        return w
+
+    def npz(self, path: Path) -> Npz:
+        """Marian's .npz, its members read lazily from the open file."""
+        return Npz(path, self.open(path, "the model file", limit=None))
+
+
+def load_yaml(text: str, where: str, loader: Any = yaml.SafeLoader) -> Any:
+    try:
+        return yaml.load(text, Loader=loader)
+    except RecursionError:
+        raise NmtError(f"{where}: nested too deeply to be a model's YAML") from None
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: an integer of more digits than Python converts
+        raise NmtError(f"{where}: not readable YAML ({one_line(e)})") from None
+
+
+def pieces_in_id_order(vocab: dict[str, int], path: Path) -> list[str]:
+    pieces: list[str | None] = [None] * len(vocab)
+    for piece, i in vocab.items():
+        if not 0 <= i < len(vocab) or pieces[i] is not None:
+            raise NmtError(f"{path}: ids are not 0..{len(vocab) - 1}, each once (id {i} of {piece!r})")
+        pieces[i] = piece
+    return [p for p in pieces if p is not None]
+
+
+def check_config(cfg: ModelConfig, where: str, keys: dict[str, str]) -> None:
+    """The imported model config under nmt's own validation; `keys` maps nmt's model keys to the
+    source's, so that a refusal names the file, the source's key and nmt's."""
+    validate(Config(model=cfg), {"_file": where, **{f"model.{k}": f"{where} ({v})" for k, v in keys.items()}})
+    if cfg.max_positions > MAX_POSITIONS:
+        raise NmtError(f"{where} ({keys.get('max_positions', 'max_positions')}): {cfg.max_positions} positions, "
+                       f"more than nmt imports ({MAX_POSITIONS:,})")
+
+
+# ---------------------------------------------------------------- weights
+
+
+class Weights:
+    """A weights file's tensors by name, read when `take` asks: each checked (present, of the
+    shape the mapping expects, floating-point, finite) before it is used, and every name the
+    mapping never took refused by `check_all_used`. `hint` ends shape errors (the sizes meant)."""
+
+    def __init__(self, path: Path, keys: list[str]):
+        self.path, self.used, self.hint = path, set[str](), ""
+        self.keys = {key: key for key in keys}  # name -> the file's key
+
+    def take(self, name: str, *shape: int) -> torch.Tensor:
+        """Weight `name` of `shape` as float32; a vector (n,) may be stored (1, n), as Marian and
+        Hugging Face's final_logits_bias store theirs."""
+        if name not in self.keys:
+            raise NmtError(f"{self.path}: no weight {name}")
+        key = self.keys[name]
+        have, dtype, floating = self._header(key, shape)
+        if not floating:
+            raise NmtError(f"{self.path}: weight {key} holds {dtype}, not floating-point numbers")
+        if have != shape and not (len(shape) == 1 and have == (1, *shape)):
+            want = (1, *shape) if len(shape) == 1 else shape
+            raise NmtError(f"{self.path}: weight {key} has shape {have}, not {want}{self.hint}")
+        tensor = self._read(key, shape).float().reshape(shape)
+        if not torch.isfinite(tensor).all():
+            raise NmtError(f"{self.path}: weight {key} holds NaN or infinite values")
+        self.used.add(name)
+        return tensor
+
+    def has(self, name: str) -> bool:
+        return name in self.keys
+
+    def ignore(self, *names: str) -> None:
+        """Names a source may hold that the model does not read (copies of tied weights, tables
+        it recomputes): not refused as unused."""
+        self.used.update(names)
+
+    def check_all_used(self, why: str) -> None:
+        unused = sorted(set(self.keys) - self.used)
+        if unused:
+            more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+            raise NmtError(f"{self.path}: weight {self.keys[unused[0]]}{more} is not part of the model {why}; "
+                           "nmt import refuses weights it would drop")
+
+    def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+        """(shape, dtype name, whether floating-point) of `name`, its data not read."""
+        raise NotImplementedError
+
+    def _read(self, name: str, want: tuple[int, ...]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _StateDict(Weights):
+    """pytorch_model.bin: a state dict pickled by torch.save, loaded with weights_only (no code runs)."""
+
+    def __init__(self, path: Path, f: BinaryIO):
+        try:
+            with warnings.catch_warnings():  # torch's deprecation notes on a quantized tensor: the refusal says it all
+                warnings.simplefilter("ignore")
+                state = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - whatever a damaged or forged file raises is the user's to fix
+            if zipfile.is_zipfile(path) and "Weights only load failed" in str(e):
+                raise NmtError(f"{path}: holds objects that safe loading (weights_only) refuses") from None
+            raise NmtError(f"{path}: cannot read ({one_line(e)})") from None
+        if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
+                                                  for k, t in state.items()):
+            raise NmtError(f"{path}: not a state dict of tensors")
+        super().__init__(path, list(state))
+        self.state = state
+
+    def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+        t = self.state[name]
+        if t.layout != torch.strided or t.is_meta:  # sparse, or no data at all: no array of floats either
+            return tuple(t.shape), f"a {'meta' if t.is_meta else t.layout} tensor", False
+        return tuple(t.shape), str(t.dtype).removeprefix("torch."), t.dtype.is_floating_point
+
+    def _read(self, name: str, want: tuple[int, ...]) -> torch.Tensor:
+        return self.state[name]
+
+
+class _Safetensors(Weights):
+    def __init__(self, path: Path):
+        try:
+            self.file = safe_open(str(path), framework="pt")
+            names = list(self.file.keys())
+        except (SafetensorError, OSError) as e:
+            raise NmtError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
+        super().__init__(path, names)
+
+    def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+        part = self.file.get_slice(name)
+        return tuple(part.get_shape()), part.get_dtype(), part.get_dtype() in _FLOATS
+
+    def _read(self, name: str, want: tuple[int, ...]) -> torch.Tensor:
+        try:
+            return self.file.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise NmtError(f"{self.path}: weight {name} cannot be read ({one_line(e)})") from None
+
+
+class Npz(Weights):
+    """Marian's model.npz: a zip of .npy members, each parsed here (header, then the data it
+    declares), never with pickles; a member is decompressed only when taken, after its stored
+    size is checked against the shape the mapping expects."""
+
+    def __init__(self, path: Path, f: BinaryIO):
+        try:
+            self.zip = zipfile.ZipFile(f)
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            f.close()
+            raise NmtError(f"{path}: not a .npz archive of arrays ({one_line(e)})") from None
+        self.file, self.members = f, {info.filename.removesuffix(".npy"): info for info in self.zip.infolist()}
+        super().__init__(path, [name for name in self.members if not name.startswith("special:")])
+
+    def close(self) -> None:
+        self.zip.close()
+        self.file.close()
+
+    def member(self, name: str, limit: int | None) -> tuple[tuple[int, ...], np.dtype, np.ndarray | None]:
+        """(shape, dtype, array) of member `name`; with `limit` None only its header is read (the
+        array is None), else its data too, unless the member stores more than `limit` bytes of
+        data: its declared size is checked before its data is decompressed."""
+        info = self.members[name]
+        try:
+            with self.zip.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(f)
+                if dtype.hasobject:
+                    raise NmtError(f"{self.path}: {name} holds Python objects (pickles), which nmt never loads")
+                if limit is None:
+                    return shape, dtype, None
+                if info.file_size > limit + _NPY_HEADER:
+                    raise NmtError(f"{self.path}: {name} stores {info.file_size:,} bytes, more than the {limit:,} "
+                                   "it may hold")
+                size = math.prod(shape) * dtype.itemsize
+                raw = f.read(size)
+        except (ValueError, OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile) as e:
+            raise NmtError(f"{self.path}: {name} is not a readable array ({one_line(e)})") from None
+        if len(raw) < size:
+            raise NmtError(f"{self.path}: {name} is truncated ({len(raw):,} of {size:,} bytes)")
+        return shape, dtype, np.frombuffer(raw, dtype).reshape(shape, order="F" if fortran else "C")
+
+    def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+        shape, dtype, _ = self.member(name, None)
+        return shape, str(dtype), dtype.kind == "f"
+
+    def _read(self, name: str, want: tuple[int, ...]) -> torch.Tensor:
+        array = self.member(name, math.prod(want) * 8)[2]  # float64 at most
+        assert array is not None
+        return torch.from_numpy(array.astype(np.float32))
+
+
+# ---------------------------------------------------------------- the Transformer's layers
+
+Pair = tuple[torch.Tensor, torch.Tensor]  # a linear layer's (weight (out, in), bias) or a LayerNorm's (scale, bias)
+
+
+def map_layers(cfg: ModelConfig, attention: Callable[[str, int, str], Sequence[Pair]],
+               ffn: Callable[[str, int], tuple[Pair, Pair]],
+               norm: Callable[[str, int, str], Pair]) -> dict[str, torch.Tensor]:
+    """nmt's encoder and decoder layers from a source's, as the source names them:
+    `attention(side, i, sub)` gives q, k, v and the output projection of sublayer `sub`
+    ("self" or "cross"), `ffn(side, i)` fc1 and fc2, `norm(side, i, sub)` the LayerNorm of
+    sublayer `sub` ("self", "cross" or "ffn"). Each source tensor is checked before it is fused."""
+    out: dict[str, torch.Tensor] = {}
+    for side, count in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
+        subs = ("self", "cross", "ffn") if side == "decoder" else ("self", "ffn")
+        for i in range(count):
+            dst = f"{side}.{i}"
+            for j, sub in enumerate(subs):
+                if sub == "ffn":
+                    (w1, b1), (w2, b2) = ffn(side, i)
+                    out.update({f"{dst}.ffn.fc1.weight": w1, f"{dst}.ffn.fc1.bias": b1,
+                                f"{dst}.ffn.fc2.weight": w2, f"{dst}.ffn.fc2.bias": b2})
+                else:
+                    (wq, bq), (wk, bk), (wv, bv), (wo, bo) = attention(side, i, sub)
+                    a = f"{dst}.{sub}_attn"
+                    if sub == "self":  # nmt fuses q, k and v of self-attention, k and v of cross-attention
+                        out.update({f"{a}.qkv.weight": torch.cat([wq, wk, wv]), f"{a}.qkv.bias": torch.cat([bq, bk, bv])})
+                    else:
+                        out.update({f"{a}.q.weight": wq, f"{a}.q.bias": bq, f"{a}.kv.weight": torch.cat([wk, wv]),
+                                    f"{a}.kv.bias": torch.cat([bk, bv])})
+                    out.update({f"{a}.out.weight": wo, f"{a}.out.bias": bo})
+                out[f"{dst}.norms.{j}.weight"], out[f"{dst}.norms.{j}.bias"] = norm(side, i, sub)
+    return out
+
+
+def check_shapes(weights: dict[str, torch.Tensor], cfg: ModelConfig, vocab_size: int, where: str) -> None:
+    """Exactly the weights the model config makes, each of its shape (a guard on the mappings)."""
+    with torch.device("meta"):
+        reference = Transformer(cfg, vocab_size, pad_id=0).state_dict()
+    for name in sorted(set(reference) | set(weights)):
+        have, need = weights.get(name), reference.get(name)
+        if have is None or need is None or have.shape != need.shape:
+            raise NmtError(f"{where}: the mapped weight {name} is {tuple(have.shape) if have is not None else 'missing'}, "
+                           f"the config needs {tuple(need.shape) if need is not None else 'none'}")
