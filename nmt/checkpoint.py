@@ -25,7 +25,7 @@ import torch
 
 from nmt.atomic import FileArg, check_outputs, fsync_path, open_for_reading, replacing, target
 from nmt.config import Config, changed_keys, config_from_dict
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
 from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def load_checkpoint(
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        reason = one_line(exc)
         if "Weights only load failed" in reason and zipfile.is_zipfile(path):
             raise NmtError(
                 f"{path}: checkpoint holds objects that safe loading (weights_only) refuses; "
@@ -135,7 +135,7 @@ class ModelCheckpoint:
         try:
             model.load_state_dict(self.weights)
         except RuntimeError as e:
-            first = " ".join(str(e).split())[:300]
+            first = one_line(e, 300)
             raise NmtError(f"{self.path}: its weights do not match its model config ({first})") from None
 
 

@@ -22,7 +22,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 
 from nmt import textio
 from nmt.atomic import FileArg, check_outputs
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
 from nmt.options import SENTENCE_METRICS
 
 METRICS = ("bleu", "chrf", "ter")
@@ -45,7 +45,7 @@ def _metric(name: str, tokenize: str | None, lowercase: bool) -> BLEU | CHRF | T
         try:
             return BLEU(tokenize=tokenize, lowercase=lowercase)
         except RuntimeError as exc:  # "ja-mecab" / "ko-mecab" without sacrebleu[ja] / [ko]
-            raise NmtError(f"BLEU tokenizer {tokenize}: {' '.join(str(exc).split())}") from exc
+            raise NmtError(f"BLEU tokenizer {tokenize}: {one_line(exc, 1000)}") from exc
     if name == "chrf":
         return CHRF(lowercase=lowercase)
     if name == "ter":  # sacreBLEU's TER is case-insensitive by default; we keep its default
@@ -173,7 +173,7 @@ def _placement_hint(dataset, langpair: str, exc: BaseException) -> str:
     entries = [entries["path"]] if isinstance(entries, dict) else entries
     # TSV sets prefix a column number ("2:MTNT/test.tsv")
     files = dict.fromkeys(re.sub(r"^\d+:", "", entry) for entry in entries)
-    reason = " ".join(str(exc).split()) or type(exc).__name__
+    reason = one_line(exc, 1000)
     if isinstance(exc, SystemExit):
         reason = "download failed; sacreBLEU logged why"
     paths = ", ".join(str(raw_dir / f) for f in files)

@@ -27,7 +27,7 @@ import torch
 from nmt.atomic import clean_temporaries, replacing, target
 from nmt.data import pad_rows
 from nmt.decoding.predict import decode_autocast
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
 from nmt.tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ def load_attention(path: str | Path, sentences: int = 0) -> list[AttentionItem]:
     except FileNotFoundError:
         raise NmtError(f"{path}: file not found") from None
     except _READ_ERRORS as e:
-        raise NmtError(f"{path}: {_NOT_OURS} ({_reason(e)})") from None
+        raise NmtError(f"{path}: {_NOT_OURS} ({one_line(e)})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise NmtError(f"{path}: {_NOT_OURS} (a .npy array, not an .npz archive)")
     with data:
@@ -210,10 +210,5 @@ def _array(data: Any, path: str | Path, key: str) -> np.ndarray:
     except KeyError:
         raise NmtError(f"{path}: {key}: {_NOT_OURS} (no such array)") from None
     except _READ_ERRORS as e:
-        raise NmtError(f"{path}: {key}: {_NOT_OURS} ({_reason(e)})") from None
+        raise NmtError(f"{path}: {key}: {_NOT_OURS} ({one_line(e)})") from None
 
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -27,7 +27,7 @@ from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import Config
 from nmt.device import autocast, configure_cuda
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
 from nmt.models.transformer import num_parameters, summary
 from nmt.tokenizer import NMT_SPECIALS
 from nmt.training import validate as validation
@@ -374,7 +374,7 @@ class Trainer:
             self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
                                     reset_optimizer=reset_optimizer, reset_data=reset_data)
         except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:  # loads, but not ours
-            reason = " ".join(str(e).split())[:200] or type(e).__name__
+            reason = one_line(e)
             raise NmtError(f"{self.run_dir.path}: its checkpoint loads but cannot be resumed from "
                            f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir") from None
         if self.env.is_main:
