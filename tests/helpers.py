@@ -66,6 +66,23 @@ def nmt_here(*args: str) -> int:
     return 0
 
 
+def one_error_line(err: str | bytes, *needles: str) -> str:
+    """The one line of a failed command's stderr: exactly one non-blank line, starting with
+    `nmt`, no traceback, naming each of `needles`."""
+    err = err.decode() if isinstance(err, bytes) else err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("nmt") and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def assert_one_line(code: int, err: str | bytes, *needles: str, status: int = 1) -> str:
+    """Exit `status`, and `one_error_line(err, *needles)`."""
+    assert code == status, (code, err)
+    return one_error_line(err, *needles)
+
+
 def dead_pid() -> int:
     """The pid of a process that has ended (for the leftovers of a killed writer)."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, nmt, nmt_here, records, save_random_model, tiny
+from helpers import ROOT, nmt, nmt_here, one_error_line, records, save_random_model, tiny
 
 from nmt.api import Translator
 from nmt.decoding.alignment import default_layer, hard_alignment, load_attention, pharaoh
@@ -210,12 +210,6 @@ def npy(array: np.ndarray, shape: tuple[int, ...] | None = None) -> bytes:
     return data.replace(old + b" " * (len(new) - len(old)), new)  # the header keeps its length
 
 
-def one_line_error(capfd) -> str:
-    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("nmt: error: "), err
-    return err[0]
-
-
 @pytest.mark.parametrize(("changes", "key"), [
     ({"index": np.array([0, 1])}, "attention_1"),  # the issue's: an index without its arrays (KeyError)
     ({"index": None}, "index"),
@@ -234,7 +228,7 @@ def one_line_error(capfd) -> str:
 def test_plot_attention_of_a_malformed_file_is_one_line_naming_the_file_and_key(tmp_path, capfd, changes, key):
     npz = attention_file(tmp_path / "m.npz", **changes)
     assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps")) == 1
-    err = one_line_error(capfd)
+    err = one_error_line(capfd.readouterr().err)
     assert f"{npz}: {key}:" in err, err
     assert not (tmp_path / "maps").exists()  # checked before anything is drawn
 
@@ -250,7 +244,7 @@ def test_plot_attention_of_what_is_not_an_npz_file_is_one_line(tmp_path, capfd):
         archive.writestr("attention_0.npy", npy(np.ones((1, 1, 2, 2), "f4"), shape=(1, 1, 2**21, 2**21)))
     for name in ("plain.npy", "truncated.npz", "empty.npz", "dir.npz", "forged.npz"):
         assert nmt_here("plot", "attention", str(tmp_path / name), "-o", str(tmp_path / "maps")) == 1, name
-        assert f"{tmp_path / name}: " in one_line_error(capfd)
+        assert f"{tmp_path / name}: " in one_error_line(capfd.readouterr().err)
     assert not (tmp_path / "maps").exists()
 
 
@@ -259,10 +253,10 @@ def test_plot_attention_refuses_a_bad_destination_or_count_in_one_line(tmp_path,
     (tmp_path / "file").write_text("keep")
     for out, needle in (("file", "-o"), ("file/maps", "-o")):  # an existing file; a directory that cannot be made
         assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / out)) == 1
-        assert needle in one_line_error(capfd)
+        assert needle in one_error_line(capfd.readouterr().err)
     assert (tmp_path / "file").read_text() == "keep"
     assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps"), "--sentences", "-1") == 1
-    assert "--sentences -1" in one_line_error(capfd)  # was accepted, and dropped the last sentence
+    assert "--sentences -1" in one_error_line(capfd.readouterr().err)  # was accepted, and dropped the last sentence
     assert not (tmp_path / "maps").exists()
 
 
@@ -275,7 +269,7 @@ def test_plot_curves_checks_the_image_format_before_reading_the_runs(tmp_path, c
 
     monkeypatch.setattr(nmt.plot, "read_metrics", no_reading)
     assert nmt_here("plot", "curves", str(tmp_path), "-o", str(tmp_path / "c.unknownext")) == 1
-    assert "-o" in (err := one_line_error(capfd)) and ".unknownext" in err and "png" in err
+    assert "-o" in (err := one_error_line(capfd.readouterr().err)) and ".unknownext" in err and "png" in err
 
 
 def test_plot_curves_skips_bad_records_and_says_how_many(tmp_path, capfd):

@@ -22,7 +22,15 @@ from typing import Any
 
 import pytest
 import sacrebleu
-from helpers import ROOT, TINY, dead_pid, nmt_here, save_random_model, write_parallel
+from helpers import (
+    ROOT,
+    TINY,
+    dead_pid,
+    nmt_here,
+    one_error_line,
+    save_random_model,
+    write_parallel,
+)
 
 from nmt.api import Translation, Translator
 from nmt.checkpoint import load_model_checkpoint
@@ -285,13 +293,6 @@ def test_the_filter_drops_what_it_says(trained_checkpoint, corpus, raw_corpus, t
 # ------------------------------------------------------------------ bad input: one line, nothing lost
 
 
-def one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("nmt: error: "), lines
-    assert all(n in lines[0] for n in needles), lines[0]
-    return lines[0]
-
-
 def _case(name: str, tmp: Path, corpus: Path) -> tuple[dict[str, str | None], list[str], list[str]]:
     """(options changed, options added, what the message names) of a bad-input case."""
     bad = tmp / "bad"
@@ -351,7 +352,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, trained_checkpoint, corp
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     args = _with(distill_args(trained_checkpoint, corpus, raw_corpus, out), changed, added)
     assert nmt_here(*args) == 1
-    one_line_error(capsys, *needles)
+    one_error_line(capsys.readouterr().err, *needles)
     assert not out.exists()
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
@@ -405,7 +406,7 @@ def test_a_rerun_with_other_settings_is_refused_and_keeps_the_shards(changed, ad
     files = sorted(p for p in translated.rglob("*") if p.is_file())
     before = stamps(files)
     assert nmt_here(*_with(distill_args(trained_checkpoint, corpus, raw_corpus, translated), changed, added)) == 1
-    one_line_error(capsys, str(translated / "shards"), *(n.format(edited=tmp_path / "edited") for n in needles))
+    one_error_line(capsys.readouterr().err, str(translated / "shards"), *(n.format(edited=tmp_path / "edited") for n in needles))
     assert sorted(p for p in translated.rglob("*") if p.is_file()) == files and stamps(files) == before
 
 
@@ -440,7 +441,7 @@ def test_a_teacher_replaced_at_its_path_is_refused_and_its_shards_kept(trained_c
     calls = spy(monkeypatch, outputs=lambda i, s: refs[i])
     capsys.readouterr()
     assert nmt_here(*distill_args(teacher, corpus, raw_corpus, out)) == 1
-    one_line_error(capsys, str(out / "shards"), f"--teacher {teacher}", "content differs")
+    one_error_line(capsys.readouterr().err, str(out / "shards"), f"--teacher {teacher}", "content differs")
     assert calls == [] and stamps(files) == before
 
     shutil.rmtree(out / "shards")
@@ -504,7 +505,7 @@ def test_a_student_of_other_pairs_is_refused_before_anything_is_written(trained_
     capsys.readouterr()
     assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out, "--nbest", "2", "--select", "bleu",
                                   *STUDENT)) == 1
-    one_line_error(capsys, str(out / "run"), "--select chrf (now bleu)")
+    one_error_line(capsys.readouterr().err, str(out / "run"), "--select chrf (now bleu)")
     assert stamps(files) == before
 
 
@@ -547,7 +548,7 @@ def test_a_manifest_of_the_wrong_shape_is_one_line_naming_the_file_and_key(text,
     before = stamps(files)
     calls = spy(monkeypatch)
     assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 1
-    one_line_error(capsys, str(manifest), *needles)
+    one_error_line(capsys.readouterr().err, str(manifest), *needles)
     assert calls == [] and stamps(files) == before
 
 

@@ -21,6 +21,7 @@ from helpers import (
     assert_same_weights,
     make_trainer,
     nmt_here,
+    one_error_line,
     set_args,
     tiny,
     with_overrides,
@@ -48,13 +49,6 @@ def base(prepared, tmp_path_factory) -> Path:
         finally:
             torch.set_num_threads(threads)
     return root / "run" / "checkpoint_last.pt"
-
-
-def one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("nmt: error: "), lines
-    assert all(n in lines[0] for n in needles), lines[0]
-    return lines[0]
 
 
 # ------------------------------------------------------------------ train.init_from
@@ -136,7 +130,7 @@ def test_a_bad_init_from_is_one_line_and_writes_nothing(prepared, base, tmp_path
     model = {"ffn_dim": 96, "dropout": 0.2} if case == "model config" else {}
     run = tmp_path / "run"
     assert nmt_here(*run_args(prepared[0], run, paths[case], **model)) == 1
-    one_line_error(capsys, f"train.init_from {paths[case]}: ", needles[case])
+    one_error_line(capsys.readouterr().err, f"train.init_from {paths[case]}: ", needles[case])
     assert not run.exists()
 
 
@@ -162,7 +156,7 @@ def test_data_prepared_with_tokenizer_from_passes_the_check_and_a_learned_tokeni
     assert Tokenizer.from_file(learned / "spm.model").sha256 != Tokenizer.from_file(ours / "spm.model").sha256
     capsys.readouterr()
     assert nmt_here(*run_args(learned, tmp_path / "refused", base)) == 1
-    one_line_error(capsys, f"train.init_from {base}: tokenizer differs", str(learned), "--tokenizer-from")
+    one_error_line(capsys.readouterr().err, f"train.init_from {base}: tokenizer differs", str(learned), "--tokenizer-from")
     assert not (tmp_path / "refused").exists()
 
 
@@ -175,7 +169,7 @@ def test_tokenizer_from_refuses_options_that_choose_another_vocabulary(raw_corpu
     args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"),
             "--tokenizer-from", str(base), "--destdir", str(tmp_path / "out"), *extra]
     assert nmt_here(*args) == 1
-    one_line_error(capsys, needle)
+    one_error_line(capsys.readouterr().err, needle)
     assert not (tmp_path / "out").exists()
 
 
@@ -186,5 +180,5 @@ def test_a_bad_tokenizer_from_is_one_line(raw_corpus, base, tmp_path, capsys, ca
     args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"),
             "--tokenizer-from", str(paths[case]), "--destdir", str(tmp_path / "out")]
     assert nmt_here(*args) == 1
-    one_line_error(capsys, f"--tokenizer-from {paths[case]}: ")
+    one_error_line(capsys.readouterr().err, f"--tokenizer-from {paths[case]}: ")
     assert not (tmp_path / "out").exists()

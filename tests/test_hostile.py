@@ -25,6 +25,7 @@ import torch
 from helpers import (
     ROOT,
     TINY,
+    assert_one_line,
     dead_pid,
     nmt,
     nmt_here,
@@ -62,16 +63,6 @@ def run_process(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
     """`nmt ARGS` in a subprocess whose stdout is a given file (helpers.nmt captures it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "nmt", *args], env=env, timeout=120, **kwargs)
-
-
-def assert_one_line(code: int, err: str, *needles: str, status: int = 1) -> str:
-    """Exit `status`, exactly one stderr line starting with `nmt`, no traceback, naming `needles`."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == status and len(lines) == 1 and lines[0].startswith("nmt"), (code, err)
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

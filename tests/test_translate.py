@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, greedy_search, nmt, nmt_here, save_random_model
+from helpers import ROOT, assert_one_line, greedy_search, nmt, nmt_here, save_random_model
 
 from nmt.decoding.predict import load_models, translate_token_lists
 from nmt.decoding.search import beam_search, length_penalty
@@ -70,10 +70,7 @@ def translate_file(tmp_path: Path, lines: list[str], *args: str, name: str = "ou
 
 
 def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
-    assert r.returncode == 1, r.stderr
-    err = r.stderr.decode()
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+    assert_one_line(r.returncode, r.stderr, needle)
     assert r.stdout == b""
 
 
