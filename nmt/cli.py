@@ -22,11 +22,10 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 import typer
 
-from nmt import __version__
+from nmt import __version__, options
 from nmt.atomic import write_stdout
 from nmt.config import DecodeConfig
 from nmt.errors import NmtError
-from nmt.options import DistillOptions, PrepareOptions, TranslateOptions
 
 app = typer.Typer(
     name="nmt",
@@ -73,40 +72,37 @@ def setup_logging(level: int) -> None:
 # ------------------------------------------------------------------ options from dataclasses
 
 
-def _option(name: str, f: dataclasses.Field, tp: Any, default: Any, help: str) -> inspect.Parameter:
-    """One typer option for a dataclass field: its flags, type and help come from the field."""
+def _option(f: dataclasses.Field, tp: Any, default: Any, help: str) -> inspect.Parameter:
+    """One typer argument or option for a dataclass field: its flags, type and help come from the field."""
     if get_origin(tp) is Literal:  # typer takes plain values; the library checks the choice
         tp = type(get_args(tp)[0])
-    flags = f.metadata.get("flags") or ()
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=Annotated[tp, typer.Option(*flags, help=help)])
+    info = typer.Argument(help=help) if f.metadata.get("argument") else typer.Option(*f.metadata["flags"], help=help)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[tp, info])
 
 
-def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_overrides: bool = False) -> None:
-    """Register command `name`, whose options are the fields of the dataclass `cls` (declared
-    once, with their help, in the library) and, with decode_overrides, the DecodeConfig fields
-    as optional overrides of a checkpoint's settings, collected in `cls.decode`."""
+def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_overrides: bool = False,
+                     group: typer.Typer = app) -> None:
+    """Register command `name` of `group`, whose arguments and options are the fields of the
+    dataclass `cls` (declared once, with their help, in nmt.options) and, with decode_overrides,
+    the DecodeConfig fields as optional overrides of a checkpoint's settings, collected in
+    `cls.decode`; `run(options)` runs it, and its docstring is the command's help."""
     params, decode_keys = [], []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if not f.metadata.get("cli", True):
             continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # a list: None on the command line
-            value = f.default_factory()
-            default = value if value != [] else None
-        else:
-            default = inspect.Parameter.empty  # a required option
+        default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default  # empty: required
+        if f.default_factory is not dataclasses.MISSING:  # an empty list: None on the command line
+            default = f.default_factory() or None
         tp = hints[f.name] if default is not None or get_origin(hints[f.name]) is not list else hints[f.name] | None
-        params.append(_option(f.name, f, tp, default, f.metadata["help"]))
+        params.append(_option(f, tp, default, f.metadata["help"]))
         if f.name == "output" and decode_overrides:  # the decode settings after the files
             decode_hints = typing.get_type_hints(DecodeConfig)
             for d in dataclasses.fields(DecodeConfig):
                 if d.metadata.get("cli", True):
                     decode_keys.append(d.name)
                     help = f"{d.metadata['help']} Default: the checkpoint's decode.{d.name}."
-                    params.append(_option(d.name, d, decode_hints[d.name] | None, None, help))
+                    params.append(_option(d, decode_hints[d.name] | None, None, help))
 
     def command(**kwargs: Any) -> None:
         decode = {k: kwargs.pop(k) for k in decode_keys}
@@ -117,7 +113,7 @@ def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_ov
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__doc__ = run.__doc__
-    app.command(name)(command)
+    group.command(name)(command)
 
 
 # ------------------------------------------------------------------ prepare-bpe
@@ -134,26 +130,12 @@ def _prepare_bpe(opts: Any) -> None:
     prepare_bpe(opts, progress=sys.stderr.isatty())
 
 
-_options_command("prepare-bpe", PrepareOptions, _prepare_bpe)
+_options_command("prepare-bpe", options.PrepareOptions, _prepare_bpe)
 
 
 # ------------------------------------------------------------------ train
 
-SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key, e.g. --set train.lr=7e-4 (repeatable).")]
-
-
-@app.command("train")
-def train_cmd(
-    config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/base.yaml.")],
-    set_: SetOption = None,
-    run_dir: Annotated[str | None, typer.Option(help="Run directory (overrides train.run_dir).")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (overrides train.device).")] = None,
-    dump_config: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
-    dry_run: Annotated[bool, typer.Option(help="Build the model without data, print its summary and parameter count.")] = False,
-    vocab_size: Annotated[int | None, typer.Option(help="Vocabulary size for --dry-run (default: from data.dir).")] = None,
-    reset_optimizer: Annotated[bool, typer.Option(help="On resume: keep the weights, start a fresh optimizer and schedule.")] = False,
-    reset_data: Annotated[bool, typer.Option(help="On resume: accept changed training data; restart the epoch.")] = False,
-) -> None:
+def _train(opts: options.TrainOptions) -> None:
     """Train a Transformer (or an RNN: model.arch); running it again on the run directory resumes exactly.
 
     Many GPUs: torchrun --standalone --nproc_per_node N -m nmt train CONFIG
@@ -164,27 +146,30 @@ def train_cmd(
     from nmt import config as cfgmod
 
     # taken as given (a path is not YAML); errors name the option
-    options = {key: (flag, value) for key, flag, value in (("train.run_dir", "--run-dir", run_dir),
-                                                           ("train.device", "--device", device)) if value is not None}
-    cfg = cfgmod.load_config(config, list(set_ or []), options)
+    given = {key: (flag, value) for key, flag, value in (("train.run_dir", "--run-dir", opts.run_dir),
+                                                         ("train.device", "--device", opts.device)) if value is not None}
+    cfg = cfgmod.load_config(opts.config, opts.sets, given)
     from nmt.training.rundir import run_dir_of_config
 
-    given = run_dir is not None or any(item.partition("=")[0].strip() == "train.run_dir" for item in set_ or [])
-    cfg = run_dir_of_config(config, cfg, run_dir_given=given)
-    if dump_config:
+    run_dir_given = opts.run_dir is not None or any(item.partition("=")[0].strip() == "train.run_dir" for item in opts.sets)
+    cfg = run_dir_of_config(opts.config, cfg, run_dir_given=run_dir_given)
+    if opts.dump_config:
         echo(cfgmod.dump_config(cfg))
         return
-    if dry_run:
-        from nmt.training.trainer import dry_run as _dry_run
+    if opts.dry_run:
+        from nmt.training.trainer import dry_run
 
-        echo(_dry_run(cfg, vocab_size))
+        echo(dry_run(cfg, opts.vocab_size))
         return
     from nmt.training.trainer import train
 
-    result = train(cfg, reset_optimizer=reset_optimizer, reset_data=reset_data)
+    result = train(cfg, reset_optimizer=opts.reset_optimizer, reset_data=opts.reset_data)
     if result.interrupted_by is not None:
         print(f"nmt train: {result.reason}", file=sys.stderr)
         raise typer.Exit(128 + result.interrupted_by)
+
+
+_options_command("train", options.TrainOptions, _train)
 
 
 # ------------------------------------------------------------------ distill
@@ -207,18 +192,13 @@ def _distill(opts: Any) -> None:
         raise typer.Exit(128 + result.interrupted_by)
 
 
-_options_command("distill", DistillOptions, _distill)
+_options_command("distill", options.DistillOptions, _distill)
 
 
 # ------------------------------------------------------------------ average-checkpoints
 
 
-@app.command("average-checkpoints")
-def average_cmd(
-    inputs: Annotated[list[Path], typer.Argument(help="A run directory (with --last) or checkpoint files.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the average.")],
-    last: Annotated[int | None, typer.Option(help="Average the N latest checkpoint_<update>.pt of RUN_DIR.")] = None,
-) -> None:
+def _average(opts: options.AverageOptions) -> None:
     """Average model weights of several checkpoints (fp32 accumulation, original dtypes).
 
     Examples: nmt average-checkpoints runs/m30k --last 5 -o runs/m30k/checkpoint_avg.pt;
@@ -226,7 +206,10 @@ def average_cmd(
     """
     from nmt.checkpoint import average_command
 
-    average_command(inputs, output, last)
+    average_command(**vars(opts))
+
+
+_options_command("average-checkpoints", options.AverageOptions, _average)
 
 
 # ------------------------------------------------------------------ translate
@@ -243,22 +226,13 @@ def _translate(opts: Any) -> None:
     translate_main(opts)
 
 
-_options_command("translate", TranslateOptions, _translate, decode_overrides=True)
+_options_command("translate", options.TranslateOptions, _translate, decode_overrides=True)
 
 
 # ------------------------------------------------------------------ export
 
 
-@app.command("export")
-def export_cmd(
-    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint (e.g. RUN/checkpoint_avg.pt).")],
-    out_dir: Annotated[Path, typer.Argument(help="The model directory to write.")],
-    format: Annotated[str, typer.Option("--format", help="Target engine: ctranslate2.")] = "ctranslate2",
-    quantization: Annotated[str | None, typer.Option(
-        help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, float16, bfloat16 "
-             "or float32 (default: the checkpoint's float32).")] = None,
-    force: Annotated[bool, typer.Option(help="Replace an existing export in OUT_DIR.")] = False,
-) -> None:
+def _export(opts: options.ExportOptions) -> None:
     """Export a checkpoint for a deployment engine (CTranslate2: pip install 'nmt[ctranslate2]').
 
     Writes model.bin, config.json and shared_vocabulary.json, and spm.model to tokenize with,
@@ -267,7 +241,10 @@ def export_cmd(
     """
     from nmt.convert.ctranslate2 import export
 
-    export(checkpoint, out_dir, format=format, quantization=quantization, force=force)
+    export(**vars(opts))
+
+
+_options_command("export", options.ExportOptions, _export)
 
 
 @app.command("import")
@@ -294,15 +271,7 @@ def import_cmd(
          f"{m.activation}, positions {m.positions}, from {imported.source}")
 
 
-@app.command("shortlist")
-def shortlist_cmd(
-    data_dir: Annotated[Path, typer.Argument(help="A directory written by nmt prepare-bpe.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the shortlist.")],
-    top: Annotated[int, typer.Option(help="Likeliest translations kept per source token.")] = 20,
-    frequent: Annotated[int, typer.Option(help="Most frequent target tokens always allowed.")] = 100,
-    iterations: Annotated[int, typer.Option(help="EM iterations of IBM Model 1.")] = 5,
-    max_sentences: Annotated[int, typer.Option(help="Learn from at most this many train pairs.")] = 1_000_000,
-) -> None:
+def _shortlist(opts: options.ShortlistOptions) -> None:
     """Learn a lexical shortlist for `nmt translate --shortlist` (Marian's --shortlist).
 
     p(target token | source token) by IBM Model 1 on the train split; each sentence may then
@@ -312,34 +281,30 @@ def shortlist_cmd(
     """
     from nmt.decoding.shortlist import shortlist_command
 
-    shortlist_command(data_dir, output, top=top, frequent=frequent, iterations=iterations,
-                      max_sentences=max_sentences)
+    shortlist_command(**vars(opts))
+
+
+_options_command("shortlist", options.ShortlistOptions, _shortlist)
 
 
 # ------------------------------------------------------------------ score
 
 
-@app.command("score")
-def score_cmd(
-    ref: Annotated[list[Path] | None, typer.Option("--ref", "-r", help="Reference file(s); repeat for several.")] = None,
-    hyp: Annotated[Path | None, typer.Option(help="Hypotheses (default stdin).")] = None,
-    test_set: Annotated[str | None, typer.Option(help="A sacreBLEU test set instead of --ref, e.g. wmt14.")] = None,
-    langpair: Annotated[str | None, typer.Option(help="Language pair for --test-set, e.g. en-de.")] = None,
-    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf",
-    tokenize: Annotated[str | None, typer.Option(help="sacreBLEU tokenizer (default 13a).")] = None,
-    lowercase: Annotated[bool, typer.Option(help="Case-insensitive BLEU.")] = False,
-    json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
+def _score(opts: options.ScoreOptions) -> None:
     """sacreBLEU scores (BLEU, chrF, TER) of detokenized hypotheses, with signatures.
 
     Examples: nmt score --ref ref.de < out.de; nmt score --test-set wmt14 --langpair en-de < out.de
     """
     from nmt.evaluate import score_command
 
-    if hyp is None and sys.stdin is None:
+    if opts.hyp is None and sys.stdin is None:
         raise NmtError("standard input is closed; give --hyp FILE")
-    echo(score_command(ref, hyp if hyp is not None else sys.stdin.buffer, test_set=test_set, langpair=langpair,
-                       metrics=metrics, tokenize=tokenize, lowercase=lowercase, json=json_))
+    echo(score_command(opts.ref or None, opts.hyp if opts.hyp is not None else sys.stdin.buffer,
+                       test_set=opts.test_set, langpair=opts.langpair, metrics=opts.metrics,
+                       tokenize=opts.tokenize, lowercase=opts.lowercase, json=opts.json))
+
+
+_options_command("score", options.ScoreOptions, _score)
 
 
 # ------------------------------------------------------------------ plot
@@ -348,34 +313,26 @@ plot_app = typer.Typer(help="Attention maps and learning curves (needs matplotli
 app.add_typer(plot_app, name="plot", no_args_is_help=True)
 
 
-@plot_app.command("attention")
-def plot_attention_cmd(
-    attention: Annotated[Path, typer.Argument(help="A file from nmt translate --attention FILE.npz.")],
-    out_dir: Annotated[Path, typer.Option("--output", "-o", help="Directory for attention_<line>.png.")],
-    layer: Annotated[int | None, typer.Option(help="Only this decoder layer (0-based, negative from the end).")] = None,
-    average: Annotated[bool, typer.Option(help="One panel averaged over layers and heads.")] = False,
-    sentences: Annotated[int, typer.Option(help="Only the first N sentences; 0 = all.")] = 0,
-) -> None:
+def _plot_attention(opts: options.PlotAttentionOptions) -> None:
     """Heat maps of cross-attention, one PNG per sentence (heads averaged, a panel per layer).
 
     Example: nmt plot attention att.npz -o maps/"""
     from nmt.plot import plot_attention
 
-    plot_attention(attention, out_dir, layer=layer, average=average, sentences=sentences)
+    plot_attention(opts.attention, opts.out_dir, layer=opts.layer, average=opts.average, sentences=opts.sentences)
 
 
-@plot_app.command("curves")
-def plot_curves_cmd(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories of nmt train (metrics.jsonl).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The figure to write, e.g. curves.png.")],
-    label: Annotated[list[str] | None, typer.Option(help="A name per run for the legend (repeat).")] = None,
-) -> None:
+def _plot_curves(opts: options.PlotCurvesOptions) -> None:
     """Loss, perplexity, valid BLEU and lr against updates and wall time, runs on one figure.
 
     Example: nmt plot curves runs/a runs/b -o curves.png"""
     from nmt.plot import plot_curves
 
-    plot_curves(run_dirs, output, labels=label or [])
+    plot_curves(opts.run_dirs, opts.output, labels=opts.labels)
+
+
+_options_command("attention", options.PlotAttentionOptions, _plot_attention, group=plot_app)
+_options_command("curves", options.PlotCurvesOptions, _plot_curves, group=plot_app)
 
 
 # ------------------------------------------------------------------ entry point

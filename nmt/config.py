@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -20,8 +19,8 @@ import yaml
 
 from nmt.device import DEVICES, is_device_name
 from nmt.errors import ConfigError
+from nmt.fields import Bounds, check_bounds, opt
 from nmt.fields import coerce as _coerce
-from nmt.fields import opt
 
 
 @dataclass(frozen=True)
@@ -46,16 +45,16 @@ class ModelConfig:
         "step; none = the decoder sees one fixed summary vector of the source (the bottleneck "
         "attention lifted).")
     rnn_hidden: int = opt(512, "rnn: hidden size of each encoder direction and of the decoder; also "
-                          "the attention's inner size. d_model is the embedding and readout size.")
-    rnn_layers: int = opt(1, "rnn: stacked bidirectional encoder layers (the decoder has one).")
-    encoder_layers: int = opt(6, "Number of encoder layers.")
-    decoder_layers: int = opt(6, "Number of decoder layers.")
-    d_model: int = opt(512, "Model (embedding) dimension.")
-    ffn_dim: int = opt(2048, "Inner dimension of the position-wise feed-forward layers.")
-    heads: int = opt(8, "Attention heads; must divide d_model.")
-    dropout: float = opt(0.1, "Dropout on sub-layer outputs and on embeddings+positions.")
-    attention_dropout: float = opt(0.0, "Dropout on attention weights.")
-    activation_dropout: float = opt(0.0, "Dropout after the feed-forward ReLU.")
+                          "the attention's inner size. d_model is the embedding and readout size.", at_least=1)
+    rnn_layers: int = opt(1, "rnn: stacked bidirectional encoder layers (the decoder has one).", at_least=1)
+    encoder_layers: int = opt(6, "Number of encoder layers.", at_least=1)
+    decoder_layers: int = opt(6, "Number of decoder layers.", at_least=1)
+    d_model: int = opt(512, "Model (embedding) dimension.", at_least=1)
+    ffn_dim: int = opt(2048, "Inner dimension of the position-wise feed-forward layers.", at_least=1)
+    heads: int = opt(8, "Attention heads; must divide d_model.", at_least=1)
+    dropout: float = opt(0.1, "Dropout on sub-layer outputs and on embeddings+positions.", at_least=0, below=1)
+    attention_dropout: float = opt(0.0, "Dropout on attention weights.", at_least=0, below=1)
+    activation_dropout: float = opt(0.0, "Dropout after the feed-forward ReLU.", at_least=0, below=1)
     norm_first: bool = opt(False, "Pre-norm (true) instead of the paper's post-norm (false).")
     share_embeddings: bool = opt(
         True, "Tie the source and target embeddings (joint vocabulary); with tie_output (the default) "
@@ -76,7 +75,7 @@ class ModelConfig:
         "Marian converter maps it so); swish = x*sigmoid(x) (SiLU; Marian's and Hugging Face's swish).")
     norm_eps: float = opt(
         1e-5, "transformer: the LayerNorms' epsilon (PyTorch's and Hugging Face MarianMT's 1e-5; "
-        "Marian's Transformer uses 1e-6).")
+        "Marian's Transformer uses 1e-6).", above=0)
     learned_positions: bool = opt(False, "Learned position embeddings instead of sinusoids.")
     positions: Literal["nmt", "marian", "hf_marian"] = opt(
         "nmt", "transformer: the sinusoid table (positions count from 0, added to the token embedding "
@@ -90,7 +89,7 @@ class ModelConfig:
         "bos", "transformer: the decoder's first input. bos = the embedding of the start token the "
         "search feeds; zeros = a zero vector (plus the position) whatever that token is, as Marian "
         "starts (Hugging Face MarianMT feeds pad, whose embedding row is zero).")
-    max_positions: int = opt(1024, "Longest source or target sequence the model accepts.")
+    max_positions: int = opt(1024, "Longest source or target sequence the model accepts.", at_least=1)
 
 
 # Model keys that shape training, not the network (no weight depends on them): a run started
@@ -104,51 +103,43 @@ TRANSFORMER_ONLY = [f for f in fields(ModelConfig) if f.name in
 
 @dataclass(frozen=True)
 class TrainConfig:
-    max_tokens: int = opt(4096, "Padded source+target tokens per batch (per GPU).")
-    update_freq: int = opt(1, "Gradient accumulation: batches per update.")
-    lr: float = opt(
-        7e-4,
-        "Peak learning rate (inverse_sqrt) or the scale factor of the paper's formula (noam).",
-    )
+    max_tokens: int = opt(4096, "Padded source+target tokens per batch (per GPU).", at_least=1)
+    update_freq: int = opt(1, "Gradient accumulation: batches per update.", at_least=1)
+    lr: float = opt(7e-4, "Peak learning rate (inverse_sqrt) or the scale factor of the paper's formula (noam).",
+                    above=0)
     lr_schedule: Literal["inverse_sqrt", "noam"] = opt(
-        "inverse_sqrt",
-        "inverse_sqrt: linear warm-up to lr then lr*sqrt(warmup/step) (fairseq); "
-        "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (Vaswani et al.).",
-    )
-    warmup_updates: int = opt(4000, "Linear warm-up length in updates.")
-    warmup_init_lr: float = opt(1e-7, "Learning rate at update 0 (inverse_sqrt).")
-    adam_beta1: float = opt(0.9, "Adam beta1.")
-    adam_beta2: float = opt(0.98, "Adam beta2.")
-    adam_eps: float = opt(1e-9, "Adam epsilon.")
-    weight_decay: float = opt(0.0, "Decoupled weight decay (AdamW); 0 = plain Adam.")
-    label_smoothing: float = opt(0.1, "Label smoothing epsilon.")
+        "inverse_sqrt", "inverse_sqrt: linear warm-up to lr then lr*sqrt(warmup/step) (fairseq); "
+        "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (Vaswani et al.).")
+    warmup_updates: int = opt(4000, "Linear warm-up length in updates.", at_least=0)
+    warmup_init_lr: float = opt(1e-7, "Learning rate at update 0 (inverse_sqrt).", at_least=0)
+    adam_beta1: float = opt(0.9, "Adam beta1.", at_least=0, below=1)
+    adam_beta2: float = opt(0.98, "Adam beta2.", at_least=0, below=1)
+    adam_eps: float = opt(1e-9, "Adam epsilon.", above=0)
+    weight_decay: float = opt(0.0, "Decoupled weight decay (AdamW); 0 = plain Adam.", at_least=0)
+    label_smoothing: float = opt(0.1, "Label smoothing epsilon.", at_least=0, below=1)
     dropout_ramp_end: int = opt(
-        0,
-        "Curriculum dropout: model.dropout until update dropout_ramp_start, then rising linearly "
+        0, "Curriculum dropout: model.dropout until update dropout_ramp_start, then rising linearly "
         "to dropout_ramp_to at this update and staying there; 0 = model.dropout throughout. "
-        "Applies to the sub-layer output and embedding dropout.",
-    )
-    dropout_ramp_start: int = opt(0, "See dropout_ramp_end.")
-    dropout_ramp_to: float = opt(0.0, "See dropout_ramp_end.")
-    clip_norm: float = opt(0.0, "Clip gradients to this global norm; 0 = no clipping.")
-    max_updates: int = opt(0, "Stop after this many updates; 0 = no limit.")
-    max_epochs: int = opt(0, "Stop after this many epochs; 0 = no limit.")
-    max_time: float = opt(0.0, "Stop after this many seconds of training; 0 = no limit.")
-    save_interval_updates: int = opt(
-        0, "Write checkpoint_<update>.pt every N updates; 0 = at epoch ends only."
-    )
-    keep_last: int = opt(5, "Keep this many checkpoint_<update>.pt files; 0 = keep all.")
-    validate_interval_updates: int = opt(0, "Validate every N updates; 0 = at epoch ends only.")
-    patience: int = opt(0, "Stop after N validations without improvement; 0 = never.")
+        "Applies to the sub-layer output and embedding dropout.")
+    dropout_ramp_start: int = opt(0, "See dropout_ramp_end.", at_least=0)
+    dropout_ramp_to: float = opt(0.0, "See dropout_ramp_end.", at_least=0, below=1)
+    clip_norm: float = opt(0.0, "Clip gradients to this global norm; 0 = no clipping.", at_least=0)
+    max_updates: int = opt(0, "Stop after this many updates; 0 = no limit.", at_least=0)
+    max_epochs: int = opt(0, "Stop after this many epochs; 0 = no limit.", at_least=0)
+    max_time: float = opt(0.0, "Stop after this many seconds of training; 0 = no limit.", at_least=0)
+    save_interval_updates: int = opt(0, "Write checkpoint_<update>.pt every N updates; 0 = at epoch ends only.",
+                                     at_least=0)
+    keep_last: int = opt(5, "Keep this many checkpoint_<update>.pt files; 0 = keep all.", at_least=0)
+    validate_interval_updates: int = opt(0, "Validate every N updates; 0 = at epoch ends only.", at_least=0)
+    patience: int = opt(0, "Stop after N validations without improvement; 0 = never.", at_least=0)
     best_metric: Literal["bleu", "loss"] = opt("bleu", "Metric that picks checkpoint_best.pt.")
     valid_bleu: bool = opt(True, "Decode the valid set and compute BLEU at each validation.")
-    valid_beam: int = opt(1, "Beam size for validation BLEU (1 = greedy).")
+    valid_beam: int = opt(1, "Beam size for validation BLEU (1 = greedy).", at_least=1)
     seed: int = opt(1, "Random seed (parameters, dropout, batch order).")
     precision: Literal["fp32", "bf16", "fp16"] = opt(
-        "fp32", "Autocast precision; fp16 is CUDA only and uses dynamic loss scaling."
-    )
-    fp16_init_scale: float = opt(128.0, "Initial loss scale for fp16.")
-    fp16_min_scale: float = opt(1e-4, "Stop with an error when the fp16 loss scale falls below.")
+        "fp32", "Autocast precision; fp16 is CUDA only and uses dynamic loss scaling.")
+    fp16_init_scale: float = opt(128.0, "Initial loss scale for fp16.", above=0)
+    fp16_min_scale: float = opt(1e-4, "Stop with an error when the fp16 loss scale falls below.", above=0)
     run_dir: str = opt("runs/default", "Run directory: config, checkpoints, logs, metrics.")
     init_from: str = opt(
         "", "Fine-tuning: a new run starts from the model weights of this nmt checkpoint, with a fresh "
@@ -157,13 +148,13 @@ class TrainConfig:
         "(they shape training, not the network), and its tokenizer must be "
         "data.dir's spm.model (prepare the data with `nmt prepare-bpe --tokenizer-from CHECKPOINT`). "
         "Ignored once the run directory has checkpoints: the run resumes from them.")
-    log_interval: int = opt(50, "Log training metrics every N updates: loss and nll per target token over those N updates, their mean gnorm.")
-    threads: int = opt(0, "CPU threads for torch; 0 = torch's default.")
+    log_interval: int = opt(50, "Log training metrics every N updates: loss and nll per target token over those N updates, their mean gnorm.", at_least=1)
+    threads: int = opt(0, "CPU threads for torch; 0 = torch's default.", at_least=0)
     device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.")
     pad_to_multiple: int = opt(
         0, "Pad each batch's source and target lengths to a multiple of this, so that kernels and "
         "torch.compile see few distinct shapes (the batch's token budget counts the padding); "
-        "0 = 8 on CUDA, 1 (no padding) on the CPU.")
+        "0 = 8 on CUDA, 1 (no padding) on the CPU.", at_least=0)
     compile: bool = opt(False, "Compile the model and loss with torch.compile (needs a C++ compiler on "
                         "the CPU; the first updates of each new shape are slow).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = opt(
@@ -174,31 +165,29 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    beam: int = opt(5, "Beam size.")
+    beam: int = opt(5, "Beam size.", at_least=1)
     lenpen: float = opt(1.0, "Length penalty exponent alpha (see lenpen_style); a larger alpha favours longer outputs.")
     lenpen_style: Literal["gnmt", "length", "none"] = opt(
-        "length",
-        "Score normalisation: gnmt divides log-prob by ((5+|Y|)/6)^alpha, length by "
-        "|Y|^alpha (fairseq/Marian), none leaves it unnormalised.",
-    )
-    max_len_a: float = opt(1.2, "Maximum output length is max_len_a * source_len + max_len_b.")
-    max_len_b: int = opt(10, "See max_len_a.")
-    min_len: int = opt(1, "EOS is blocked until the hypothesis has this many tokens.")
-    no_repeat_ngram_size: int = opt(0, "Forbid repeating n-grams of this size; 0 = off.")
+        "length", "Score normalisation: gnmt divides log-prob by ((5+|Y|)/6)^alpha, length by "
+        "|Y|^alpha (fairseq/Marian), none leaves it unnormalised.")
+    max_len_a: float = opt(1.2, "Maximum output length is max_len_a * source_len + max_len_b.", at_least=0)
+    max_len_b: int = opt(10, "See max_len_a.", at_least=0)
+    min_len: int = opt(1, "EOS is blocked until the hypothesis has this many tokens.", at_least=0)
+    no_repeat_ngram_size: int = opt(0, "Forbid repeating n-grams of this size; 0 = off.", at_least=0)
     allow_unk: bool = opt(False, "Allow the search to produce <unk>.", cli=False)
     sampling: bool = opt(False, "Sample each output token from the model's distribution instead of "
                          "beam search (for back-translation and generation); see topk, topp, "
                          "temperature, seed.")
-    topk: int = opt(0, "Sampling: draw from the k likeliest tokens only; 0 = all. 1 = greedy.")
+    topk: int = opt(0, "Sampling: draw from the k likeliest tokens only; 0 = all. 1 = greedy.", at_least=0)
     topp: float = opt(1.0, "Sampling: draw from the smallest set of likeliest tokens whose "
-                      "probability reaches p (nucleus sampling, Holtzman et al. 2020); 1 = all.")
+                      "probability reaches p (nucleus sampling, Holtzman et al. 2020); 1 = all.", above=0, at_most=1)
     temperature: float = opt(1.0, "Sampling: divide the log-probabilities by this before sampling "
                              "(<1 sharper, >1 flatter); any positive number: towards 0 it is greedy "
-                             "search, a huge one draws every allowed token alike.")
+                             "search, a huge one draws every allowed token alike.", above=0)
     seed: int = opt(1, "Sampling: input sentence i draws from a generator seeded by (seed, i), so "
-                    "a seed repeats its outputs whatever the batching.")
-    batch_size: int = opt(128, "Sentences per translation batch.")
-    max_tokens: int = opt(0, "Source tokens per translation batch; 0 = use batch_size.")
+                    "a seed repeats its outputs whatever the batching.", at_least=0, below=2**62)
+    batch_size: int = opt(128, "Sentences per translation batch.", at_least=1)
+    max_tokens: int = opt(0, "Source tokens per translation batch; 0 = use batch_size.", at_least=0)
 
 
 @dataclass(frozen=True)
@@ -350,52 +339,35 @@ def dump_config(cfg: Config) -> str:
 
 
 def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
-    """Reject impossible values, naming the key."""
+    """Reject impossible values, naming the key: each field's declared bounds (`opt(at_least=...)`,
+    checked by nmt.fields.check_bounds), then the rules between fields."""
     where = where or {"_file": "config"}
+
+    def named(section: str) -> Callable[[str], str]:
+        return lambda key: f"{where.get(f'{section}.{key}', where['_file'])}: {section}.{key}"
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:
-            raise ConfigError(f"{where.get(key, where['_file'])}: {key} {msg}")
+            section, _, name = key.partition(".")
+            raise ConfigError(f"{named(section)(name)} {msg}")
 
-    m, t, d = cfg.model, cfg.train, cfg.decode
-    for key in ("encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "max_positions",
-                "rnn_hidden", "rnn_layers"):
-        need(getattr(m, key) >= 1, f"model.{key}", "must be at least 1")
+    for section in ("data", "model", "train"):
+        check_bounds(getattr(cfg, section), named(section))
+    m, t = cfg.model, cfg.train
     need(m.d_model % m.heads == 0, "model.heads", f"({m.heads}) must divide model.d_model ({m.d_model})")
-    for key in ("dropout", "attention_dropout", "activation_dropout"):
-        need(0.0 <= getattr(m, key) < 1.0, f"model.{key}", "must be in [0, 1)")
-    need(m.norm_eps > 0, "model.norm_eps", "must be positive")
     for f in TRANSFORMER_ONLY:
         need(m.arch == "transformer" or getattr(m, f.name) == f.default, f"model.{f.name}",
              "applies to model.arch transformer only")
     need(not (m.learned_positions and m.positions != "nmt"), "model.positions",
          f"{m.positions} is a sinusoid table; it cannot go with model.learned_positions")
-    need(t.max_tokens >= 1, "train.max_tokens", "must be at least 1")
-    need(t.update_freq >= 1, "train.update_freq", "must be at least 1")
-    need(t.lr > 0, "train.lr", "must be positive")
-    need(t.warmup_updates >= 0, "train.warmup_updates", "must not be negative")
     need(t.lr_schedule != "noam" or t.warmup_updates > 0, "train.warmup_updates",
          "must be positive with lr_schedule noam")
-    need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
-    need(t.dropout_ramp_start >= 0, "train.dropout_ramp_start", "must not be negative")
     need(t.dropout_ramp_end == 0 or t.dropout_ramp_end > t.dropout_ramp_start, "train.dropout_ramp_end",
          f"({t.dropout_ramp_end}) must be 0 or above train.dropout_ramp_start ({t.dropout_ramp_start})")
-    need(0.0 <= t.dropout_ramp_to < 1.0, "train.dropout_ramp_to", "must be in [0, 1)")
-    for key in ("clip_norm", "max_time", "weight_decay", "warmup_init_lr", "max_updates", "max_epochs",
-                "save_interval_updates", "keep_last", "validate_interval_updates", "patience", "threads",
-                "pad_to_multiple"):
-        need(getattr(t, key) >= 0, f"train.{key}", "must not be negative")
-    for key in ("adam_beta1", "adam_beta2"):
-        need(0.0 <= getattr(t, key) < 1.0, f"train.{key}", "must be in [0, 1)")
-    need(t.adam_eps > 0, "train.adam_eps", "must be positive")
-    for key in ("log_interval", "valid_beam"):
-        need(getattr(t, key) >= 1, f"train.{key}", "must be at least 1")
-    need(t.fp16_init_scale > 0 and t.fp16_min_scale > 0, "train.fp16_init_scale",
-         "and train.fp16_min_scale must be positive")
     need(is_device_name(t.device), "train.device", f"must be {DEVICES}")
     need(bool(t.run_dir), "train.run_dir", "must not be empty")
     need(bool(cfg.data.dir), "data.dir", "must not be empty")
-    check_decode(d, lambda key: f"{where.get('decode.' + key, where['_file'])}: decode.{key}")
+    check_decode(cfg.decode, named("decode"))
 
 
 def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | None = None) -> None:
@@ -403,28 +375,11 @@ def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | 
     options of `nmt translate`; `name(key)` says where a value came from ("--beam",
     "cfg.yaml: decode.beam", ...). With `vocab_size` (a model is loaded), also the bounds
     that depend on it."""
-
-    def need(ok: bool, key: str, msg: str) -> None:
-        if not ok:
-            raise ConfigError(f"{name(key)} {msg}, got {getattr(d, key)!r}")
-
-    need(d.beam >= 1, "beam", "must be at least 1")
+    check_bounds(d, name)
     if vocab_size is not None:
         check_beam_fits(d.beam, vocab_size, name("beam"))
-    need(math.isfinite(d.lenpen), "lenpen", "must be a finite number")
-    need(d.lenpen_style in get_args(_field_types(DecodeConfig)["lenpen_style"]), "lenpen_style",
-         "must be gnmt, length or none")
-    need(math.isfinite(d.max_len_a) and d.max_len_a >= 0, "max_len_a", "must be a number, not negative")
-    need(d.max_len_b >= 0, "max_len_b", "must not be negative")
-    need(d.max_len_b >= 1 or d.max_len_a > 0, "max_len_b", "must allow at least one token")
-    need(d.min_len >= 0, "min_len", "must not be negative")
-    need(d.no_repeat_ngram_size >= 0, "no_repeat_ngram_size", "must not be negative")
-    need(d.batch_size >= 1, "batch_size", "must be at least 1")
-    need(d.topk >= 0, "topk", "must not be negative")
-    need(0.0 < d.topp <= 1.0, "topp", "must be in (0, 1]")
-    need(math.isfinite(d.temperature) and d.temperature > 0, "temperature", "must be a positive number")
-    need(0 <= d.seed < 2**62, "seed", "must be between 0 and 2^62")
-    need(d.max_tokens >= 0, "max_tokens", "must not be negative")
+    if d.max_len_b < 1 and d.max_len_a == 0:
+        raise ConfigError(f"{name('max_len_b')} must allow at least one token, got {d.max_len_b!r}")
 
 
 def check_beam_fits(beam: int, vocab_size: int, name: str) -> None:
@@ -454,6 +409,7 @@ def help_table() -> str:
                 " \\| ".join(repr(a) for a in get_args(tp)) if get_origin(tp) is Literal
                 else getattr(tp, "__name__", str(tp))
             )
-            lines.append(f"| `{section}.{f.name}` | {tname} | `{f.default!r}` | {f.metadata['help']} |")
+            rule = f" {f.metadata['bounds'].rule().capitalize()}." if f.metadata["bounds"] != Bounds() else ""
+            lines.append(f"| `{section}.{f.name}` | {tname} | `{f.default!r}` | {f.metadata['help']}{rule} |")
     return "\n".join(lines) + "\n"
 

@@ -1,13 +1,16 @@
-"""Typed fields declared once: `opt` attaches a field's help (and command-line flags) to a
-dataclass field, and `coerce` checks a value read from YAML or the command line against the
-field's type. The config sections (nmt.config) and the commands' options (nmt.options) are
-declared with them; docs/config.md and the CLI's flags are made from what they attach.
+"""Typed fields declared once: `opt` attaches a field's help, command-line flags and bounds to
+a dataclass field, `coerce` checks a value read from YAML or the command line against the
+field's type, and `check_bounds` every value of a dataclass against its field's bounds. The
+config sections (nmt.config) and the commands' options (nmt.options) are declared with them;
+docs/config.md and the CLI's flags and arguments are made from what they attach.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
+from collections.abc import Callable
 from dataclasses import field
 from typing import Any, Literal, get_args, get_origin
 
@@ -16,17 +19,78 @@ from nmt.errors import ConfigError
 REQUIRED: Any = dataclasses.MISSING  # opt(REQUIRED, ...): a field without a default
 
 
-def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), cli: bool = True) -> Any:
-    """A dataclass field with its help text attached: `docs/config.md` and the command-line
-    options made from a dataclass (nmt.cli) both read it. `flags` names the option where
-    `--field-name` alone will not do (e.g. ("--input", "-i")); `cli=False` keeps a field off
-    the command line."""
-    return field(default=default, metadata={"help": help, "flags": flags, "cli": cli})
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The values a field allows (`check_bounds`): at least / above a low end, at most / below
+    a high end, one of `choices`. None (an option left unset) is always allowed."""
+
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+    below: float | None = None
+    choices: tuple[Any, ...] = ()
+
+    def allows(self, value: Any) -> bool:
+        return ((self.at_least is None or value >= self.at_least) and (self.above is None or value > self.above)
+                and (self.at_most is None or value <= self.at_most) and (self.below is None or value < self.below)
+                and (not self.choices or value in self.choices))
+
+    def rule(self) -> str:
+        """The bounds in words, as errors and docs/config.md say them: "must be in [0, 1)"."""
+        if self.choices:
+            return "must be one of " + ", ".join(repr(c) for c in self.choices)
+        low = self.at_least if self.above is None else self.above
+        high = self.at_most if self.below is None else self.below
+        if low is not None and high is not None:
+            return (f"must be in {'[' if self.above is None else '('}{_number(low)}, "
+                    f"{_number(high)}{']' if self.below is None else ')'}")
+        if high is not None:
+            return f"must be {'at most' if self.below is None else 'below'} {_number(high)}"
+        if low == 0:
+            return "must not be negative" if self.above is None else "must be positive"
+        return f"must be {'at least' if self.above is None else 'above'} {_number(low)}"
+
+
+def _number(x: float | None) -> str:
+    """A bound as people write it: 2^62 for a large power of two."""
+    return f"2^{x.bit_length() - 1}" if isinstance(x, int) and x > 2**32 and x & (x - 1) == 0 else str(x)
+
+
+def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), cli: bool = True, argument: bool = False,
+        io: bool = False, factory: Callable[[], Any] | None = None, **bounds: Any) -> Any:
+    """A dataclass field with its help text and bounds attached: `docs/config.md` and the
+    command-line options made from a dataclass (nmt.cli) read them. `bounds` are a `Bounds`'
+    (at_least=1: >= 1; above=0: > 0; at_most, below; choices), checked by `check_bounds`.
+    `flags` names the option where `--field-name` alone will not do (e.g. ("--input", "-i"));
+    `argument` makes it a positional argument of the command, `cli=False` keeps it off the
+    command line; `io` marks `nmt translate`'s stream I/O (not an argument of
+    `Translator.load`); `factory`, where given, makes each instance's default instead of
+    `default` (a list, a count of cores)."""
+    metadata = {"help": help, "flags": flags, "cli": cli, "argument": argument, "io": io,
+                "bounds": Bounds(**bounds)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def opt_list(help: str, *, flags: tuple[str, ...] = ()) -> Any:
     """`opt` for a list option (repeatable on the command line), empty by default."""
-    return field(default_factory=list, metadata={"help": help, "flags": flags, "cli": True})
+    return opt(None, help, flags=flags, factory=list)
+
+
+def check_bounds(obj: Any, name: Callable[[str], str]) -> None:
+    """Every field of the dataclass `obj` within its declared bounds (a Literal's choices are
+    its bounds) and every float finite, or a ConfigError naming the field as `name(field)`
+    says: "cfg.yaml: train.lr must be positive, got 0.0", "--nbest must be at least 1, got 0"."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, bounds = getattr(obj, f.name), f.metadata.get("bounds", Bounds())
+        if get_origin(hints[f.name]) is Literal and not bounds.choices:
+            bounds = dataclasses.replace(bounds, choices=get_args(hints[f.name]))
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name(f.name)} must be a finite number, got {value!r}")
+        if value is not None and not bounds.allows(value):
+            raise ConfigError(f"{name(f.name)} {bounds.rule()}, got {value!r}")
 
 
 def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -> Any:
@@ -38,9 +102,9 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
         return ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
 
     if get_origin(tp) is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            raise bad("one of " + ", ".join(repr(c) for c in choices))
+        choices = Bounds(choices=get_args(tp))
+        if not choices.allows(value):
+            raise ConfigError(f"{where}: {key} {choices.rule()}, got {value!r}")
         return value
     if tp is bool:
         if isinstance(value, bool):

@@ -1,9 +1,9 @@
-"""The options of the commands that are not a training config: `nmt prepare-bpe`,
-`nmt translate` and `nmt distill`, declared once with their types, defaults and help.
-`nmt.cli` makes each command's flags from these fields (and `translate`'s decode flags from `DecodeConfig`);
-the library checks their bounds. The Python API (`nmt.api.Translator.load`) takes the
-fields of `TranslateOptions` that are not the command's stream I/O (`io_opt`) as keyword
-arguments, with the `DecodeConfig` fields, so the command and the API cannot drift apart.
+"""The options of every command (a training config's keys are nmt.config's), declared once with
+their types, defaults, help and bounds. `nmt.cli` makes each command's arguments and flags from
+these fields (and `translate`'s decode flags from `DecodeConfig`); the library checks their
+bounds. The Python API (`nmt.api.Translator.load`) takes the fields of `TranslateOptions` that
+are not the command's stream I/O (`io_opt`) as keyword arguments, with the `DecodeConfig`
+fields, so the command and the API cannot drift apart.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any
 
 from nmt.config import Config, load_config
 from nmt.errors import NmtError, require
-from nmt.fields import REQUIRED, opt, opt_list
+from nmt.fields import REQUIRED, check_bounds, opt, opt_list
 
 
 def io_opt(default: Any, help: str, *, flags: tuple[str, ...] = ()) -> Any:
     """An option of `nmt translate`'s stream I/O (files, output format, buffering): a flag of
     the command, not an argument of `Translator.load`."""
-    return field(default=default, metadata={"help": help, "flags": flags, "cli": True, "io": True})
+    return opt(default, help, flags=flags, io=True)
 
 
 def default_workers() -> int:
@@ -56,8 +56,7 @@ class PrepareOptions:
     max_len: int = opt(250, "Drop training pairs with a side longer than this (tokens).")
     min_len: int = opt(1, "Drop training pairs with a side shorter than this (tokens).")
     max_ratio: float = opt(3.0, "Drop training pairs whose token-length ratio exceeds this; 0 = off.")
-    workers: int = field(default_factory=default_workers,
-                         metadata={"help": "Encoding threads (default: all cores).", "flags": (), "cli": True})
+    workers: int = opt(None, "Encoding threads (default: all cores).", factory=default_workers)
     seed: int = opt(1, "Seed for sentence sampling.")
     force: bool = opt(False, "Replace an existing destdir.")
 
@@ -148,11 +147,13 @@ class DistillOptions:
     sets: list[str] = opt_list("Override a key of the student's config, e.g. --set train.max_time=600 "
                                "(repeatable).", flags=("--set",))
     nbest: int = opt(1, "Hypotheses the teacher gives per sentence; with more than 1, the one with the best "
-                     "sentence --select score against the reference is kept (at most the beam).")
+                     "sentence --select score against the reference is kept (at most the beam).", at_least=1)
     select: str = opt("chrf", f"The sentence score of --nbest selection: {' or '.join(SENTENCE_METRICS)} "
-                      "(sacreBLEU's sentence chrF, or sentence BLEU with effective order).")
+                      "(sacreBLEU's sentence chrF, or sentence BLEU with effective order).",
+                      choices=SENTENCE_METRICS)
     shard_lines: int = opt(5000, "Source lines per shard: each shard of translations is written whole when "
-                           "it is done, and a run killed midway loses at most the shard it was translating.")
+                           "it is done, and a run killed midway loses at most the shard it was translating.",
+                           at_least=1)
     beam: int | None = opt(None, "Beam size of the teacher (default: the teacher's decode.beam).")
     device: str = opt("auto", "Where the teacher translates: auto, cpu, cuda or cuda:N (the student trains "
                       "on its config's train.device).")
@@ -160,14 +161,12 @@ class DistillOptions:
     threads: int = opt(0, "CPU threads of the teacher; 0 = torch default (the student: train.threads).")
 
     def check(self) -> None:
-        """The bounds of the options, each refused in one line naming its flag."""
+        """The options' declared bounds and the rules between them, each refused in one line
+        naming its flag."""
         require(bool(self.teachers), "give the teacher: --teacher CHECKPOINT (repeat it for an ensemble)")
         require(bool(self.source_lang) and bool(self.target_lang), "--source-lang and --target-lang are required")
         require(self.source_lang != self.target_lang, "--source-lang and --target-lang must differ")
-        require(self.nbest >= 1, f"--nbest must be at least 1, got {self.nbest}")
-        require(self.select in SENTENCE_METRICS,
-                f"--select must be one of {', '.join(SENTENCE_METRICS)}, got {self.select!r}")
-        require(self.shard_lines >= 1, f"--shard-lines must be at least 1, got {self.shard_lines}")
+        check_bounds(self, lambda key: f"--{key.replace('_', '-')}")
 
     def prepare_options(self, trainpref: str, destdir: str, force: bool = False) -> PrepareOptions:
         """prepare-bpe's options for the student's data: `trainpref`, the original valid and test
@@ -195,3 +194,85 @@ class DistillOptions:
         if "train.run_dir" not in keys:
             options["train.run_dir"] = ("--out", str(out / "run"))
         return load_config(self.config, list(self.sets), options)
+
+
+@dataclass
+class TrainOptions:
+    """The options of `nmt train`: a config file, overrides of its keys, what to do with it."""
+
+    config: Path = opt(REQUIRED, "YAML config, e.g. configs/base.yaml.", argument=True)
+    sets: list[str] = opt_list("Override a config key, e.g. --set train.lr=7e-4 (repeatable).", flags=("--set",))
+    run_dir: str | None = opt(None, "Run directory (overrides train.run_dir).")
+    device: str | None = opt(None, "cpu, cuda or cuda:N (overrides train.device).")
+    dump_config: bool = opt(False, "Print the resolved config and exit.")
+    dry_run: bool = opt(False, "Build the model without data, print its summary and parameter count.")
+    vocab_size: int | None = opt(None, "Vocabulary size for --dry-run (default: from data.dir).")
+    reset_optimizer: bool = opt(False, "On resume: keep the weights, start a fresh optimizer and schedule.")
+    reset_data: bool = opt(False, "On resume: accept changed training data; restart the epoch.")
+
+
+@dataclass
+class AverageOptions:
+    """The options of `nmt average-checkpoints` (nmt.checkpoint.average_command's arguments)."""
+
+    inputs: list[Path] = opt(REQUIRED, "A run directory (with --last) or checkpoint files.", argument=True)
+    output: Path = opt(REQUIRED, "Where to write the average.", flags=("--output", "-o"))
+    last: int | None = opt(None, "Average the N latest checkpoint_<update>.pt of RUN_DIR.")
+
+
+@dataclass
+class ExportOptions:
+    """The options of `nmt export` (nmt.convert.ctranslate2.export's arguments)."""
+
+    checkpoint: Path = opt(REQUIRED, "A checkpoint (e.g. RUN/checkpoint_avg.pt).", argument=True)
+    out_dir: Path = opt(REQUIRED, "The model directory to write.", argument=True)
+    format: str = opt("ctranslate2", "Target engine: ctranslate2.")
+    quantization: str | None = opt(None, "Weight type: int8, int8_float32, int8_float16, int8_bfloat16, float16, "
+                                   "bfloat16 or float32 (default: the checkpoint's float32).")
+    force: bool = opt(False, "Replace an existing export in OUT_DIR.")
+
+
+@dataclass
+class ShortlistOptions:
+    """The options of `nmt shortlist` (nmt.decoding.shortlist.shortlist_command's arguments)."""
+
+    data_dir: Path = opt(REQUIRED, "A directory written by nmt prepare-bpe.", argument=True)
+    output: Path = opt(REQUIRED, "Where to write the shortlist.", flags=("--output", "-o"))
+    top: int = opt(20, "Likeliest translations kept per source token.")
+    frequent: int = opt(100, "Most frequent target tokens always allowed.")
+    iterations: int = opt(5, "EM iterations of IBM Model 1.")
+    max_sentences: int = opt(1_000_000, "Learn from at most this many train pairs.")
+
+
+@dataclass
+class ScoreOptions:
+    """The options of `nmt score` (nmt.evaluate.score_command's arguments)."""
+
+    ref: list[Path] = opt_list("Reference file(s); repeat for several.", flags=("--ref", "-r"))
+    hyp: Path | None = opt(None, "Hypotheses (default stdin).")
+    test_set: str | None = opt(None, "A sacreBLEU test set instead of --ref, e.g. wmt14.")
+    langpair: str | None = opt(None, "Language pair for --test-set, e.g. en-de.")
+    metrics: str = opt("bleu,chrf", "Comma-separated: bleu, chrf, ter.")
+    tokenize: str | None = opt(None, "sacreBLEU tokenizer (default 13a).")
+    lowercase: bool = opt(False, "Case-insensitive BLEU.")
+    json: bool = opt(False, "Machine-readable output.", flags=("--json",))
+
+
+@dataclass
+class PlotAttentionOptions:
+    """The options of `nmt plot attention` (nmt.plot.plot_attention's arguments)."""
+
+    attention: Path = opt(REQUIRED, "A file from nmt translate --attention FILE.npz.", argument=True)
+    out_dir: Path = opt(REQUIRED, "Directory for attention_<line>.png.", flags=("--output", "-o"))
+    layer: int | None = opt(None, "Only this decoder layer (0-based, negative from the end).")
+    average: bool = opt(False, "One panel averaged over layers and heads.")
+    sentences: int = opt(0, "Only the first N sentences; 0 = all.")
+
+
+@dataclass
+class PlotCurvesOptions:
+    """The options of `nmt plot curves` (nmt.plot.plot_curves's arguments)."""
+
+    run_dirs: list[Path] = opt(REQUIRED, "Run directories of nmt train (metrics.jsonl).", argument=True)
+    output: Path = opt(REQUIRED, "The figure to write, e.g. curves.png.", flags=("--output", "-o"))
+    labels: list[str] = opt_list("A name per run for the legend (repeat).", flags=("--label",))

@@ -1,10 +1,16 @@
-"""Config loading: key paths in errors, suggestions, type checks, overrides, invariants."""
+"""Config loading: key paths in errors, suggestions, type checks, overrides, invariants; the
+bounds that fields declare (config keys and commands' options), each enforced."""
 
+import dataclasses
+import typing
 from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
 
 import pytest
 
+from nmt import options
 from nmt.config import (
+    SECTIONS,
     Config,
     config_from_dict,
     config_to_dict,
@@ -12,7 +18,8 @@ from nmt.config import (
     help_table,
     load_config,
 )
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, NmtError
+from nmt.fields import Bounds, check_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -172,3 +179,103 @@ def test_help_table_lists_every_required_key():
 
 def test_docs_config_reference_is_current():
     assert help_table() in (ROOT / "docs/config.md").read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------ declared bounds
+
+#: a valid instance of each options dataclass that declares bounds, checked by its `check()`
+VALID_OPTIONS: dict[type, dict[str, Any]] = {
+    options.DistillOptions: dict(source_lang="en", target_lang="de", trainpref="train", out=Path("out"),
+                                 teachers=[Path("teacher.pt")]),
+}
+OPTION_CLASSES = [c for c in vars(options).values() if dataclasses.is_dataclass(c) and c.__module__ == options.__name__]
+
+
+def bounded_fields(classes: list[type]) -> list[tuple[type, str, Bounds]]:
+    """(class, field, its bounds) of every field with bounds: declared, or a Literal's choices."""
+    found = []
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            bounds = f.metadata.get("bounds", Bounds())
+            if get_origin(hints[f.name]) is Literal:
+                bounds = dataclasses.replace(bounds, choices=get_args(hints[f.name]))
+            if bounds != Bounds():
+                found.append((cls, f.name, bounds))
+    return found
+
+
+def outside(b: Bounds) -> list[Any]:
+    """Values just outside the bounds: min - 1 (min for an exclusive one), max + 1 (max), a non-choice."""
+    return [v for v in (None if b.at_least is None else b.at_least - 1, b.above,
+                        None if b.at_most is None else b.at_most + 1, b.below) if v is not None] + (
+        ["not-a-choice"] if b.choices else [])
+
+
+def inside(b: Bounds) -> list[Any]:
+    """The edges that the bounds allow: an inclusive min and max, every choice."""
+    return [v for v in (b.at_least, b.at_most) if v is not None] + list(b.choices)
+
+
+CONFIG_BOUNDS = bounded_fields(list(SECTIONS.values()))
+SECTION_OF = {cls: name for name, cls in SECTIONS.items()}
+
+
+def test_the_config_sections_declare_bounds():
+    """The keys that were hand-checked before their fields declared bounds still are."""
+    keys = {f"{SECTION_OF[cls]}.{name}" for cls, name, _ in CONFIG_BOUNDS}
+    assert {"model.d_model", "model.dropout", "train.lr", "train.adam_beta2", "decode.beam", "decode.topp",
+            "decode.seed", "train.precision"} <= keys
+    assert len(keys) >= 60
+
+
+@pytest.mark.parametrize("cls, key, bounds", CONFIG_BOUNDS, ids=[f"{SECTION_OF[c]}.{k}" for c, k, _ in CONFIG_BOUNDS])
+def test_every_declared_config_bound_is_enforced_naming_the_key(cls, key, bounds):
+    """Each value just outside a key's bounds is refused by load_config in one message naming
+    the key and the rule; the edges the bounds allow pass the bounds (rules between keys aside)."""
+    section = SECTION_OF[cls]
+    for value in outside(bounds):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"{section}.{key}={value}"])
+        assert str(e.value).startswith(f"--set: {section}.{key} must "), e.value
+        with pytest.raises(ConfigError, match=f"^{section}.{key} must .*, got "):
+            check_bounds(dataclasses.replace(cls(), **{key: value}), lambda k: f"{section}.{k}")
+    for value in inside(bounds):
+        check_bounds(dataclasses.replace(cls(), **{key: value}), lambda k: f"{section}.{k}")
+
+
+@pytest.mark.parametrize("key", [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+                                 if typing.get_type_hints(cls)[f.name] is float])
+def test_every_float_key_must_be_finite(key):
+    for value in ("nan", "inf", "-inf"):
+        with pytest.raises(ConfigError, match=f"^--set: {key} must "):
+            load_config(None, [f"{key}={value}"])
+
+
+OPTION_BOUNDS = bounded_fields(OPTION_CLASSES)
+
+
+@pytest.mark.parametrize("cls, key, bounds", OPTION_BOUNDS, ids=[f"{c.__name__}.{k}" for c, k, _ in OPTION_BOUNDS])
+def test_every_declared_option_bound_is_enforced_naming_the_flag(cls, key, bounds):
+    """An options dataclass that declares bounds checks them (`check()`), naming the flag."""
+    flag = "--" + key.replace("_", "-")
+    cls(**VALID_OPTIONS[cls]).check()
+    for value in outside(bounds):
+        with pytest.raises(NmtError, match=f"^{flag} must .*, got {value!r}$"):
+            cls(**{**VALID_OPTIONS[cls], key: value}).check()
+    for value in inside(bounds):
+        cls(**{**VALID_OPTIONS[cls], key: value}).check()
+
+
+def test_declared_bounds_are_checked_by_one_function_in_words():
+    """The rule's words, as the messages and docs/config.md say them."""
+    assert Bounds(at_least=0).rule() == "must not be negative"
+    assert Bounds(at_least=1).rule() == "must be at least 1"
+    assert Bounds(above=0).rule() == "must be positive"
+    assert Bounds(above=0, at_most=1).rule() == "must be in (0, 1]"
+    assert Bounds(at_least=0, below=2**62).rule() == "must be in [0, 2^62)"
+    assert Bounds(at_most=5).rule() == "must be at most 5"
+    assert Bounds(choices=("chrf", "bleu")).rule() == "must be one of 'chrf', 'bleu'"
+    with pytest.raises(ConfigError, match=r"^cfg.yaml: decode.topp must be in \(0, 1\], got 0.0$"):
+        load_config(None, options={"decode.topp": ("cfg.yaml", 0.0)})
+    assert "| Dropout on attention weights. Must be in [0, 1). |" in help_table()  # docs/config.md
