@@ -24,7 +24,6 @@ from helpers import ROOT, nmt, nmt_here, one_error_line, records, save_random_mo
 from nmt.api import Translator
 from nmt.decoding.alignment import default_layer, hard_alignment, load_attention, pharaoh
 from nmt.errors import NmtError
-from nmt.tokenizer import Tokenizer, train_sentencepiece
 
 ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 PAIR = re.compile(r"^(\d+)-(\d+)$")
@@ -44,10 +43,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thr
 
 
 @pytest.fixture(scope="module")
-def models(raw_corpus, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("attention")
-    spm = Tokenizer.from_file(train_sentencepiece(raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de"),
-                                        root / "spm", 500))
+def models(test_tokenizer, tmp_path_factory) -> dict[str, Path]:
+    root, spm = tmp_path_factory.mktemp("attention"), test_tokenizer
     two_layers = {"encoder_layers": 2, "decoder_layers": 2}
     return {
         "transformer": save_random_model(root / "t.pt", spm, seed=1, model=two_layers),

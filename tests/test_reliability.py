@@ -396,14 +396,12 @@ def _fuzz_line(rng: random.Random) -> bytes:
 
 
 @pytest.mark.slow
-def test_translate_fuzz_one_well_formed_line_per_input_line(raw_corpus, tmp_path):
+def test_translate_fuzz_one_well_formed_line_per_input_line(test_tokenizer, tmp_path):
     from nmt.api import Translator
     from nmt.decoding.predict import load_models, translate_token_lists
-    from nmt.tokenizer import Tokenizer, train_sentencepiece
     from nmt.translate import format_line, read_chunks
 
-    text = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
-    tokenizer = Tokenizer.from_file(train_sentencepiece(text, tmp_path / "spm", 500))
+    tokenizer = test_tokenizer
     model = save_random_model(tmp_path / "random.pt", tokenizer, seed=1)
     rng = random.Random(7)
     lines = [_fuzz_line(rng) for _ in range(1000)]

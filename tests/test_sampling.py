@@ -16,16 +16,13 @@ from nmt.config import DecodeConfig
 from nmt.decoding.predict import load_models, translate_token_lists
 from nmt.decoding.sampling import sampler
 from nmt.errors import NmtError
-from nmt.tokenizer import Tokenizer, train_sentencepiece
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")
-def checkpoints(raw_corpus, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("sampling")
-    spm = Tokenizer.from_file(train_sentencepiece(raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de"),
-                                        root / "spm", 500))
+def checkpoints(test_tokenizer, tmp_path_factory) -> dict[str, Path]:
+    root, spm = tmp_path_factory.mktemp("sampling"), test_tokenizer
     return {"transformer": save_random_model(root / "t.pt", spm, seed=1),
             "rnn": save_random_model(root / "r.pt", spm, seed=2, model={"arch": "rnn", "rnn_hidden": 32})}
 

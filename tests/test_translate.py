@@ -45,10 +45,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thr
 
 
 @pytest.fixture(scope="module")
-def setup(raw_corpus, tmp_path_factory) -> Setup:
-    root = tmp_path_factory.mktemp("translate")
+def setup(raw_corpus, test_tokenizer, tmp_path_factory) -> Setup:
+    root, spm = tmp_path_factory.mktemp("translate"), test_tokenizer
     train = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
-    spm = Tokenizer.from_file(train_sentencepiece(train, root / "spm", 500))
     other = Tokenizer.from_file(train_sentencepiece(train, root / "other", 450))
     sentences = raw_corpus.lines("test", "en")
     return Setup(
