@@ -21,7 +21,6 @@ any iterable of str but one str, a number as a number, a bool as a bool), named 
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
@@ -35,10 +34,11 @@ from typing import Any
 
 import torch
 
+from nmt import terminology as terms
 from nmt.config import DecodeConfig, check_nbest
 from nmt.data import pad_rows
 from nmt.decoding.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
-from nmt.decoding.constraints import Constraints
+from nmt.decoding.constraints import AvoidText, Constraints
 from nmt.decoding.predict import (
     DECODE_PRECISIONS,
     Loaded,
@@ -55,7 +55,7 @@ from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option
 from nmt.options import TranslateOptions
-from nmt.terminology import Request, Terminology, check_request, load_terminology, with_terms
+from nmt.terminology import Request, Surfaces, Terminology
 from nmt.textio import clean_text
 from nmt.tokenizer import LANGUAGE_TOKEN
 
@@ -99,49 +99,6 @@ def clean_output(text: str) -> str:
 
 
 MAX_THREADS = 4096  # torch refuses absurd thread counts with an error of its own
-
-
-def _language_arg(lang: Any, name: str) -> str | None:
-    """A target language as given (fra, or >>fra<<) -> fra; checked to be a plain word."""
-    if lang is None:
-        return None
-    if not isinstance(lang, str):
-        raise NmtError(f"{name} must be a language code string, got {type(lang).__name__}")
-    bare = lang[2:-2] if LANGUAGE_TOKEN.fullmatch(lang) else lang
-    if not bare or not re.fullmatch(r"[^\s<>]+", bare):
-        raise NmtError(f"{name} must be a language code such as fra, got {lang!r}")
-    return bare
-
-
-def _requests(texts: list[str], constraints: Any, avoid: Any, prefix: Any, ordered: Any,
-              where: str) -> list[Request] | None:
-    """The per-text lexical constraints of the API's arguments, checked (one entry per text)."""
-    if isinstance(ordered, bool):
-        ordered = [ordered] * len(texts)
-    elif isinstance(ordered, str) or not isinstance(ordered, Sequence) or len(ordered) != len(texts) \
-            or not all(isinstance(o, bool) for o in ordered):
-        raise NmtError(f"{where}: ordered must be True, False or a list of them, one per text ({len(texts)})")
-    if constraints is None and avoid is None and prefix is None:
-        return None
-    columns = {}
-    for key, value in (("constraints", constraints), ("avoid", avoid), ("prefix", prefix)):
-        if value is None:
-            continue
-        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != len(texts):
-            raise NmtError(f"{where}: {key} must be a list with one entry per text ({len(texts)})")
-        columns[key] = value
-    out = []
-    for i, text in enumerate(texts):
-        phrases = {}
-        for key in ("constraints", "avoid"):
-            entry = columns.get(key, [()] * len(texts))[i]
-            if isinstance(entry, str) or not isinstance(entry, Sequence):
-                raise NmtError(f"{where}: {key}[{i}] must be a list of strings")
-            phrases[key] = tuple(entry)
-        start = columns.get("prefix", [""] * len(texts))[i]
-        request = Request(text, phrases["constraints"], phrases["avoid"], "" if start is None else start, ordered[i])
-        out.append(check_request(request, f"{where}: text {i}"))
-    return out
 
 
 def _api_name(key: str) -> str:
@@ -209,6 +166,8 @@ class Translator:
         self.target_lang: str | None = None  # the >>xxx<< token every source gets (from_options sets it)
         self.terminology: Terminology | None = None  # source term -> target term constraints (from_options)
         self.term_stats = {"lines": 0, "terms": 0, "met": 0}  # lines with terms, their terms, terms in the output
+        self._surfaces: Surfaces | None = None  # the target tokens' text, for avoided phrases (`_surface_index`)
+        self._warned: set[str] = set()  # unknown >>xxx<< tokens warned about
 
     @classmethod
     def load(cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], **options: Any) -> Translator:
@@ -250,6 +209,9 @@ class Translator:
         layer = opts.alignment_layer
         if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
             raise NmtError(f"{name('alignment_layer')} must be an integer or None, got {layer!r}")
+        for key in ("shortlist", "terminology"):
+            if not isinstance(getattr(opts, key), (str, os.PathLike, type(None))):
+                raise NmtError(f"{name(key)} must be a path (str or os.PathLike), got {type(getattr(opts, key)).__name__}")
 
     @classmethod
     def from_options(cls, opts: TranslateOptions, name: Callable[[str], str] | None = None) -> Translator:
@@ -267,12 +229,12 @@ class Translator:
         shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
         translator = cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
                          shortlist=shortlist, alignment_layer=opts.alignment_layer)
-        translator.target_lang = translator._language_token(opts.target_lang, (name or _cli_name)("target_lang"))
+        translator.target_lang = loaded.tokenizer.language_token(opts.target_lang, (name or _cli_name)("target_lang"))
         if opts.terminology is not None:
             if cfg.sampling:
                 raise NmtError(f"{(name or _cli_name)('terminology')}: lexical constraints need beam search; they "
                                "cannot be combined with sampling")
-            translator.terminology = load_terminology(opts.terminology)
+            translator.terminology = terms.load_terminology(opts.terminology)
         layers = layer_count(loaded.model)
         if opts.alignment_layer is not None and layers:  # checked against the model now, not at the first line
             resolve_layer(opts.alignment_layer, layers, (name or _cli_name)("alignment_layer"))
@@ -288,9 +250,9 @@ class Translator:
         the translator was loaded with, for this call. Lexical constraints, one entry per text
         (see `translate_nbest`): `constraints` (target phrases that must appear), `avoid`
         (phrases that must not), `prefix` (the translation's start), `ordered`."""
-        lang = self._language_token(target_lang, "translate: target_lang")
+        lang = self.loaded.tokenizer.language_token(target_lang, "translate: target_lang")
         texts = _texts(texts, "texts", "translate")
-        requests = _requests(texts, constraints, avoid, prefix, ordered, "translate")
+        requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, "translate")
         return [hyps[0].text if hyps else "" for hyps in self._nbest(texts, lang=lang, requests=requests)]
 
     def translate_nbest(self, texts: Iterable[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
@@ -309,21 +271,21 @@ class Translator:
 
         Lexical constraints (beam search only), each a list with one entry per text:
         `constraints[i]`, target phrases that must all appear in translation i (in the given
-        order with `ordered`); `avoid[i]`, phrases that must never appear; `prefix[i]`, the
-        text translation i must start with ("" for none); `ordered` (for all texts, or one per
-        text): the constraints must appear in their order. Phrases are segmented with the
-        model's target tokenizer as an output would be. A translation whose constraints do
-        not fit in the length limit ends with them unmet, with a warning naming the text. With
-        the translator's `terminology`, the target terms of each text's source terms are
-        added to its constraints."""
+        order with `ordered`; segmented as an output would be); `avoid[i]`, texts it must never
+        hold (`nmt.terminology.avoided_text`); `prefix[i]`, the text it must start with ("" for
+        none); `ordered` (for all texts, or one per text). Constraints that can never fit in
+        the length limit are an NmtError naming the text; a translation whose constraints do
+        not fit ends with them unmet, with a warning naming the text and why. With the
+        translator's `terminology`, the target terms of each text's source terms are added to
+        its constraints."""
         name = "translate_nbest"
-        lang = self._language_token(target_lang, f"{name}: target_lang")
+        lang = self.loaded.tokenizer.language_token(target_lang, f"{name}: target_lang")
         nbest, first_index = _arg(nbest, int, "nbest", name), _arg(first_index, int, "first_index", name)
         alignment, attention = _arg(alignment, bool, "alignment", name), _arg(attention, bool, "attention", name)
         if first_index < 0:
             raise NmtError(f"{name}: first_index must be 0 or more, got {first_index}")
         texts = _texts(texts, "texts", name)
-        requests = _requests(texts, constraints, avoid, prefix, ordered, name)
+        requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, name)
         return self._nbest(texts, nbest, where=where, first_index=first_index,
                            alignment=alignment, attention=attention, lang=lang, requests=requests)
 
@@ -337,7 +299,7 @@ class Translator:
         layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
         seqs = self._encode(texts, where, lang=lang or self.target_lang)
         if self.terminology is not None:
-            requests = [with_terms(r, self.terminology) for r in requests or [Request(t) for t in texts]]
+            requests = [terms.with_terms(r, self.terminology) for r in requests or [Request(t) for t in texts]]
         cons = self._constraints(requests, seqs, where) if requests else None
         hyps = translate_token_lists(self.loaded.model, seqs, self.decode, specials=self.loaded.tokenizer.specials,
                                      nbest=nbest, device=self.device,
@@ -347,7 +309,7 @@ class Translator:
         decode = self.loaded.tokenizer.decode
         out = [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
         if cons is not None and requests is not None:
-            self._report_constraints(requests, hyps, out, where)
+            self._report_constraints(requests, cons, hyps, out, where)
         if alignment or attention:
             self._attach_attention(seqs, hyps, out, layer, alignment, attention)
         return out
@@ -429,65 +391,101 @@ class Translator:
 
     def _constraints(self, requests: list[Request], seqs: list[list[int]],
                      where: Callable[[int], str]) -> list[Constraints | None] | None:
-        """Each request's phrases as target token ids (None where it asks nothing); a phrase
-        that cannot fit in its sentence's length limit is an NmtError naming `where(i)`."""
+        """Each request's phrases as target token ids and its avoided texts (None where it asks
+        nothing). An NmtError naming `where(i)`: what cannot fit in its sentence's length limit
+        (one phrase, or all of them: `Constraints.min_length`), a phrase with nothing left once
+        normalized, a prefix that holds an avoided phrase. A prefix with pieces the vocabulary
+        lacks is forced as `<unk>`, with a warning."""
         if not any(r.asks() for r in requests):
             return None
         if self.decode.sampling:
             raise NmtError(f"{where(next(i for i, r in enumerate(requests) if r.asks()))}: lexical constraints "
                            "need beam search; they cannot be combined with sampling")
-        tok = self.loaded.tokenizer
+        tok, specials = self.loaded.tokenizer, self.loaded.tokenizer.specials
         out: list[Constraints | None] = []
         for i, (request, seq) in enumerate(zip(requests, seqs, strict=True)):
             if not request.asks() or not seq:
                 out.append(None)
                 continue
-            limit = int(max_output_lengths(pad_rows([[*seq, tok.specials.eos]], tok.specials.pad), self.decode,
-                                           tok.specials.pad, self.loaded.max_positions)[0])
-            include = tuple(tuple(tok.encode_target(p)) for p in request.constraints)
-            avoid = tuple(tuple(tok.encode_target(p)) for p in request.avoid)
-            prefix = tuple(tok.encode_target(request.prefix)) if request.prefix.strip() else ()
-            for kind, phrases, texts in (("constraint", include, request.constraints), ("prefix", (prefix,), (request.prefix,))):
-                for ids, text in zip(phrases, texts, strict=True):
-                    if len(ids) > limit:
-                        raise NmtError(f"{where(i)}: the {kind} {text!r} is {len(ids)} tokens, longer than the "
-                                       f"{limit} tokens this line's translation may have (decode.max_len_a/b)")
-            out.append(Constraints(include=include, ordered=request.ordered, avoid=avoid, prefix=prefix))
+            limit = int(max_output_lengths(pad_rows([[*seq, specials.eos]], specials.pad), self.decode,
+                                           specials.pad, self.loaded.max_positions)[0])
+
+            def encoded(kind: str, text: str, i: int = i, limit: int = limit) -> tuple[int, ...]:
+                ids = tuple(tok.encode_target(clean_text(text)))
+                if not ids or len(ids) > limit:
+                    raise NmtError(f"{where(i)}: the {kind} {text!r} " + (f"is {len(ids)} tokens, longer than the "
+                                   f"{limit} tokens this line's translation may have (decode.max_len_a/b)" if ids
+                                   else "is empty once normalized (only invisible or control characters)"))
+                return ids
+
+            include = tuple(encoded("constraint", p) for p in request.constraints)
+            prefix = encoded("prefix", request.prefix) if request.prefix.strip() else ()
+            avoid = tuple(terms.avoided_text(p).encode() for p in request.avoid)
+            for phrase, text in zip(request.avoid, avoid, strict=True):
+                if not text or text in self._surface_index().text(prefix):
+                    raise NmtError(f"{where(i)}: the avoided {phrase!r} is empty once normalized" if not text else
+                                   f"{where(i)}: the prefix {request.prefix!r} holds the avoided {phrase!r}")
+            c = Constraints(include, request.ordered, prefix=prefix,
+                            avoid_text=AvoidText(avoid, self._surface_index()) if avoid else None)
+            asked = Constraints(include[: len(include) - len(request.terms)], request.ordered)  # terms may go unmet
+            if asked.min_length() > limit:
+                raise NmtError(f"{where(i)}: the {len(asked.include)} constraints need at least {asked.min_length()} "
+                               f"tokens, more than the {limit} this line's translation may have (decode.max_len_a/b)")
+            if specials.unk in prefix:
+                log.warning("%s: the prefix %r has pieces the model's vocabulary lacks: forced as <unk>", where(i),
+                            request.prefix)
+            out.append(c)
         return out
 
-    def _report_constraints(self, requests: list[Request], hyps: list[list[Hypothesis]],
-                            out: list[list[Translation]], where: Callable[[int], str]) -> None:
-        """Warn, naming the line, where the best translation leaves constraints unmet; count the
-        terminology's terms (`term_stats`)."""
-        for i, (request, hs) in enumerate(zip(requests, hyps, strict=True)):
-            if not hs:
+    def _report_constraints(self, requests: list[Request], cons: list[Constraints | None],
+                            hyps: list[list[Hypothesis]], out: list[list[Translation]],
+                            where: Callable[[int], str]) -> None:
+        """Warn, naming the line, where the best translation leaves constraints unmet, and why
+        (a phrase the search may not write: pieces the vocabulary lacks, an avoided phrase
+        inside; else the length limit), or where a translation holds an avoided phrase all the
+        same (a limit of the search, see `AvoidText`); count the terminology's terms (`term_stats`)."""
+        unk = None if self.decode.allow_unk else self.loaded.tokenizer.specials.unk
+        for i, (request, c, hs) in enumerate(zip(requests, cons, hyps, strict=True)):
+            if not hs or c is None:
                 continue
-            unmet = hs[0].unmet
-            if unmet:
-                log.warning("%s: %d of %d constraints not met within the length limit", where(i), unmet,
-                            len(request.constraints))
+            avoid = c.avoid_text.texts if c.avoid_text else ()
+            if hs[0].unmet:
+                why = [f"{text!r} " + ("has pieces the model's vocabulary lacks (<unk>)" if unk in ids else
+                                      "holds an avoided phrase") for text, ids in zip(request.constraints, c.include)
+                       if unk in ids or any(a in self._surface_index().text(ids) for a in avoid)]
+                if hs[0].unmet > len(why):
+                    why.append(f"{hs[0].unmet - len(why)} not within the length limit"
+                               + (" or after one of those in the order" if why and c.ordered else ""))
+                log.warning("%s: %d of %d constraints not met: %s", where(i), hs[0].unmet, len(request.constraints),
+                            "; ".join(why))
+            seen = next((a.decode() for a in avoid for h in out[i] if a.decode() in h.text), None)
+            if seen is not None:
+                log.warning("%s: the avoided %r is in the translation all the same: its text has it where its "
+                            "tokens' bytes do not (an undecodable byte shows as U+FFFD)", where(i), seen)
             if request.terms:
                 self.term_stats["lines"] += 1
                 self.term_stats["terms"] += len(request.terms)
                 self.term_stats["met"] += sum(term in out[i][0].text for term in request.terms)
 
+    def _surface_index(self) -> Surfaces:
+        """The target tokens' text as translations show it (`clean_output`: a break is a space)."""
+        if self._surfaces is None:
+            self._surfaces = Surfaces([_BREAKS.sub(" ", s.decode(errors="surrogateescape")).encode(
+                errors="surrogateescape") for s in self.loaded.tokenizer.surfaces()])
+        return self._surfaces
+
     # ------------------------------------------------------------------ helpers
 
-    def _language_token(self, lang: str | None, name: str) -> str | None:
-        """">>lang<<" for a target language the model has a token for; None for None."""
-        if lang is None:
-            return None
-        lang = _language_arg(lang, name)
-        token, known = f">>{lang}<<", self.loaded.tokenizer.language_tokens()
-        if not known:
-            raise NmtError(f"{name} {lang}: the model has no target-language tokens (>>xxx<<); it is not "
-                           "multilingual")
-        if token not in known:
-            close = difflib.get_close_matches(token, known, n=3)
-            hint = f" (did you mean {', '.join(t[2:-2] for t in close)}?)" if close else ""
-            raise NmtError(f"{name} {lang}: the model has no {token} token{hint}; it knows {len(known)} "
-                           f"languages, e.g. {', '.join(t[2:-2] for t in known[:8])}")
-        return token
+    def _unknown_language(self, token: str, where: str) -> None:
+        """A source starting with a `>>xxx<<` token the vocabulary lacks: refused where the model
+        has language tokens (a typo would steer the translation to no language; `target_lang`
+        refuses it too), else read as `<unk>` (as Marian does) with a warning, once a token."""
+        if self.loaded.tokenizer.language_tokens():
+            self.loaded.tokenizer.language_token(token, where)  # raises, naming the line and the close matches
+        if token not in self._warned:
+            self._warned.add(token)
+            log.warning("%s: %s is not a token of this model (it has no target-language tokens); read as <unk>",
+                        where, token)
 
     def _encode(self, texts: Sequence[str], where: Callable[[int], str] | None, *,
                 target: bool = False, lang: str | None = None) -> list[list[int]]:
@@ -502,6 +500,8 @@ class Translator:
             text = clean_text(text)
             if lang and text.strip() and not LANGUAGE_TOKEN.match(text):
                 text = f"{lang} {text}"
+            if where is not None and not target and (unknown := self.loaded.tokenizer.unknown_language(text)):
+                self._unknown_language(unknown, where(i))
             seq = encode(text) if text.strip() else []
             if where is not None and len(seq) > limit:
                 log.warning("%s: %d tokens, truncated to the model's maximum of %d", where(i), len(seq), limit)

@@ -6,23 +6,34 @@ Everything here is text: the phrases are segmented with the model's target token
 they meet a model (`nmt.api`), exactly as an output would be.
 
 A terminology file has one pair a line, `source term<TAB>target term`. A source term matches a
-line where it occurs as whole words: case-insensitively (Unicode case folding), not inside a
-longer word (the characters either side, if any, are not letters, digits or `_`), with the
-term's spaces matching any run of whitespace. Longer terms win where matches overlap; each
-distinct target term of a line becomes one positive constraint of that line.
+line where it occurs as whole words: in any case (the line's text and the term are equal once
+both are case-folded, `str.casefold`: "STRASSE" and "Straße" match "Straße", "İSTANBUL"
+matches "İstanbul"), not inside a longer word (the characters either side, if any, are not
+letters, digits or `_`), with the term's spaces matching any run of whitespace. Longer terms
+win where matches overlap; each distinct target term of a line becomes one positive
+constraint of that line.
+
+An avoided phrase is matched as text (`avoided_text`): after NFKC normalization, with its
+whitespace runs as one space, none at its ends and no control or format characters (zero-width
+spaces and joiners: the models' texts have none), it never occurs in the translation: anywhere,
+also inside a longer word ("stand" rules out "understand"), case-sensitively.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError
-from nmt.textio import read_lines
+from nmt.textio import clean_text, read_lines
 
 JSON_KEYS = ("text", "constraints", "avoid", "prefix", "ordered")
 
@@ -49,6 +60,8 @@ def parse_json_line(line: str, where: str) -> Request:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise NmtError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise NmtError(f"{where}: not a request (JSON nested too deeply)") from None
     if not isinstance(obj, dict):
         raise NmtError(f"{where}: not a JSON object (a JSON {type(obj).__name__})")
     unknown = sorted(set(obj) - set(JSON_KEYS))
@@ -79,6 +92,38 @@ def _phrases(value: Any, key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def requests_from(texts: list[str], constraints: Any, avoid: Any, prefix: Any, ordered: Any,
+                  where: str) -> list[Request] | None:
+    """The Requests of the API's arguments (`Translator.translate`: one entry per text), checked;
+    None when none asks anything but `ordered`."""
+    if isinstance(ordered, bool):
+        ordered = [ordered] * len(texts)
+    elif isinstance(ordered, str) or not isinstance(ordered, Sequence) or len(ordered) != len(texts) \
+            or not all(isinstance(o, bool) for o in ordered):
+        raise NmtError(f"{where}: ordered must be True, False or a list of them, one per text ({len(texts)})")
+    if constraints is None and avoid is None and prefix is None:
+        return None
+    columns = {}
+    for key, value in (("constraints", constraints), ("avoid", avoid), ("prefix", prefix)):
+        if value is None:
+            continue
+        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != len(texts):
+            raise NmtError(f"{where}: {key} must be a list with one entry per text ({len(texts)})")
+        columns[key] = value
+    out = []
+    for i, text in enumerate(texts):
+        phrases = {}
+        for key in ("constraints", "avoid"):
+            entry = columns.get(key, [()] * len(texts))[i]
+            if isinstance(entry, str) or not isinstance(entry, Sequence):
+                raise NmtError(f"{where}: {key}[{i}] must be a list of strings")
+            phrases[key] = tuple(entry)
+        start = columns.get("prefix", [""] * len(texts))[i]
+        request = Request(text, phrases["constraints"], phrases["avoid"], "" if start is None else start, ordered[i])
+        out.append(check_request(request, f"{where}: text {i}"))
+    return out
+
+
 def check_request(request: Request, where: str) -> Request:
     """The checks of `parse_json_line` for a Request made in code (the API): phrases are
     non-empty strings."""
@@ -93,6 +138,56 @@ def check_request(request: Request, where: str) -> Request:
     return request
 
 
+def avoided_text(phrase: str) -> str:
+    """An avoided phrase as the translation's text must never hold it (module docstring)."""
+    text = " ".join(unicodedata.normalize("NFKC", clean_text(phrase)).split())
+    return "".join(c for c in text if unicodedata.category(c) not in ("Cc", "Cf")).strip()
+
+
+class Surfaces:
+    """A target vocabulary's text: what each token adds to a translation (`pieces`, UTF-8 bytes,
+    from `Tokenizer.surfaces`), indexed for the search to find the tokens that would complete an
+    avoided text (`nmt.decoding.constraints`), which keeps its `tensors` here."""
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.pieces, self.size = list(pieces), len(pieces)
+        self.width = max(map(len, self.pieces), default=0)  # W: the longest surface
+        self.order = sorted(range(self.size), key=self.pieces.__getitem__)  # by surface
+        self._sorted = [self.pieces[i] for i in self.order]
+        self._joined, self._ends = b"".join(self.pieces), list(accumulate(map(len, self.pieces)))
+        self._index: dict[bytes, tuple[list[int], list[int], list[int]]] = {}
+        self.tensors: dict[Any, Any] = {}
+
+    def text(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.pieces[t] for t in ids)
+
+    def index(self, phrase: bytes) -> tuple[list[int], list[int], list[int]]:
+        """For each byte q of `phrase`, the range [lo, hi) of `order` whose surfaces start with
+        the phrase's bytes from q; and the tokens whose surface holds the whole phrase further
+        in. Kept for the phrases of the last few thousand calls."""
+        found = self._index.get(phrase)
+        if found is None:
+            if len(self._index) >= 4096:
+                self._index.clear()
+            found = self._index[phrase] = self._find(phrase)
+        return found
+
+    def _find(self, phrase: bytes) -> tuple[list[int], list[int], list[int]]:
+        n = len(phrase)
+        lo, hi = [0] * n, [0] * n  # a rest longer than any surface: no token
+        for q in range(max(0, n - self.width), n):
+            rest = phrase[q:]
+            lo[q] = bisect_left(self._sorted, rest)
+            hi[q] = bisect_right(self._sorted, rest, lo[q], key=itemgetter(slice(len(rest))))
+        inside = []
+        if len(phrase) < self.width:  # a longer surface may hold it
+            for m in re.finditer(b"(?=" + re.escape(phrase) + b")", self._joined):
+                t = bisect_right(self._ends, m.start())
+                if m.start() + len(phrase) <= self._ends[t]:
+                    inside.append(t)
+        return lo, hi, inside
+
+
 # ------------------------------------------------------------------ terminology
 
 
@@ -101,7 +196,7 @@ class Terminology:
     """Source term -> target term pairs (`load_terminology`) and the rule that finds them."""
 
     pairs: tuple[tuple[str, str], ...]
-    pattern: re.Pattern[str] | None
+    pattern: re.Pattern[str] | None  # the folded terms, over folded text
     targets: dict[str, str]  # folded source term -> target term
 
     def match(self, text: str) -> list[str]:
@@ -109,19 +204,15 @@ class Terminology:
         in order of first occurrence."""
         if self.pattern is None:
             return []
+        # folded character by character (casefold is), so a match is one unless it starts or
+        # ends inside a character's folding ("ß" -> "ss")
+        folds = [c.casefold() for c in text]
+        edges = set(accumulate(map(len, folds), initial=0))
         found: dict[str, None] = {}
-        for m in self.pattern.finditer(text):
-            found.setdefault(self._target(m.group(0)), None)
+        for m in self.pattern.finditer("".join(folds)):
+            if m.start() in edges and m.end() in edges:
+                found.setdefault(self.targets[" ".join(m.group(0).split())], None)
         return list(found)
-
-    def _target(self, matched: str) -> str:
-        """The target term of a matched span. The regex folds case simply, the keys fully: where
-        the two differ (rare letters), the term whose own pattern matches the span."""
-        target = self.targets.get(_fold(matched))
-        if target is not None:
-            return target
-        return next(t for k, t in self.targets.items()
-                    if re.fullmatch(r"\s+".join(re.escape(w) for w in k.split()), matched, re.IGNORECASE))
 
 
 def _fold(term: str) -> str:
@@ -136,8 +227,7 @@ def terminology_from_pairs(pairs: Sequence[tuple[str, str]]) -> Terminology:
         return Terminology(tuple(pairs), None, targets)
     terms = sorted(targets, key=len, reverse=True)  # longer terms first: the regex takes the first alternative
     body = "|".join(r"\s+".join(re.escape(w) for w in t.split()) for t in terms)
-    pattern = re.compile(rf"(?<!\w)(?:{body})(?!\w)", re.IGNORECASE)
-    return Terminology(tuple(pairs), pattern, targets)
+    return Terminology(tuple(pairs), re.compile(rf"(?<!\w)(?:{body})(?!\w)"), targets)
 
 
 def load_terminology(path: str | Path) -> Terminology:

@@ -10,6 +10,7 @@ and its own vocabulary and ids (`VocabTokenizer`).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -18,6 +19,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -180,6 +182,39 @@ class Tokenizer:
         order; [] for others."""
         return []
 
+    def unknown_language(self, text: str) -> str | None:
+        """The `>>xxx<<` token a source text starts with where `encode` looks it up whole and the
+        vocabulary lacks it (it becomes `<unk>`); None otherwise."""
+        return None
+
+    def language_token(self, lang: Any, name: str) -> str | None:
+        """">>fra<<" for a target language given as fra or >>fra<< that the model has a token
+        for; None for None; else an NmtError naming `name` (and the close matches)."""
+        if lang is None:
+            return None
+        if not isinstance(lang, str):
+            raise NmtError(f"{name} must be a language code string, got {type(lang).__name__}")
+        bare = lang[2:-2] if LANGUAGE_TOKEN.fullmatch(lang) else lang
+        if not bare or not re.fullmatch(r"[^\s<>]+", bare):
+            raise NmtError(f"{name} must be a language code such as fra, got {lang!r}")
+        token, known = f">>{bare}<<", self.language_tokens()
+        if not known:
+            raise NmtError(f"{name} {bare}: the model has no target-language tokens (>>xxx<<); it is not "
+                           "multilingual")
+        if token not in known:
+            close = difflib.get_close_matches(token, known, n=3)
+            hint = f" (did you mean {', '.join(t[2:-2] for t in close)}?)" if close else ""
+            raise NmtError(f"{name} {bare}: the model has no {token} token{hint}; it knows {len(known)} "
+                           f"languages, e.g. {', '.join(t[2:-2] for t in known[:8])}")
+        return token
+
+    def surfaces(self) -> list[bytes]:
+        """What each target token id adds to `decode`'s text, as UTF-8 bytes (`▁` a space, a byte
+        piece its byte, `<unk>` " ⁇ ", a control token nothing): a decoded text is its tokens'
+        surfaces one after another, less its leading space (and with one U+FFFD for each
+        undecodable byte)."""
+        raise NotImplementedError
+
 
 class SentencePieceTokenizer(Tokenizer):
     """One joint sentencepiece model with nmt's special ids (`NMT_SPECIALS`): its ids are the
@@ -226,6 +261,9 @@ class SentencePieceTokenizer(Tokenizer):
 
     def piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(token_id)
+
+    def surfaces(self) -> list[bytes]:
+        return [_surface(self._sp, self._sp.id_to_piece(i)) for i in range(self.vocab_size)]
 
     def files(self) -> dict[str, bytes]:
         return {"spm.model": self.model_bytes}
@@ -287,10 +325,18 @@ class VocabTokenizer(Tokenizer):
         unk = self.specials.unk
         return [self._ids.get(p, unk) for p in pieces]
 
+    def _language(self, text: str) -> str | None:
+        """The leading `>>xxx<<` token `encode` looks up whole."""
+        return text[: end + 2] if text.startswith(">>") and (end := text.find("<<")) != -1 else None
+
+    def unknown_language(self, text: str) -> str | None:
+        token = self._language(text)
+        return token if token is not None and token not in self._ids else None
+
     def encode(self, text: str) -> list[int]:
         code: list[int] = []
-        if text.startswith(">>") and (end := text.find("<<")) != -1:
-            code, text = self._lookup([text[: end + 2]]), text[end + 2 :]
+        if (token := self._language(text)) is not None:
+            code, text = self._lookup([token]), text[len(token) :]
         return code + self._lookup(self._source.encode(text, out_type=str))
 
     def encode_target(self, text: str) -> list[int]:
@@ -306,6 +352,9 @@ class VocabTokenizer(Tokenizer):
     def piece(self, token_id: int) -> str:
         return self.pieces[token_id]
 
+    def surfaces(self) -> list[bytes]:
+        return [b"" if i in self._skip else _surface(self._target, p) for i, p in enumerate(self.pieces)]
+
     def files(self) -> dict[str, bytes]:
         return {"source.spm": self.source_model, "target.spm": self.target_model}
 
@@ -317,6 +366,18 @@ def spm_pieces(model_bytes: bytes, name: str) -> list[str]:
     """The pieces of a sentencepiece model, in id order."""
     sp = _load_spm(model_bytes, name)
     return [sp.id_to_piece(i) for i in range(sp.vocab_size())]
+
+
+def _surface(sp: spm.SentencePieceProcessor, piece: str) -> bytes:
+    """What `piece` adds to the text `sp` decodes (see `Tokenizer.surfaces`); a piece the model
+    lacks comes out as it is."""
+    i = sp.piece_to_id(piece)
+    if sp.id_to_piece(i) == piece:
+        if sp.is_byte(i):
+            return bytes([int(piece[1:-1], 16)])  # <0xNN>
+        if sp.is_control(i) or sp.is_unknown(i):
+            return b"" if sp.is_control(i) else " \u2047 ".encode()
+    return piece.replace("\u2581", " ").encode()
 
 
 def _load_spm(model_bytes: bytes, name: str) -> spm.SentencePieceProcessor:

@@ -156,6 +156,9 @@ def test_bad_calls_raise_one_line_nmt_errors(translator, call, needle):
     ({"temperature": "0.5"}, "temperature= must be a number"),
     ({"sampling": "no"}, "sampling= must be true or false"),
     ({"threads": 2.0}, "threads= must be an integer"),
+    # issue 33 (9): a TypeError before
+    ({"terminology": 5}, "terminology= must be a path (str or os.PathLike), got int"),
+    ({"shortlist": b"sl.pt"}, "shortlist= must be a path (str or os.PathLike), got bytes"),
 ])
 def test_bad_load_options_are_one_line_errors(ckpt, options, needle):
     with pytest.raises(NmtError) as e:

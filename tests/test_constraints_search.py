@@ -6,6 +6,7 @@ teacher-forced log-probs, and no constraints = exactly the plain search."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import replace
@@ -33,8 +34,9 @@ from test_search import (
 )
 
 from nmt.config import DecodeConfig
-from nmt.decoding.constraints import Constraints, ConstraintTracker, RowState
-from nmt.decoding.search import beam_search, max_output_lengths
+from nmt.decoding.constraints import AvoidText, Constraints, ConstraintTracker, RowState
+from nmt.decoding.search import bank_candidates, beam_search, max_output_lengths
+from nmt.terminology import Surfaces
 
 CONTENT = (A, B, C, D, E, F)
 
@@ -158,7 +160,8 @@ def test_tracker_follows_every_phrase(seed):
         tokens = []
         for _ in range(12):
             tokens.append(rng.choice((A, B, C)))
-            tracker.choose(tracker.advance(torch.tensor([[0]]), torch.tensor([[tokens[-1]]])))
+            row, token = torch.tensor([[0]]), torch.tensor([[tokens[-1]]])
+            tracker.choose(tracker.advance(row, token), row, token)
             state = list(zip(tracker.state.progress[0].tolist(), tracker.state.met[0].tolist(), strict=True))
             assert state == expected_state(tokens, c), (c, tokens)
             bank = tracker.bank(RowState(tracker.state.progress[None], tracker.state.met[None])).item()
@@ -432,3 +435,128 @@ def test_bfloat16_model_and_sentences_leaving_the_batch():
     model = FakeModel(random_logprobs, torch.bfloat16)
     hyps = beam_search(model, src, cfg, nbest=2, **IDS, constraints=constraints)
     check(src, constraints, hyps, cfg, model, True)
+
+
+# ------------------------------------------------------------------ what is asked, and memory (issue 33)
+
+
+def tensor_elements(obj, seen=None):
+    """The elements of every tensor `obj` holds (attributes, lists, dicts), each tensor once."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return obj.numel()
+    if isinstance(obj, dict):
+        return sum(tensor_elements(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_elements(v, seen) for v in obj)
+    return sum(tensor_elements(v, seen) for v in vars(obj).values()) if hasattr(obj, "__dict__") else 0
+
+
+def test_the_tracker_tables_grow_linearly_with_the_phrases():
+    """One long phrase and many one-token ones, to include and to avoid: twice as many tokens
+    asked take about twice the memory (padding every phrase to the longest, or a table of
+    prefix pairs per phrase, took 4 to 8 times as much)."""
+    def elements(n):
+        long = tuple([A, B] * (n // 2))
+        text = AvoidText((b"st" * (n // 2), *[b"a"] * n), SURFACES)
+        c = Constraints(include=(long, *[(C,)] * n), avoid=(long, *[(D,)] * n), avoid_text=text)
+        return tensor_elements(ConstraintTracker.build([c], 1, EOS, torch.device("cpu")))
+
+    assert elements(400) <= 2.2 * elements(200)
+
+
+def test_the_candidate_pool_does_not_grow_with_the_phrases():
+    """Post & Vilar's pool holds each row's next token of every phrase it works on, and every
+    candidate a state of every phrase: with hundreds of phrases, memory quadratic in them. A
+    row offers at most k tokens of its phrases (a step keeps at most k candidates of a
+    sentence): the pool of 500 phrases is that of 2k."""
+    vocab, k = 600, 6
+    lprobs = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)).log_softmax(1)
+    pools = []
+    for m in (2 * k, 500):
+        cons = ConstraintTracker.build([Constraints(include=[(4 + i,) for i in range(m)])], 1, EOS, torch.device("cpu"))
+        masked = lprobs.clone()
+        cons.block_(masked, None, EOS, None)
+        scores, index, state = bank_candidates(masked, torch.zeros(1, 1), k, cons, EOS)
+        pools.append(index.size(1))
+        # the likeliest tokens of the phrases are still offered
+        best = (lprobs[0, 4 : 4 + m].topk(k).indices + 4).tolist()
+        assert set(best) <= set(index[0].tolist())
+    assert pools[0] == pools[1]
+
+
+def test_min_length_is_a_lower_bound_of_every_output_holding_the_phrases():
+    """Over random phrases: the shortest token sequence that holds them all (a brute force over
+    the tokens they use) is never shorter than `min_length`."""
+    rng = random.Random(3)
+    for _ in range(60):
+        include = tuple(tuple(rng.choice((A, B, C)) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 4)))
+        c = Constraints(include=include, ordered=rng.random() < 0.5)
+        shortest = next(n for n in range(1, 13) if any(lacking(list(t), c) == 0
+                                                       for t in itertools.product((A, B, C), repeat=n)))
+        assert c.min_length() <= shortest, (c, shortest)
+
+
+# A fake vocabulary's text (pad, unk, bos, eos, then A..F): "stand" is s+t+and, st+and, s+t+a+nd ...
+SURFACES = Surfaces([b"", " \u2047 ".encode(), b"", b"", b"s", b"t", b"st", b"and", b"a", b"nd"])
+
+# [C D] "st"+"and" .42 (the plain best), [A B D] "s"+"t"+"and" .288, [C] "st" .18, [A B E F] .0648
+STAND = {
+    (): {C: 0.6, A: 0.4},
+    (C,): {D: 0.7, EOS: 0.3},
+    (A,): {B: 0.9, EOS: 0.1},
+    (A, B): {D: 0.8, E: 0.2},
+    (A, B, E): {F: 0.9, EOS: 0.1},
+}
+
+
+def avoiding(*texts, **kw):
+    return Constraints(avoid_text=AvoidText(tuple(texts), SURFACES), **kw)
+
+
+def test_an_avoided_text_is_avoided_however_it_is_spelled():
+    assert constrained(STAND, Constraints(), BEAM3)[0].tokens == [C, D]
+    # avoiding one spelling of "stand" (its own segmentation) lets another through
+    other = constrained(STAND, Constraints(avoid=((C, D),)), BEAM3)[0].tokens
+    assert other == [A, B, D] and SURFACES.text(other) == b"stand"
+    # the text: no spelling of it; "st" .18 is the best output that lacks it
+    assert constrained(STAND, avoiding(b"stand"), BEAM3)[0].tokens == [C]
+    # inside a token ("n" in "and") or across tokens ("ta" in "st"+"and")
+    assert constrained(STAND, avoiding(b"n"), BEAM3)[0].tokens == [C]
+    assert constrained(STAND, avoiding(b"ta"), BEAM3)[0].tokens == [C]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_an_avoided_text_never_appears_in_any_output(seed):
+    """Random models, settings and texts over the fake vocabulary: no hypothesis' text holds an
+    avoided text, whatever its tokens; scores are the model's; batch 1 = batch N. The same
+    settings without them write them (counted over all seeds in the next test)."""
+    rng = random.Random(seed)
+    cfg = DecodeConfig(beam=rng.randint(1, 4), lenpen_style=rng.choice(["none", "length"]), lenpen=1.0,
+                       max_len_a=0.0, max_len_b=rng.randint(3, 8), min_len=rng.randint(0, 3))
+    texts = tuple(rng.sample([b"stand", b"ta", b"ts", b"nda", b"s", b"and", b"tt", b"dst"], 2))
+    sources = rng.sample(SOURCES, 4)
+    constraints = [avoiding(*texts, include=((C,),) if rng.random() < 0.3 else ()) for _ in sources]
+    model = FakeModel(random_logprobs)
+    hyps = beam_search(model, src_batch(*sources), cfg, nbest=cfg.beam, **IDS, constraints=constraints)
+    for sentence, c, hs in zip(sources, constraints, hyps, strict=True):
+        assert hs
+        for h in hs:
+            assert not any(t in SURFACES.text(h.tokens) for t in texts), (texts, SURFACES.text(h.tokens))
+            assert h.positional_scores == [approx(x) for x in teacher_forced(model, src_batch(sentence), h.tokens)]
+        assert beam_search(model, src_batch(sentence), cfg, nbest=cfg.beam, **IDS, constraints=[c])[0] == hs
+
+
+def test_the_plain_search_writes_what_the_previous_test_avoids():
+    written = 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        cfg = DecodeConfig(beam=rng.randint(1, 4), lenpen_style=rng.choice(["none", "length"]), lenpen=1.0,
+                           max_len_a=0.0, max_len_b=rng.randint(3, 8), min_len=rng.randint(0, 3))
+        texts = tuple(rng.sample([b"stand", b"ta", b"ts", b"nda", b"s", b"and", b"tt", b"dst"], 2))
+        hyps = beam_search(FakeModel(random_logprobs), src_batch(*rng.sample(SOURCES, 4)), cfg, nbest=cfg.beam, **IDS)
+        written += sum(any(t in SURFACES.text(h.tokens) for t in texts) for hs in hyps for h in hs)
+    assert written >= 20

@@ -27,6 +27,7 @@ import importlib.util
 import json
 import logging
 import os
+import random
 import shutil
 import warnings
 from pathlib import Path
@@ -35,6 +36,7 @@ import pytest
 import torch
 from helpers import ROOT, nmt_here
 
+from nmt import Translator
 from nmt.checkpoint import ModelCheckpoint, load_model_checkpoint
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
@@ -276,8 +278,6 @@ def test_forced_decoding_equals_hf(hf_folder: Path, imported: ModelCheckpoint) -
     `Translator.score` equals the sum of the HF model's log-probabilities of the target."""
     from transformers import MarianMTModel
 
-    from nmt import Translator
-
     tok = imported.tokenizer
     hf = MarianMTModel.from_pretrained(hf_folder).eval()
     ours = Transformer(imported.config.model, tok.vocab_size, tok.specials.pad)
@@ -304,6 +304,27 @@ def test_forced_decoding_equals_hf(hf_folder: Path, imported: ModelCheckpoint) -
     translator = Translator.load(imported.path, device="cpu", threads=1)
     scores = translator.score([s for s, _ in pairs], [t for _, t in pairs])
     assert scores == pytest.approx(hf_sums, abs=1e-3)
+
+
+def test_surfaces_are_what_decode_writes(imported: ModelCheckpoint) -> None:
+    """Issue 33 (5): avoided phrases are matched against the bytes of the target tokens'
+    surfaces; for random target ids of the real vocabulary (its language tokens, pieces the
+    target model lacks, specials included), they are the decoded text."""
+    tok, rng = imported.tokenizer, random.Random(0)
+    surfaces = tok.surfaces()
+    for _ in range(2000):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 10))]
+        assert tok.decode(ids) == b"".join(surfaces[i] for i in ids).decode().strip(), ids
+
+
+def test_an_unknown_language_token_is_read_as_unk_with_one_warning(imported: ModelCheckpoint, caplog) -> None:
+    """Issue 33 (15): this model has no language tokens; a source that starts with one is read as
+    <unk>, as MarianTokenizer reads it, and said once a token, naming the first text."""
+    translator = Translator.load(imported.path, device="cpu", threads=1, beam=1, max_len_a=0.0, max_len_b=2)
+    with caplog.at_level(logging.WARNING):
+        translator.translate([">>fra<< Hello.", ">>fra<< A dog.", "Hello."])
+    warnings = [r.getMessage() for r in caplog.records if "not a token of this model" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("texts[0]: >>fra<< is not a token of this model")
 
 
 @pytest.mark.usefixtures("isolated")  # conftest: cli.main sets logging and threads; undone after

@@ -33,6 +33,8 @@ def test_a_json_line_gives_its_text_and_every_optional_key():
     ('{"text": "a", "avoid": ["b", " "]}', 'in:7: "avoid"[1] is empty'),
     ('{"text": "a", "prefix": ["b"]}', 'in:7: "prefix" must be a string'),
     ('{"text": "a", "ordered": "yes"}', 'in:7: "ordered" must be true or false'),
+    ("[" * 100_000 + "]" * 100_000, "in:7: not a request (JSON nested too deeply)"),  # a RecursionError before
+    ('{"text": "a", "avoid": ' + "[" * 100_000 + "]" * 100_000 + "}", "in:7: not a request (JSON nested too"),
 ])
 def test_a_bad_json_line_is_one_error_naming_the_line(line, message):
     with pytest.raises(NmtError) as e:
@@ -48,6 +50,32 @@ def test_terms_match_whole_words_in_any_case_longest_first():
     assert t.match("shirt, then a blue shirt") == ["Hemd", "blaues Hemd"]  # first occurrence order
     assert t.match("I write C++ daily") == ["C++"]
     assert terminology_from_pairs([]).match("anything") == []
+
+
+TERMS = ["Straße", "İstanbul", "Ärger", "ﬁle", "ΣΟΦΊΑ", "ǅemal", "Jürgen Groß", "dog", "ıslak"]
+
+
+@pytest.mark.parametrize("term", TERMS)
+def test_a_term_matches_its_own_text_and_its_case_variants(term):
+    """Issue 33 (10): the pattern was the case-folded term over the text as it is ("straße" for
+    "Straße"): 'Straße' never matched 'Straße', 'İstanbul' never itself. A term matches its own
+    text, and any text equal to it once both are case-folded (its upper, lower and title case
+    where they fold alike), as whole words only."""
+    t = terminology_from_pairs([(term, "TARGET"), ("other", "X")])
+    for variant in {term, term.upper(), term.lower(), term.title(), term.casefold()}:
+        expected = ["TARGET"] if variant.casefold() == term.casefold() else []
+        assert t.match(f"Vor {variant}, nach") == expected, variant
+        assert t.match(f"{variant}") == expected, variant
+        assert t.match(f"x{variant} und {variant}x") == [], variant  # inside longer words
+    assert t.match(f"Vor {term}") == ["TARGET"]
+
+
+def test_a_match_does_not_end_inside_a_folded_letter():
+    """'İ' folds to 'i' and a combining dot, 'ǰ' to 'j' and a combining caron (neither a word
+    character): the terms 'i' and 'j' are not in 'İ' and 'ǰ'; 'ß' folds to 'ss' and matches both."""
+    t = terminology_from_pairs([("i", "A"), ("j", "B"), ("groß", "C")])
+    assert t.match("İ ǰ") == []
+    assert t.match("I, J, GROSS") == ["A", "B", "C"]
 
 
 def test_terms_become_constraints_once(tmp_path):

@@ -1,40 +1,46 @@
 """Lexical constraints for the beam search (`nmt.decoding.search.beam_search`): target phrases
-the output must contain (`include`), phrases it must never contain (`avoid`) and a forced
-start (`prefix`), all as target token ids, segmented by the caller exactly as the output
-would be.
+the output must contain (`include`), phrases it must never contain (`avoid`, token ids;
+`avoid_text`, text, whatever tokens spell it) and a forced start (`prefix`).
 
-This module keeps the books; the search decides. `ConstraintTracker` holds the constraints
-of a batch's live sentences as padded tensors and, for every live row (hypothesis), how far
-it is through each positive phrase, all vectorised over sentences x rows:
+This module keeps the books; the search decides. `ConstraintTracker` holds the constraints of
+a batch's live sentences and, for every live row (hypothesis), its state in each phrase,
+vectorised over sentences x rows x phrases: a KMP automaton (Knuth, Morris & Pratt 1977) over
+units, the length of the phrase's longest start that ends the row's output ("A A B" is found
+in "A A A B": a unit that does not continue the phrase falls back to the longest start that
+still ends the output, not to 0).
 
-- `progress` (N, M): for each positive phrase, the length of its longest prefix that ends the
-  row's output (a KMP automaton per phrase, so "A A B" is found in "A A A B": when the next
-  token does not continue a phrase, progress falls back to the longest prefix that is still a
-  suffix instead of starting over);
-- `met` (N, M): the phrases the row's output already contains. Unordered, every phrase is
-  tracked at once and may overlap another ("A B" and "B C" are both met by "A B C").
-  Ordered, only the first unmet phrase is tracked, from the token after the previous one's
-  end: the phrases appear one after another, in the given order, without overlapping.
+- To include, over tokens: `progress` (N, M) and `met` (N, M), the phrases the output holds.
+  Unordered, every phrase is tracked at once and may overlap another ("A B" and "B C" are both
+  met by "A B C"); ordered, only the first unmet one, from the token after the previous one's
+  end: they appear one after another, in order, without overlapping. A row's bank (Post &
+  Vilar 2018) is the number of constraint tokens it has produced: the lengths of its met
+  phrases plus its longest progress into an unmet one.
+- To avoid, over tokens (`avoid`) or the bytes of the output's text (`avoid_text`, each token
+  adding its surface: `nmt.terminology.Surfaces`): a row may not produce a token whose surface
+  starts with the rest of a phrase after the row's state, or after a shorter start that also
+  ends the output, or holds a whole phrase. The tokens whose surfaces start with a text are a
+  range of the vocabulary sorted by surface: a row's banned tokens cost one pass over it.
 
-A row's bank (Post & Vilar 2018) is the number of constraint tokens it has produced: the
-lengths of its met phrases plus its longest progress into an unmet one. Avoided phrases
-need no state: a row may not produce the token that completes one after its last tokens.
+Memory is linear in what is asked: a batch's phrases lie one after another (`_Table`), a row
+keeps one state per phrase and offers the search at most k tokens of them (`next_tokens`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import torch
 from torch import Tensor
 
-Phrases = tuple[tuple[int, ...], ...]
+from nmt.terminology import Surfaces
 
-_NEVER = -3  # history padding before the first output token: equals no token of a phrase
-_ANY = -2  # the part of an avoided phrase's padded head that is not the phrase: matches anything
+Phrases = tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -47,15 +53,18 @@ class Constraints:
         only once all appear; one that cannot appear before the maximum length leaves the
         hypothesis ending without it, counted in `Hypothesis.unmet`. Unordered, a phrase
         listed twice is met by one occurrence; ordered, it must occur twice.
-    avoid: phrases that must never appear (also not across the prefix).
+    avoid: token sequences that must never appear (also not across the prefix).
     prefix: the output's first tokens, taken whatever the model and the other rules say
         (their log-probs count in the score); they count toward `include`.
+    avoid_text: texts that must never occur in the output's text, also inside a word or
+        across tokens (see `AvoidText`).
     """
 
     include: Phrases = ()
     ordered: bool = False
     avoid: Phrases = ()
     prefix: tuple[int, ...] = ()
+    avoid_text: AvoidText | None = None
 
     def __post_init__(self) -> None:
         for name in ("include", "avoid"):  # lists are welcome: stored as tuples
@@ -68,35 +77,179 @@ class Constraints:
             raise ValueError("a negative token id in the constraints")
 
     def is_empty(self) -> bool:
-        return not (self.include or self.avoid or self.prefix)
+        return not (self.include or self.avoid or self.prefix or self.avoid_text)
 
     def tokens(self) -> set[int]:
         """Every token id the constraints name (e.g. to keep them in a shortlist)."""
         return {t for phrase in (*self.include, *self.avoid, self.prefix) for t in phrase}
 
+    def min_length(self) -> int:
+        """A lower bound on the output tokens that hold every phrase to include: ordered, the
+        sum of their lengths (they do not overlap); unordered (overlapping phrases share
+        tokens), the number of distinct tokens they use, and for each length l, l - 1 more than
+        the number of distinct phrases of that length (each starts somewhere else)."""
+        if self.ordered:
+            return sum(map(len, self.include))
+        lengths = Counter(map(len, set(self.include)))
+        return max(0, len({t for phrase in self.include for t in phrase}), *(n + k - 1 for n, k in lengths.items()))
+
     def mapped(self, column: Callable[[int], int]) -> Constraints:
         """The same constraints with every token id replaced by `column(id)` (e.g. its column
-        in a shortlisted batch's vocabulary)."""
+        in a shortlisted batch's vocabulary; `column` raises LookupError for a token outside)."""
 
         def phrases(ps: Phrases) -> Phrases:
             return tuple(tuple(column(t) for t in p) for p in ps)
 
-        return Constraints(phrases(self.include), self.ordered, phrases(self.avoid),
-                           tuple(column(t) for t in self.prefix))
+        return Constraints(phrases(self.include), self.ordered, phrases(self.avoid), tuple(column(t) for t in self.prefix),
+                           self.avoid_text and self.avoid_text.mapped(column))
 
 
-def _borders(phrase: Sequence[int], width: int) -> list[list[bool]]:
-    """(width+1, width+1), for a phrase of at most `width` tokens: [p][q] is True when the
-    phrase's first q tokens end its first p (q <= p <= len): the states a KMP automaton may
-    fall back to from state p. Padding is False."""
+@dataclass(frozen=True)
+class AvoidText:
+    """Texts (UTF-8) the output must never contain: the bytes of its tokens' `surfaces`, one
+    after another, never hold one of `texts`, wherever it starts or ends. `columns`: over a
+    shortlist, the token id of each column of the search."""
+
+    texts: tuple[bytes, ...]
+    surfaces: Surfaces
+    columns: tuple[int, ...] | None = None
+
+    def mapped(self, column: Callable[[int], int]) -> AvoidText:
+        ids: dict[int, int] = {}
+        for t in range(self.surfaces.size):
+            with contextlib.suppress(LookupError):
+                ids[column(t)] = t
+        return AvoidText(self.texts, self.surfaces, tuple(ids[c] for c in sorted(ids)))
+
+
+class _Tokens:
+    """Token ids as the units of avoided phrases (`Constraints.avoid`), `size` of them: each
+    token is its one unit (the counterpart of `nmt.terminology.Surfaces`)."""
+
+    width = 1
+
+    def __init__(self, size: int) -> None:
+        self.size, self.tensors = size, dict[Any, Any]()
+
+    def index(self, phrase: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        n = len(phrase)  # only the last unit completes a phrase, from the state before it
+        return [0] * (n - 1) + [phrase[-1]], [0] * (n - 1) + [phrase[-1] + 1], []
+
+
+def _tensors(surfaces: Surfaces | _Tokens, device: torch.device) -> tuple[Tensor | None, Tensor]:
+    """Kept by device: units (V, W) of each token, -1 after its surface (None: the tokens are
+    their units), and rank (V,), each token's place in the vocabulary sorted by surface."""
+    if device not in surfaces.tensors:
+        if isinstance(surfaces, _Tokens):
+            surfaces.tensors[device] = None, torch.arange(surfaces.size, device=device)
+        else:
+            lengths = torch.tensor([len(p) for p in surfaces.pieces], dtype=torch.long)
+            row = torch.arange(surfaces.size).repeat_interleave(lengths)
+            column = torch.arange(row.numel()) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+            units = torch.full((surfaces.size, max(1, surfaces.width)), -1, dtype=torch.long)
+            units[row, column] = torch.tensor(list(b"".join(surfaces.pieces)), dtype=torch.long)
+            rank = torch.empty(surfaces.size, dtype=torch.long)
+            rank[torch.tensor(surfaces.order, dtype=torch.long)] = torch.arange(surfaces.size)
+            surfaces.tensors[device] = units.to(device), rank.to(device)
+    return surfaces.tensors[device]
+
+
+def _borders(phrase: Sequence[int]) -> tuple[list[int], list[int], int, int]:
+    """KMP's tables of a phrase: at each unit q, `fail` the length of the longest start of
+    the phrase that properly ends its first q units (-1 at q = 0) and `skip` the same past
+    the starts followed by unit q too (Knuth's `next`: a unit unlike unit q is unlike theirs);
+    and the longest chain of each (the most units a mismatch compares)."""
     n = len(phrase)
-    return [[q <= p <= n and tuple(phrase[:q]) == tuple(phrase[p - q : p]) for q in range(width + 1)]
-            for p in range(width + 1)]
+    fail, skip, fails, skips = [-1] * n, [-1] * n, [1] * n, [1] * n
+    for q in range(1, n):
+        k = fail[q - 1]
+        while k >= 0 and phrase[k] != phrase[q - 1]:
+            k = fail[k]
+        fail[q] = k + 1
+        skip[q] = skip[k + 1] if phrase[k + 1] == phrase[q] else k + 1
+        fails[q] = 1 + fails[k + 1]
+        skips[q] = 1 + (skips[skip[q]] if skip[q] >= 0 else 0)
+    return fail, skip, max(fails, default=1), max(skips, default=1)
 
 
-def _pad(tokens: Sequence[int], width: int, fill: int, *, left: bool = False) -> list[int]:
-    padding = [fill] * (width - len(tokens))
-    return padding + list(tokens) if left else list(tokens) + padding
+class _Table:
+    """The phrases of a batch's sentences one after another, for their automata: `units` (T,)
+    (then a -1), `offset` (Bn, P) where phrase p of a sentence starts, `length` (Bn, P) (0:
+    none), `fail` and `skip` (T,) (`_borders`), `chain` and `depth` their longest chains."""
+
+    def __init__(self, sentences: Sequence[Sequence[Sequence[int]]], device: torch.device) -> None:
+        phrases = [phrase for ps in sentences for phrase in ps]
+        tables = [_borders(phrase) for phrase in phrases]
+        self.chain, self.depth = max((t[2] for t in tables), default=1), max((t[3] for t in tables), default=1)
+        self.units, self.fail, self.skip = (torch.tensor([*x, -1], dtype=torch.long, device=device) for x in (
+            [u for p in phrases for u in p], [f for t in tables for f in t[0]], [k for t in tables for k in t[1]]))
+        width, starts = max(1, *map(len, sentences)), accumulate(map(len, phrases), initial=0)  # P
+        offset = [[next(starts) for _ in ps] + [0] * (width - len(ps)) for ps in sentences]
+        length = [[len(p) for p in ps] + [0] * (width - len(ps)) for ps in sentences]
+        self.offset = torch.tensor(offset, dtype=torch.long, device=device)
+        self.length = torch.tensor(length, dtype=torch.long, device=device)
+
+    def step(self, offset: Tensor, state: Tensor, unit: Tensor) -> Tensor:
+        """The states (..., P) of phrases at `offset` (..., P) after one more unit (broadcast)."""
+        q = state
+        for _ in range(self.depth):
+            at = offset + q.clamp(min=0)
+            q = torch.where((q >= 0) & (self.units[at] != unit), self.skip[at], q)
+        return q + 1
+
+    def keep(self, sentences: Tensor) -> None:
+        self.offset, self.length = self.offset[sentences], self.length[sentences]
+
+
+class _Avoided:
+    """Phrases of a batch's sentences that must not be completed, over the units of `surfaces`
+    (over a shortlist, `columns` (K,) the token id of each column), and `state` (N, P): each
+    live row's state in each (never the whole phrase)."""
+
+    def __init__(self, sentences: Sequence[Sequence[Any]], surfaces: Surfaces | _Tokens,
+                 columns: Sequence[int] | None, device: torch.device) -> None:
+        self.surfaces, self.table = surfaces, _Table(sentences, device)
+        self.columns = None if columns is None else torch.tensor(columns, dtype=torch.long, device=device)
+        found = [(b, surfaces.index(phrase)) for b, phrases in enumerate(sentences) for phrase in phrases]
+        self.lo, self.hi = (torch.tensor([x for _, f in found for x in f[i]] + [0], dtype=torch.long, device=device)
+                            for i in (0, 1))  # (T,) the range of tokens completing a phrase from each state
+        inside = torch.zeros(len(sentences), surfaces.size, dtype=torch.bool)
+        for b, f in found:
+            inside[b, f[2]] = True
+        self.inside = inside.to(device)  # (Bn, V) tokens that hold a whole phrase
+        self.state = torch.zeros_like(self.table.length)
+        # a token completes a phrase from a start at most W units short of its end: the first W of a chain
+        self.walk = min(self.table.chain, surfaces.width)
+
+    def banned(self, sentence: Tensor) -> Tensor:
+        """(N, V or K) the tokens each live row (of `sentence` (N,)) may not produce."""
+        t, size = self.table, self.surfaces.size
+        offset, length, j = t.offset[sentence], t.length[sentence], self.state
+        ends = torch.zeros(j.size(0), size + 1, dtype=torch.long, device=j.device)  # +1 at lo, -1 at hi
+        for _ in range(self.walk):  # j: the state, then the starts that also end the output
+            on = ((j >= 0) & (length > 0) & (length - j <= self.surfaces.width)).long()
+            at = offset + j.clamp(min=0)
+            ends.scatter_add_(1, torch.where(on > 0, self.lo[at], size), on)
+            ends.scatter_add_(1, torch.where(on > 0, self.hi[at], size), -on)
+            j = torch.where(j >= 0, t.fail[at], j)
+        rank = _tensors(self.surfaces, j.device)[1].expand(j.size(0), -1)
+        banned = (ends[:, :size].cumsum(1) > 0).gather(1, rank) | self.inside[sentence]
+        return banned if self.columns is None else banned[:, self.columns]
+
+    def advance(self, rows: Tensor, tokens: Tensor, sentence: Tensor) -> None:
+        """The live rows are now `rows` (N,) of the previous ones, each with its token of `tokens`."""
+        t = self.table
+        offset, state = t.offset[sentence], self.state[rows]
+        table = _tensors(self.surfaces, tokens.device)[0]
+        units = tokens.unsqueeze(1) if table is None else table[tokens if self.columns is None else self.columns[tokens]]
+        for w in range(1 if units.size(1) == 1 else int((units >= 0).sum(1).max())):
+            unit = units[:, w : w + 1]
+            state = torch.where(unit >= 0, t.step(offset, state, unit), state)
+        self.state = torch.minimum(state, (t.length[sentence] - 1).clamp(min=0))  # only a dead row gets there
+
+    def keep(self, sentences: Tensor, rows: Tensor) -> None:
+        self.table.keep(sentences)
+        self.inside, self.state = self.inside[sentences], self.state[rows]
 
 
 @dataclass
@@ -116,42 +269,42 @@ class ConstraintTracker:
     """The constraints of a batch's live sentences (Bn) and the state of its live rows
     (N = Bn * width, sentence-major like the search's rows).
 
-    Sentence tables, padded to the batch's largest: positive phrases `phrases` (Bn, M, L)
-    (-1 after a phrase's end; a missing phrase has length 0 and counts as met), `lengths`
-    (Bn, M), `borders` (Bn, M, L+1, L+1) (see `_borders`), `ordered` (Bn,); avoided phrases as
-    `avoid_head` (Bn, P, A-1) (all but the last token, right-aligned, `_ANY` before) and
-    `avoid_last` (Bn, P) (-1: no phrase); the prefixes `prefix` (Bn, F) (-1 after the end).
+    Sentence tables: the phrases to include (`include`, a `_Table`; `lengths` (Bn, M), a
+    missing phrase has length 0 and counts as met), `ordered` (Bn,), the avoided phrases and
+    texts (`avoided`, each with its rows' states), the prefixes `prefix` (Bn, F) (-1 after
+    the end).
     """
 
     def __init__(self, constraints: Sequence[Constraints], device: torch.device) -> None:
         def tensor(data: list[Any], dtype: torch.dtype = torch.long) -> Tensor:
             return torch.tensor(data, dtype=dtype, device=device)
 
-        # () pads the lists of phrases to the same number, at least one: no phrase, met from the start
-        m = max(1, *(len(c.include) for c in constraints))
-        include = [list(c.include) + [()] * (m - len(c.include)) for c in constraints]  # (Bn, M)
-        width = max(1, *(len(q) for phrases in include for q in phrases))  # L
-        self.phrases = tensor([[_pad(q, width, -1) for q in phrases] for phrases in include])
-        self.lengths = tensor([[len(q) for q in phrases] for phrases in include])
-        self.borders = tensor([[_borders(q, width) for q in phrases] for phrases in include], torch.bool)
+        self.include = _Table([c.include for c in constraints], device)
         self.ordered = tensor([c.ordered for c in constraints], torch.bool)
         self.total = int(self.lengths.sum(1).max())  # the highest bank
-
-        p = max(1, *(len(c.avoid) for c in constraints))
-        avoid = [list(c.avoid) + [()] * (p - len(c.avoid)) for c in constraints]  # (Bn, P)
-        before = max(0, *(len(q) - 1 for phrases in avoid for q in phrases))  # A-1
-        self.avoid_head = tensor([[_pad(q[:-1], before, _ANY, left=True) for q in phrases] for phrases in avoid])
-        self.avoid_last = tensor([[q[-1] if q else -1 for q in phrases] for phrases in avoid])
-        self.has_avoid = any(c.avoid for c in constraints)
+        self.avoided: list[_Avoided] = []
+        if any(c.avoid for c in constraints):
+            size = 1 + max(t for c in constraints for p in c.avoid for t in p)
+            self.avoided.append(_Avoided([c.avoid for c in constraints], _Tokens(size), None, device))
+        texts = [c.avoid_text for c in constraints if c.avoid_text is not None]
+        if texts:
+            if any(a.surfaces is not texts[0].surfaces or a.columns != texts[0].columns for a in texts):
+                raise ValueError("avoided texts over different vocabularies in one batch")
+            self.avoided.append(_Avoided([c.avoid_text.texts if c.avoid_text else ()
+                                          for c in constraints], texts[0].surfaces, texts[0].columns, device))
 
         self.prefix_len = max(len(c.prefix) for c in constraints)
-        self.prefix = tensor([_pad(c.prefix, self.prefix_len, -1) for c in constraints])  # (Bn, F)
+        self.prefix = tensor([c.prefix + (-1,) * (self.prefix_len - len(c.prefix)) for c in constraints])  # (Bn, F)
         self.max_token = max(max(c.tokens(), default=-1) for c in constraints)
 
         # step 0: one row per sentence (the search's first reorder makes `beam` of it)
         self.state = RowState(torch.zeros_like(self.lengths), self.lengths == 0)
         self._eos_blocked: Tensor | None = None  # rows whose EOS `block_` took away, and its log-prob
         self._model_eos: Tensor | None = None
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.include.length
 
     @staticmethod
     def build(constraints: Sequence[Constraints | None] | None, bsz: int, eos: int,
@@ -194,25 +347,15 @@ class ConstraintTracker:
         token = self.prefix[self._sentence_of(self._rows()), step]  # (N,)
         return token, lprobs.gather(1, token.clamp(min=0).unsqueeze(1)).squeeze(1)
 
-    def block_(self, lprobs: Tensor, history: Tensor, at_max: Tensor | None, eos: int,
-               forced: tuple[Tensor, Tensor] | None) -> None:
-        """After the search's token rules, set to -inf in place (lprobs (N, V) of the live rows,
-        history (N, step) their tokens): the token that would complete an avoided phrase,
-        EOS while a positive phrase is unmet (not at the maximum length, `at_max`), and at a
-        prefix step every token but the prefix's (`forced`, from `prefix_logprobs`, which
-        then keeps its model log-prob)."""
-        n, vocab = lprobs.shape
+    def block_(self, lprobs: Tensor, at_max: Tensor | None, eos: int, forced: tuple[Tensor, Tensor] | None) -> None:
+        """After the search's token rules, set to -inf in place (lprobs (N, V) of the live rows):
+        the tokens that would complete an avoided phrase or text, EOS while a positive phrase is
+        unmet (not at the maximum length, `at_max`), and at a prefix step every token but the
+        prefix's (`forced`, from `prefix_logprobs`, which then keeps its model log-prob)."""
         sentence = self._sentence_of(self._rows())
-        if self.has_avoid:
-            head = self.avoid_head[sentence]  # (N, P, A-1)
-            before = head.size(2)
-            recent = history[:, max(0, history.size(1) - before):]
-            recent = torch.cat([recent.new_full((n, before - recent.size(1)), _NEVER), recent], 1)
-            match = ((head == recent.unsqueeze(1)) | (head == _ANY)).all(2)  # (N, P)
-            last = self.avoid_last[sentence]
-            banned = torch.where(match & (last >= 0), last, vocab)  # index V: a spare column
-            mask = lprobs.new_zeros(n, vocab + 1, dtype=torch.bool).scatter_(1, banned, True)
-            lprobs.masked_fill_(mask[:, :vocab], -math.inf)
+        for avoided in self.avoided:
+            banned = avoided.banned(sentence)
+            lprobs[:, : banned.size(1)].masked_fill_(banned, -math.inf)
         blocked = (~self.state.met).any(1)
         if at_max is not None:
             blocked &= ~at_max
@@ -238,27 +381,33 @@ class ConstraintTracker:
 
     # ---------------------------------------------------------------- positive phrases
 
-    def next_tokens(self) -> Tensor:
-        """(N, M) the token that takes each row further into each phrase it works on (starts
-        it, for a phrase not yet begun); -1 for the others."""
+    def next_tokens(self, lprobs: Tensor, k: int) -> Tensor:
+        """(N, K) the tokens that take each row further into a phrase it works on (start it, for
+        a phrase not yet begun), -1 for none. Post & Vilar offer them all, a pool that grows with
+        the phrases; past k phrases (a step keeps at most k candidates of a sentence) a row
+        offers k distinct ones: those that continue a begun phrase, then the likeliest
+        (lprobs (N, V))."""
         sentence = self._sentence_of(self._rows())
-        progress, met = self.state.progress, self.state.met
-        phrases = self.phrases[sentence]  # (N, M, L)
-        token = phrases.gather(2, progress.clamp(max=phrases.size(2) - 1).unsqueeze(2)).squeeze(2)
-        return torch.where(self._active(met, sentence), token, -1)
+        progress, active = self.state.progress, self._active(self.state.met, sentence)
+        token = torch.where(active, self.include.units[self.include.offset[sentence] + progress], -1)  # (N, M)
+        if token.size(1) <= k:
+            return token
+        begun = active & (progress > 0)
+        order = (token * 2 + (~begun).long()).argsort(dim=1)  # by token, a begun phrase's first
+        token, begun = token.gather(1, order), begun.gather(1, order)
+        repeat = torch.cat([torch.zeros_like(begun[:, :1]), token[:, 1:] == token[:, :-1]], 1)
+        token, begun = token.masked_fill(repeat, -1), begun & ~repeat
+        score = torch.where(token >= 0, lprobs.gather(1, token.clamp(min=0)), -math.inf)
+        by_score = score.argsort(dim=1, descending=True, stable=True)
+        token, begun = token.gather(1, by_score), begun.gather(1, by_score)
+        return token.gather(1, (~begun).long().argsort(dim=1, stable=True)[:, :k])
 
     def advance(self, rows: Tensor, tokens: Tensor) -> RowState:
         """The state after each row of `rows` (any shape, flat indices of the live rows) takes
         the token of `tokens` (same shape): (..., M)."""
         sentence = self._sentence_of(rows)
         progress, met = self.state.progress[rows], self.state.met[rows]  # (..., M)
-        m = torch.arange(self.lengths.size(1), device=rows.device)
-        fallback = self.borders[sentence.unsqueeze(-1), m, progress]  # (..., M, L+1): states to fall back to
-        phrases = self.phrases[sentence]  # (..., M, L)
-        # state q can take the token when phrase[q] is the token: it goes to q + 1; the longest wins
-        takes = fallback[..., :-1] & (phrases == tokens.unsqueeze(-1).unsqueeze(-1))
-        steps = torch.arange(1, phrases.size(-1) + 1, device=rows.device)
-        new = (takes * steps).amax(-1)  # (..., M)
+        new = self.include.step(self.include.offset[sentence], progress, tokens.unsqueeze(-1))
         active = self._active(met, sentence)
         complete = active & (new == self.lengths[sentence])
         return RowState(torch.where(active & ~complete, new, 0), met | complete)
@@ -274,15 +423,21 @@ class ConstraintTracker:
 
     # ---------------------------------------------------------------- the search's moves
 
-    def choose(self, state: RowState) -> None:
-        """The new live rows' state (Bn, width, M), sentence-major."""
+    def choose(self, state: RowState, rows: Tensor, tokens: Tensor) -> None:
+        """The new live rows (Bn, width), sentence-major: their state (Bn, width, M), the rows
+        they extend (indices of the previous live rows) and their tokens."""
         self.state = RowState(state.progress.reshape(-1, state.progress.size(-1)),
                               state.met.reshape(-1, state.met.size(-1)))
+        sentence = self._sentence_of(self._rows())
+        for avoided in self.avoided:
+            avoided.advance(rows.reshape(-1), tokens.reshape(-1), sentence)
 
     def keep(self, sentences: Tensor) -> None:
         """Only `sentences` (indices of the live ones) go on; call after `choose`."""
         width = self.state.met.size(0) // self.lengths.size(0)
         rows = (sentences.unsqueeze(1) * width + torch.arange(width, device=sentences.device)).view(-1)
         self.state = RowState(self.state.progress[rows], self.state.met[rows])
-        for name in ("phrases", "lengths", "borders", "ordered", "avoid_head", "avoid_last", "prefix"):
-            setattr(self, name, getattr(self, name)[sentences])
+        self.include.keep(sentences)
+        self.ordered, self.prefix = self.ordered[sentences], self.prefix[sentences]
+        for avoided in self.avoided:
+            avoided.keep(sentences, rows)

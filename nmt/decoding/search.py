@@ -160,8 +160,8 @@ def bank_candidates(lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTrac
 
     lprobs (Bn*width, V) and scores (Bn, width) as for `top_candidates`, lprobs masked by
     `ConstraintTracker.block_`. The pool: the k best continuations, each row's best, and each
-    row's next token of each phrase it works on (the next of a begun phrase, the first of the
-    others), so that a hypothesis can always take a constraint further. A continuation that
+    row's next tokens of the phrases it works on (`ConstraintTracker.next_tokens`: at most k),
+    so that a hypothesis can always take a constraint further. A continuation that
     comes twice counts once. Each candidate's bank is the number of constraint tokens it has
     produced (`ConstraintTracker.bank`), and the pool is taken round-robin over the banks,
     highest first: the best of each bank, then the second best of each, and so on. The beam
@@ -187,7 +187,7 @@ def bank_candidates(lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTrac
     best_score = torch.where(stuck, row_scores + lprobs[:, eos : eos + 1], best_score)
     best_tok = best_tok.masked_fill(stuck, eos)
     top_scores, top_idx = top_candidates(lprobs, scores, k)  # (Bn, k)
-    need = cons.next_tokens()  # (N, M), -1: none
+    need = cons.next_tokens(lprobs, k)  # (N, M'), -1: none
     need_scores = torch.where(need >= 0, row_scores + lprobs.gather(1, need.clamp(min=0)), -math.inf)
     first = (torch.arange(width, device=device) * vocab).view(1, width, 1)  # index of each row's token 0
     cand = torch.cat([top_scores, best_score.view(n_sent, width), need_scores.view(n_sent, -1)], 1)
@@ -414,7 +414,7 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
         forced = cons.prefix_logprobs(lprobs, step) if cons is not None else None
         _block_(lprobs, step, tokens, at_max, cfg, pad, unk, bos, eos)
         if cons is not None:  # avoided phrases, EOS before the phrases to include, the prefix
-            cons.block_(lprobs, tokens, at_max, eos, forced)
+            cons.block_(lprobs, at_max, eos, forced)
 
         # the log-prob of each continuation, scores[row] + lprobs[row, token], best 2*beam
         # (with constraints, more candidates, in the order of the banks)
@@ -438,7 +438,7 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
         rows = top_rows.gather(1, order)
         scores, new_tok, new_lp = (t.gather(1, order) for t in (top_scores, top_tok, top_lp))
         if cons is not None:
-            cons.choose(cand_state.gather(order))
+            cons.choose(cand_state.gather(order), rows, new_tok)
 
         # the step's one copy to the host: which candidates end, each sentence's best live log-prob
         host = torch.cat([ends.view(-1).float(), scores.max(1).values.float()]).cpu()
