@@ -26,6 +26,8 @@ import torch
 from nmt.atomic import FileArg, check_outputs, fsync_path, open_for_reading, replacing, target
 from nmt.config import Config, changed_keys, config_from_dict
 from nmt.errors import NmtError, one_line
+from nmt.fields import check_bounds, flag
+from nmt.options import AverageOptions
 from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -371,11 +373,10 @@ def _check_compatible(
 def average_command(inputs: list[Path], output: Path, last: int | None) -> None:
     """`nmt average-checkpoints`: the `last` latest numbered checkpoints of one run directory,
     or the given files, averaged into `output`."""
+    check_bounds(AverageOptions, flag, last=last)
     if last is not None:
         if len(inputs) != 1 or not inputs[0].is_dir():
             raise NmtError("--last N takes exactly one run directory")
-        if last < 1:
-            raise NmtError("--last must be at least 1")
         paths = select_for_average(inputs[0], last)
     else:
         if any(p.is_dir() for p in inputs):

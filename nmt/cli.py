@@ -17,7 +17,6 @@ import signal
 import sys
 import typing
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import typer
@@ -247,16 +246,7 @@ def _export(opts: options.ExportOptions) -> None:
 _options_command("export", options.ExportOptions, _export)
 
 
-@app.command("import")
-def import_cmd(
-    source: Annotated[Path, typer.Argument(help="A Hugging Face MarianMT folder (config.json, model.safetensors or "
-                                           "pytorch_model.bin, source.spm, target.spm, vocab.json), or a Marian "
-                                           "release: its folder with decoder.yml, or the decoder.yml.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The checkpoint to write.")],
-    config: Annotated[Path | None, typer.Option(
-        help="Also write a training config to fine-tune it: the imported model section, train.init_from "
-             "set to the checkpoint, fine-tuning settings (lr 5e-5, 500 warm-up updates); set data.dir.")] = None,
-) -> None:
+def _import(opts: options.ImportOptions) -> None:
     """Import an OPUS-MT / Marian model as an nmt checkpoint (weights, config, tokenizer).
 
     The checkpoint translates, scores, averages, exports and fine-tunes like any other
@@ -265,10 +255,13 @@ def import_cmd(
     """
     from nmt.convert.marian import import_command
 
-    imported = import_command(source, output, config)
+    imported = import_command(opts.source, opts.output, opts.config)
     m, tok = imported.model, imported.tokenizer
-    echo(f"{output}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, vocabulary {tok.vocab_size}, "
-         f"{m.activation}, positions {m.positions}, from {imported.source}")
+    echo(f"{opts.output}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, vocabulary "
+         f"{tok.vocab_size}, {m.activation}, positions {m.positions}, from {imported.source}")
+
+
+_options_command("import", options.ImportOptions, _import)
 
 
 def _shortlist(opts: options.ShortlistOptions) -> None:

@@ -78,19 +78,29 @@ def opt_list(help: str, *, flags: tuple[str, ...] = ()) -> Any:
     return opt(None, help, flags=flags, factory=list)
 
 
-def check_bounds(obj: Any, name: Callable[[str], str]) -> None:
+def check_bounds(obj: Any, name: Callable[[str], str], **values: Any) -> None:
     """Every field of the dataclass `obj` within its declared bounds (a Literal's choices are
     its bounds) and every float finite, or a ConfigError naming the field as `name(field)`
-    says: "cfg.yaml: train.lr must be positive, got 0.0", "--nbest must be at least 1, got 0"."""
-    hints = typing.get_type_hints(type(obj))
+    says: "cfg.yaml: train.lr must be positive, got 0.0", "--nbest must be at least 1, got 0".
+    Given `values`, those values of the fields they name instead: a function's arguments
+    checked against the options they come from (`obj` may then be the dataclass itself)."""
+    hints = typing.get_type_hints(obj if isinstance(obj, type) else type(obj))
     for f in dataclasses.fields(obj):
-        value, bounds = getattr(obj, f.name), f.metadata.get("bounds", Bounds())
+        if values and f.name not in values:
+            continue
+        value, bounds = (values[f.name] if values else getattr(obj, f.name)), f.metadata.get("bounds", Bounds())
         if get_origin(hints[f.name]) is Literal and not bounds.choices:
             bounds = dataclasses.replace(bounds, choices=get_args(hints[f.name]))
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{name(f.name)} must be a finite number, got {value!r}")
         if value is not None and not bounds.allows(value):
             raise ConfigError(f"{name(f.name)} {bounds.rule()}, got {value!r}")
+
+
+def flag(key: str) -> str:
+    """The command-line flag of the field `key` (one without flags of its own), as errors name
+    it: `check_bounds(options, flag)` says "--max-len must be at least 1, got 0"."""
+    return f"--{key.replace('_', '-')}"
 
 
 def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -> Any:

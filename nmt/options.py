@@ -9,13 +9,13 @@ fields, so the command and the API cannot drift apart.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from nmt.config import Config, load_config
 from nmt.errors import NmtError, require
-from nmt.fields import REQUIRED, check_bounds, opt, opt_list
+from nmt.fields import REQUIRED, check_bounds, flag, opt, opt_list
 
 
 def io_opt(default: Any, help: str, *, flags: tuple[str, ...] = ()) -> Any:
@@ -35,7 +35,7 @@ DEFAULT_VOCAB_SIZE = 8000  # of the sentencepiece model prepare-bpe learns
 @dataclass
 class PrepareOptions:
     """The options of `nmt prepare-bpe`, declared once: the command's flags are made from
-    these fields (nmt.cli); `_check_options` checks their bounds."""
+    these fields (nmt.cli); `check` checks them."""
 
     source_lang: str = opt(REQUIRED, "Source language suffix, e.g. en.", flags=("--source-lang", "-s"))
     target_lang: str = opt(REQUIRED, "Target language suffix, e.g. de.", flags=("--target-lang", "-t"))
@@ -43,22 +43,41 @@ class PrepareOptions:
     destdir: str = opt(REQUIRED, "Output directory for the binarized dataset.")
     validpref: str | None = opt(None, "Validation prefix (split 'valid').")
     testpref: str | None = opt(None, "Comma-separated test prefixes (splits test, test1, ...).")
-    vocab_size: int | None = opt(None, f"Joint sentencepiece vocabulary size to learn (default {DEFAULT_VOCAB_SIZE}).")
-    model_type: str = opt("bpe", "Sentencepiece model type: bpe or unigram.")
-    character_coverage: float = opt(1.0, "Sentencepiece character coverage.")
+    vocab_size: int | None = opt(None, f"Joint sentencepiece vocabulary size to learn (default {DEFAULT_VOCAB_SIZE}).",
+                                 at_least=8)
+    model_type: str = opt("bpe", "Sentencepiece model type: bpe or unigram.", choices=("bpe", "unigram"))
+    character_coverage: float = opt(1.0, "Sentencepiece character coverage.", above=0, at_most=1)
     byte_fallback: bool = opt(True, "Byte fallback, so no input becomes <unk>.")
-    input_sentence_size: int = opt(2_000_000, "Sentences sampled to learn BPE (bounds memory/time on big corpora).")
+    input_sentence_size: int = opt(2_000_000, "Sentences sampled to learn BPE (bounds memory/time on big corpora).",
+                                   at_least=0)
     spm_model: str | None = opt(None, "Reuse this sentencepiece model instead of learning one.")
     tokenizer_from: str | None = opt(
         None, "Segment with the tokenizer and vocabulary of this nmt checkpoint (the sentencepiece model "
         "inside it, copied byte for byte to spm.model) instead of learning one: data to fine-tune it on "
         "(train.init_from). Not with --vocab-size or --spm-model.")
-    max_len: int = opt(250, "Drop training pairs with a side longer than this (tokens).")
+    max_len: int = opt(250, "Drop training pairs with a side longer than this (tokens).", at_least=1)
     min_len: int = opt(1, "Drop training pairs with a side shorter than this (tokens).")
     max_ratio: float = opt(3.0, "Drop training pairs whose token-length ratio exceeds this; 0 = off.")
-    workers: int = opt(None, "Encoding threads (default: all cores).", factory=default_workers)
-    seed: int = opt(1, "Seed for sentence sampling.")
+    workers: int = opt(None, "Encoding threads (default: all cores).", factory=default_workers, at_least=1)
+    seed: int = opt(1, "Seed for sentence sampling.", at_least=0)
     force: bool = opt(False, "Replace an existing destdir.")
+
+    def check(self) -> None:
+        """The options' declared bounds and the rules between them, each refused in one line
+        naming its flag."""
+        require(bool(self.source_lang) and bool(self.target_lang), "--source-lang and --target-lang are required")
+        require(self.source_lang != self.target_lang, "--source-lang and --target-lang must differ")
+        require(bool(self.trainpref), "--trainpref is required")
+        require(bool(self.destdir), "--destdir is required")
+        if self.tokenizer_from is not None:  # the checkpoint's vocabulary, nothing learned or chosen
+            require(self.spm_model is None, "--tokenizer-from and --spm-model cannot be combined: the checkpoint "
+                    "brings its own sentencepiece model")
+            require(self.vocab_size is None, "--vocab-size cannot be combined with --tokenizer-from: the vocabulary "
+                    "is the checkpoint's")
+        # --spm-model brings its own vocabulary: --vocab-size is not used then
+        check_bounds(self if self.spm_model is None else replace(self, vocab_size=None), flag)
+        require(0 <= self.min_len <= self.max_len, "--min-len must be in [0, --max-len]")
+        require(self.max_ratio == 0 or self.max_ratio >= 1, "--max-ratio must be 0 (off) or at least 1")
 
 
 @dataclass
@@ -164,9 +183,8 @@ class DistillOptions:
         """The options' declared bounds and the rules between them, each refused in one line
         naming its flag."""
         require(bool(self.teachers), "give the teacher: --teacher CHECKPOINT (repeat it for an ensemble)")
-        require(bool(self.source_lang) and bool(self.target_lang), "--source-lang and --target-lang are required")
-        require(self.source_lang != self.target_lang, "--source-lang and --target-lang must differ")
-        check_bounds(self, lambda key: f"--{key.replace('_', '-')}")
+        self.prepare_options(self.trainpref, str(Path(self.out) / "data-bin")).check()  # the languages, the text
+        check_bounds(self, flag)
 
     def prepare_options(self, trainpref: str, destdir: str, force: bool = False) -> PrepareOptions:
         """prepare-bpe's options for the student's data: `trainpref`, the original valid and test
@@ -217,7 +235,7 @@ class AverageOptions:
 
     inputs: list[Path] = opt(REQUIRED, "A run directory (with --last) or checkpoint files.", argument=True)
     output: Path = opt(REQUIRED, "Where to write the average.", flags=("--output", "-o"))
-    last: int | None = opt(None, "Average the N latest checkpoint_<update>.pt of RUN_DIR.")
+    last: int | None = opt(None, "Average the N latest checkpoint_<update>.pt of RUN_DIR.", at_least=1)
 
 
 @dataclass
@@ -233,15 +251,28 @@ class ExportOptions:
 
 
 @dataclass
+class ImportOptions:
+    """The options of `nmt import` (nmt.convert.marian.import_command's arguments)."""
+
+    source: Path = opt(REQUIRED, "A Hugging Face MarianMT folder (config.json, model.safetensors or pytorch_model.bin, "
+                       "source.spm, target.spm, vocab.json), or a Marian release: its folder with decoder.yml, or "
+                       "the decoder.yml.", argument=True)
+    output: Path = opt(REQUIRED, "The checkpoint to write.", flags=("--output", "-o"))
+    config: Path | None = opt(None, "Also write a training config to fine-tune it: the imported model section, "
+                              "train.init_from set to the checkpoint, fine-tuning settings (lr 5e-5, 500 warm-up "
+                              "updates); set data.dir.")
+
+
+@dataclass
 class ShortlistOptions:
     """The options of `nmt shortlist` (nmt.decoding.shortlist.shortlist_command's arguments)."""
 
     data_dir: Path = opt(REQUIRED, "A directory written by nmt prepare-bpe.", argument=True)
     output: Path = opt(REQUIRED, "Where to write the shortlist.", flags=("--output", "-o"))
-    top: int = opt(20, "Likeliest translations kept per source token.")
-    frequent: int = opt(100, "Most frequent target tokens always allowed.")
-    iterations: int = opt(5, "EM iterations of IBM Model 1.")
-    max_sentences: int = opt(1_000_000, "Learn from at most this many train pairs.")
+    top: int = opt(20, "Likeliest translations kept per source token.", at_least=0)
+    frequent: int = opt(100, "Most frequent target tokens always allowed.", at_least=0)
+    iterations: int = opt(5, "EM iterations of IBM Model 1.", at_least=1)
+    max_sentences: int = opt(1_000_000, "Learn from at most this many train pairs.", at_least=1)
 
 
 @dataclass
@@ -266,7 +297,7 @@ class PlotAttentionOptions:
     out_dir: Path = opt(REQUIRED, "Directory for attention_<line>.png.", flags=("--output", "-o"))
     layer: int | None = opt(None, "Only this decoder layer (0-based, negative from the end).")
     average: bool = opt(False, "One panel averaged over layers and heads.")
-    sentences: int = opt(0, "Only the first N sentences; 0 = all.")
+    sentences: int = opt(0, "Only the first N sentences; 0 = all.", at_least=0)
 
 
 @dataclass

@@ -16,6 +16,8 @@ import numpy as np
 from nmt.atomic import FileArg, check_outputs, open_for_reading, replacing, target
 from nmt.decoding.alignment import load_attention
 from nmt.errors import NmtError
+from nmt.fields import check_bounds, flag
+from nmt.options import PlotAttentionOptions
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,7 @@ def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None =
     a panel per decoder layer, or only `layer` (0-based, negative from the end), or with
     `average` one panel averaged over layers too. `sentences` > 0: only the first that many.
     The whole file (those sentences) is checked before anything is drawn."""
-    if sentences < 0:
-        raise NmtError(f"--sentences {sentences}: must be 0 (all) or more")
+    check_bounds(PlotAttentionOptions, flag, sentences=sentences)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NmtError(f"-o {out}: exists and is not a directory; give a directory for attention_<line>.png")

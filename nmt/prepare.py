@@ -41,7 +41,7 @@ from nmt.atomic import (
 )
 from nmt.checkpoint import load_model_checkpoint
 from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
-from nmt.errors import NmtError, require
+from nmt.errors import NmtError
 from nmt.options import DEFAULT_VOCAB_SIZE, PrepareOptions
 from nmt.textio import TextStats, count_lines, find_text, read_lines
 from nmt.tokenizer import Tokenizer, train_sentencepiece
@@ -66,7 +66,7 @@ class Split:
 def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     """Run prepare-bpe; returns the report also written to `destdir/prepare.json`."""
     start = time.time()
-    _check_options(opts)
+    opts.check()
     dest = directory_target(opts.destdir, "--destdir")
     check_replaceable(dest, opts.force, (META_FILE,), f"an output of nmt prepare-bpe (no {META_FILE})", "--destdir")
     reused = _reused_tokenizer(opts)
@@ -112,34 +112,6 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
         fingerprint[:12],
     )
     return report
-
-
-def _check_options(opts: PrepareOptions) -> None:
-    require(
-        bool(opts.source_lang) and bool(opts.target_lang),
-        "--source-lang and --target-lang are required",
-    )
-    require(opts.source_lang != opts.target_lang, "--source-lang and --target-lang must differ")
-    require(bool(opts.trainpref), "--trainpref is required")
-    require(bool(opts.destdir), "--destdir is required")
-    require(
-        opts.model_type in ("bpe", "unigram"),
-        f"--model-type must be bpe or unigram, got {opts.model_type!r}",
-    )
-    require(opts.spm_model is not None or opts.vocab_size is None or opts.vocab_size >= 8,
-            "--vocab-size must be at least 8")
-    if opts.tokenizer_from is not None:  # the checkpoint's vocabulary, nothing learned or chosen
-        require(opts.spm_model is None, "--tokenizer-from and --spm-model cannot be combined: the checkpoint "
-                "brings its own sentencepiece model")
-        require(opts.vocab_size is None, "--vocab-size cannot be combined with --tokenizer-from: the vocabulary "
-                "is the checkpoint's")
-    require(0 < opts.character_coverage <= 1, "--character-coverage must be in (0, 1]")
-    require(opts.input_sentence_size >= 0, "--input-sentence-size must not be negative")
-    require(opts.max_len >= 1, "--max-len must be at least 1")
-    require(0 <= opts.min_len <= opts.max_len, "--min-len must be in [0, --max-len]")
-    require(opts.max_ratio == 0 or opts.max_ratio >= 1, "--max-ratio must be 0 (off) or at least 1")
-    require(opts.workers >= 1, "--workers must be at least 1")
-    require(opts.seed >= 0, "--seed must not be negative")
 
 
 def find_splits(opts: PrepareOptions) -> list[Split]:

@@ -253,7 +253,8 @@ def test_plot_attention_refuses_a_bad_destination_or_count_in_one_line(tmp_path,
         assert needle in one_error_line(capfd.readouterr().err)
     assert (tmp_path / "file").read_text() == "keep"
     assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps"), "--sentences", "-1") == 1
-    assert "--sentences -1" in one_error_line(capfd.readouterr().err)  # was accepted, and dropped the last sentence
+    # was accepted, and dropped the last sentence
+    assert "--sentences must not be negative, got -1" in one_error_line(capfd.readouterr().err)
     assert not (tmp_path / "maps").exists()
 
 

@@ -109,12 +109,6 @@ def test_torch_logs_nothing_after_our_last_line(tmp_path):
     assert_one_line_error(r, "missing.pt")
 
 
-# the commands whose options are still declared by hand in nmt/cli.py, and why
-HAND_DECLARED = {
-    "import": "reworked with the converters in the same change (issue 34, item 1); to move to nmt.options after",
-}
-
-
 def _commands(group, prefix: str = ""):
     """(path, command) of every command under the typer group `group`, sub-commands included."""
     for name, command in group.commands.items():
@@ -127,8 +121,8 @@ def _commands(group, prefix: str = ""):
 
 def test_every_flag_and_argument_comes_from_an_options_field():
     """Each command's arguments and flags are the fields of one dataclass of nmt.options (and,
-    for translate, DecodeConfig's decode settings), with the fields' names, flags and help:
-    CLI, API and docs declared once."""
+    for translate, DecodeConfig's decode settings), with the fields' names, flags and help, and
+    a field's bound refused naming a flag of the command: CLI, API and docs declared once."""
     import dataclasses
 
     import typer
@@ -136,6 +130,7 @@ def test_every_flag_and_argument_comes_from_an_options_field():
     from nmt import options
     from nmt.cli import app
     from nmt.config import DecodeConfig
+    from nmt.fields import Bounds, flag
 
     def cli_fields(cls: type) -> dict[str, dataclasses.Field]:
         names = {f.name for f in dataclasses.fields(cls)}
@@ -147,8 +142,6 @@ def test_every_flag_and_argument_comes_from_an_options_field():
     assert {p.name for p in root.params} == {"version", "verbose", "debug"}  # the app's own, before any command
     seen = set()
     for path, command in _commands(root):
-        if path in HAND_DECLARED:
-            continue
         params = {p.name: p for p in command.params}
         matches = [c for c in classes if set(cli_fields(c)) == set(params)]
         assert len(matches) == 1, f"nmt {path}: {sorted(params)} are not the fields of one options dataclass"
@@ -161,4 +154,6 @@ def test_every_flag_and_argument_comes_from_an_options_field():
             assert (param.help or "").startswith(f.metadata["help"]), (path, name)
             flags = f.metadata.get("flags") or (() if argument else (f"--{name.replace('_', '-')}",))
             assert set(flags) <= set(param.opts), (path, name, param.opts)
+            if f.metadata.get("bounds", Bounds()) != Bounds():  # check_bounds(options, flag) names the flag
+                assert flag(name) in param.opts, (path, name, param.opts)
     assert seen == {c for c in classes if any(f.metadata.get("cli", True) for f in dataclasses.fields(c))}

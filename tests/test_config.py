@@ -3,12 +3,14 @@ bounds that fields declare (config keys and commands' options), each enforced.""
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
 
-from nmt import options
+from nmt import fields, options
+from nmt.checkpoint import average_command
 from nmt.config import (
     SECTIONS,
     Config,
@@ -18,8 +20,11 @@ from nmt.config import (
     help_table,
     load_config,
 )
+from nmt.decoding.shortlist import learn_shortlist
 from nmt.errors import ConfigError, NmtError
 from nmt.fields import Bounds, check_bounds
+from nmt.plot import plot_attention
+from nmt.prepare import prepare_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,10 +188,24 @@ def test_docs_config_reference_is_current():
 
 # ------------------------------------------------------------------ declared bounds
 
-#: a valid instance of each options dataclass that declares bounds, checked by its `check()`
+#: a valid instance of each options dataclass that declares bounds
 VALID_OPTIONS: dict[type, dict[str, Any]] = {
     options.DistillOptions: dict(source_lang="en", target_lang="de", trainpref="train", out=Path("out"),
                                  teachers=[Path("teacher.pt")]),
+    options.PrepareOptions: dict(source_lang="en", target_lang="de", trainpref="train", destdir="out"),
+    options.AverageOptions: dict(inputs=[Path("run")], output=Path("avg.pt")),
+    options.ShortlistOptions: dict(data_dir=Path("data"), output=Path("shortlist.pt")),
+    options.PlotAttentionOptions: dict(attention=Path("attention.npz"), out_dir=Path("maps")),
+}
+#: the library call that each command makes with its options, which checks them before it reads a file
+ENFORCED_BY: dict[type, Callable[[Any], object]] = {
+    options.DistillOptions: lambda o: o.check(),  # nmt.distill.distill's first step
+    options.PrepareOptions: lambda o: prepare_bpe(o, progress=False),
+    options.AverageOptions: lambda o: average_command(**vars(o)),
+    options.ShortlistOptions: lambda o: learn_shortlist(o.data_dir, top=o.top, frequent=o.frequent,
+                                                        iterations=o.iterations, max_sentences=o.max_sentences),
+    options.PlotAttentionOptions: lambda o: plot_attention(o.attention, o.out_dir, layer=o.layer, average=o.average,
+                                                           sentences=o.sentences),
 }
 OPTION_CLASSES = [c for c in vars(options).values() if dataclasses.is_dataclass(c) and c.__module__ == options.__name__]
 
@@ -255,16 +274,33 @@ def test_every_float_key_must_be_finite(key):
 OPTION_BOUNDS = bounded_fields(OPTION_CLASSES)
 
 
+def test_the_commands_options_declare_bounds():
+    """The options that were hand-checked before their fields declared bounds still are, and
+    each class that declares bounds has its enforcing call below."""
+    keys = {f"{cls.__name__}.{name}" for cls, name, _ in OPTION_BOUNDS}
+    assert {f"PrepareOptions.{k}" for k in ("vocab_size", "model_type", "character_coverage", "input_sentence_size",
+                                            "max_len", "workers", "seed")} <= keys
+    assert {f"ShortlistOptions.{k}" for k in ("top", "frequent", "iterations", "max_sentences")} <= keys
+    assert {"PlotAttentionOptions.sentences", "AverageOptions.last", "DistillOptions.nbest"} <= keys
+    assert {cls for cls, _, _ in OPTION_BOUNDS} == set(VALID_OPTIONS) == set(ENFORCED_BY)
+
+
 @pytest.mark.parametrize("cls, key, bounds", OPTION_BOUNDS, ids=[f"{c.__name__}.{k}" for c, k, _ in OPTION_BOUNDS])
 def test_every_declared_option_bound_is_enforced_naming_the_flag(cls, key, bounds):
-    """An options dataclass that declares bounds checks them (`check()`), naming the flag."""
+    """Each value just outside an option's bounds is refused, naming the flag, by the library
+    call its command makes, before any file is read; the edges the bounds allow pass the
+    options' own check (`check()`, with the rules between options) or their bounds."""
     flag = "--" + key.replace("_", "-")
-    cls(**VALID_OPTIONS[cls]).check()
+
+    def passes(opts: Any) -> None:
+        getattr(opts, "check", lambda: check_bounds(opts, fields.flag))()
+
+    passes(cls(**VALID_OPTIONS[cls]))
     for value in outside(bounds):
         with pytest.raises(NmtError, match=f"^{flag} must .*, got {value!r}$"):
-            cls(**{**VALID_OPTIONS[cls], key: value}).check()
+            ENFORCED_BY[cls](cls(**{**VALID_OPTIONS[cls], key: value}))
     for value in inside(bounds):
-        cls(**{**VALID_OPTIONS[cls], key: value}).check()
+        passes(cls(**{**VALID_OPTIONS[cls], key: value}))
 
 
 def test_declared_bounds_are_checked_by_one_function_in_words():

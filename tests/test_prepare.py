@@ -318,6 +318,13 @@ def test_bad_options_are_errors_naming_the_option(tmp_path, raw_corpus, bad):
         prepare_bpe(options(tmp_path / "out", raw_corpus.prefix("train"), **bad), progress=False)
 
 
+def test_vocab_size_is_checked_only_where_it_is_used(tmp_path):
+    """A model given by --spm-model brings its vocabulary: --vocab-size is unused, so unchecked."""
+    with pytest.raises(NmtError, match="^--vocab-size must be at least 8, got 2$"):
+        options(tmp_path / "out", "train", vocab_size=2).check()
+    options(tmp_path / "out", "train", vocab_size=2, spm_model=str(tmp_path / "spm.model")).check()
+
+
 def test_destdir_needs_force_and_failures_keep_old_output(
     tmp_path, prepared, raw_corpus, monkeypatch
 ):

@@ -122,9 +122,9 @@ def test_save_and_load_check_the_vocabulary(data_dir, tmp_path):
 
 
 def test_bad_options_are_errors(data_dir):
-    with pytest.raises(NmtError, match="--top"):
+    with pytest.raises(NmtError, match="^--top must not be negative, got -1$"):
         learn_shortlist(data_dir, top=-1)
-    with pytest.raises(NmtError, match="--iterations"):
+    with pytest.raises(NmtError, match="^--iterations must be at least 1, got 0$"):
         learn_shortlist(data_dir, iterations=0)
 
 

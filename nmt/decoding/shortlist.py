@@ -30,6 +30,8 @@ from nmt.atomic import FileArg, check_outputs, open_for_reading, target
 from nmt.checkpoint import atomic_save
 from nmt.data import META_FILE, ParallelData, bin_path, idx_path, read_meta
 from nmt.errors import NmtError
+from nmt.fields import check_bounds, flag
+from nmt.options import ShortlistOptions
 from nmt.tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
@@ -140,8 +142,7 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
     At most `max_sentences` pairs are used (evenly spaced through the corpus), which is
     plenty for the top translations of every frequent token.
     """
-    if top < 0 or frequent < 0 or iterations < 1 or max_sentences < 1:
-        raise NmtError("--top and --frequent must not be negative, --iterations and --max-sentences at least 1")
+    check_bounds(ShortlistOptions, flag, top=top, frequent=frequent, iterations=iterations, max_sentences=max_sentences)
     meta = read_meta(data_dir)
     top, frequent = min(top, int(meta["vocab_size"])), min(frequent, int(meta["vocab_size"]))  # more is all
     data = ParallelData.load(data_dir, "train")
