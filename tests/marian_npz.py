@@ -4,7 +4,10 @@
 - `model.npz`: the parameters under Marian's names (`Wemb` or `encoder_Wemb`/`decoder_Wemb`,
   `encoder_l1_self_Wq`, ..., `decoder_l1_context_Wo_ln_scale`, `decoder_ff_logit_out_b`),
   matrices (in, out), biases and LayerNorm parameters (1, dim), and `special:model.yml`: the
-  options' YAML as an int8 array with a trailing NUL, as Marian writes it;
+  options' YAML as an int8 array with a trailing NUL, as Marian writes it. The random
+  parameters (`random_weights`) are named here, as Marian names them, not by nmt's weight
+  table (`nmt.convert.table`): the import reads them through the table, so they witness it;
+  a trained model's go back through the table (`to_marian_layout`);
 - `vocab.yml` in yaml-cpp's style (`yaml_cpp_key`), `</s>` 0 and `<unk>` 1 unless the
   variant moves `</s>`; `source.spm` / `target.spm` (tiny sentencepiece models); `decoder.yml`.
 
@@ -34,6 +37,9 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 import torch
+
+from nmt.config import ModelConfig
+from nmt.convert.table import MARIAN, write
 
 # Pieces a vocabulary may hold that YAML quotes, escapes or reads as something else, and that
 # CTranslate2's line parser (`load_vocab`) reads right too: in every release's vocabulary.
@@ -440,62 +446,14 @@ def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[i
 # ------------------------------------------------------------------ a trained model
 
 
-def to_marian_layout(state: dict[str, torch.Tensor], like: Release) -> dict[str, np.ndarray]:
-    """An nmt state dict of an imported `like` (trained further) -> parameters under `like`'s
-    Marian names and shapes: the import's mapping undone (pad row dropped, matrices (in, out),
-    fused q/k/v split)."""
-    s = {k: t.detach().float() for k, t in state.items()}
-    d = int(like.options["dim-emb"])
-    out: dict[str, torch.Tensor] = {}
-
-    def linear(prefix: str, suffix: str, weight: torch.Tensor, bias: torch.Tensor) -> None:
-        out[f"{prefix}_W{suffix}"], out[f"{prefix}_b{suffix}"] = weight.T, bias[None]
-
-    def attention(prefix: str, src: str) -> None:
-        if f"{src}.qkv.weight" in s:
-            ws, bs = s[f"{src}.qkv.weight"].split(d), s[f"{src}.qkv.bias"].split(d)
-        else:
-            ws = (s[f"{src}.q.weight"], *s[f"{src}.kv.weight"].split(d))
-            bs = (s[f"{src}.q.bias"], *s[f"{src}.kv.bias"].split(d))
-        for m, w, b in zip("qkv", ws, bs, strict=True):
-            linear(prefix, m, w, b)
-        linear(prefix, "o", s[f"{src}.out.weight"], s[f"{src}.out.bias"])
-
-    def norm(prefix: str, src: str) -> None:
-        tail = "_pre" if like.options["transformer-preprocess"] == "n" else ""
-        out[f"{prefix}_ln_scale{tail}"], out[f"{prefix}_ln_bias{tail}"] = s[f"{src}.weight"][None], s[f"{src}.bias"][None]
-
-    def ffn(prefix: str, src: str) -> None:
-        linear(f"{prefix}_ffn", "1", s[f"{src}.ffn.fc1.weight"], s[f"{src}.ffn.fc1.bias"])
-        linear(f"{prefix}_ffn", "2", s[f"{src}.ffn.fc2.weight"], s[f"{src}.ffn.fc2.bias"])
-
-    for name in ("Wemb", "encoder_Wemb"):
-        out[name] = s["src_embed.tokens.weight"][:-1]
-    out["decoder_Wemb"] = s["tgt_embed.tokens.weight"][:-1]
-    if "output_embedding" in s:
-        out["decoder_ff_logit_out_Wt"] = s["output_embedding"][:-1]
-        out["decoder_ff_logit_out_W"] = s["output_embedding"][:-1].T
-    out["decoder_ff_logit_out_b"] = s["output_bias"][None, :-1]
-    for i in range(int(like.options["enc-depth"])):
-        p, src = f"encoder_l{i + 1}", f"encoder.{i}"
-        attention(f"{p}_self", f"{src}.self_attn")
-        norm(f"{p}_self_Wo", f"{src}.norms.0")
-        ffn(p, src)
-        norm(f"{p}_ffn_ffn", f"{src}.norms.1")
-    for i in range(int(like.options["dec-depth"])):
-        p, src = f"decoder_l{i + 1}", f"decoder.{i}"
-        attention(f"{p}_self", f"{src}.self_attn")
-        norm(f"{p}_self_Wo", f"{src}.norms.0")
-        attention(f"{p}_context", f"{src}.cross_attn")
-        norm(f"{p}_context_Wo", f"{src}.norms.1")
-        ffn(p, src)
-        norm(f"{p}_ffn_ffn", f"{src}.norms.2")
-    for side in ("encoder", "decoder"):
-        if f"{side}_norm.weight" in s:
-            out[f"{side}_top_ln_scale"], out[f"{side}_top_ln_bias"] = s[f"{side}_norm.weight"][None], s[f"{side}_norm.bias"][None]
+def to_marian_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, like: Release) -> dict[str, np.ndarray]:
+    """An nmt state dict of an imported `like` (trained further, `cfg` its model config) ->
+    parameters under `like`'s Marian names and shapes: the weight table's MARIAN layout written
+    (pad row dropped, matrices (in, out), fused q/k/v split), vectors (1, n) as Marian stores them."""
+    out = write(MARIAN, cfg, {k: t.detach().float() for k, t in state.items()})
     missing = set(like.weights) - set(out)
     assert not missing, sorted(missing)
-    return {k: out[k].contiguous().numpy() for k in like.weights}
+    return {k: (out[k][None] if out[k].dim() == 1 else out[k]).contiguous().numpy() for k in like.weights}
 
 
 def train_to_end(release: Release, updates: int = 150, seed: int = 0) -> None:
@@ -530,5 +488,5 @@ def train_to_end(release: Release, updates: int = 150, seed: int = 0) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    release.weights = to_marian_layout(model.state_dict(), release)
+    release.weights = to_marian_layout(model.state_dict(), cfg, release)
     rewrite_npz(release)

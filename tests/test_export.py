@@ -11,6 +11,7 @@ a trained model are compared with `nmt translate`'s on real sentences.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import errno
 import json
 import os
@@ -167,6 +168,21 @@ def test_weights_the_export_does_not_know_are_refused(test_tokenizer, tmp_path, 
     assert nmt_here("export", str(ckpt), str(tmp_path / "out")) == 1
     _one_line_error(capfd, "decoder.0.gate.weight")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # nothing left behind
+
+
+@needs_ctranslate2
+def test_a_weight_the_table_does_not_place_is_refused(test_tokenizer, tmp_path, monkeypatch, capfd):
+    """The export writes every weight of the model or none: the weight table's CTRANSLATE2 layout
+    without its output-bias row refuses a model with an output bias, naming the weight."""
+    import nmt.convert.ctranslate2
+    from nmt.convert.table import CTRANSLATE2
+
+    layout = dataclasses.replace(CTRANSLATE2, top=tuple(row for row in CTRANSLATE2.top if row.nmt != "output_bias"))
+    monkeypatch.setattr(nmt.convert.ctranslate2, "CTRANSLATE2", layout)
+    ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=1, model={"output_bias": True})
+    assert nmt_here("export", str(ckpt), str(tmp_path / "out")) == 1
+    _one_line_error(capfd, "the CTranslate2 layout has no place for nmt's weights output_bias")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
 
 
 def test_model_settings_the_export_does_not_map_are_refused(test_tokenizer, tmp_path,

@@ -57,7 +57,8 @@ from nmt import Translator
 from nmt.api import clean_output
 from nmt.checkpoint import atomic_save
 from nmt.config import DecodeConfig
-from nmt.convert.marian import PAD_LOGIT_BIAS, import_model, imported_checkpoint, read_marian_vocab
+from nmt.convert.marian import import_model, imported_checkpoint, read_marian_vocab
+from nmt.convert.table import PAD_LOGIT_BIAS
 from nmt.decoding.predict import score_token_lists, translate_token_lists
 from nmt.models.layers import sinusoids
 from nmt.models.transformer import Transformer

@@ -1,8 +1,8 @@
 """`nmt export`: a checkpoint as a CTranslate2 model directory.
 
 The model is described with CTranslate2's own converter API (`ctranslate2.specs.TransformerSpec`
-filled from our modules, written by a `ctranslate2.converters.Converter`), never by writing its
-binary format by hand. `ctranslate2` is an optional dependency (`pip install nmt[ctranslate2]`).
+filled through the weight table's `CTRANSLATE2` layout, `nmt.convert.table`, written by a
+`ctranslate2.converters.Converter`), never by writing its binary format by hand. `ctranslate2` is an optional dependency (`pip install nmt[ctranslate2]`).
 
 What has to line up (docs/architecture.md, "Exporting"):
 - positions: CTranslate2's built-in sinusoids count positions from 1, ours from 0 (and may be
@@ -31,9 +31,6 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 from nmt.atomic import (
     FileArg,
     check_outputs,
@@ -43,8 +40,8 @@ from nmt.atomic import (
 )
 from nmt.checkpoint import load_model_checkpoint
 from nmt.config import ModelConfig
+from nmt.convert.table import CTRANSLATE2, write
 from nmt.errors import NmtError
-from nmt.models.layers import CrossAttention, SelfAttention
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
 
@@ -123,74 +120,27 @@ def _check_exportable(cfg: ModelConfig, where: str) -> None:
                            "a CTranslate2 model by this version of nmt export")
 
 
-# ------------------------------------------------------------------ the mapping
-
-
-def _np(t: torch.Tensor) -> Any:
-    return t.detach().float().cpu().numpy()
+# ------------------------------------------------------------------ the mapping (nmt.convert.table)
 
 
 def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
-    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights, with the vocabulary
-    and special tokens of `tokenizer`. Every parameter of the model must be used once."""
+    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (the weight table's
+    CTRANSLATE2 layout: every weight of the model must be written), with the vocabulary and
+    special tokens of `tokenizer`."""
     from ctranslate2.specs import transformer_spec as ts
     from ctranslate2.specs.common_spec import Activation
+    from ctranslate2.specs.model_spec import index_spec
 
     cfg = model.cfg
     activation = {"relu": Activation.RELU, "gelu": Activation.GELU, "gelu_tanh": Activation.GELUTanh,
                   "gelu_sigmoid": Activation.GELUSigmoid, "swish": Activation.SWISH}[cfg.activation]
     spec = ts.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads,
                                           pre_norm=cfg.norm_first, activation=activation)
-    used: set[int] = set()
-
-    def take(p: torch.Tensor) -> Any:
-        used.add(id(p))
-        return _np(p)
-
-    def linear(s: Any, m: nn.Linear) -> None:
-        s.weight = take(m.weight)
-        if m.bias is not None:
-            s.bias = take(m.bias)
-
-    def norm(s: Any, m: nn.Module) -> None:
-        assert isinstance(m, nn.LayerNorm) and m.eps == eps  # one epsilon in CTranslate2's config
-        s.gamma, s.beta = take(m.weight), take(m.bias)
-
-    sides: list[tuple[Any, Any, Any, nn.Module]] = [
-        (spec.encoder, model.src_embed, model.encoder, model.encoder_norm),
-        (spec.decoder, model.tgt_embed, model.decoder, model.decoder_norm),
-    ]
-    first_norm: Any = model.encoder_norm if cfg.norm_first else model.encoder[0].norms[0]  # type: ignore[index]
-    eps = first_norm.eps
-    for side, emb, layers, final in sides:
-        (side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings).weight = take(emb.tokens.weight)
-        side.scale_embeddings = True  # x sqrt(d_model), as nmt.models.layers.Embedding
-        table = emb.positions.weight if emb.learned else emb.sinusoids  # (max_positions, D), row i = position i
-        side.position_encodings.encodings = take(table) if emb.learned else _np(table)
-        if cfg.norm_first:
-            norm(side.layer_norm, final)
-        for s, layer in zip(side.layer, layers, strict=True):
-            attn: SelfAttention = layer.self_attn
-            linear(s.self_attention.linear[0], attn.qkv)  # fused (3D, D): q, k, v
-            linear(s.self_attention.linear[1], attn.out)
-            norm(s.self_attention.layer_norm, layer.norms[0])
-            if side is spec.decoder:
-                cross: CrossAttention = layer.cross_attn
-                linear(s.attention.linear[0], cross.q)
-                linear(s.attention.linear[1], cross.kv)  # fused (2D, D): k, v
-                linear(s.attention.linear[2], cross.out)
-                norm(s.attention.layer_norm, layer.norms[1])
-            linear(s.ffn.linear_0, layer.ffn.fc1)
-            linear(s.ffn.linear_1, layer.ffn.fc2)
-            norm(s.ffn.layer_norm, layer.norms[-1])
-    spec.decoder.projection.weight = take(model.output_weight)  # the target embedding if tied
-    if model.output_bias is not None:
-        spec.decoder.projection.bias = take(model.output_bias)
+    for name, tensor in write(CTRANSLATE2, cfg, model.state_dict(), dict(model.named_buffers())).items():
+        scope, _, attr = name.rpartition("/")  # index_spec: "decoder/layer_0/ffn" -> spec.decoder.layer[0].ffn
+        setattr(index_spec(spec, scope), attr, tensor.detach().float().cpu().numpy())  # a spec refuses a new name
+    spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = True  # x sqrt(d_model), as nmt.models.layers.Embedding
     spec.decoder.start_from_zero_embedding = model.tgt_embed.zero_start
-    unused = [name for name, p in model.named_parameters() if id(p) not in used]
-    if unused:
-        raise NmtError(f"the CTranslate2 export does not know the weights {', '.join(unused[:3])}")
-
     pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
@@ -199,5 +149,5 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
         pieces[ids.unk], pieces[ids.bos], pieces[ids.eos])
     spec.config.decoder_start_token = pieces[ids.bos]  # [bos] + tokens, as nmt.tokenizer
     spec.config.add_source_eos = True  # tokens + [eos]
-    spec.config.layer_norm_epsilon = eps
+    spec.config.layer_norm_epsilon = cfg.norm_eps  # every LayerNorm's
     return spec

@@ -5,7 +5,8 @@
 The mapping, as transformers computes the model: post-norm layers, embeddings scaled by
 sqrt(d_model), the sinusoid table of `MarianSinusoidalPositionalEmbedding` (`positions:
 hf_marian`), decoding starts from the embedding of `decoder_start_token_id` (the pad row),
-logits plus `final_logits_bias`; the pad row is part of the vocabulary, as it is there.
+logits plus `final_logits_bias`; the pad row is part of the vocabulary, as it is there. Where
+each weight goes is the weight table's `HF_MARIAN` layout (`nmt.convert.table`).
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ from nmt.config import ModelConfig
 from nmt.convert.reading import (
     Imported,
     Keys,
-    Pair,
     Reader,
     check_config,
-    check_shapes,
-    map_layers,
     pieces_in_id_order,
     shown,
 )
+from nmt.convert.table import HF_MARIAN, read
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds, VocabTokenizer
 
@@ -39,8 +38,6 @@ _KEYS = {"encoder_layers": "encoder_layers", "decoder_layers": "decoder_layers",
          "ffn_dim": "encoder_ffn_dim", "heads": "encoder_attention_heads", "dropout": "dropout",
          "attention_dropout": "attention_dropout", "activation_dropout": "activation_dropout",
          "max_positions": "max_position_embeddings"}
-# the sublayers' LayerNorms (nmt's norms.0, .1, .2) under transformers' names
-_NORMS = {"self": "self_attn_layer_norm", "cross": "encoder_attn_layer_norm", "ffn": "final_layer_norm"}
 
 
 def read_hf_folder(folder: Path) -> Imported:
@@ -125,33 +122,10 @@ def _map_hf(reader: Reader, folder: Path, cfg: ModelConfig, V: int) -> tuple[Mod
     if not names:
         raise NmtError(f"{folder}: neither model.safetensors nor pytorch_model.bin")
     w = reader.weights(folder / names[0], prefix="model.")
-    D, F = cfg.d_model, cfg.ffn_dim
-    w.hint = f" (d_model {D}, encoder_ffn_dim {F}, vocab_size {V})"
-
-    def embedding(side: str) -> torch.Tensor:  # what MarianMTModel's forward reads (a file may hold only `shared`)
-        return w.take(f"{side}.embed_tokens.weight" if w.has(f"{side}.embed_tokens.weight") else "shared.weight", V, D)
-
-    def linear(name: str, d_out: int = D, d_in: int = D) -> Pair:
-        return w.take(f"{name}.weight", d_out, d_in), w.take(f"{name}.bias", d_out)
-
-    enc, dec = embedding("encoder"), embedding("decoder")
+    w.hint = f" (d_model {cfg.d_model}, encoder_ffn_dim {cfg.ffn_dim}, vocab_size {V})"
+    weights = read(HF_MARIAN, w, cfg, V, f"that {folder / 'config.json'} describes")
     # transformers 5 ties the encoder's and decoder's tables to `shared` only while tie_word_embeddings
     # is true: a folder it wrote with share_encoder_decoder_embeddings true and tie_word_embeddings false
     # holds three different tables, and the model reads two of them
-    cfg = dataclasses.replace(cfg, share_embeddings=cfg.share_embeddings and torch.equal(enc, dec))
-    out = {"src_embed.tokens.weight": enc, "tgt_embed.tokens.weight": dec,
-           "output_bias": w.take("final_logits_bias", V) if w.has("final_logits_bias") else torch.zeros(V)}
-    if not cfg.tie_output:
-        out["output_embedding"] = w.take("lm_head.weight", V, D)
-    out |= map_layers(
-        cfg, lambda side, i, sub: tuple(linear(f"{side}.layers.{i}.{'self_attn' if sub == 'self' else 'encoder_attn'}."
-                                               f"{p}_proj") for p in ("q", "k", "v", "out")),
-        lambda side, i: (linear(f"{side}.layers.{i}.fc1", F, D), linear(f"{side}.layers.{i}.fc2", D, F)),
-        lambda side, i, sub: (w.take(f"{side}.layers.{i}.{_NORMS[sub]}.weight", D),
-                              w.take(f"{side}.layers.{i}.{_NORMS[sub]}.bias", D)))
-    # what transformers ties or recomputes: `shared` (the embeddings' source), lm_head when tied, the sinusoids
-    w.ignore("shared.weight", *(["lm_head.weight"] if cfg.tie_output else []),
-             "encoder.embed_positions.weight", "decoder.embed_positions.weight")
-    w.check_all_used(f"that {folder / 'config.json'} describes")
-    check_shapes(out, cfg, V, str(w.path))
-    return cfg, out
+    share = cfg.share_embeddings and torch.equal(weights["src_embed.tokens.weight"], weights["tgt_embed.tokens.weight"])
+    return dataclasses.replace(cfg, share_embeddings=share), weights

@@ -10,15 +10,15 @@ The result carries the model config (`nmt.config.ModelConfig`: activation, tying
 bias, the position table the weights were trained with, the decoder start, LayerNorm
 epsilon, maximum length), the weights in nmt's layout, and a `VocabTokenizer` (both
 sentencepiece models and the vocabulary in the model's id order, with its special ids). What
-both sources share (reading files, numbers and weights; the layer layout; the checks) is
-`nmt.convert.reading`'s.
+both sources share is `nmt.convert.reading`'s (reading files, numbers and weights; the checks)
+and `nmt.convert.table`'s (where each weight goes: the `HF_MARIAN` and `MARIAN` layouts).
 
 The Marian mapping: Marian's own sinusoids (`positions: marian`), decoding starts from a zero
 vector (`decoder_start: zeros`), LayerNorm epsilon 1e-6; `transformer-ffn-activation: gelu` is
 x*sigmoid(1.702x) in Marian up to v1.12.2 and the exact erf GELU after (the model.yml's
 `version` decides). A Marian model has no pad row: one is appended, with a zero embedding and
-an output bias of `PAD_LOGIT_BIAS`, so that its probability is exactly 0 in fp32, bf16 and fp16
-and the other tokens' log-probabilities are Marian's.
+an output bias of `nmt.convert.table.PAD_LOGIT_BIAS`, so that its probability is exactly 0 in
+fp32, bf16 and fp16 and the other tokens' log-probabilities are Marian's.
 """
 
 from __future__ import annotations
@@ -43,24 +43,19 @@ from nmt.convert.reading import (
     Npz,
     Reader,
     check_config,
-    check_shapes,
     load_yaml,
-    map_layers,
     pieces_in_id_order,
 )
+from nmt.convert.table import MARIAN, read
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds, VocabTokenizer, spm_pieces
 
-PAD_LOGIT_BIAS = -1e4  # exp(-1e4 - max) underflows to 0 in every float format; fp16 can hold it
 MARIAN_LAYERNORM_EPS = 1e-6
 _MODEL_YML_LIMIT = 1 << 20  # bytes of special:model.yml (a few kB in every release)
 # nmt's model keys -> special:model.yml's, for the messages of the config's validation
 _KEYS = {"encoder_layers": "enc-depth", "decoder_layers": "dec-depth", "d_model": "dim-emb",
          "ffn_dim": "transformer-dim-ffn", "heads": "transformer-heads", "dropout": "transformer-dropout",
          "attention_dropout": "transformer-dropout-attention", "activation_dropout": "transformer-dropout-ffn"}
-# Marian's names of a layer's sublayers (attention) and of the LayerNorms after (or before) them
-_SUBLAYERS = {"self": "self", "cross": "context"}
-_NORMS = {"self": "self_Wo", "cross": "context_Wo", "ffn": "ffn_ffn"}
 
 
 # ---------------------------------------------------------------- entry point
@@ -118,7 +113,7 @@ def read_marian(decoder_yml: Path) -> Imported:
     with contextlib.closing(reader.npz(npz)) as w:
         opts = _model_yml(w, npz)
         tok = _marian_tokenizer(reader, root / vocabs[0], root / vocabs[1], where)
-        model, weights = _map_marian(w, opts, tok, str(npz))
+        model, weights = _map_marian(w, opts, tok)
     return Imported(model, weights, tok, decode, str(npz), reader.files)
 
 
@@ -204,7 +199,7 @@ def _marian_gelu(version: str) -> str:
     return "gelu"
 
 
-def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer, where: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     need = o.need
     need(o.text("type", "") == "transformer", f"type {o.raw.get('type')!r} (only transformer)")
     autoreg = o.text("transformer-decoder-autoreg", "self-attention")
@@ -243,38 +238,8 @@ def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer, where: str) -> tuple[Model
         activation=_marian_gelu(o.text("version", "")) if act == "gelu" else act,  # type: ignore[arg-type]
         max_positions=1024)
     check_config(cfg, o.where, _KEYS)
-    V, tail = tok.vocab_size, "_pre" if pre else ""
-    w.hint = f" (dim-emb {D}, transformer-dim-ffn {F}, a vocabulary of {V - 1})"
-
-    def with_pad(rows: torch.Tensor) -> torch.Tensor:  # (V-1, D) -> (V, D): a zero pad row
-        return torch.cat([rows, torch.zeros(1, rows.shape[1])])
-
-    def linear(prefix: str, suffix: str, d_in: int = D, d_out: int = D) -> tuple[torch.Tensor, torch.Tensor]:
-        """Marian's W is (in, out), nmt's (out, in)."""
-        return w.take(f"{prefix}_W{suffix}", d_in, d_out).T.contiguous(), w.take(f"{prefix}_b{suffix}", d_out)
-
-    def norm(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return w.take(f"{prefix}_ln_scale{tail}", D), w.take(f"{prefix}_ln_bias{tail}", D)
-
-    shared = "Wemb" if w.has("Wemb") else None
-    out = {"src_embed.tokens.weight": with_pad(w.take(shared or "encoder_Wemb", V - 1, D)),
-           "tgt_embed.tokens.weight": with_pad(w.take(shared or "decoder_Wemb", V - 1, D))}
-    if not tie:
-        out["output_embedding"] = with_pad(w.take("decoder_ff_logit_out_W", D, V - 1).T if w.has("decoder_ff_logit_out_W")
-                                           else w.take("decoder_ff_logit_out_Wt", V - 1, D))
-    bias = w.take("decoder_ff_logit_out_b", V - 1) if w.has("decoder_ff_logit_out_b") else torch.zeros(V - 1)
-    out["output_bias"] = torch.cat([bias, torch.tensor([PAD_LOGIT_BIAS])])
-    out |= map_layers(cfg, lambda side, i, sub: tuple(linear(f"{side}_l{i + 1}_{_SUBLAYERS[sub]}", m)
-                                                      for m in "qkvo"),
-                      lambda side, i: (linear(f"{side}_l{i + 1}_ffn", "1", D, F), linear(f"{side}_l{i + 1}_ffn", "2", F, D)),
-                      lambda side, i, sub: norm(f"{side}_l{i + 1}_{_NORMS[sub]}"))
-    if pre:
-        for side in ("encoder", "decoder"):
-            out[f"{side}_norm.weight"], out[f"{side}_norm.bias"] = w.take(f"{side}_top_ln_scale", D), \
-                w.take(f"{side}_top_ln_bias", D)
-    w.check_all_used("that its special:model.yml describes")
-    check_shapes(out, cfg, V, where)
-    return cfg, out
+    w.hint = f" (dim-emb {D}, transformer-dim-ffn {F}, a vocabulary of {tok.vocab_size - 1})"
+    return cfg, read(MARIAN, w, cfg, tok.vocab_size, "that its special:model.yml describes")
 
 
 # ---------------------------------------------------------------- the command

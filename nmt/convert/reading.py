@@ -11,8 +11,8 @@
   never decompressed. Nothing runs code from a file: `.bin` loads with
   `torch.load(weights_only=True)`, `.npz` members are parsed without pickles, safetensors is
   read by its library.
-- `map_layers` is the Transformer layer layout both sources fill; an imported config passes
-  `nmt.config.validate`, as any nmt config does.
+- An imported config passes `nmt.config.validate`, as any nmt config does; where each weight
+  goes is `nmt.convert.table`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 import math
 import warnings
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,7 +34,6 @@ from safetensors import SafetensorError, safe_open
 from nmt.atomic import READ_LIMIT, open_for_reading
 from nmt.config import Config, ModelConfig, validate
 from nmt.errors import NmtError
-from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
 
 MAX_POSITIONS = 1 << 16  # Marian and OPUS-MT use 512 to 1024; a longer table is a broken config, not a model
@@ -334,49 +333,3 @@ class Npz(Weights):
         array = self.member(name, math.prod(want) * 8)[2]  # float64 at most
         assert array is not None
         return torch.from_numpy(array.astype(np.float32))
-
-
-# ---------------------------------------------------------------- the Transformer's layers
-
-Pair = tuple[torch.Tensor, torch.Tensor]  # a linear layer's (weight (out, in), bias) or a LayerNorm's (scale, bias)
-
-
-def map_layers(cfg: ModelConfig, attention: Callable[[str, int, str], Sequence[Pair]],
-               ffn: Callable[[str, int], tuple[Pair, Pair]],
-               norm: Callable[[str, int, str], Pair]) -> dict[str, torch.Tensor]:
-    """nmt's encoder and decoder layers from a source's, as the source names them:
-    `attention(side, i, sub)` gives q, k, v and the output projection of sublayer `sub`
-    ("self" or "cross"), `ffn(side, i)` fc1 and fc2, `norm(side, i, sub)` the LayerNorm of
-    sublayer `sub` ("self", "cross" or "ffn"). Each source tensor is checked before it is fused."""
-    out: dict[str, torch.Tensor] = {}
-    for side, count in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
-        subs = ("self", "cross", "ffn") if side == "decoder" else ("self", "ffn")
-        for i in range(count):
-            dst = f"{side}.{i}"
-            for j, sub in enumerate(subs):
-                if sub == "ffn":
-                    (w1, b1), (w2, b2) = ffn(side, i)
-                    out.update({f"{dst}.ffn.fc1.weight": w1, f"{dst}.ffn.fc1.bias": b1,
-                                f"{dst}.ffn.fc2.weight": w2, f"{dst}.ffn.fc2.bias": b2})
-                else:
-                    (wq, bq), (wk, bk), (wv, bv), (wo, bo) = attention(side, i, sub)
-                    a = f"{dst}.{sub}_attn"
-                    if sub == "self":  # nmt fuses q, k and v of self-attention, k and v of cross-attention
-                        out.update({f"{a}.qkv.weight": torch.cat([wq, wk, wv]), f"{a}.qkv.bias": torch.cat([bq, bk, bv])})
-                    else:
-                        out.update({f"{a}.q.weight": wq, f"{a}.q.bias": bq, f"{a}.kv.weight": torch.cat([wk, wv]),
-                                    f"{a}.kv.bias": torch.cat([bk, bv])})
-                    out.update({f"{a}.out.weight": wo, f"{a}.out.bias": bo})
-                out[f"{dst}.norms.{j}.weight"], out[f"{dst}.norms.{j}.bias"] = norm(side, i, sub)
-    return out
-
-
-def check_shapes(weights: dict[str, torch.Tensor], cfg: ModelConfig, vocab_size: int, where: str) -> None:
-    """Exactly the weights the model config makes, each of its shape (a guard on the mappings)."""
-    with torch.device("meta"):
-        reference = Transformer(cfg, vocab_size, pad_id=0).state_dict()
-    for name in sorted(set(reference) | set(weights)):
-        have, need = weights.get(name), reference.get(name)
-        if have is None or need is None or have.shape != need.shape:
-            raise NmtError(f"{where}: the mapped weight {name} is {tuple(have.shape) if have is not None else 'missing'}, "
-                           f"the config needs {tuple(need.shape) if need is not None else 'none'}")
