@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from nmt.atomic import FileArg, check_outputs, fsync_path, open_for_reading, replacing, target
-from nmt.config import Config, changed_keys, config_from_dict
+from nmt.config import Config, changed_keys, config_from_dict, config_to_dict
 from nmt.errors import NmtError, one_line
 from nmt.fields import check_bounds, flag
 from nmt.options import AverageOptions
@@ -80,6 +80,16 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
         except OSError:  # filesystems without hard links
             shutil.copyfile(src, tmp)
             fsync_path(tmp)
+
+
+def checkpoint_dict(weights: dict[str, torch.Tensor], cfg: Config, tokenizer: Tokenizer, *, update: int = 0,
+                    epoch: int = 0, **extra: Any) -> dict[str, Any]:
+    """The dict of a checkpoint in nmt's format (`FORMAT_VERSION`): the weights, the config, the
+    tokenizer, the counters, then `extra` entries (`train_state`, `imported_from`). The one builder:
+    training, import and averaging (which keeps these keys of its first input) all write it."""
+    return {"format_version": FORMAT_VERSION, "model": weights, "config": config_to_dict(cfg),
+            "vocab_size": tokenizer.vocab_size, "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
+            "update": update, "epoch": epoch, **extra}
 
 
 def load_checkpoint(

@@ -34,8 +34,8 @@ import torch
 import yaml
 
 from nmt.atomic import FileArg, check_outputs, replacing, target, write_all
-from nmt.checkpoint import atomic_save, check_average_output
-from nmt.config import Config, ModelConfig, config_to_dict, dump_config
+from nmt.checkpoint import atomic_save, check_average_output, checkpoint_dict
+from nmt.config import Config, ModelConfig, dump_config
 from nmt.convert.hf import read_hf_folder
 from nmt.convert.reading import (
     Imported,
@@ -80,10 +80,7 @@ def imported_checkpoint(imported: Imported, base: Config | None = None) -> dict[
     """The checkpoint dict of an imported model (nmt's format, `nmt.checkpoint`)."""
     cfg = base or Config()
     cfg = dataclasses.replace(cfg, model=imported.model, decode=dataclasses.replace(cfg.decode, **imported.decode))
-    tok = imported.tokenizer
-    return {"format_version": 1, "model": imported.weights, "config": config_to_dict(cfg),
-            "vocab_size": tok.vocab_size, "tokenizer": {"model": tok.model_bytes, "sha256": tok.sha256},
-            "update": 0, "epoch": 0, "imported_from": imported.source}
+    return checkpoint_dict(imported.weights, cfg, imported.tokenizer, imported_from=imported.source)
 
 
 # ---------------------------------------------------------------- Marian

@@ -83,22 +83,10 @@ def build_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, 
     """The training checkpoint (docs/architecture.md, "Checkpoints"); tensors on the CPU."""
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-    return {
-        "format_version": ckpt.FORMAT_VERSION,
-        "model": ckpt.to_cpu(model.state_dict()),
-        "config": config_to_dict(cfg),
-        "vocab_size": tokenizer.vocab_size,
-        "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
-        "update": progress.update,
-        "epoch": progress.epoch,
-        "train_state": {
-            "progress": asdict(progress),
-            "optimizer": ckpt.to_cpu(optimizer.state_dict()),
-            "scaler": scaler.state_dict(),
-            "rng": rng,
-            "fingerprint": fingerprint,
-        },
-    }
+    train_state = {"progress": asdict(progress), "optimizer": ckpt.to_cpu(optimizer.state_dict()),
+                   "scaler": scaler.state_dict(), "rng": rng, "fingerprint": fingerprint}
+    return ckpt.checkpoint_dict(ckpt.to_cpu(model.state_dict()), cfg, tokenizer, update=progress.update,
+                                epoch=progress.epoch, train_state=train_state)
 
 
 def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
