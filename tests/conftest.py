@@ -143,6 +143,19 @@ def test_tokenizer(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
+def random_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised configs/tiny.yaml model (seed 1, `helpers.save_random_model`) on
+    `prepared`'s sentencepiece model (vocabulary 500): for the tests of what a command does
+    with a checkpoint, not with its translations. Tests copy it before they change it."""
+    from helpers import save_random_model
+
+    from nmt.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("random") / "random.pt"
+    return save_random_model(path, Tokenizer.from_file(prepared[0] / "spm.model"), seed=1)
+
+
+@pytest.fixture(scope="session")
 def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small Transformer (2+2 layers, d_model 64) trained for 300 updates on `prepared`
     (~20 s): it ends its outputs with EOS on its own, so it decodes real sentences to real

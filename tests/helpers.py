@@ -83,6 +83,18 @@ def assert_one_line(code: int, err: str | bytes, *needles: str, status: int = 1)
     return one_error_line(err, *needles)
 
 
+def last_error_line(err: str | bytes, *needles: str) -> str:
+    """The error line of a command that logged before it failed (training, distill): of
+    stderr's lines exactly one starts with `nmt: error: `, it is the last one, there is no
+    traceback, and it names each of `needles`."""
+    err = err.decode() if isinstance(err, bytes) else err
+    errors = [line for line in err.splitlines() if line.startswith("nmt: error: ")]
+    assert len(errors) == 1 and err.rstrip("\n").endswith(errors[0]) and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
+
+
 def dead_pid() -> int:
     """The pid of a process that has ended (for the leftovers of a killed writer)."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -5,18 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, nmt
+from helpers import ROOT, assert_one_line, nmt
 
 COMMANDS = ["prepare-bpe", "train", "distill", "average-checkpoints", "translate", "score", "export"]
-
-
-def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:
-    assert r.returncode == code, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_help_lists_every_command():
@@ -39,28 +30,30 @@ def test_version():
     assert r.returncode == 0 and r.stdout.strip() == f"nmt {__version__}"
 
 
-def test_unknown_option_is_one_line():
-    assert_one_line_error(nmt("translate", "--beem", "4"), "--beem", code=2)
+MISTAKES = {  # id: (arguments, what the line names, exit status); {tmp} is the test's tmp_path
+    "unknown_option": (["translate", "--beem", "4"], ["--beem"], 2),
+    "bad_option_value": (["translate", "--beam", "many"], ["--beam"], 2),
+    "missing_config": (["train", "no/such.yaml"], ["no/such.yaml"], 1),
+    "bad_override": (["train", "configs/tiny.yaml", "--set", "train.lr=fast"], ["train.lr"], 1),
+    "missing_prepare_input": (["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", "{tmp}/nope",
+                               "--destdir", "{tmp}/out"], ["nope"], 1),
+    "missing_checkpoint": (["translate", "-c", "{tmp}/x.pt"], ["x.pt"], 1),
+}
 
 
-def test_bad_option_value_is_one_line():
-    assert_one_line_error(nmt("translate", "--beam", "many"), "--beam", code=2)
-
-
-def test_missing_config_is_one_line():
-    assert_one_line_error(nmt("train", "no/such.yaml"), "no/such.yaml")
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_mistake_is_one_line(tmp_path, mistake):
+    """A usage error (exit 2) or a user mistake (exit 1): one line naming what was wrong."""
+    args, needles, status = MISTAKES[mistake]
+    r = nmt(*(a.format(tmp=tmp_path) for a in args), stdin="hi\n")
+    assert_one_line(r.returncode, r.stderr, *needles, status=status)
 
 
 def test_bad_config_key_is_one_line(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("model:\n  d_modle: 3\n")
-    assert_one_line_error(
-        nmt("train", str(p)), str(p), "model.d_modle", "did you mean model.d_model?"
-    )
-
-
-def test_bad_override_is_one_line():
-    assert_one_line_error(nmt("train", "configs/tiny.yaml", "--set", "train.lr=fast"), "train.lr")
+    r = nmt("train", str(p))
+    assert_one_line(r.returncode, r.stderr, str(p), "model.d_modle", "did you mean model.d_model?")
 
 
 def test_debug_shows_the_traceback():
@@ -79,25 +72,6 @@ def test_dry_run_prints_parameters():
     assert r.stdout.strip().splitlines()[-1].startswith("parameters: ")
 
 
-def test_missing_prepare_input_is_one_line(tmp_path):
-    r = nmt(
-        "prepare-bpe",
-        "-s",
-        "en",
-        "-t",
-        "de",
-        "--trainpref",
-        str(tmp_path / "nope"),
-        "--destdir",
-        str(tmp_path / "out"),
-    )
-    assert_one_line_error(r, "nope")
-
-
-def test_missing_checkpoint_is_one_line(tmp_path):
-    assert_one_line_error(nmt("translate", "-c", str(tmp_path / "x.pt"), stdin="hi\n"), "x.pt")
-
-
 def test_torch_logs_nothing_after_our_last_line(tmp_path):
     """A SIGTERM during `import torch` (`nmt export` imports it late) stops it before it sets its
     loggers to WARNING; its atexit hook then logged "FakeTensor cache stats" at INFO after our
@@ -106,7 +80,7 @@ def test_torch_logs_nothing_after_our_last_line(tmp_path):
             "from nmt import cli; cli.main(['export', 'missing.pt', 'out'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
-    assert_one_line_error(r, "missing.pt")
+    assert_one_line(r.returncode, r.stderr, "missing.pt")
 
 
 def _commands(group, prefix: str = ""):

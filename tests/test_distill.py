@@ -25,7 +25,9 @@ import sacrebleu
 from helpers import (
     ROOT,
     TINY,
+    assert_one_line,
     dead_pid,
+    last_error_line,
     nmt_here,
     one_error_line,
     save_random_model,
@@ -567,10 +569,7 @@ def test_what_distill_reads_whole_is_a_regular_file(name, planted, translated, t
     else:
         (out / name).symlink_to("/dev/zero")
     assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 1
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("nmt: error: ")]
-    assert len(errors) == 1 and err.rstrip("\n").endswith(errors[0]) and "Traceback" not in err, err
-    assert str(out / name) in errors[0] and "not a regular file" in errors[0], errors[0]
+    last_error_line(capsys.readouterr().err, str(out / name), "not a regular file")
 
 
 def test_a_second_distill_on_the_same_out_stops_at_once(trained_checkpoint, corpus, raw_corpus, tmp_path,
@@ -588,9 +587,7 @@ def test_a_second_distill_on_the_same_out_stops_at_once(trained_checkpoint, corp
     calls = spy(monkeypatch, outputs=lambda i, s: refs[i], during=run_second)
     assert nmt_here(*distill_args(trained_checkpoint, corpus, raw_corpus, out)) == 0
     [(code, err)] = second
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 1 and len(lines) == 1 and lines[0].startswith("nmt: error: "), lines
-    assert str(out) in lines[0] and f"pid {os.getpid()}" in lines[0], lines[0]
+    assert assert_one_line(code, err, str(out), f"pid {os.getpid()}").startswith("nmt: error: ")
     assert calls == [0, SHARD, 2 * SHARD]  # the second translated nothing
     assert [line for p in shard_files(out) for line in lines_of(p)] == refs
 

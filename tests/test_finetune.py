@@ -18,10 +18,10 @@ import torch
 from helpers import (
     TINY,
     assert_equal_runs,
+    assert_one_line,
     assert_same_weights,
     make_trainer,
     nmt_here,
-    one_error_line,
     set_args,
     tiny,
     with_overrides,
@@ -129,8 +129,8 @@ def test_a_bad_init_from_is_one_line_and_writes_nothing(prepared, base, tmp_path
                "model config": "model.ffn_dim is 64 in the checkpoint but 96 in this run's config"}
     model = {"ffn_dim": 96, "dropout": 0.2} if case == "model config" else {}
     run = tmp_path / "run"
-    assert nmt_here(*run_args(prepared[0], run, paths[case], **model)) == 1
-    one_error_line(capsys.readouterr().err, f"train.init_from {paths[case]}: ", needles[case])
+    assert_one_line(nmt_here(*run_args(prepared[0], run, paths[case], **model)), capsys.readouterr().err,
+                    f"train.init_from {paths[case]}: ", needles[case])
     assert not run.exists()
 
 
@@ -155,30 +155,25 @@ def test_data_prepared_with_tokenizer_from_passes_the_check_and_a_learned_tokeni
     assert nmt_here(*prepare, "--vocab-size", "400", "--destdir", str(learned)) == 0
     assert Tokenizer.from_file(learned / "spm.model").sha256 != Tokenizer.from_file(ours / "spm.model").sha256
     capsys.readouterr()
-    assert nmt_here(*run_args(learned, tmp_path / "refused", base)) == 1
-    one_error_line(capsys.readouterr().err, f"train.init_from {base}: tokenizer differs", str(learned), "--tokenizer-from")
+    assert_one_line(nmt_here(*run_args(learned, tmp_path / "refused", base)), capsys.readouterr().err,
+                    f"train.init_from {base}: tokenizer differs", str(learned), "--tokenizer-from")
     assert not (tmp_path / "refused").exists()
 
 
-@pytest.mark.parametrize("extra, needle", [
-    (["--vocab-size", "400"], "--vocab-size cannot be combined with --tokenizer-from"),
-    (["--spm-model", "x.model"], "--tokenizer-from and --spm-model cannot be combined"),
-], ids=["vocab-size", "spm-model"])
-def test_tokenizer_from_refuses_options_that_choose_another_vocabulary(raw_corpus, base, tmp_path, capsys,
-                                                                        extra, needle):
-    args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"),
-            "--tokenizer-from", str(base), "--destdir", str(tmp_path / "out"), *extra]
-    assert nmt_here(*args) == 1
-    one_error_line(capsys.readouterr().err, needle)
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("case", ["missing", "directory", "not a checkpoint"])
-def test_a_bad_tokenizer_from_is_one_line(raw_corpus, base, tmp_path, capsys, case):
-    paths = {"missing": tmp_path / "none.pt", "directory": base.parent, "not a checkpoint": tmp_path / "notes.txt"}
+@pytest.mark.parametrize("case, extra, needle", [
+    ("missing", [], "--tokenizer-from {path}: "),
+    ("directory", [], "--tokenizer-from {path}: "),
+    ("not a checkpoint", [], "--tokenizer-from {path}: "),
+    ("base", ["--vocab-size", "400"], "--vocab-size cannot be combined with --tokenizer-from"),
+    ("base", ["--spm-model", "x.model"], "--tokenizer-from and --spm-model cannot be combined"),
+], ids=["missing", "directory", "not a checkpoint", "with --vocab-size", "with --spm-model"])
+def test_a_bad_tokenizer_from_is_one_line(raw_corpus, base, tmp_path, capsys, case, extra, needle):
+    """A --tokenizer-from that is no checkpoint, or given with an option that chooses another
+    vocabulary: one line, nothing written."""
+    paths = {"missing": tmp_path / "none.pt", "directory": base.parent, "not a checkpoint": tmp_path / "notes.txt",
+             "base": base}
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
     args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"),
-            "--tokenizer-from", str(paths[case]), "--destdir", str(tmp_path / "out")]
-    assert nmt_here(*args) == 1
-    one_error_line(capsys.readouterr().err, f"--tokenizer-from {paths[case]}: ")
+            "--tokenizer-from", str(paths[case]), "--destdir", str(tmp_path / "out"), *extra]
+    assert_one_line(nmt_here(*args), capsys.readouterr().err, needle.format(path=paths[case]))
     assert not (tmp_path / "out").exists()

@@ -14,19 +14,18 @@ from nmt.tokenizer import Tokenizer
 # ---------------------------------------------------------------- synthetic tasks
 
 
-def test_synthetic_tasks():
-    alphabet = "0123456789"
-    for task, expect in (
-        ("copy", lambda xs: xs),
-        ("reverse", lambda xs: xs[::-1]),
-        ("sort", sorted),
-    ):
-        pairs = synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
-        assert pairs == synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
-        for src, tgt in pairs:
-            symbols = src.split()
-            assert 2 <= len(symbols) <= 6 and set(symbols) <= set(alphabet)
-            assert tgt.split() == expect(symbols)
+@pytest.mark.parametrize("task, expect", [("copy", lambda xs: xs), ("reverse", lambda xs: xs[::-1]),
+                                          ("sort", sorted)], ids=["copy", "reverse", "sort"])
+def test_synthetic_tasks(task, expect):
+    pairs = synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
+    assert pairs == synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
+    for src, tgt in pairs:
+        symbols = src.split()
+        assert 2 <= len(symbols) <= 6 and set(symbols) <= set("0123456789")
+        assert tgt.split() == expect(symbols)
+
+
+def test_synthetic_pairs_depend_on_the_seed_and_know_their_tasks():
     assert synthetic_pairs("copy", 20, seed=1) != synthetic_pairs("copy", 20, seed=2)
     with pytest.raises(NmtError, match="unknown synthetic task"):
         synthetic_pairs("shuffle", 1, seed=0)

@@ -30,7 +30,6 @@ from helpers import (
     nmt,
     nmt_here,
     records,
-    save_random_model,
     set_args,
     tiny,
     with_overrides,
@@ -44,7 +43,6 @@ from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.models.transformer import build_model
 from nmt.textio import TextStats, iter_lines
-from nmt.tokenizer import Tokenizer
 from nmt.training.rundir import RunDir, lock_run_dir
 from nmt.training.trainer import train
 
@@ -65,16 +63,9 @@ def run_process(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nmt", *args], env=env, timeout=120, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def ckpt(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random tiny model on the prepared data's sentencepiece model (vocabulary 500)."""
-    return save_random_model(tmp_path_factory.mktemp("hostile") / "a.pt", Tokenizer.from_file(prepared[0] / "spm.model"), 1)
-
-
-def _save(path: Path, spm: Path, **changes: Any) -> Path:
-    """A random model's checkpoint with some of its entries replaced."""
-    state = load_checkpoint(save_random_model(path, Tokenizer.from_file(spm), 1))
-    atomic_save({**state, **changes}, path)
+def _save(path: Path, checkpoint: Path, **changes: Any) -> Path:
+    """`checkpoint` (conftest's random_checkpoint) saved at `path` with some of its entries replaced."""
+    atomic_save({**load_checkpoint(checkpoint), **changes}, path)
     return path
 
 
@@ -263,9 +254,9 @@ def test_reset_data_starts_a_new_best_and_patience(prepared, tmp_path, caplog):
 # ------------------------------------------------------------------ 4. average-checkpoints
 
 
-def test_average_refuses_an_output_that_is_one_of_its_inputs(ckpt, tmp_path, capfd):
+def test_average_refuses_an_output_that_is_one_of_its_inputs(random_checkpoint, tmp_path, capfd):
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
-    shutil.copy(ckpt, a)
+    shutil.copy(random_checkpoint, a)
     os.link(a, b)  # another name of the same file counts too
     before = a.read_bytes()
     (tmp_path / "link.pt").symlink_to(a)
@@ -276,11 +267,11 @@ def test_average_refuses_an_output_that_is_one_of_its_inputs(ckpt, tmp_path, cap
 
 
 @pytest.mark.parametrize("name", ["checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_7.pt"])
-def test_average_refuses_the_names_training_owns_in_a_run_directory(ckpt, tmp_path, name):
+def test_average_refuses_the_names_training_owns_in_a_run_directory(random_checkpoint, tmp_path, name):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("{}\n")
-    shutil.copy(ckpt, run_dir / "checkpoint_5.pt")
+    shutil.copy(random_checkpoint, run_dir / "checkpoint_5.pt")
     with pytest.raises(NmtError, match=rf"{name}.*nmt train.*checkpoint_avg\.pt"):
         average_checkpoints([run_dir / "checkpoint_5.pt"], run_dir / name)
     assert not (run_dir / name).exists()
@@ -291,14 +282,16 @@ def test_average_refuses_the_names_training_owns_in_a_run_directory(ckpt, tmp_pa
 # ------------------------------------------------------------------ 5. one line for every mistake
 
 
-def test_output_that_is_a_directory_is_one_line(ckpt, prepared, tmp_path, capfd):
-    cases = [("translate", "-c", str(ckpt), "-i", os.devnull, "-o", "."),
-             ("average-checkpoints", str(ckpt), "-o", "."),
-             ("shortlist", str(prepared[0]), "-o", "."),
-             ("translate", "-c", str(ckpt), "-i", os.devnull, "-o", str(tmp_path))]
-    for args in cases:
-        code, _, err = run_here(capfd, *args)
-        assert_one_line(code, err, "is a directory")
+@pytest.mark.parametrize("args", [
+    ("translate", "-c", "{ckpt}", "-i", os.devnull, "-o", "."),
+    ("average-checkpoints", "{ckpt}", "-o", "."),
+    ("shortlist", "{data}", "-o", "."),
+    ("translate", "-c", "{ckpt}", "-i", os.devnull, "-o", "{tmp}"),
+], ids=["translate", "average-checkpoints", "shortlist", "translate-absolute"])
+def test_output_that_is_a_directory_is_one_line(random_checkpoint, prepared, tmp_path, capfd, args):
+    paths = {"ckpt": random_checkpoint, "data": prepared[0], "tmp": tmp_path}
+    code, _, err = run_here(capfd, *(a.format(**paths) for a in args))
+    assert_one_line(code, err, "is a directory")
 
 
 @pytest.mark.parametrize("under", ["file", "proc"])
@@ -321,18 +314,18 @@ DECODE_MISTAKES = [
 
 
 @pytest.mark.parametrize(("args", "needle"), DECODE_MISTAKES, ids=[a[0] for a, _ in DECODE_MISTAKES])
-def test_translate_option_out_of_bounds_is_one_line(ckpt, capfd, args, needle):
-    code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, *args)
+def test_translate_option_out_of_bounds_is_one_line(random_checkpoint, capfd, args, needle):
+    code, _, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, *args)
     assert_one_line(code, err, needle)
 
 
 @pytest.mark.parametrize("device", ["meta", "mps", "xla", "cpu:0", "cuda:01", "cuda:99999999999"])
-def test_a_device_nmt_does_not_run_on_is_refused_by_one_rule_everywhere(ckpt, capfd, device):
+def test_a_device_nmt_does_not_run_on_is_refused_by_one_rule_everywhere(random_checkpoint, capfd, device):
     """Issue 25: translate --device meta was a NotImplementedError, mps and xla a RuntimeError."""
-    code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, "--device", device)
+    code, _, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, "--device", device)
     assert_one_line(code, err, f"unknown device {device!r}", "auto, cpu, cuda or cuda:N")
     with pytest.raises(NmtError, match=f"unknown device {device!r}"):
-        Translator.load(ckpt, device=device)
+        Translator.load(random_checkpoint, device=device)
     code, _, err = run_here(capfd, "train", str(TINY), "--device", device, "--dump-config")
     assert_one_line(code, err, "--device", "train.device must be auto, cpu, cuda or cuda:N")
 
@@ -380,10 +373,10 @@ def test_a_model_that_fails_to_allocate_is_one_line_naming_its_keys(prepared, tm
     assert_one_line(code, err, "model.d_model=32, model.ffn_dim=64", "cannot be allocated on cpu", "can't allocate")
 
 
-def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(ckpt, prepared, tmp_path, capfd):
+def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(random_checkpoint, tmp_path, capfd):
     cfg = config_to_dict(load_config(TINY))
     cfg["decode"]["beam"] = 0
-    bad = _save(tmp_path / "beam0.pt", prepared[0] / "spm.model", config=cfg)
+    bad = _save(tmp_path / "beam0.pt", random_checkpoint, config=cfg)
     code, _, err = run_here(capfd, "translate", "-c", str(bad), "-i", os.devnull)
     line = assert_one_line(code, err, str(bad), "decode.beam")
     assert "--beam" not in line
@@ -391,7 +384,7 @@ def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(ckpt, prepared,
     assert code == 0, err
 
 
-def _inconsistent(spm: Path) -> dict[str, dict[str, Any]]:
+def _inconsistent() -> dict[str, dict[str, Any]]:
     cfg = config_to_dict(load_config(TINY))
     wider = {**cfg, "model": {**cfg["model"], "d_model": 64, "ffn_dim": 128}}
     return {
@@ -404,9 +397,9 @@ def _inconsistent(spm: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-@pytest.mark.parametrize("case", list(_inconsistent(Path())))
-def test_checkpoint_that_loads_but_is_inconsistent_is_one_line(prepared, tmp_path, capfd, case):
-    bad = _save(tmp_path / "bad.pt", prepared[0] / "spm.model", **_inconsistent(prepared[0])[case])
+@pytest.mark.parametrize("case", list(_inconsistent()))
+def test_checkpoint_that_loads_but_is_inconsistent_is_one_line(random_checkpoint, tmp_path, capfd, case):
+    bad = _save(tmp_path / "bad.pt", random_checkpoint, **_inconsistent()[case])
     code, _, err = run_here(capfd, "translate", "-c", str(bad), "-i", os.devnull)
     assert_one_line(code, err, str(bad))
     code, _, err = run_here(capfd, "average-checkpoints", str(bad), str(bad), "-o", str(tmp_path / "avg.pt"))
@@ -455,10 +448,10 @@ def test_unreadable_last_run_marker_is_one_line(tmp_path, capfd, marker):
 
 
 @pytest.mark.parametrize("stream", ["stdin", "stdout"])
-def test_closed_standard_stream_is_one_line(ckpt, stream):
+def test_closed_standard_stream_is_one_line(random_checkpoint, stream):
     redirect = "<&-" if stream == "stdin" else ">&- </dev/null"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(["bash", "-c", f'"{sys.executable}" -m nmt translate -c "{ckpt}" {redirect}'],
+    r = subprocess.run(["bash", "-c", f'"{sys.executable}" -m nmt translate -c "{random_checkpoint}" {redirect}'],
                        env=env, capture_output=True, text=True, timeout=120)
     assert_one_line(r.returncode, r.stderr, f"standard {'input' if stream == 'stdin' else 'output'}")
 
@@ -473,8 +466,8 @@ def _full_stdout_commands(ckpt: Path, tmp_path: Path) -> dict[str, tuple[list[st
 
 @pytest.mark.parametrize("command", ["translate", "score", "dump-config"])
 @pytest.mark.parametrize("limit", ["/dev/full", "file size limit"])
-def test_standard_output_that_cannot_be_written_is_one_line(ckpt, tmp_path, command, limit):
-    args, stdin = _full_stdout_commands(ckpt, tmp_path)[command]
+def test_standard_output_that_cannot_be_written_is_one_line(random_checkpoint, tmp_path, command, limit):
+    args, stdin = _full_stdout_commands(random_checkpoint, tmp_path)[command]
     if limit == "/dev/full":
         with open("/dev/full", "wb") as out:
             r = run_process(*args, input=stdin, stdout=out, stderr=subprocess.PIPE)
@@ -491,7 +484,7 @@ def test_standard_output_that_cannot_be_written_is_one_line(ckpt, tmp_path, comm
 
 @pytest.mark.parametrize("planted", ["fifo", "/dev/zero"])
 @pytest.mark.parametrize("role", ["checkpoint", "shortlist", "prepare.json", "metrics"])
-def test_a_file_read_whole_is_a_regular_file_never_a_fifo_or_a_device(prepared, ckpt, tmp_path, planted, role):
+def test_a_file_read_whole_is_a_regular_file_never_a_fifo_or_a_device(prepared, random_checkpoint, tmp_path, planted, role):
     """Issue 33: a FIFO where nmt expects a file blocked forever, a link to /dev/zero read until
     memory ran out. Every file nmt reads whole goes through `nmt.atomic.open_for_reading`."""
     data = tmp_path / "data"
@@ -501,7 +494,7 @@ def test_a_file_read_whole_is_a_regular_file_never_a_fifo_or_a_device(prepared, 
     path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)
     os.mkfifo(path) if planted == "fifo" else path.symlink_to("/dev/zero")
-    args = {"checkpoint": ["translate", "-c", str(path)], "shortlist": ["translate", "-c", str(ckpt), "--shortlist", str(path)],
+    args = {"checkpoint": ["translate", "-c", str(path)], "shortlist": ["translate", "-c", str(random_checkpoint), "--shortlist", str(path)],
             "prepare.json": ["train", str(TINY), *tiny_sets(data, tmp_path / "r")],
             "metrics": ["plot", "curves", str(path.parent), "-o", str(tmp_path / "c.png")]}[role]
     r = nmt(*args, stdin="A dog.\n", timeout=120)
@@ -511,11 +504,11 @@ def test_a_file_read_whole_is_a_regular_file_never_a_fifo_or_a_device(prepared, 
 # ------------------------------------------------------------------ 6. broken pipes and signals
 
 
-def test_a_reader_that_goes_away_ends_translate_quietly(ckpt, tmp_path):
+def test_a_reader_that_goes_away_ends_translate_quietly(random_checkpoint, tmp_path):
     (tmp_path / "in.txt").write_bytes(b"\n" * 400_000)  # empty lines: many output lines, no model work
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     r = subprocess.run(["bash", "-o", "pipefail", "-c",
-                        f'"{sys.executable}" -m nmt translate -c "{ckpt}" < in.txt | head -1'],
+                        f'"{sys.executable}" -m nmt translate -c "{random_checkpoint}" < in.txt | head -1'],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout == "\n" and r.stderr == "", r.stderr
 
@@ -575,14 +568,14 @@ def _stopped_by(proc: subprocess.Popen, writer: Any, sig: int) -> str:
     return err
 
 
-def test_ctrl_c_in_translate_says_so_and_exits_130(ckpt, tmp_path):
-    proc, writer = _started_on_a_fifo(ckpt, tmp_path)
+def test_ctrl_c_in_translate_says_so_and_exits_130(random_checkpoint, tmp_path):
+    proc, writer = _started_on_a_fifo(random_checkpoint, tmp_path)
     err = _stopped_by(proc, writer, signal.SIGINT)
     assert_one_line(proc.returncode, err, "interrupted", status=130)
 
 
-def test_sigterm_in_translate_leaves_no_temporary_and_exits_143(ckpt, tmp_path):
-    proc, writer = _started_on_a_fifo(ckpt, tmp_path, "-o", str(tmp_path / "out.txt"))
+def test_sigterm_in_translate_leaves_no_temporary_and_exits_143(random_checkpoint, tmp_path):
+    proc, writer = _started_on_a_fifo(random_checkpoint, tmp_path, "-o", str(tmp_path / "out.txt"))
     err = _stopped_by(proc, writer, signal.SIGTERM)
     assert_one_line(proc.returncode, err, "SIGTERM", status=143)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fifo"]
@@ -591,13 +584,13 @@ def test_sigterm_in_translate_leaves_no_temporary_and_exits_143(ckpt, tmp_path):
 # ------------------------------------------------------------------ 8. stale temporaries
 
 
-def test_translate_removes_the_temporaries_of_dead_writers_of_its_output(ckpt, tmp_path, capfd):
+def test_translate_removes_the_temporaries_of_dead_writers_of_its_output(random_checkpoint, tmp_path, capfd):
     dead = tmp_path / f".out.txt.tmp-{dead_pid()}-0123abcd"
     alive = tmp_path / f".out.txt.tmp-{os.getpid()}-0123abcd"
     other = tmp_path / f".other.txt.tmp-{dead_pid()}-0123abcd"
     for path in (dead, alive, other):
         path.write_text("partial")
-    code, _, err = run_here(capfd, "translate", "-c", str(ckpt), "-i", os.devnull, "-o", str(tmp_path / "out.txt"))
+    code, _, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, "-o", str(tmp_path / "out.txt"))
     assert code == 0, err
     assert not dead.exists() and alive.exists() and other.exists()
 
@@ -649,12 +642,12 @@ def test_writing_onto_a_symlink_writes_through_it(tmp_path):
 # ------------------------------------------------------------------ 10. score
 
 
-def test_score_with_no_metric_is_one_line(tmp_path, capfd):
+@pytest.mark.parametrize("metrics", ["", " , "], ids=["empty", "commas"])
+def test_score_with_no_metric_is_one_line(tmp_path, capfd, metrics):
     ref = tmp_path / "ref.txt"
     ref.write_text("a b\n")
-    for metrics in ("", " , "):
-        code, _, err = run_here(capfd, "score", "--ref", str(ref), "--hyp", str(ref), "--metrics", metrics)
-        assert_one_line(code, err, "--metrics")
+    code, _, err = run_here(capfd, "score", "--ref", str(ref), "--hyp", str(ref), "--metrics", metrics)
+    assert_one_line(code, err, "--metrics")
 
 
 def test_score_line_count_mismatch_names_both_files(tmp_path, capfd):

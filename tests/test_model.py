@@ -397,22 +397,22 @@ def test_a_few_updates_lower_the_loss(variant):
     assert {"output_bias", *(["output_embedding"] if not model.cfg.tie_output else [])} <= changed
 
 
-@pytest.mark.parametrize("key, value", [("output_bias", True), ("tie_output", False), ("activation", "gelu"),
-                                        ("positions", "marian"), ("decoder_start", "zeros"),
-                                        ("norm_eps", 1e-6)])
-def test_transformer_only_options_are_refused_for_the_rnn(key, value):
+RNN_REFUSES = [("output_bias", True), ("tie_output", False), ("activation", "gelu"), ("positions", "marian"),
+               ("decoder_start", "zeros"), ("norm_eps", 1e-6)]
+
+
+@pytest.mark.parametrize("model, message", [
+    *[pytest.param({"arch": "rnn", key: value}, f"model.{key} applies to model.arch transformer only",
+                   id=f"rnn-{key}-{value}") for key, value in RNN_REFUSES],
+    pytest.param({"learned_positions": True, "positions": "hf_marian"}, "model.positions hf_marian is a sinusoid table",
+                 id="hf-positions-learned"),
+])
+def test_model_options_that_do_not_go_together_are_refused(model, message):
+    """Transformer-only options on the RNN; learned Hugging Face positions (a fixed table)."""
     from nmt.config import Config, ConfigError, validate
 
-    cfg = Config(model=ModelConfig(arch="rnn", **{key: value}))
-    with pytest.raises(ConfigError, match=f"model.{key} applies to model.arch transformer only"):
-        validate(cfg)
-
-
-def test_hf_positions_are_not_learned():
-    from nmt.config import Config, ConfigError, validate
-
-    with pytest.raises(ConfigError, match="model.positions hf_marian is a sinusoid table"):
-        validate(Config(model=ModelConfig(learned_positions=True, positions="hf_marian")))
+    with pytest.raises(ConfigError, match=message):
+        validate(Config(model=ModelConfig(**model)))
 
 
 def test_a_checkpointed_marian_like_model_rebuilds_the_same(tmp_path):

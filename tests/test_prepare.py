@@ -305,13 +305,8 @@ def test_missing_files_are_named(tmp_path, raw_corpus):
 
 @pytest.mark.parametrize(
     "bad",
-    [
-        dict(max_ratio=0.5),
-        dict(min_len=300),
-        dict(workers=0),
-        dict(model_type="char"),
-        dict(vocab_size=2),
-    ],
+    [dict(max_ratio=0.5), dict(min_len=300), dict(workers=0), dict(model_type="char"), dict(vocab_size=2)],
+    ids=lambda bad: ",".join(f"{k}={v}" for k, v in bad.items()),
 )
 def test_bad_options_are_errors_naming_the_option(tmp_path, raw_corpus, bad):
     with pytest.raises(NmtError, match="--"):

@@ -4,7 +4,7 @@ disk or unusable run directory, out-of-memory batches (also under DDP), flat mem
 random bytes through `nmt translate`.
 
 Tiny models on the conftest's prepared sample, on the CPU, one thread, dropout 0 where runs
-are compared for equality. Each test runs in its tmp_path (conftest's in_tmp).
+are compared for equality. Each test runs in its tmp_path (conftest's isolated).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import dataclasses
 import errno
 import io
 import json
-import logging
 import os
 import random
 import signal
@@ -31,6 +30,7 @@ from helpers import (
     assert_equal_runs,
     assert_same_weights,
     ddp_settings,
+    last_error_line,
     losses,
     make_trainer,
     needs_torchrun,
@@ -52,17 +52,7 @@ from nmt.config import load_config
 from nmt.training.oom import FAULT_OOM_ENV
 from nmt.training.trainer import train
 
-pytestmark = pytest.mark.usefixtures("in_tmp")
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Any:
-    """cli.main reconfigures the root logger (to the captured stderr of one test): undo it."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("isolated")  # conftest: temporary cwd, logging and threads undone
 
 
 def train_sets(data_dir: Path, run_dir: Path, **extra: object) -> dict[str, object]:
@@ -80,11 +70,6 @@ def nmt_train_process(sets: dict[str, object], cwd: Path, stderr: Any = subproce
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "nmt", "train", str(TINY), *set_args(sets)], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=stderr, text=True)
-
-
-def error_lines(err: str) -> list[str]:
-    assert "Traceback" not in err, err
-    return [line for line in err.splitlines() if line.startswith("nmt: error:")]
 
 
 def temporaries(run_dir: Path) -> list[str]:
@@ -224,9 +209,7 @@ def test_resume_past_corrupt_checkpoints_or_stop_naming_them(prepared, tmp_path,
     err = capfd.readouterr().err
     if damage == "all":
         assert code == 1
-        [line] = error_lines(err)
-        assert "no checkpoint loads" in line
-        assert all(name in line for name in ("checkpoint_last.pt", "checkpoint_4.pt", "checkpoint_2.pt")), line
+        last_error_line(err, "no checkpoint loads", "checkpoint_last.pt", "checkpoint_4.pt", "checkpoint_2.pt")
         return
     assert code == 0, err
     assert all(f"{name}: corrupt or truncated" in err for name in passed_over), err
@@ -280,8 +263,7 @@ def test_write_failure_stops_with_one_line_naming_the_path(prepared, tmp_path, c
         code = nmt_train_here(sets)
     err = capfd.readouterr().err
     assert code == 1, err
-    [line] = error_lines(err)
-    assert str(expected) in line, err
+    last_error_line(err, str(expected))
     assert ckpt.load_checkpoint(run_dir / "checkpoint_last.pt")["update"] == 2  # the previous one, intact
     assert ckpt.load_latest(run_dir)["update"] == 2
     assert temporaries(run_dir) == []
