@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
@@ -36,31 +35,30 @@ import torch
 
 from nmt import terminology as terms
 from nmt.config import DecodeConfig, check_nbest
-from nmt.data import pad_rows
 from nmt.decoding.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
-from nmt.decoding.constraints import AvoidText, Constraints
+from nmt.decoding.lexical import LexicalConstraints
 from nmt.decoding.predict import (
     DECODE_PRECISIONS,
     Loaded,
     decode_config,
     load_models,
     load_shortlist_for,
+    need_beam_search,
     resolve_checkpoints,
     score_token_lists,
     translate_token_lists,
 )
-from nmt.decoding.search import Hypothesis, length_penalty, max_output_lengths
+from nmt.decoding.search import Hypothesis, length_penalty
 from nmt.decoding.shortlist import Shortlist
 from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option
 from nmt.options import TranslateOptions
-from nmt.terminology import Request, Surfaces, Terminology
-from nmt.textio import clean_text
-from nmt.tokenizer import LANGUAGE_TOKEN
+from nmt.terminology import Request, Terminology
+from nmt.textio import clean_text, on_one_line
+from nmt.tokenizer import leading_language_token
 
 log = logging.getLogger(__name__)
-_BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 #: `Translator.load`'s keyword arguments besides the decode settings: the options of
 #: `nmt translate` that are not its stream I/O
 LOAD_OPTIONS = tuple(f.name for f in fields(TranslateOptions)
@@ -95,7 +93,7 @@ class Translation:
 
 def clean_output(text: str) -> str:
     """A translation on one line: line breaks, tabs and other separators become spaces."""
-    return _BREAKS.sub(" ", text).strip()
+    return on_one_line(text).strip()
 
 
 MAX_THREADS = 4096  # torch refuses absurd thread counts with an error of its own
@@ -126,13 +124,18 @@ def _iterable(texts: Any, name: str, where: str) -> Iterable[Any]:
     return texts
 
 
-def _texts(texts: Any, name: str, where: str, first: int = 0) -> list[str]:
-    """`texts` (see `_iterable`) as a list of str, or an NmtError naming a bad item (`name[first + i]`)."""
+def _texts(texts: Any, name: str, where: str, first: int = 0, kinds: tuple[type, ...] = (str,)) -> list[Any]:
+    """`texts` (see `_iterable`) as a list of `kinds` (str; to translate, str or Request), or an
+    NmtError naming a bad item (`name[first + i]`)."""
     texts = list(_iterable(texts, name, where))
     for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise NmtError(f"{where}: {name}[{first + i}] is {type(text).__name__}, not str")
+        if not isinstance(text, kinds):
+            raise NmtError(f"{where}: {name}[{first + i}] is {type(text).__name__}, not "
+                           + " or ".join(k.__name__ for k in kinds))
     return texts
+
+
+_TO_TRANSLATE = (str, Request)  # what a text to translate may be: a str, or a Request (a text and what is asked)
 
 
 def _paths(checkpoints: Any) -> list[Path]:
@@ -166,7 +169,7 @@ class Translator:
         self.target_lang: str | None = None  # the >>xxx<< token every source gets (from_options sets it)
         self.terminology: Terminology | None = None  # source term -> target term constraints (from_options)
         self.term_stats = {"lines": 0, "terms": 0, "met": 0}  # lines with terms, their terms, terms in the output
-        self._surfaces: Surfaces | None = None  # the target tokens' text, for avoided phrases (`_surface_index`)
+        self.lexical = LexicalConstraints(loaded.tokenizer, loaded.max_positions)  # requests -> Constraints
         self._warned: set[str] = set()  # unknown >>xxx<< tokens warned about
 
     @classmethod
@@ -231,9 +234,7 @@ class Translator:
                          shortlist=shortlist, alignment_layer=opts.alignment_layer)
         translator.target_lang = loaded.tokenizer.language_token(opts.target_lang, (name or _cli_name)("target_lang"))
         if opts.terminology is not None:
-            if cfg.sampling:
-                raise NmtError(f"{(name or _cli_name)('terminology')}: lexical constraints need beam search; they "
-                               "cannot be combined with sampling")
+            need_beam_search(cfg, (name or _cli_name)("terminology"))
             translator.terminology = terms.load_terminology(opts.terminology)
         layers = layer_count(loaded.model)
         if opts.alignment_layer is not None and layers:  # checked against the model now, not at the first line
@@ -242,20 +243,21 @@ class Translator:
 
     # ------------------------------------------------------------------ translation
 
-    def translate(self, texts: Iterable[str], *, target_lang: str | None = None,
+    def translate(self, texts: Iterable[str | Request], *, target_lang: str | None = None,
                   constraints: Sequence[Sequence[str]] | None = None, avoid: Sequence[Sequence[str]] | None = None,
                   prefix: Sequence[str] | None = None, ordered: bool = False) -> list[str]:
         """The best translation of each text, in order; "" for an empty or blank text.
         `target_lang` (a multilingual model's >>xxx<< language, e.g. "fra") overrides the one
         the translator was loaded with, for this call. Lexical constraints, one entry per text
         (see `translate_nbest`): `constraints` (target phrases that must appear), `avoid`
-        (phrases that must not), `prefix` (the translation's start), `ordered`."""
+        (phrases that must not), `prefix` (the translation's start), `ordered`; or a text is a
+        `nmt.terminology.Request`, which carries its own."""
         lang = self.loaded.tokenizer.language_token(target_lang, "translate: target_lang")
-        texts = _texts(texts, "texts", "translate")
+        texts = _texts(texts, "texts", "translate", kinds=_TO_TRANSLATE)
         requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, "translate")
-        return [hyps[0].text if hyps else "" for hyps in self._nbest(texts, lang=lang, requests=requests)]
+        return [hyps[0].text if hyps else "" for hyps in self._nbest(requests, lang=lang)]
 
-    def translate_nbest(self, texts: Iterable[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
+    def translate_nbest(self, texts: Iterable[str | Request], nbest: int = 1, *, where: Callable[[int], str] | None = None,
                         first_index: int = 0, alignment: bool = False,
                         attention: bool = False, target_lang: str | None = None,
                         constraints: Sequence[Sequence[str]] | None = None,
@@ -273,7 +275,8 @@ class Translator:
         `constraints[i]`, target phrases that must all appear in translation i (in the given
         order with `ordered`; segmented as an output would be); `avoid[i]`, texts it must never
         hold (`nmt.terminology.avoided_text`); `prefix[i]`, the text it must start with ("" for
-        none); `ordered` (for all texts, or one per text). Constraints that can never fit in
+        none); `ordered` (for all texts, or one per text). Or a text is a `Request` (nmt.terminology),
+        its text and these (checked when it was made). Constraints that can never fit in
         the length limit are an NmtError naming the text; a translation whose constraints do
         not fit ends with them unmet, with a warning naming the text and why. With the
         translator's `terminology`, the target terms of each text's source terms are added to
@@ -284,23 +287,23 @@ class Translator:
         alignment, attention = _arg(alignment, bool, "alignment", name), _arg(attention, bool, "attention", name)
         if first_index < 0:
             raise NmtError(f"{name}: first_index must be 0 or more, got {first_index}")
-        texts = _texts(texts, "texts", name)
+        texts = _texts(texts, "texts", name, kinds=_TO_TRANSLATE)
         requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, name)
-        return self._nbest(texts, nbest, where=where, first_index=first_index,
-                           alignment=alignment, attention=attention, lang=lang, requests=requests)
+        return self._nbest(requests, nbest, where=where, first_index=first_index,
+                           alignment=alignment, attention=attention, lang=lang)
 
-    def _nbest(self, texts: list[str], nbest: int = 1, *, where: Callable[[int], str] | None = None,
+    def _nbest(self, requests: list[Request], nbest: int = 1, *, where: Callable[[int], str] | None = None,
                first_index: int = 0, alignment: bool = False, attention: bool = False,
-               lang: str | None = None, requests: list[Request] | None = None) -> list[list[Translation]]:
-        """`translate_nbest` of arguments already checked; `lang` a checked >>xxx<< token,
-        `requests` the lexical constraints of each text (None: none)."""
+               lang: str | None = None) -> list[list[Translation]]:
+        """`translate_nbest` of arguments already checked: the texts and what is asked of their
+        translations (`requests`); `lang` a checked >>xxx<< token."""
         check_nbest(nbest, self.decode, "nbest")
         where = where or (lambda i: f"texts[{i}]")
         layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
-        seqs = self._encode(texts, where, lang=lang or self.target_lang)
+        seqs = self._encode([r.text for r in requests], where, lang=lang or self.target_lang)
         if self.terminology is not None:
-            requests = [terms.with_terms(r, self.terminology) for r in requests or [Request(t) for t in texts]]
-        cons = self._constraints(requests, seqs, where) if requests else None
+            requests = [terms.with_terms(r, self.terminology) for r in requests]
+        cons = self.lexical.constraints(requests, seqs, self.decode, where)
         hyps = translate_token_lists(self.loaded.model, seqs, self.decode, specials=self.loaded.tokenizer.specials,
                                      nbest=nbest, device=self.device,
                                      precision=self.precision, max_positions=self.loaded.max_positions,
@@ -308,8 +311,9 @@ class Translator:
                                      constraints=cons)
         decode = self.loaded.tokenizer.decode
         out = [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
-        if cons is not None and requests is not None:
-            self._report_constraints(requests, cons, hyps, out, where)
+        if cons is not None:
+            self.lexical.report(requests, cons, hyps, [[t.text for t in ts] for ts in out], self.decode, where,
+                                self.term_stats)
         if alignment or attention:
             self._attach_attention(seqs, hyps, out, layer, alignment, attention)
         return out
@@ -329,7 +333,7 @@ class Translator:
             out[i][k] = replace(out[i][k], alignment=hard_alignment(w, layer) if alignment else None, attention=att)
 
     def translate_stream(self, lines: Iterable[str], *, buffer_lines: int = 1) -> Iterator[str]:
-        """Translate an iterable of lines lazily, yielding one result per line in order.
+        """Translate an iterable of lines (str, or `Request`s) lazily, yielding one result per line in order.
 
         At most `buffer_lines` lines are read ahead and translated together. The default, 1,
         answers each line before the next is read (fairseq-interactive's default), for a
@@ -346,8 +350,9 @@ class Translator:
 
     def _stream(self, lines: Iterator[Any], buffer_lines: int) -> Iterator[str]:
         first = 0
-        while chunk := _texts(islice(lines, buffer_lines), "lines", "translate_stream", first):
-            yield from (hyps[0].text if hyps else "" for hyps in self._nbest(chunk, first_index=first))
+        while chunk := _texts(islice(lines, buffer_lines), "lines", "translate_stream", first, _TO_TRANSLATE):
+            requests = terms.requests_from(chunk, None, None, None, False, "translate_stream")
+            yield from (hyps[0].text if hyps else "" for hyps in self._nbest(requests, first_index=first))
             first += len(chunk)
 
     # ------------------------------------------------------------------ forced decoding
@@ -387,93 +392,6 @@ class Translator:
                 scores[i] /= length_penalty(len(lp), self.decode.lenpen, self.decode.lenpen_style)
         return scores
 
-    # ------------------------------------------------------------------ lexical constraints
-
-    def _constraints(self, requests: list[Request], seqs: list[list[int]],
-                     where: Callable[[int], str]) -> list[Constraints | None] | None:
-        """Each request's phrases as target token ids and its avoided texts (None where it asks
-        nothing). An NmtError naming `where(i)`: what cannot fit in its sentence's length limit
-        (one phrase, or all of them: `Constraints.min_length`), a phrase with nothing left once
-        normalized, a prefix that holds an avoided phrase. A prefix with pieces the vocabulary
-        lacks is forced as `<unk>`, with a warning."""
-        if not any(r.asks() for r in requests):
-            return None
-        if self.decode.sampling:
-            raise NmtError(f"{where(next(i for i, r in enumerate(requests) if r.asks()))}: lexical constraints "
-                           "need beam search; they cannot be combined with sampling")
-        tok, specials = self.loaded.tokenizer, self.loaded.tokenizer.specials
-        out: list[Constraints | None] = []
-        for i, (request, seq) in enumerate(zip(requests, seqs, strict=True)):
-            if not request.asks() or not seq:
-                out.append(None)
-                continue
-            limit = int(max_output_lengths(pad_rows([[*seq, specials.eos]], specials.pad), self.decode,
-                                           specials.pad, self.loaded.max_positions)[0])
-
-            def encoded(kind: str, text: str, i: int = i, limit: int = limit) -> tuple[int, ...]:
-                ids = tuple(tok.encode_target(clean_text(text)))
-                if not ids or len(ids) > limit:
-                    raise NmtError(f"{where(i)}: the {kind} {text!r} " + (f"is {len(ids)} tokens, longer than the "
-                                   f"{limit} tokens this line's translation may have (decode.max_len_a/b)" if ids
-                                   else "is empty once normalized (only invisible or control characters)"))
-                return ids
-
-            include = tuple(encoded("constraint", p) for p in request.constraints)
-            prefix = encoded("prefix", request.prefix) if request.prefix.strip() else ()
-            avoid = tuple(terms.avoided_text(p).encode() for p in request.avoid)
-            for phrase, text in zip(request.avoid, avoid, strict=True):
-                if not text or text in self._surface_index().text(prefix):
-                    raise NmtError(f"{where(i)}: the avoided {phrase!r} is empty once normalized" if not text else
-                                   f"{where(i)}: the prefix {request.prefix!r} holds the avoided {phrase!r}")
-            c = Constraints(include, request.ordered, prefix=prefix,
-                            avoid_text=AvoidText(avoid, self._surface_index()) if avoid else None)
-            asked = Constraints(include[: len(include) - len(request.terms)], request.ordered)  # terms may go unmet
-            if asked.min_length() > limit:
-                raise NmtError(f"{where(i)}: the {len(asked.include)} constraints need at least {asked.min_length()} "
-                               f"tokens, more than the {limit} this line's translation may have (decode.max_len_a/b)")
-            if specials.unk in prefix:
-                log.warning("%s: the prefix %r has pieces the model's vocabulary lacks: forced as <unk>", where(i),
-                            request.prefix)
-            out.append(c)
-        return out
-
-    def _report_constraints(self, requests: list[Request], cons: list[Constraints | None],
-                            hyps: list[list[Hypothesis]], out: list[list[Translation]],
-                            where: Callable[[int], str]) -> None:
-        """Warn, naming the line, where the best translation leaves constraints unmet, and why
-        (a phrase the search may not write: pieces the vocabulary lacks, an avoided phrase
-        inside; else the length limit), or where a translation holds an avoided phrase all the
-        same (a limit of the search, see `AvoidText`); count the terminology's terms (`term_stats`)."""
-        unk = None if self.decode.allow_unk else self.loaded.tokenizer.specials.unk
-        for i, (request, c, hs) in enumerate(zip(requests, cons, hyps, strict=True)):
-            if not hs or c is None:
-                continue
-            avoid = c.avoid_text.texts if c.avoid_text else ()
-            if hs[0].unmet:
-                why = [f"{text!r} " + ("has pieces the model's vocabulary lacks (<unk>)" if unk in ids else
-                                      "holds an avoided phrase") for text, ids in zip(request.constraints, c.include)
-                       if unk in ids or any(a in self._surface_index().text(ids) for a in avoid)]
-                if hs[0].unmet > len(why):
-                    why.append(f"{hs[0].unmet - len(why)} not within the length limit"
-                               + (" or after one of those in the order" if why and c.ordered else ""))
-                log.warning("%s: %d of %d constraints not met: %s", where(i), hs[0].unmet, len(request.constraints),
-                            "; ".join(why))
-            seen = next((a.decode() for a in avoid for h in out[i] if a.decode() in h.text), None)
-            if seen is not None:
-                log.warning("%s: the avoided %r is in the translation all the same: its text has it where its "
-                            "tokens' bytes do not (an undecodable byte shows as U+FFFD)", where(i), seen)
-            if request.terms:
-                self.term_stats["lines"] += 1
-                self.term_stats["terms"] += len(request.terms)
-                self.term_stats["met"] += sum(term in out[i][0].text for term in request.terms)
-
-    def _surface_index(self) -> Surfaces:
-        """The target tokens' text as translations show it (`clean_output`: a break is a space)."""
-        if self._surfaces is None:
-            self._surfaces = Surfaces([_BREAKS.sub(" ", s.decode(errors="surrogateescape")).encode(
-                errors="surrogateescape") for s in self.loaded.tokenizer.surfaces()])
-        return self._surfaces
-
     # ------------------------------------------------------------------ helpers
 
     def _unknown_language(self, token: str, where: str) -> None:
@@ -498,7 +416,7 @@ class Translator:
         seqs = []
         for i, text in enumerate(texts):
             text = clean_text(text)
-            if lang and text.strip() and not LANGUAGE_TOKEN.match(text):
+            if lang and text.strip() and not leading_language_token(text):
                 text = f"{lang} {text}"
             if where is not None and not target and (unknown := self.loaded.tokenizer.unknown_language(text)):
                 self._unknown_language(unknown, where(i))

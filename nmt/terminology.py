@@ -26,7 +26,7 @@ import re
 import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field, replace
 from itertools import accumulate
 from operator import itemgetter
 from pathlib import Path
@@ -40,7 +40,11 @@ JSON_KEYS = ("text", "constraints", "avoid", "prefix", "ordered")
 
 @dataclass(frozen=True)
 class Request:
-    """One line to translate and what is asked of its translation."""
+    """One text to translate and what is asked of its translation, checked as it is made: the
+    one check of a request, whether a `--json-input` line's (`parse_json_line`), the API's
+    arguments' (`requests_from`) or a program's. Phrases are non-empty strings (lists are kept
+    as tuples), the prefix a string (None: ""), `ordered` a bool; else an NmtError naming
+    `where` and the field (with `json_keys`, as a JSON line's key: "constraints", true)."""
 
     text: str
     constraints: tuple[str, ...] = ()  # target phrases that must appear
@@ -48,6 +52,29 @@ class Request:
     prefix: str = ""  # the translation must start with this
     ordered: bool = False  # the constraints must appear in this order
     terms: tuple[str, ...] = field(default=(), compare=False)  # which constraints came from --terminology
+    where: InitVar[str] = "Request"
+    json_keys: InitVar[bool] = False
+
+    def __post_init__(self, where: str, json_keys: bool) -> None:
+        q = '"' if json_keys else ""  # a key in quotes
+        if not isinstance(self.text, str):
+            raise NmtError(f"{where}: {q}text{q} must be a string")
+        if not isinstance(self.ordered, bool):
+            raise NmtError(f"{where}: {q}ordered{q} must be {'true or false' if json_keys else 'True or False'}")
+        prefix = "" if self.prefix is None else self.prefix
+        if not isinstance(prefix, str):
+            raise NmtError(f"{where}: {q}prefix{q} must be a string, got {type(prefix).__name__}")
+        object.__setattr__(self, "prefix", prefix)
+        for key in ("constraints", "avoid"):
+            phrases = () if getattr(self, key) is None else getattr(self, key)
+            if isinstance(phrases, str) or not isinstance(phrases, Sequence) \
+                    or not all(isinstance(p, str) for p in phrases):
+                raise NmtError(f"{where}: {q}{key}{q} must be a list of strings")
+            for i, phrase in enumerate(phrases):
+                if not phrase.strip():
+                    raise NmtError(f"{where}: {q}{key}{q}[{i}] " + (
+                        "is empty" if json_keys else f"must be a non-empty string, got {phrase!r}"))
+            object.__setattr__(self, key, tuple(phrases))
 
     def asks(self) -> bool:
         return bool(self.constraints or self.avoid or self.prefix)
@@ -67,75 +94,36 @@ def parse_json_line(line: str, where: str) -> Request:
     unknown = sorted(set(obj) - set(JSON_KEYS))
     if unknown:
         raise NmtError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(JSON_KEYS)})")
-    if not isinstance(obj.get("text"), str):
-        raise NmtError(f"{where}: \"text\" must be a string" if "text" in obj else f"{where}: no \"text\"")
-    ordered = obj.get("ordered", False)
-    if not isinstance(ordered, bool):
-        raise NmtError(f"{where}: \"ordered\" must be true or false")
-    prefix = obj.get("prefix", "")
-    if prefix is None:
-        prefix = ""
-    if not isinstance(prefix, str):
-        raise NmtError(f"{where}: \"prefix\" must be a string")
-    return Request(obj["text"], _phrases(obj.get("constraints"), "constraints", where),
-                   _phrases(obj.get("avoid"), "avoid", where), prefix, ordered)
+    if "text" not in obj:
+        raise NmtError(f'{where}: no "text"')
+    return Request(**obj, where=where, json_keys=True)
 
 
-def _phrases(value: Any, key: str, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise NmtError(f"{where}: \"{key}\" must be a list of strings")
-    for i, phrase in enumerate(value):
-        if not phrase.strip():
-            raise NmtError(f"{where}: \"{key}\"[{i}] is empty")
-    return tuple(value)
-
-
-def requests_from(texts: list[str], constraints: Any, avoid: Any, prefix: Any, ordered: Any,
-                  where: str) -> list[Request] | None:
-    """The Requests of the API's arguments (`Translator.translate`: one entry per text), checked;
-    None when none asks anything but `ordered`."""
+def requests_from(texts: Sequence[str | Request], constraints: Any, avoid: Any, prefix: Any, ordered: Any,
+                  where: str) -> list[Request]:
+    """The Request of each text given to the API (`Translator.translate`): a Request as it is; a
+    str with its entries of `constraints`, `avoid` and `prefix` (each None or a list with one
+    entry per text) and of `ordered` (one bool, or one per text)."""
+    n = len(texts)
     if isinstance(ordered, bool):
-        ordered = [ordered] * len(texts)
-    elif isinstance(ordered, str) or not isinstance(ordered, Sequence) or len(ordered) != len(texts) \
+        ordered = [ordered] * n
+    elif isinstance(ordered, str) or not isinstance(ordered, Sequence) or len(ordered) != n \
             or not all(isinstance(o, bool) for o in ordered):
-        raise NmtError(f"{where}: ordered must be True, False or a list of them, one per text ({len(texts)})")
-    if constraints is None and avoid is None and prefix is None:
-        return None
-    columns = {}
-    for key, value in (("constraints", constraints), ("avoid", avoid), ("prefix", prefix)):
-        if value is None:
-            continue
-        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != len(texts):
-            raise NmtError(f"{where}: {key} must be a list with one entry per text ({len(texts)})")
-        columns[key] = value
+        raise NmtError(f"{where}: ordered must be True, False or a list of them, one per text ({n})")
+    columns = {k: v for k, v in (("constraints", constraints), ("avoid", avoid), ("prefix", prefix)) if v is not None}
+    for key, value in columns.items():
+        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
+            raise NmtError(f"{where}: {key} must be a list with one entry per text ({n})")
     out = []
     for i, text in enumerate(texts):
-        phrases = {}
-        for key in ("constraints", "avoid"):
-            entry = columns.get(key, [()] * len(texts))[i]
-            if isinstance(entry, str) or not isinstance(entry, Sequence):
-                raise NmtError(f"{where}: {key}[{i}] must be a list of strings")
-            phrases[key] = tuple(entry)
-        start = columns.get("prefix", [""] * len(texts))[i]
-        request = Request(text, phrases["constraints"], phrases["avoid"], "" if start is None else start, ordered[i])
-        out.append(check_request(request, f"{where}: text {i}"))
+        asked = {key: column[i] for key, column in columns.items()}
+        if isinstance(text, Request):
+            if asked or ordered[i]:
+                raise NmtError(f"{where}: texts[{i}] is a Request: ask its constraints in it, not as arguments")
+            out.append(text)
+        else:  # `ordered` orders the phrases asked here, not those a terminology adds alone
+            out.append(Request(text, ordered=ordered[i] and bool(columns), where=f"{where}: text {i}", **asked))
     return out
-
-
-def check_request(request: Request, where: str) -> Request:
-    """The checks of `parse_json_line` for a Request made in code (the API): phrases are
-    non-empty strings."""
-    for key in ("constraints", "avoid"):
-        for i, phrase in enumerate(getattr(request, key)):
-            if not isinstance(phrase, str) or not phrase.strip():
-                raise NmtError(f"{where}: {key}[{i}] must be a non-empty string, got {phrase!r}")
-    if not isinstance(request.prefix, str):
-        raise NmtError(f"{where}: prefix must be a string, got {type(request.prefix).__name__}")
-    if not isinstance(request.ordered, bool):
-        raise NmtError(f"{where}: ordered must be True or False")
-    return request
 
 
 def avoided_text(phrase: str) -> str:
@@ -256,5 +244,4 @@ def with_terms(request: Request, terminology: Terminology | None) -> Request:
     terms = [t for t in terminology.match(request.text) if t not in request.constraints]
     if not terms:
         return request
-    return Request(request.text, (*request.constraints, *terms), request.avoid, request.prefix, request.ordered,
-                   tuple(terms))
+    return replace(request, constraints=(*request.constraints, *terms), terms=tuple(terms))

@@ -213,6 +213,11 @@ def clean_text(text: str) -> str:
     return _SURROGATES.sub("\ufffd", text)
 
 
+def on_one_line(text: str) -> str:
+    """`text` (a translation) with its line breaks, tabs and other separators as spaces."""
+    return _BREAKS.sub(" ", text.replace("\n", " ").replace("\t", " "))
+
+
 def read_lines(
     path: str | os.PathLike, stats: TextStats | None = None, block_size: int = BLOCK_SIZE
 ) -> Iterator[str]:

@@ -162,9 +162,6 @@ class Tokenizer:
         """Text of target token ids; pad/bos/eos are skipped, unk shows as ' ⁇ '."""
         raise NotImplementedError
 
-    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
-        return [self.decode(ids) for ids in batch]
-
     def normalize(self, text: str) -> str:
         """The source text as the model sees it (NFKC, whitespace collapsed)."""
         raise NotImplementedError
@@ -273,6 +270,13 @@ BUNDLE_MAGIC = b"NMT-TOKENIZER\n"  # then one JSON line (the header), then the s
 LANGUAGE_TOKEN = re.compile(r">>[^<>\s]+<<")  # a multilingual model's target-language token, >>fra<<
 
 
+def leading_language_token(text: str) -> str | None:
+    """The target-language token (`LANGUAGE_TOKEN`: ">>", no space, "<<") that `text` starts
+    with, or None: the one rule for what a source's language token is."""
+    found = LANGUAGE_TOKEN.match(text)
+    return found.group(0) if found else None
+
+
 class VocabTokenizer(Tokenizer):
     """A source and a target sentencepiece model whose pieces are looked up in an explicit
     vocabulary (`pieces`, the model's id order), as OPUS-MT / Marian models are segmented:
@@ -325,17 +329,13 @@ class VocabTokenizer(Tokenizer):
         unk = self.specials.unk
         return [self._ids.get(p, unk) for p in pieces]
 
-    def _language(self, text: str) -> str | None:
-        """The leading `>>xxx<<` token `encode` looks up whole."""
-        return text[: end + 2] if text.startswith(">>") and (end := text.find("<<")) != -1 else None
-
     def unknown_language(self, text: str) -> str | None:
-        token = self._language(text)
+        token = leading_language_token(text)
         return token if token is not None and token not in self._ids else None
 
     def encode(self, text: str) -> list[int]:
         code: list[int] = []
-        if (token := self._language(text)) is not None:
+        if (token := leading_language_token(text)) is not None:  # looked up whole
             code, text = self._lookup([token]), text[len(token) :]
         return code + self._lookup(self._source.encode(text, out_type=str))
 

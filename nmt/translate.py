@@ -109,19 +109,18 @@ def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name:
     buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
     With an `attention` file, the attention of each non-empty line's best translation is added
     to it as the line is translated (nmt.decoding.alignment.writing_attention)."""
-    bar = _bar()
+    from tqdm import tqdm
+
+    bar = tqdm(unit="line", dynamic_ncols=True, leave=False, disable=not sys.stderr.isatty())  # on a terminal
     written = 0
     streaming = buffer_lines > 0 or _isatty(inp)
     for texts in read_chunks(inp, name, buffer_lines or CHUNK_LINES, until_pause=streaming):
         where = partial(_line_name, name, written + 1)
-        asks: dict[str, Any] = {}
+        items: list[str | Request] = list(texts)
         if json_input:  # each line a JSON request: its text and its lexical constraints
-            requests = [parse_json_line(t, where(i)) if t.strip() else Request("") for i, t in enumerate(texts)]
-            texts = [r.text for r in requests]
-            asks = {"constraints": [r.constraints for r in requests], "avoid": [r.avoid for r in requests],
-                    "prefix": [r.prefix for r in requests], "ordered": [r.ordered for r in requests]}
-        hyps = translator.translate_nbest(texts, nbest, where=where, first_index=written, alignment=alignment,
-                                          attention=attention is not None, **asks)
+            items = [parse_json_line(t, where(i)) if t.strip() else Request("") for i, t in enumerate(texts)]
+        hyps = translator.translate_nbest(items, nbest, where=where, first_index=written, alignment=alignment,
+                                          attention=attention is not None)
         for i, h in enumerate(hyps):
             out.write(format_line(h, nbest, scores, alignment) + "\n")
             if attention is not None and h and h[0].attention is not None:
@@ -129,10 +128,8 @@ def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name:
                 attention.add(written + i, a.weights, a.source, a.target)
         out.flush()
         written += len(texts)
-        if bar is not None:
-            bar.update(len(texts))
-    if bar is not None:
-        bar.close()
+        bar.update(len(texts))
+    bar.close()
     return written
 
 
@@ -145,14 +142,6 @@ def _isatty(stream: BinaryIO) -> bool:
 
 def _line_name(name: str, first: int, i: int) -> str:
     return f"{name}:{first + i}"
-
-
-def _bar() -> Any:
-    if not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(unit="line", dynamic_ncols=True, leave=False)
 
 
 def translate_main(opts: TranslateOptions) -> None:

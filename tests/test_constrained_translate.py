@@ -17,6 +17,7 @@ from helpers import assert_one_line, nmt_here, save_random_model
 from nmt import Translator
 from nmt.checkpoint import atomic_save, load_checkpoint
 from nmt.errors import NmtError
+from nmt.terminology import Request
 from nmt.tokenizer import Tokenizer, VocabTokenizer
 
 pytestmark = pytest.mark.usefixtures("isolated")
@@ -114,6 +115,10 @@ def test_json_input_keeps_one_line_out_per_line_in(trained_checkpoint, translato
     assert got[:-1] == api
     assert "Hund" in got[0] and got[3].startswith("Zwei") and got[3].index("Park") < got[3].rindex("Hund")
     assert got[4] == translator.translate([lines[3]])[0]
+    # issue 34: the command carries each line's Request whole; so may a program
+    assert translator.translate([Request(**r) for r in requests]) == api
+    with pytest.raises(NmtError, match=r"^translate: texts\[0\] is a Request: ask its constraints in it"):
+        translator.translate([Request(lines[0])], constraints=[["Hund"]])
 
 
 def test_terminology_adds_constraints_and_reports(trained_checkpoint, lines, raw_corpus, tmp_path, capsys):

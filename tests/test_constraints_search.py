@@ -35,7 +35,7 @@ from test_search import (
 
 from nmt.config import DecodeConfig
 from nmt.decoding.constraints import AvoidText, Constraints, ConstraintTracker, RowState
-from nmt.decoding.search import bank_candidates, beam_search, max_output_lengths
+from nmt.decoding.search import beam_search, max_output_lengths
 from nmt.terminology import Surfaces
 
 CONTENT = (A, B, C, D, E, F)
@@ -161,7 +161,7 @@ def test_tracker_follows_every_phrase(seed):
         for _ in range(12):
             tokens.append(rng.choice((A, B, C)))
             row, token = torch.tensor([[0]]), torch.tensor([[tokens[-1]]])
-            tracker.choose(tracker.advance(row, token), row, token)
+            tracker.choose(tracker.advance(row, token), torch.zeros_like(row), row, token)
             state = list(zip(tracker.state.progress[0].tolist(), tracker.state.met[0].tolist(), strict=True))
             assert state == expected_state(tokens, c), (c, tokens)
             bank = tracker.bank(RowState(tracker.state.progress[None], tracker.state.met[None])).item()
@@ -479,8 +479,8 @@ def test_the_candidate_pool_does_not_grow_with_the_phrases():
     for m in (2 * k, 500):
         cons = ConstraintTracker.build([Constraints(include=[(4 + i,) for i in range(m)])], 1, EOS, torch.device("cpu"))
         masked = lprobs.clone()
-        cons.block_(masked, None, EOS, None)
-        scores, index, state = bank_candidates(masked, torch.zeros(1, 1), k, cons, EOS)
+        blocked = cons.block_(masked, None, None)
+        scores, index, state = cons.candidates(masked, torch.zeros(1, 1), k, blocked)
         pools.append(index.size(1))
         # the likeliest tokens of the phrases are still offered
         best = (lprobs[0, 4 : 4 + m].topk(k).indices + 4).tolist()

@@ -26,6 +26,7 @@ from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import load_config
 from nmt.errors import NmtError
+from nmt.tokenizer import leading_language_token
 from nmt.training.loss import TranslationLoss
 from nmt.training.trainer import train
 
@@ -147,6 +148,20 @@ def test_target_lang_puts_the_language_token_first(imported, raw_corpus, tmp_pat
     assert nmt_here("translate", "-c", str(checkpoint), "-i", str(src), "-o", str(tmp_path / "out"),
                     "--target-lang", "fra", "--beam", "2", "--max-len-a", "0", "--max-len-b", "6") == 0
     assert (tmp_path / "out").read_text().split("\n") == [*expected[:5], "", ""]
+
+
+def test_a_language_token_has_no_space_in_it(imported):
+    """Issue 34: one rule for what a source's language token is (`leading_language_token`: ">>",
+    no whitespace, "<<"). The tokenizer took ">>a b<< x" as an unknown token (refused on this
+    model) where the API saw none (and put --target-lang's before it); now both see text."""
+    assert leading_language_token(">>fra<< x") == leading_language_token(">>fra<<x") == ">>fra<<"
+    assert leading_language_token(">>a b<< x") is None and leading_language_token("x >>fra<<") is None
+    settings = {"beam": 2, "max_len_a": 0.0, "max_len_b": 4}
+    plain = Translator.load(imported[1], **settings)
+    assert plain.loaded.tokenizer.unknown_language(">>a b<< x") is None
+    assert plain.loaded.tokenizer.unknown_language(">>frx<< x") == ">>frx<<"
+    assert Translator.load(imported[1], target_lang="fra", **settings).translate([">>a b<< x"]) \
+        == plain.translate([">>fra<< >>a b<< x"])
 
 
 @pytest.mark.parametrize("lang, message", [("frx", "no >>frx<< token (did you mean fra?)"),

@@ -13,7 +13,6 @@ from helpers import greedy_search
 
 from nmt.config import DecodeConfig
 from nmt.decoding.search import (
-    LENPEN_HELP,
     Hypothesis,
     beam_search,
     length_penalty,
@@ -120,7 +119,7 @@ def test_length_penalty_formulas():
     assert length_penalty(4, 2.0, "none") == 1.0
     with pytest.raises(ValueError):
         length_penalty(4, 1.0, "average")
-    assert "EOS" in LENPEN_HELP and "gnmt" in LENPEN_HELP
+    assert "EOS" in length_penalty.__doc__ and "gnmt" in length_penalty.__doc__
 
 
 def test_max_output_lengths():
@@ -420,6 +419,6 @@ def test_search_with_two_stage_selection_equals_one_stage(cfg, monkeypatch):
     nbest = cfg.beam
     one_stage = beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest, **IDS)
     greedy = greedy_search(FakeModel(random_logprobs), src, cfg)
-    monkeypatch.setattr("nmt.decoding.search.CHUNK", 2)  # V = 10: 5 chunks of 2 columns
+    monkeypatch.setattr("nmt.decoding.candidates.CHUNK", 2)  # V = 10: 5 chunks of 2 columns
     assert beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest, **IDS) == one_stage
     assert greedy_search(FakeModel(random_logprobs), src, cfg) == greedy

@@ -42,6 +42,21 @@ def test_a_bad_json_line_is_one_error_naming_the_line(line, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"constraints": ["b", " "]}, "api: text 0: constraints[1] must be a non-empty string, got ' '"),
+    ({"avoid": "b"}, "api: text 0: avoid must be a list of strings"),
+    ({"prefix": 3}, "api: text 0: prefix must be a string, got int"),
+    ({"ordered": 1}, "api: text 0: ordered must be True or False"),
+])
+def test_a_request_is_checked_as_it_is_made(fields, message):
+    """Issue 34: one check of a request, whoever makes it (a JSON line above, the API's arguments,
+    a program): a Request that exists is a good one."""
+    with pytest.raises(NmtError) as e:
+        Request("a", where="api: text 0", **fields)
+    assert str(e.value) == message
+    assert Request("a", ["b"], None, None) == Request("a", ("b",))  # lists kept as tuples, None as nothing
+
+
 def test_terms_match_whole_words_in_any_case_longest_first():
     t = terminology_from_pairs([("blue shirt", "blaues Hemd"), ("shirt", "Hemd"), ("dog", "Hund"),
                                 ("hot dog", "Hotdog"), ("C++", "C++")])

@@ -75,8 +75,7 @@ def attention_matrices(model: Any, sources: Sequence[Sequence[int]], targets: Se
     (L, H, T, S) float32 of the teacher-forced target; rows sum to one over the source.
     `specials` are the special ids of the model's vocabulary (`Tokenizer.specials`)."""
     m = attention_model(model)
-    if layer_count(m) == 0:
-        raise NmtError("this model has no attention (model.attention none): no alignment or attention to report")
+    resolve_layer(None, layer_count(m))  # refuses a model without attention
     device = torch.device(device)
     out: list[np.ndarray] = []
     amp = decode_autocast(device, precision)

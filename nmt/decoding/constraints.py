@@ -38,9 +38,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt.decoding.candidates import bank_candidates
 from nmt.terminology import Surfaces
 
 Phrases = tuple[tuple[int, ...], ...]
+EosBlocked = tuple[Tensor, Tensor]  # `block_`'s: the rows (N,) whose EOS it took away, EOS's log-prob (N,) before
 
 
 @dataclass(frozen=True)
@@ -266,8 +268,8 @@ class RowState:
 
 
 class ConstraintTracker:
-    """The constraints of a batch's live sentences (Bn) and the state of its live rows
-    (N = Bn * width, sentence-major like the search's rows).
+    """The constraints of a batch's live sentences (Bn), the state of its live rows (N = Bn * width,
+    sentence-major) and the beam search's moves with them (`search._Unconstrained`'s: without).
 
     Sentence tables: the phrases to include (`include`, a `_Table`; `lengths` (Bn, M), a
     missing phrase has length 0 and counts as met), `ordered` (Bn,), the avoided phrases and
@@ -275,11 +277,11 @@ class ConstraintTracker:
     the end).
     """
 
-    def __init__(self, constraints: Sequence[Constraints], device: torch.device) -> None:
+    def __init__(self, constraints: Sequence[Constraints], eos: int, device: torch.device) -> None:
         def tensor(data: list[Any], dtype: torch.dtype = torch.long) -> Tensor:
             return torch.tensor(data, dtype=dtype, device=device)
 
-        self.include = _Table([c.include for c in constraints], device)
+        self.eos, self.include = eos, _Table([c.include for c in constraints], device)
         self.ordered = tensor([c.ordered for c in constraints], torch.bool)
         self.total = int(self.lengths.sum(1).max())  # the highest bank
         self.avoided: list[_Avoided] = []
@@ -292,15 +294,12 @@ class ConstraintTracker:
                 raise ValueError("avoided texts over different vocabularies in one batch")
             self.avoided.append(_Avoided([c.avoid_text.texts if c.avoid_text else ()
                                           for c in constraints], texts[0].surfaces, texts[0].columns, device))
-
         self.prefix_len = max(len(c.prefix) for c in constraints)
         self.prefix = tensor([c.prefix + (-1,) * (self.prefix_len - len(c.prefix)) for c in constraints])  # (Bn, F)
         self.max_token = max(max(c.tokens(), default=-1) for c in constraints)
 
         # step 0: one row per sentence (the search's first reorder makes `beam` of it)
         self.state = RowState(torch.zeros_like(self.lengths), self.lengths == 0)
-        self._eos_blocked: Tensor | None = None  # rows whose EOS `block_` took away, and its log-prob
-        self._model_eos: Tensor | None = None
 
     @property
     def lengths(self) -> Tensor:
@@ -321,7 +320,7 @@ class ConstraintTracker:
             return None
         if any(eos in c.tokens() for c in cons):
             raise ValueError(f"a constraint names EOS ({eos})")
-        return ConstraintTracker(cons, device)
+        return ConstraintTracker(cons, eos, device)
 
     # ---------------------------------------------------------------- shapes
 
@@ -347,19 +346,20 @@ class ConstraintTracker:
         token = self.prefix[self._sentence_of(self._rows()), step]  # (N,)
         return token, lprobs.gather(1, token.clamp(min=0).unsqueeze(1)).squeeze(1)
 
-    def block_(self, lprobs: Tensor, at_max: Tensor | None, eos: int, forced: tuple[Tensor, Tensor] | None) -> None:
+    def block_(self, lprobs: Tensor, at_max: Tensor | None, forced: tuple[Tensor, Tensor] | None) -> EosBlocked:
         """After the search's token rules, set to -inf in place (lprobs (N, V) of the live rows):
         the tokens that would complete an avoided phrase or text, EOS while a positive phrase is
         unmet (not at the maximum length, `at_max`), and at a prefix step every token but the
-        prefix's (`forced`, from `prefix_logprobs`, which then keeps its model log-prob)."""
-        sentence = self._sentence_of(self._rows())
+        prefix's (`forced`, from `prefix_logprobs`, which then keeps its model log-prob).
+        Returns what it took of EOS, for `candidates` (`unblock_stuck_`)."""
+        eos, sentence = self.eos, self._sentence_of(self._rows())
         for avoided in self.avoided:
             banned = avoided.banned(sentence)
             lprobs[:, : banned.size(1)].masked_fill_(banned, -math.inf)
         blocked = (~self.state.met).any(1)
         if at_max is not None:
             blocked &= ~at_max
-        self._eos_blocked, self._model_eos = blocked, lprobs[:, eos].clone()
+        model_eos = lprobs[:, eos].clone()
         lprobs[:, eos] = lprobs[:, eos].masked_fill(blocked, -math.inf)
         if forced is not None:
             token, logprob = forced
@@ -369,14 +369,15 @@ class ConstraintTracker:
             column = token.clamp(min=0).unsqueeze(1)
             kept = torch.where(rows, logprob, lprobs.gather(1, column).squeeze(1))
             lprobs.masked_fill_(rows.unsqueeze(1), -math.inf).scatter_(1, column, kept.unsqueeze(1))
+        return blocked, model_eos
 
-    def unblock_stuck_(self, lprobs: Tensor, best: Tensor, eos: int) -> Tensor:
+    def unblock_stuck_(self, lprobs: Tensor, best: Tensor, blocked: EosBlocked) -> Tensor:
         """Rows left with no finite continuation (`best` (N,) their best score is -inf) only
-        because `block_` took EOS away may end unmet after all: their EOS log-prob comes back
-        in `lprobs`. Returns those rows (N,) bool."""
-        assert self._eos_blocked is not None and self._model_eos is not None
-        stuck = self._eos_blocked & best.isneginf() & self._model_eos.isfinite()
-        lprobs[:, eos] = torch.where(stuck, self._model_eos, lprobs[:, eos])
+        because `block_` took EOS away (`blocked`, what it returned) may end unmet after all:
+        their EOS log-prob comes back in `lprobs`. Returns those rows (N,) bool."""
+        rows, model_eos = blocked
+        stuck = rows & best.isneginf() & model_eos.isfinite()
+        lprobs[:, self.eos] = torch.where(stuck, model_eos, lprobs[:, self.eos])
         return stuck
 
     # ---------------------------------------------------------------- positive phrases
@@ -423,9 +424,15 @@ class ConstraintTracker:
 
     # ---------------------------------------------------------------- the search's moves
 
-    def choose(self, state: RowState, rows: Tensor, tokens: Tensor) -> None:
-        """The new live rows (Bn, width), sentence-major: their state (Bn, width, M), the rows
-        they extend (indices of the previous live rows) and their tokens."""
+    def candidates(self, lprobs: Tensor, scores: Tensor, k: int, blocked: EosBlocked) -> tuple[Tensor, Tensor, RowState]:
+        """A step's candidates in the order of the banks (`nmt.decoding.candidates.bank_candidates`)."""
+        return bank_candidates(lprobs, scores, k, self, blocked)
+
+    def choose(self, state: RowState, order: Tensor, rows: Tensor, tokens: Tensor) -> None:
+        """The new live rows (Bn, width), sentence-major: candidates `order` (Bn, width) of those
+        whose states are `state` (Bn, C, M), the rows they extend (indices of the previous live
+        rows) and their tokens."""
+        state = state.gather(order)
         self.state = RowState(state.progress.reshape(-1, state.progress.size(-1)),
                               state.met.reshape(-1, state.met.size(-1)))
         sentence = self._sentence_of(self._rows())

@@ -176,6 +176,13 @@ def load_shortlist_for(path: str, loaded: Loaded, beam: int) -> Shortlist:
     return shortlist
 
 
+def need_beam_search(cfg: DecodeConfig, where: str) -> None:
+    """The one rule that lexical constraints need beam search (sampling picks each token
+    regardless): an NmtError naming `where` under `cfg.sampling`."""
+    if cfg.sampling:
+        raise NmtError(f"{where}: lexical constraints need beam search; they cannot be combined with sampling")
+
+
 def decode_workers(workers: int, device: torch.device) -> int:
     """Batches decoded at once: as asked on CPU (0 = one per torch thread), always 1 on GPU."""
     if device.type != "cpu":
@@ -222,8 +229,8 @@ def translate_token_lists(
     `constraints[i]` (beam search only): the lexical constraints of sequence i
     (nmt.decoding.constraints), or None; their tokens join the sentence's shortlist.
     """
-    if constraints is not None and cfg.sampling and any(c is not None for c in constraints):
-        raise ValueError("lexical constraints need beam search, not sampling")
+    if constraints is not None and any(c is not None for c in constraints):
+        need_beam_search(cfg, "translate_token_lists: constraints")
     device = torch.device(device)
     limit = (max_positions - 1) if max_positions else None
     seqs = [list(s[:limit]) if limit else list(s) for s in seqs]
@@ -255,11 +262,16 @@ def translate_token_lists(
                 h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]
             results[i] = h
 
-    workers = min(decode_workers(workers, device), len(batches))
+    _run_batches(run, batches, min(decode_workers(workers, device), len(batches)))
+    return results
+
+
+def _run_batches(run: Callable[[list[int]], None], batches: list[list[int]], workers: int) -> None:
+    """`run` each batch: one after another, or on `workers` threads of one intra-op thread each."""
     if workers <= 1:
         for ids in batches:
             run(ids)
-        return results
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // workers))
     pool = ThreadPoolExecutor(workers, thread_name_prefix="nmt-decode")
@@ -269,7 +281,6 @@ def translate_token_lists(
     finally:
         pool.shutdown(cancel_futures=True)  # after an error, the batches not yet started are dropped
         torch.set_num_threads(threads)
-    return results
 
 
 def score_token_lists(

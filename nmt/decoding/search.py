@@ -6,21 +6,20 @@ The search knows the model only through `encode(src) -> state`,
 Rows are sentence-major: row `b * beam + k` is hypothesis k of sentence b. The log-probs
 `decode_step` returns belong to the search, which masks them in place.
 
-Beam search follows fairseq: each step takes the top 2*beam candidates of each sentence so
-that candidates ending in EOS (moved to the finished list) never shrink the live beam;
-candidates are ranked by their raw log-probability, finished hypotheses by the normalised
-score; sentences that are done leave the batch (`model.reorder`), so a step costs less as
-sentences finish. Scores are accumulated in fp32 whatever the model computed in.
-
-The best candidates of a step are found in two stages (`top_candidates`): the maximum of each
-chunk of 64 vocabulary columns, then the best chunks' columns only. On the CPU a top-k over
-width * V scores cost as much as a tenth of a step; the chunk maxima are one vectorised pass.
-Ties are broken by the lower (row, token) index in both stages, so the result is exactly that
-of one top-k over all continuations, and does not depend on the batch.
+Beam search follows fairseq: each step takes the top 2*beam candidates of each sentence
+(`nmt.decoding.candidates.top_candidates`) so that candidates ending in EOS (moved to the
+finished list) never shrink the live beam; candidates are ranked by their raw log-probability,
+finished hypotheses by the normalised score; sentences that are done leave the batch
+(`model.reorder`), so a step costs less as sentences finish. Scores are accumulated in fp32
+whatever the model computed in.
 
 With lexical constraints (`nmt.decoding.constraints`: phrases to include or avoid, a forced
 prefix) the candidates are more and taken in another order (`bank_candidates`, dynamic beam
-allocation); a batch without any runs exactly the code above.
+allocation), and a hypothesis may end only once it has every phrase to include, or at the
+maximum length, where `Hypothesis.unmet` counts the phrases it lacks. The search makes its
+constraint moves through one object chosen per batch: the batch's `ConstraintTracker`, or
+`_Unconstrained`, whose moves do nothing, so that a batch without constraints runs exactly the
+plain search.
 """
 
 from __future__ import annotations
@@ -34,18 +33,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
-from nmt.decoding.constraints import Constraints, ConstraintTracker, RowState
+from nmt.decoding.candidates import top_candidates
+from nmt.decoding.constraints import Constraints, ConstraintTracker
 
 if TYPE_CHECKING:
     from nmt.config import DecodeConfig
-
-LENPEN_HELP = (
-    "Hypotheses are ranked by log P(Y|X) / lp(|Y|), |Y| = output tokens including the final "
-    "EOS. gnmt: lp = ((5 + |Y|) / 6)^alpha (Wu et al. 2016; the Transformer paper uses "
-    "alpha = 0.6); length: lp = |Y|^alpha (fairseq, Marian; alpha = 1 ranks by mean token "
-    "log-prob); none: lp = 1 (raw log-prob, favours short outputs). A larger alpha favours "
-    "longer outputs."
-)
 
 
 class SearchModel(Protocol):
@@ -64,11 +56,14 @@ class Hypothesis:
 
 
 def length_penalty(length: int, alpha: float, style: str) -> float:
-    """The divisor of a hypothesis' log-prob: see `LENPEN_HELP`.
+    """The divisor of a hypothesis' log-prob, log P(Y|X) / lp(|Y|) being what hypotheses are
+    ranked by.
 
     `length` counts the output tokens including the final EOS (as fairseq), so it is at
-    least 1. "gnmt": ((5 + length) / 6)^alpha (Wu et al. 2016); "length": length^alpha
-    (fairseq / Marian normalisation); "none": 1.
+    least 1. "gnmt": ((5 + length) / 6)^alpha (Wu et al. 2016; the Transformer paper uses
+    alpha = 0.6); "length": length^alpha (fairseq / Marian normalisation; alpha = 1 ranks by
+    the mean token log-prob); "none": 1 (the raw log-prob, which favours short outputs). A
+    larger alpha favours longer outputs.
     """
     base = (5.0 + length) / 6.0 if style == "gnmt" else float(length)
     if style in ("gnmt", "length"):
@@ -93,131 +88,6 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | 
     if max_len is not None:
         out = out.clamp(max=max_len - 1)
     return out.clamp(min=0)
-
-
-CHUNK = 64  # vocabulary columns per chunk in the first stage of `top_candidates`
-
-
-def _rank_keys(values: Tensor, index: Tensor) -> Tensor:
-    """int64 keys that order float32 `values` descending, then `index` (< 2^32) ascending.
-
-    A top-k over the keys is deterministic, and equal scores always resolve to the lower index
-    (torch.topk leaves the order of ties to the implementation). The float's bits are mapped to
-    an int32 of the same order (-0.0 is first made +0.0), placed above the inverted index.
-    """
-    bits = (values + 0.0).view(torch.int32).long()  # + 0.0: a fresh tensor, and -0.0 -> +0.0
-    magnitude = bits & 0x7FFFFFFF
-    order = torch.where(bits < 0, -1 - magnitude, magnitude)  # same order as the floats
-    return order * 2**32 + (2**32 - 1 - index)
-
-
-def top_candidates(lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = None) -> tuple[Tensor, Tensor]:
-    """The k best continuations of each sentence: their scores and indices, best first.
-
-    lprobs (Bn*width, V) contiguous next-token log-probs of Bn sentences' `width` rows each,
-    scores (Bn, width) the rows' log-probs; `chunk` defaults to CHUNK. A continuation (row j
-    of its sentence, token t) scores scores[b, j] + lprobs[b*width + j, t] and has index
-    j*V + t. Returns (Bn, k) scores and indices, by score descending, equal scores by lower
-    index; k <= width * V.
-
-    With V >= 4 chunks, two stages: the score of each chunk of `chunk` columns is its maximum
-    (adding a row's score preserves the order of its log-probs, also in float32), and the k
-    best continuations lie in the k best chunks, ranked the same way (each chunk ranked
-    before a continuation's own holds a continuation ranked before it). Else one top-k.
-    """
-    chunk = chunk or CHUNK
-    n_sent, width = scores.shape
-    vocab = lprobs.size(1)
-    if vocab < 4 * chunk:
-        cand = (scores.view(-1, 1) + lprobs).view(n_sent, width * vocab)
-        index = torch.arange(width * vocab, device=lprobs.device).expand(n_sent, -1)
-        pick = _rank_keys(cand, index).topk(k).indices
-        return cand.gather(1, pick), pick
-    full = vocab // chunk  # chunks of `chunk` columns, then one shorter chunk if any columns remain
-    maxima = lprobs[:, : full * chunk].view(-1, full, chunk).amax(2)  # (Bn*width, full)
-    if vocab > full * chunk:
-        maxima = torch.cat([maxima, lprobs[:, full * chunk:].amax(1, keepdim=True)], 1)
-    per_row = maxima.size(1)
-    chunk_scores = (scores.view(-1, 1) + maxima).view(n_sent, width * per_row)
-    chunk_index = torch.arange(width * per_row, device=lprobs.device).expand(n_sent, -1)
-    best = _rank_keys(chunk_scores, chunk_index).topk(min(k, width * per_row)).indices  # (Bn, c)
-    row, first = best // per_row, best % per_row * chunk  # row of the sentence, first column
-    cols = first.unsqueeze(2) + torch.arange(chunk, device=lprobs.device)  # (Bn, c, chunk)
-    outside = cols >= vocab  # the shorter last chunk's padding
-    cols = cols.clamp(max=vocab - 1)
-    rows = row + torch.arange(n_sent, device=lprobs.device).unsqueeze(1) * width  # (Bn, c) of lprobs
-    lp = lprobs.view(-1)[(rows * vocab).unsqueeze(2) + cols].masked_fill_(outside, -math.inf)
-    cand = (scores.view(-1)[rows].unsqueeze(2) + lp).view(n_sent, -1)  # (Bn, c * chunk)
-    index = ((row * vocab).unsqueeze(2) + cols).view(n_sent, -1)
-    pick = _rank_keys(cand, index.masked_fill(outside.view(n_sent, -1), 2**32 - 1)).topk(k).indices
-    return cand.gather(1, pick), index.gather(1, pick)
-
-
-def bank_candidates(lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTracker,
-                    eos: int) -> tuple[Tensor, Tensor, RowState]:
-    """The candidates of each sentence in the order a constrained search takes them: dynamic
-    beam allocation (Post & Vilar 2018), vectorised over sentences x rows (Hu et al. 2019).
-
-    lprobs (Bn*width, V) and scores (Bn, width) as for `top_candidates`, lprobs masked by
-    `ConstraintTracker.block_`. The pool: the k best continuations, each row's best, and each
-    row's next tokens of the phrases it works on (`ConstraintTracker.next_tokens`: at most k),
-    so that a hypothesis can always take a constraint further. A continuation that
-    comes twice counts once. Each candidate's bank is the number of constraint tokens it has
-    produced (`ConstraintTracker.bank`), and the pool is taken round-robin over the banks,
-    highest first: the best of each bank, then the second best of each, and so on. The beam
-    is thus shared about evenly among the banks, the highest getting the remainder, and a
-    bank's places that it cannot fill go to the others; hypotheses that have met more
-    constraints are not pruned away by likelier ones that have met fewer. Candidates with a
-    -inf score come last.
-
-    A row with no finite continuation because EOS is blocked before its constraints are met
-    gets EOS back (`ConstraintTracker.unblock_stuck_`): it may end, its output then says what
-    it lacks.
-
-    Returns scores (Bn, C), indices (Bn, C) (row of the sentence * V + token, as
-    `top_candidates`) and the candidates' constraint states (Bn, C, M). A sentence without
-    constraints has one bank: its candidates come in the order of `top_candidates`, and its
-    first k are those.
-    """
-    n_sent, width = scores.shape
-    vocab, device = lprobs.size(1), lprobs.device
-    row_scores = scores.reshape(-1, 1)  # (N, 1)
-    best_score, best_tok = top_candidates(lprobs, row_scores, 1)  # (N, 1): each row's best
-    stuck = cons.unblock_stuck_(lprobs, best_score.view(-1), eos).unsqueeze(1)
-    best_score = torch.where(stuck, row_scores + lprobs[:, eos : eos + 1], best_score)
-    best_tok = best_tok.masked_fill(stuck, eos)
-    top_scores, top_idx = top_candidates(lprobs, scores, k)  # (Bn, k)
-    need = cons.next_tokens(lprobs, k)  # (N, M'), -1: none
-    need_scores = torch.where(need >= 0, row_scores + lprobs.gather(1, need.clamp(min=0)), -math.inf)
-    first = (torch.arange(width, device=device) * vocab).view(1, width, 1)  # index of each row's token 0
-    cand = torch.cat([top_scores, best_score.view(n_sent, width), need_scores.view(n_sent, -1)], 1)
-    index = torch.cat([top_idx, (first + best_tok.view(n_sent, width, 1)).view(n_sent, width),
-                       (first + need.clamp(min=0).view(n_sent, width, -1)).view(n_sent, -1)], 1)
-
-    # best first: score descending, then the lower index; of a repeated continuation the first counts
-    by_score = _rank_keys(cand, index).argsort(dim=1, descending=True, stable=True)
-    cand, index = cand.gather(1, by_score), index.gather(1, by_score)
-    by_index = index.argsort(dim=1, stable=True)
-    grouped = index.gather(1, by_index)
-    repeat = torch.cat([torch.zeros_like(grouped[:, :1], dtype=torch.bool), grouped[:, 1:] == grouped[:, :-1]], 1)
-    dead = torch.zeros_like(repeat).scatter_(1, by_index, repeat) | cand.isneginf()
-    cand = cand.masked_fill(dead, -math.inf)  # a repeat may neither end nor live twice
-
-    # each candidate's constraint state and bank; the dead form a bank of their own, the last
-    sentence_row = torch.arange(n_sent, device=device).unsqueeze(1) * width
-    state = cons.advance(sentence_row + index // vocab, index % vocab)  # (Bn, C, M)
-    bank = cons.bank(state).masked_fill(dead, -1)
-
-    # round robin: sorted by bank (stable, so by score within a bank), then by rank in the bank
-    by_bank = bank.argsort(dim=1, descending=True, stable=True)
-    bank = bank.gather(1, by_bank)
-    position = torch.arange(bank.size(1), device=device).expand_as(bank)
-    new_bank = torch.cat([torch.ones_like(bank[:, :1], dtype=torch.bool), bank[:, 1:] != bank[:, :-1]], 1)
-    rank = position - torch.where(new_bank, position, 0).cummax(1).values
-    top = cons.total
-    key = torch.where(bank >= 0, rank * (top + 1) + top - bank, (top + 1) * bank.size(1) + position)
-    taken = by_bank.gather(1, key.argsort(dim=1, stable=True))
-    return cand.gather(1, taken), index.gather(1, taken), state.gather(taken)
 
 
 def _block_(scores: Tensor, step: int, history: Tensor, at_max: Tensor | None,
@@ -303,44 +173,104 @@ def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick,
     return out
 
 
-def _finish(ends: Tensor, top_rows: Tensor, top_scores: Tensor, top_lp: Tensor, tokens: Tensor,
-            pos_scores: Tensor, sent_ids: Tensor, penalty: float, beam: int,
-            finished: list[list[Hypothesis]], worst: Tensor, unmet: Tensor | None = None) -> None:
-    """Move the candidates `ends` (Bn, beam; a CPU bool tensor) marks (EOS among a sentence's
-    top `beam`) to the sentences' finished lists, keep each list's best `beam`, and update
-    `worst` (Bn,), the beam-th finished score of each live sentence. The hypotheses come to
-    the host in one copy (tokens, token log-probs and score side by side in float64, exact
-    for token ids below 2^53).
+class _Unconstrained:
+    """The constraint moves of a batch without constraints (`ConstraintTracker` makes them for
+    one with): the plain candidates; every other move does nothing (and returns None)."""
 
-    With constraints, `unmet` (Bn, C) the positive phrases each candidate lacks: a list ranks
-    the hypotheses that lack fewer first, and `worst` counts only hypotheses that lack none."""
-    b, c = ends.nonzero(as_tuple=True)
-    device = top_rows.device
-    bd, cd = b.to(device), c.to(device)
-    rows = top_rows[bd, cd]
-    step = tokens.size(1)
-    columns = [tokens[rows].double(), pos_scores[rows].double(), top_lp[bd, cd].double().unsqueeze(1),
-               top_scores[bd, cd].double().unsqueeze(1)]
-    if unmet is not None:
-        columns.append(unmet[bd, cd].double().unsqueeze(1))
-    packed = torch.cat(columns, 1).tolist()  # (k, 2 * step + 2 or 3)
-    ids = sent_ids.tolist()
-    for i, row in zip(b.tolist(), packed, strict=True):
-        toks, pos, logprob = [int(x) for x in row[:step]], row[step : 2 * step + 1], row[2 * step + 1]
-        lacks = int(row[-1]) if unmet is not None else 0
-        finished[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos, lacks))
-    for i in set(b.tolist()):
-        hyps = finished[ids[i]]
-        hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
-        if unmet is not None:
-            hyps.sort(key=lambda h: h.unmet)
-        del hyps[beam:]
-        if len(hyps) == beam and not hyps[-1].unmet:
-            worst[i] = hyps[-1].score
+    max_token = -1  # the highest token id a constraint names
+
+    def candidates(self, lprobs: Tensor, scores: Tensor, k: int, blocked: Any) -> tuple[Tensor, Tensor, Any]:
+        return (*top_candidates(lprobs, scores, k), None)
+
+    def _nothing(self, *args: Any) -> Any:
+        return None
+
+    prefix_logprobs = block_ = choose = unmet = keep = _nothing
 
 
-# Long (~100 lines, a fifth of them the docstring) because one step of the search should read
-# top to bottom: candidates, finished hypotheses, the live beam, the stopping rule, pruning.
+class _Candidates:
+    """A step's candidates (Bn, C) of the live sentences, in the order the search takes them,
+    from their `scores` and `index` (row of the sentence * V + token) as `top_candidates` gives
+    them: `rows`, the live row each extends (a row of the step's `lprobs`), `tokens`, the token
+    it adds, `lp`, that token's log-prob. `ends` (Bn, beam) bool: those of the top `beam` that
+    end in EOS with a finite score, which finish a hypothesis (fairseq); `order` (Bn, beam):
+    the new live beam, the best `beam` that do not end in EOS, in their order (by score, or the
+    banks'; at most `beam` of the 2*beam end in EOS, one per row; a repeat is -inf)."""
+
+    def __init__(self, scores: Tensor, index: Tensor, lprobs: Tensor, width: int, beam: int, eos: int) -> None:
+        vocab = lprobs.size(1)
+        self.scores, self.tokens = scores, index % vocab
+        self.rows = index // vocab + torch.arange(scores.size(0), device=scores.device).unsqueeze(1) * width
+        self.lp = lprobs.view(-1)[self.rows * vocab + self.tokens]
+        is_eos = self.tokens == eos
+        self.ends = is_eos[:, :beam] & scores[:, :beam].isfinite()
+        order = is_eos.long() * is_eos.size(1) + torch.arange(is_eos.size(1), device=is_eos.device)
+        self.order = order.topk(beam, largest=False).indices
+
+
+class _Sentences:
+    """The beam search's books: each sentence's finished hypotheses (`lists`, best first, at
+    most `beam`) and, for each live sentence (Bn,), on the CPU: `ids` its index in the batch,
+    `max_out` the most tokens its outputs may have, `worst` (float64) its beam-th finished
+    score (-inf until there are `beam`)."""
+
+    def __init__(self, cfg: DecodeConfig, max_out: Tensor) -> None:
+        self.cfg, self.max_out, self.ids = cfg, max_out, torch.arange(max_out.numel())
+        self.worst = torch.full((max_out.numel(),), -math.inf, dtype=torch.float64)
+        self.lists: list[list[Hypothesis]] = [[] for _ in range(max_out.numel())]
+
+    def lenpen(self, length: int) -> float:
+        return length_penalty(length, self.cfg.lenpen, self.cfg.lenpen_style)
+
+    def add(self, ends: Tensor, cand: _Candidates, unmet: Tensor | None, tokens: Tensor, pos_scores: Tensor) -> None:
+        """Move the candidates `ends` (Bn, beam; a CPU bool tensor) marks (EOS among a sentence's
+        top `beam`) of the rows `tokens` / `pos_scores` (N, step) to their sentences' lists, keep
+        each list's best `beam`, and update `worst`. The hypotheses come to the host in one copy
+        (tokens, token log-probs and score side by side in float64, exact for token ids below
+        2^53).
+
+        With constraints, `unmet` (Bn, C) the positive phrases each candidate lacks: a list ranks
+        the hypotheses that lack fewer first, and `worst` counts only hypotheses that lack none."""
+        b, c = ends.nonzero(as_tuple=True)
+        bd, cd = b.to(cand.rows.device), c.to(cand.rows.device)
+        rows, step, beam = cand.rows[bd, cd], tokens.size(1), self.cfg.beam
+        lacks = cand.lp.new_zeros(len(b)) if unmet is None else unmet[bd, cd]
+        packed = torch.cat([tokens[rows].double(), pos_scores[rows].double(),
+                            *(t.double().unsqueeze(1) for t in (cand.lp[bd, cd], cand.scores[bd, cd], lacks))],
+                           1).tolist()  # (k, 2 * step + 3)
+        ids, penalty = self.ids.tolist(), self.lenpen(step + 1)
+        for i, row in zip(b.tolist(), packed, strict=True):
+            toks, pos, logprob = [int(x) for x in row[:step]], row[step : 2 * step + 1], row[2 * step + 1]
+            self.lists[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos, int(row[-1])))
+        for i in set(b.tolist()):
+            hyps = self.lists[ids[i]]
+            hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
+            hyps.sort(key=lambda h: h.unmet)  # those that lack fewer constraints first
+            del hyps[beam:]
+            if len(hyps) == beam and not hyps[-1].unmet:
+                self.worst[i] = hyps[-1].score
+
+    def done(self, step: int, best_live: Tensor) -> Tensor:
+        """(Bn,) bool, the sentences done after `step`, best_live (Bn,) float64 the best log-prob
+        of each one's live rows (-inf when none is finite): those at their maximum length, and
+        those with `beam` finished hypotheses (lacking no constraint) where
+        - style "none" or alpha <= 0 (exact): no live hypothesis can beat the beam-th best
+          finished score. Here the normalised score of a hypothesis can only fall as it grows,
+          so the bound is the best live log-prob divided by the penalty of one more token;
+        - alpha > 0 with "gnmt" or "length" (as fairseq): at once. A live hypothesis might still
+          overtake after normalisation, but its only bound (its log-prob over the penalty at
+          maximum length) is so loose that the exact rule would decode every sentence to its
+          maximum length."""
+        ending = self.max_out <= step
+        if self.cfg.lenpen_style == "none" or self.cfg.lenpen <= 0:
+            return ending | (best_live / self.lenpen(step + 2) <= self.worst)
+        return ending | (best_live <= self.worst) | (self.worst > -math.inf)
+
+    def keep(self, keep: Tensor) -> None:
+        """Only the live sentences `keep` (CPU indices) go on."""
+        self.ids, self.max_out, self.worst = self.ids[keep], self.max_out[keep], self.worst[keep]
+
+
 def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
                 pad: int, unk: int, bos: int, eos: int,
                 max_len: int | None = None, source_pad: int | None = None,
@@ -353,25 +283,10 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     An output has at most int(max_len_a * src_len + max_len_b) tokens before its EOS (EOS
     is forced there), at most `max_len` - 1 when the model has `max_len` positions, and at
     least `cfg.min_len`. Fewer than `nbest` come back only when the token rules leave no
-    finite-probability continuation.
-
-    Stopping rule for a sentence: it is done at its maximum length, or once it has `beam`
-    finished hypotheses and
-    - style "none" or alpha <= 0 (exact): no live hypothesis can beat the beam-th best
-      finished score. Here the normalised score of a hypothesis can only fall as it grows,
-      so the bound is the best live log-prob divided by the penalty of one more token;
-    - alpha > 0 with "gnmt" or "length" (as fairseq): at once. A live hypothesis might still
-      overtake after normalisation, but its only bound (its log-prob over the penalty at
-      maximum length) is so loose that the exact rule would decode every sentence to its
-      maximum length.
+    finite-probability continuation. When a sentence stops: `_Sentences.done`.
 
     `constraints`: one `Constraints` (or None) per sentence of `src`, as token ids of the
-    model's outputs (over a shortlist, columns). Phrases to include, in any or the given order,
-    phrases to avoid, a forced prefix: see `nmt.decoding.constraints`. The beam is then shared
-    among hypotheses by the number of constraint tokens they have met (`bank_candidates`); a
-    hypothesis may end only once it has every phrase to include, or at the maximum length,
-    where `Hypothesis.unmet` counts the phrases it lacks (a list ranks those that lack fewer
-    first; the stopping rule counts only finished hypotheses that lack none). Without any
+    model's outputs (over a shortlist, columns): see the module docstring. Without any
     constraint (None, or every one empty) the search is exactly the plain one.
     """
     beam = cfg.beam
@@ -380,90 +295,55 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     bsz, device = src.size(0), src.device
     if not bsz:
         return []
-    exact = cfg.lenpen_style == "none" or cfg.lenpen <= 0
-
-    def lenpen(length: int) -> float:
-        return length_penalty(length, cfg.lenpen, cfg.lenpen_style)
-
-    max_out = max_output_lengths(src, cfg, pad if source_pad is None else source_pad, max_len)  # (Bn,) CPU
-    sent_ids = torch.arange(bsz)  # (Bn,) CPU: original index of each live sentence
-    worst = torch.full((bsz,), -math.inf, dtype=torch.float64)  # (Bn,) beam-th finished score
-    finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
-    cons = ConstraintTracker.build(constraints, bsz, eos, device)  # None: no constraints
+    books = _Sentences(cfg, max_output_lengths(src, cfg, pad if source_pad is None else source_pad, max_len))
+    cons = ConstraintTracker.build(constraints, bsz, eos, device) or _Unconstrained()  # the constraint moves
 
     # Step 0 runs on one row per sentence (every hypothesis starts as BOS); the first
-    # reorder expands each sentence to `beam` rows. `width` = rows per sentence.
-    state = model.encode(src)
-    width = 1
+    # reorder expands each sentence to `beam` rows.
+    state, width = model.encode(src), 1  # width: rows per sentence
     scores = torch.zeros(bsz, 1, device=device)  # (Bn, width) log-probs of the live rows
     tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (Bn*width, step)
     pos_scores = torch.empty(bsz, 0, device=device)  # (Bn*width, step)
     last = torch.full((bsz,), bos, dtype=torch.long, device=device)
-    ncand = 2 * beam
     for step in itertools.count():
-        n_sent = sent_ids.numel()
         lprobs, state = model.decode_step(last, state)
         lprobs = lprobs.float().contiguous()  # (Bn*width, V), masked in place below
         vocab = lprobs.size(1)
         if vocab <= beam:  # step 0 takes the beam from one row's candidates
             raise ValueError(f"the beam ({beam}) must be smaller than the vocabulary ({vocab})")
-        if step == 0 and cons is not None and cons.max_token >= vocab:
+        if cons.max_token >= vocab:
             raise ValueError(f"constraint token {cons.max_token} is outside the vocabulary ({vocab})")
-        ending = max_out <= step
+        ending = books.max_out <= step
         at_max = ending.repeat_interleave(width).to(device) if ending.any() else None
-        forced = cons.prefix_logprobs(lprobs, step) if cons is not None else None
+        forced = cons.prefix_logprobs(lprobs, step)  # read before the token rules mask them
         _block_(lprobs, step, tokens, at_max, cfg, pad, unk, bos, eos)
-        if cons is not None:  # avoided phrases, EOS before the phrases to include, the prefix
-            cons.block_(lprobs, at_max, eos, forced)
+        blocked = cons.block_(lprobs, at_max, forced)  # avoided phrases, EOS before the phrases to include
 
-        # the log-prob of each continuation, scores[row] + lprobs[row, token], best 2*beam
-        # (with constraints, more candidates, in the order of the banks)
-        k = min(ncand, width * vocab)
-        if cons is None:
-            top_scores, top_idx = top_candidates(lprobs, scores, k)
-        else:
-            top_scores, top_idx, cand_state = bank_candidates(lprobs, scores, k, cons, eos)
-        top_rows = top_idx // vocab + torch.arange(n_sent, device=device).unsqueeze(1) * width
-        top_tok = top_idx % vocab  # (Bn, 2*beam), and top_rows: the row each extends
-        top_lp = lprobs.view(-1)[top_rows * vocab + top_tok]  # the new token's log-prob
-        is_eos = top_tok == eos
-
-        # EOS among the top `beam` candidates finishes a hypothesis (fairseq)
-        ends = is_eos[:, :beam] & top_scores[:, :beam].isfinite()
-
-        # the live beam: the best `beam` candidates that do not end in EOS, in score order (or
-        # the banks'; at most `beam` of the 2*beam end in EOS, one per row; a repeat is -inf)
-        order = (is_eos.long() * is_eos.size(1) + torch.arange(is_eos.size(1), device=device))
-        order = order.topk(beam, largest=False).indices  # (Bn, beam)
-        rows = top_rows.gather(1, order)
-        scores, new_tok, new_lp = (t.gather(1, order) for t in (top_scores, top_tok, top_lp))
-        if cons is not None:
-            cons.choose(cand_state.gather(order), rows, new_tok)
+        # continuations scores[row] + lprobs[row, token], best 2*beam (constraints: more, by bank)
+        top_scores, top_idx, picked = cons.candidates(lprobs, scores, min(2 * beam, width * vocab), blocked)
+        cand = _Candidates(top_scores, top_idx, lprobs, width, beam, eos)
+        ends, order = cand.ends, cand.order  # those that finish a hypothesis, and the new live beam
+        rows = cand.rows.gather(1, order)
+        scores, new_tok, new_lp = (t.gather(1, order) for t in (cand.scores, cand.tokens, cand.lp))
+        cons.choose(picked, order, rows, new_tok)
 
         # the step's one copy to the host: which candidates end, each sentence's best live log-prob
         host = torch.cat([ends.view(-1).float(), scores.max(1).values.float()]).cpu()
-        ends_host, bound = host[: ends.numel()].view_as(ends).bool(), host[ends.numel() :].double()
+        ends_host, best_live = host[: ends.numel()].view_as(ends).bool(), host[ends.numel() :].double()
         if ends_host.any():
-            _finish(ends_host, top_rows, top_scores, top_lp, tokens, pos_scores, sent_ids, lenpen(step + 1),
-                    beam, finished, worst, cons.unmet(cand_state) if cons is not None else None)
-        if exact:
-            bound = bound / lenpen(step + 2)
-        done = ending | (bound <= worst)  # (bound is -inf when no live row is finite)
-        if not exact:
-            done |= worst > -math.inf
+            books.add(ends_host, cand, cons.unmet(picked), tokens, pos_scores)
+        done = books.done(step, best_live)
         if done.all():
             break
         if done.any():
-            keep = (~done).nonzero().view(-1)
-            sent_ids, max_out, worst = sent_ids[keep], max_out[keep], worst[keep]
+            books.keep(keep := (~done).nonzero().view(-1))
             keep = keep.to(device)
             rows, scores, new_tok, new_lp = (t[keep] for t in (rows, scores, new_tok, new_lp))
-            if cons is not None:
-                cons.keep(keep)
+            cons.keep(keep)
         rows = rows.view(-1)  # (Bn'*beam,) rows of the old beam, sentence-major
         tokens = torch.cat([tokens[rows], new_tok.view(-1, 1)], 1)
         pos_scores = torch.cat([pos_scores[rows], new_lp.view(-1, 1)], 1)
         state = model.reorder(state, rows)
         last = new_tok.view(-1)
         width = beam
-    return [hyps[:nbest] for hyps in finished]
+    return [hyps[:nbest] for hyps in books.lists]
