@@ -136,3 +136,42 @@ def test_a_broken_rule_is_reported(tmp_path: Path, module: str, line: str, messa
     target.write_text(text + "\n" + line + "\n", encoding="utf-8")
     lineno = text.count("\n") + 2 + line.count("\n")  # the import is the last line added
     assert violations(copy) == [f"nmt/{module}:{lineno}: {message}"]
+
+
+# ------------------------------------------------------------------ rooms: module and function sizes
+
+MODULE_LINES, FUNCTION_LINES = 450, 80
+# a function may be longer only where the comment line right above it (or its decorators) says why
+LONG_REASON = "# longer than 80 lines:"
+
+
+def oversized(package: Path) -> list[str]:
+    """Modules over MODULE_LINES lines and functions over FUNCTION_LINES lines without a reason."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        name = path.relative_to(package.parent)
+        if len(lines) > MODULE_LINES:
+            found.append(f"{name}: {len(lines)} lines (at most {MODULE_LINES})")
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > FUNCTION_LINES and not lines[start - 2].strip().startswith(LONG_REASON):
+                    found.append(f"{name}:{node.lineno}: {node.name} is {length} lines (at most {FUNCTION_LINES})")
+    return found
+
+
+def test_every_module_and_function_keeps_within_its_bounds() -> None:
+    assert oversized(PACKAGE) == []
+
+
+def test_an_oversized_module_or_function_is_reported(tmp_path: Path) -> None:
+    package = tmp_path / "nmt"
+    package.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
+    (package / "long.py").write_text(f"def f():\n{body}\n")
+    (package / "why.py").write_text(f"{LONG_REASON} a table of cases\ndef g():\n{body}\n")
+    (package / "big.py").write_text("x = 1\n" * (MODULE_LINES + 1))
+    assert oversized(package) == [f"nmt/big.py: {MODULE_LINES + 1} lines (at most {MODULE_LINES})",
+                                  f"nmt/long.py:1: f is {FUNCTION_LINES + 1} lines (at most {FUNCTION_LINES})"]
