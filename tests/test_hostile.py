@@ -521,7 +521,8 @@ def _started_on_a_fifo(ckpt: Path, tmp_path: Path, *args: str) -> tuple[subproce
     translate that never gets there is killed and reported, never waited for without end."""
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # faulthandler: a command that does not stop is sent SIGABRT and shows where each thread was
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(fifo),
                              "--buffer-lines", "1", *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -561,8 +562,13 @@ def _stopped_by(proc: subprocess.Popen, writer: Any, sig: int) -> str:
         try:
             _, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            pytest.fail(f"translate did not stop within 120 s of signal {sig}: {proc.communicate(timeout=60)!r}")
+            proc.send_signal(signal.SIGABRT)  # its threads' tracebacks on stderr, if stderr is still open
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate(timeout=60)
+            pytest.fail(f"translate did not stop within 120 s of signal {sig} (exit {proc.returncode}): {out!r} {err}")
     finally:
         writer.close()
     return err
