@@ -22,14 +22,11 @@ with `iter_lines`/`read_lines`, so every command sees the same lines.
 from __future__ import annotations
 
 import gzip
-import io
 import logging
 import os
 import re
-import select
-import stat
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -119,9 +116,8 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
     into an interactive pipe comes out as soon as it is complete, while a file is still read
     in large blocks."""
     read = getattr(stream, "read1", stream.read)
-    wait = _waiting(stream)
     rest = b""
-    while wait() and (chunk := read(block_size)):
+    while chunk := read(block_size):
         chunk = rest + chunk
         cut = chunk.rfind(b"\n") + 1
         rest = chunk[cut:]
@@ -129,26 +125,6 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
             yield chunk[:cut]
     if rest:
         yield rest + b"\n"
-
-
-def _waiting(stream: BinaryIO) -> Callable[[], bool]:
-    """What to do before each read: for an unbuffered pipe, FIFO or terminal, wait until it can
-    be read in selects of 0.2 s. A signal (Ctrl-C) the kernel hands to another thread of the
-    process (torch's) never wakes a read blocked in the main thread; between two selects the
-    interpreter acts on it. Anything else is read at once."""
-    try:
-        fd = stream.fileno() if isinstance(stream, io.FileIO) else -1
-        regular = fd < 0 or stat.S_ISREG(os.fstat(fd).st_mode)
-    except (OSError, ValueError):
-        regular = True
-    if regular:
-        return lambda: True
-
-    def ready() -> bool:
-        while not select.select([fd], [], [], 0.2)[0]:
-            pass
-        return True
-    return ready
 
 
 def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:

@@ -27,7 +27,6 @@ import dataclasses
 import logging
 import os
 import select
-import stat
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -213,28 +212,16 @@ def _closed(fd: int) -> bool:
     return False
 
 
-def _unbuffered_if_streaming(f: Any) -> Any:
-    """A pipe, FIFO or terminal as its raw, unbuffered file (nothing has been read from it yet):
-    `nmt.textio` then waits for it in short selects, where Ctrl-C always gets through."""
-    try:
-        streaming = not stat.S_ISREG(os.fstat(f.fileno()).st_mode)
-    except (OSError, ValueError, AttributeError):
-        return f
-    if not streaming or not hasattr(f, "raw"):
-        return f
-    return f.raw if f is sys.stdin.buffer else f.detach()  # detached: the buffer's end does not close it
-
-
 def _input(path: Path | None) -> tuple[BinaryIO, str]:
     """The input stream and its name for messages: a file (or a named pipe, `<(...)`) or stdin."""
     if path is None:
         if sys.stdin is None or _closed(0):
             raise NmtError("standard input is closed; give --input FILE")
-        return _unbuffered_if_streaming(sys.stdin.buffer), "<stdin>"
+        return sys.stdin.buffer, "<stdin>"
     if Path(path).is_dir():
         raise NmtError(f"--input {path}: is a directory")
     try:
-        return _unbuffered_if_streaming(open(path, "rb")), str(path)
+        return open(path, "rb"), str(path)
     except FileNotFoundError:
         raise NmtError(f"{path}: input file not found") from None
     except OSError as e:
