@@ -111,9 +111,6 @@ def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name:
     to it as the line is translated (nmt.decoding.alignment.writing_attention)."""
     from tqdm import tqdm
 
-    # no monitor thread: Ctrl-C must reach the main thread, which may be blocked reading the input,
-    # and a signal the kernel hands to another thread never wakes that read (seen under load)
-    tqdm.monitor_interval = 0
     bar = tqdm(unit="line", dynamic_ncols=True, leave=False, disable=not sys.stderr.isatty())  # on a terminal
     written = 0
     streaming = buffer_lines > 0 or _isatty(inp)

@@ -522,28 +522,3 @@ def test_int8_with_a_shortlist_of_every_token_changes_nothing(setup):
 def test_unknown_precision_is_one_line(setup):
     one_line_error(nmt("translate", "-c", str(setup.a), "--precision", "int4", stdin=b"a\n", env=ENV),
                    "--precision must be one of fp32, bf16, fp16, int8, got 'int4'")
-
-
-def test_translating_a_stream_starts_no_other_thread():
-    """A signal the kernel hands to another thread never wakes the main thread's blocking read
-    of the input: under load, Ctrl-C on `nmt translate` reading a pipe then hung, its SIGINT
-    taken by tqdm's monitor thread. The command's threads are the main one alone."""
-    import io
-    import threading
-
-    from tqdm import tqdm
-
-    from nmt.translate import write_translations
-
-    if tqdm.monitor is not None:  # one left by an earlier bar of this process
-        tqdm.monitor.exit()
-    seen: list[list[str]] = []
-
-    class Fake:
-        def translate_nbest(self, items, nbest, **kwargs):
-            seen.append([t.name for t in threading.enumerate() if t is not threading.main_thread()])
-            return [[] for _ in items]
-
-    out = io.StringIO()
-    assert write_translations(Fake(), io.BytesIO(b"a\nb\n"), out, name="in", buffer_lines=1) == 2
-    assert seen and all(names == [] for names in seen), seen
