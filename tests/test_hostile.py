@@ -523,9 +523,17 @@ def _started_on_a_fifo(ckpt: Path, tmp_path: Path, *args: str) -> tuple[subproce
     os.mkfifo(fifo)
     # faulthandler: a command that does not stop is sent SIGABRT and shows where each thread was
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(fifo),
-                             "--buffer-lines", "1", *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a user at a terminal gives it: to a command whose SIGINT is at its default. A
+    # background job of a non-interactive shell (how a script or CI may start this suite)
+    # ignores SIGINT, a child inherits that, and Python then installs no KeyboardInterrupt
+    # handler. A handled signal is reset to its default in the child: handle it while starting.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(fifo),
+                                 "--buffer-lines", "1", *args],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 300
 
     def fail(what: str) -> None:
