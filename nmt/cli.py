@@ -79,10 +79,10 @@ def _option(f: dataclasses.Field, tp: Any, default: Any, help: str) -> inspect.P
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[tp, info])
 
 
-def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_overrides: bool = False,
+def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_after: str | None = None,
                      group: typer.Typer = app) -> None:
     """Register command `name` of `group`, whose arguments and options are the fields of the
-    dataclass `cls` (declared once, with their help, in nmt.options) and, with decode_overrides,
+    dataclass `cls` (declared once, with their help, in nmt.options) and, after field `decode_after`,
     the DecodeConfig fields as optional overrides of a checkpoint's settings, collected in
     `cls.decode`; `run(options)` runs it, and its docstring is the command's help."""
     params, decode_keys = [], []
@@ -95,7 +95,7 @@ def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_ov
             default = f.default_factory() or None
         tp = hints[f.name] if default is not None or get_origin(hints[f.name]) is not list else hints[f.name] | None
         params.append(_option(f, tp, default, f.metadata["help"]))
-        if f.name == "output" and decode_overrides:  # the decode settings after the files
+        if f.name == decode_after:  # the decode settings (translate: after the files)
             decode_hints = typing.get_type_hints(DecodeConfig)
             for d in dataclasses.fields(DecodeConfig):
                 if d.metadata.get("cli", True):
@@ -105,7 +105,7 @@ def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_ov
 
     def command(**kwargs: Any) -> None:
         decode = {k: kwargs.pop(k) for k in decode_keys}
-        if decode_overrides:
+        if decode_after:
             kwargs["decode"] = {k: v for k, v in decode.items() if v is not None}
         run(cls(**{k: ([] if v is None and get_origin(hints[k]) is list else v) for k, v in kwargs.items()}))
 
@@ -225,7 +225,24 @@ def _translate(opts: Any) -> None:
     translate_main(opts)
 
 
-_options_command("translate", options.TranslateOptions, _translate, decode_overrides=True)
+_options_command("translate", options.TranslateOptions, _translate, decode_after="output")
+
+
+# ------------------------------------------------------------------ serve
+
+
+def _serve(opts: options.ServeOptions) -> None:
+    """Serve checkpoints over HTTP: nmt's API, LibreTranslate's, metrics and a web page at /.
+
+    Batches the sentences of all clients together (pip install 'nmt[serve]'). Examples: nmt
+    serve -c runs/m30k/checkpoint_avg.pt; nmt serve --model en-de=a.pt --model de-en=b.pt --port 0
+    """
+    from nmt.serve.server import serve
+
+    serve(opts)
+
+
+_options_command("serve", options.ServeOptions, _serve, decode_after="alignment_layer")
 
 
 # ------------------------------------------------------------------ export

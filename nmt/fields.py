@@ -140,11 +140,11 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
     raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
 
 
-def coerce_option(cls: type, key: str, value: Any, where: str) -> Any:
+def coerce_option(cls: type, key: str, value: Any, where: str, name: str | None = None) -> Any:
     """`value` checked against the type of field `key` of the dataclass `cls` (bool, int,
-    float, str or a Literal; other types pass), for a keyword argument `key=` of `where`:
-    the types as Python has them, no str for a number."""
+    float, str or a Literal; other types pass), for a keyword argument `key=` of `where` (or
+    as `name` says, e.g. a JSON key): the types as Python has them, no str for a number."""
     tp = typing.get_type_hints(cls)[key]
     if tp in (bool, int, float, str) or get_origin(tp) is Literal:
-        return coerce(value, tp, f"{key}=", where, strings=False)
+        return coerce(value, tp, name or f"{key}=", where, strings=False)
     return value

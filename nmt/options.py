@@ -136,6 +136,49 @@ class TranslateOptions:
 
 
 
+def _as_in(cls: type, name: str) -> Any:
+    """Field `name` of another options class, declared once there: the same default, help and bounds."""
+    f = cls.__dataclass_fields__[name]  # type: ignore[attr-defined]
+    return field(default=f.default, metadata=f.metadata)
+
+
+@dataclass
+class ServeOptions:
+    """The options of `nmt serve`, declared once: the command's flags are made from these fields
+    (nmt.cli), the decode settings from `DecodeConfig`'s; the model options are `nmt translate`'s."""
+
+    checkpoints: list[Path] = opt_list("A checkpoint to serve (several: an ensemble), under the name its "
+                                       "languages give (e.g. en-de).", flags=("--checkpoint", "-c"))
+    models: list[str] = opt_list("NAME=CHECKPOINT: serve this checkpoint as model NAME; repeat for several "
+                                 "models, e.g. --model en-de=a.pt --model de-en=b.pt. A NAME like en-de says "
+                                 "its languages (for /translate and /languages).", flags=("--model",))
+    host: str = opt("127.0.0.1", "Address to bind; anything but loopback without --api-keys is warned about.")
+    port: int = opt(8080, "Port to bind; 0 = a free one (the URL printed says which).", at_least=0, at_most=65535)
+    decode: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
+    device: str = _as_in(TranslateOptions, "device")
+    precision: str = _as_in(TranslateOptions, "precision")
+    threads: int = _as_in(TranslateOptions, "threads")
+    workers: int = _as_in(TranslateOptions, "workers")
+    shortlist: Path | None = _as_in(TranslateOptions, "shortlist")
+    terminology: Path | None = _as_in(TranslateOptions, "terminology")
+    target_lang: str | None = _as_in(TranslateOptions, "target_lang")
+    alignment_layer: int | None = _as_in(TranslateOptions, "alignment_layer")
+    batch_tokens: int = opt(4096, "A batch's budget of padded source tokens (sentences x the longest).", at_least=1)
+    max_wait_ms: float = opt(0.0, "Hold a batch that is not full until its oldest sentence has waited this long; "
+                             "0 = what is waiting when the worker is free goes.", at_least=0)
+    max_queue: int = opt(4096, "Sentences waiting per model; a request that would go over is answered 503 "
+                         "(429 on /translate) with Retry-After.", at_least=1)
+    timeout: float = opt(60.0, "Seconds a request may take, queue included; then 504.", above=0)
+    read_timeout: float = opt(10.0, "Seconds a client may take to send its request body; then 408.", above=0)
+    max_body_bytes: int = opt(1_000_000, "Largest request body (413 above).", at_least=1)
+    max_chars: int = opt(5000, "Most characters in one text (400 above).", at_least=1)
+    max_texts: int = opt(128, "Most texts in one request (400 above).", at_least=1)
+    api_keys: Path | None = opt(None, "A file of API keys, one a line: every translation request must carry one "
+                                "(api_key, or the header Authorization: Bearer KEY), else 403.")
+    cors_origins: list[str] = opt_list("Allow browser pages of this origin (e.g. https://example.org, or *) to "
+                                       "call the API; repeat for several. Off by default.",
+                                       flags=("--cors-origin",))
+
 #: the sentence-level scores (higher is better) of `distill --select`, computed by `nmt.evaluate.sentence_scores`
 SENTENCE_METRICS = ("chrf", "bleu")
 

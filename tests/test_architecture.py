@@ -13,7 +13,7 @@ import pytest
 import tomllib
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
-SUBPACKAGES = {"models", "decoding", "training", "convert"}
+SUBPACKAGES = {"models", "decoding", "training", "convert", "serve"}
 # the top-level modules anything may use: errors, config and options, the file formats (raw
 # text, atomic writes, tokenizer, binarized data, prepare-bpe, checkpoints), devices, metrics
 BASE = {"errors", "fields", "config", "options", "textio", "atomic", "tokenizer", "data",
@@ -31,7 +31,8 @@ MAY_IMPORT = {
     "convert": {"base", "models"},
     "api": {"base", "models", "decoding"},
     "package": {"api"},  # nmt/__init__.py: `from nmt import Translator`
-    "commands": {"base", "models", "decoding", "training", "convert", "api", "package"},
+    "serve": {"base", "decoding", "api"},  # the server: a Translator per model behind HTTP
+    "commands": {"base", "models", "decoding", "training", "convert", "api", "package", "serve"},
 }
 
 

@@ -25,6 +25,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.fields import Bounds, check_bounds
 from nmt.plot import plot_attention
 from nmt.prepare import prepare_bpe
+from nmt.serve.server import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,6 +193,7 @@ VALID_OPTIONS: dict[type, dict[str, Any]] = {
     options.AverageOptions: dict(inputs=[Path("run")], output=Path("avg.pt")),
     options.ShortlistOptions: dict(data_dir=Path("data"), output=Path("shortlist.pt")),
     options.PlotAttentionOptions: dict(attention=Path("attention.npz"), out_dir=Path("maps")),
+    options.ServeOptions: dict(checkpoints=[Path("a.pt")]),
 }
 #: the library call that each command makes with its options, which checks them before it reads a file
 ENFORCED_BY: dict[type, Callable[[Any], object]] = {
@@ -202,6 +204,7 @@ ENFORCED_BY: dict[type, Callable[[Any], object]] = {
                                                         iterations=o.iterations, max_sentences=o.max_sentences),
     options.PlotAttentionOptions: lambda o: plot_attention(o.attention, o.out_dir, layer=o.layer, average=o.average,
                                                            sentences=o.sentences),
+    options.ServeOptions: lambda o: serve(o),
 }
 OPTION_CLASSES = [c for c in vars(options).values() if dataclasses.is_dataclass(c) and c.__module__ == options.__name__]
 

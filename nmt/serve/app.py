@@ -1,0 +1,450 @@
+"""`nmt serve`: checkpoints behind HTTP, on Starlette and uvicorn (`pip install 'nmt[serve]'`).
+
+Endpoints (described in openapi.json, served at /openapi.json): nmt's own `POST /v1/translate`
+and `POST /v1/score`, `GET /v1/models`, `/health`, `/ready`, `/metrics` (Prometheus); the
+LibreTranslate API (`POST /translate`, `GET /languages`), so that its clients work unchanged;
+and a web page at `/` (page.html, nothing loaded from elsewhere). Every sentence of every
+client goes through one queue per model (nmt.serve.batching). Errors are JSON
+`{"error": "..."}` with their status, never a traceback; no request can name a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email
+import email.policy
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qsl
+
+from nmt.api import DECODE_OPTIONS, Translation, Translator
+from nmt.config import DecodeConfig
+from nmt.decoding.alignment import layer_count, resolve_layer
+from nmt.decoding.predict import decode_config
+from nmt.errors import NmtError, one_line
+from nmt.fields import coerce, coerce_option
+from nmt.options import ServeOptions
+from nmt.serve.batching import Batcher, Job
+from nmt.serve.markup import Markup
+from nmt.terminology import JSON_KEYS, Request, terminology_from_pairs, with_terms
+
+log = logging.getLogger(__name__)
+V1_KEYS = {"model", "texts", "nbest", "alignment", "attention", "target_lang", "terminology", "api_key"}
+NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French",
+         "it": "Italian", "ja": "Japanese", "mg": "Malagasy", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+         "ru": "Russian", "uk": "Ukrainian", "zh": "Chinese"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
+
+
+@dataclass(eq=False)
+class Model:
+    """A served checkpoint: its translator, languages, queue, and its translators of other decode settings."""
+
+    name: str
+    translator: Translator
+    source: str
+    target: str
+    batcher: Batcher | None = None
+    variants: dict[Hashable, Translator] = field(default_factory=dict)
+
+    @property
+    def targets(self) -> list[str]:
+        tokens = [t[2:-2] for t in self.translator.loaded.tokenizer.language_tokens()]
+        return sorted({self.target, *tokens} - {""})
+
+    def variant(self, overrides: dict[str, Any], nbest: int) -> tuple[Hashable, Translator]:
+        """The translator of these decode settings over the served ones (checked; 400 if wrong)."""
+        key = (tuple(sorted(overrides.items())), nbest)
+        if key not in self.variants:
+            base = self.translator
+            cfg = decode_config(base.decode, overrides, nbest, vocab_size=base.loaded.tokenizer.vocab_size,
+                                option=lambda k: f'"{k}"')
+            if len(self.variants) >= 64:  # each request its own settings: keep the first 64
+                self.variants.pop(next(iter(self.variants)))
+            tr = Translator(base.loaded, cfg, device=base.device, precision=base.precision, workers=base.workers,
+                            shortlist=base.shortlist, alignment_layer=base.alignment_layer)
+            tr.target_lang, tr.terminology = base.target_lang, base.terminology
+            self.variants[key] = tr
+        return key, self.variants[key]
+
+    def decode(self, key: Hashable, jobs: list[Job]) -> list[Any]:
+        """The worker's decode function (nmt.serve.batching): the results of a batch of one key."""
+        kind, settings, nbest, attend, lang = key  # type: ignore[misc]
+        if kind == "score":
+            return self.translator.score([j.item[0] for j in jobs], [j.item[1] for j in jobs], normalize=settings)
+        tr = self.variants.get((settings, nbest)) or self.variant(dict(settings), nbest)[1]
+        if tr.decode.sampling:  # a sentence's generator is its index in its request: one at a time
+            return [tr.translate_nbest([j.item], nbest, where=lambda _, j=j: j.where, first_index=j.index,
+                                       alignment=attend, attention=attend, target_lang=lang)[0] for j in jobs]
+        return tr.translate_nbest([j.item for j in jobs], nbest, where=lambda i: jobs[i].where,
+                                  alignment=attend, attention=attend, target_lang=lang)
+
+
+def _spans(pieces: list[str], text: str) -> list[list[int] | None]:
+    """Where each sentencepiece piece is in `text`: [start, end) character offsets, None for a
+    piece not found in order (a language token, EOS, a character normalization changed)."""
+    out, pos = [], 0
+    for piece in pieces:
+        surface = piece.replace("\u2581", " ").strip()
+        start = text.find(surface, pos) if surface else -1
+        out.append([start, start + len(surface)] if start >= 0 else None)
+        pos = start + len(surface) if start >= 0 else pos
+    return out
+
+
+def _number(x: float) -> float | None:
+    return round(x, 6) if x == x and abs(x) != float("inf") else None  # JSON has no infinity
+
+
+def _hypothesis(t: Translation, source: str, alignment: bool, attention: bool, layer: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"text": t.text, "score": _number(t.score), "logprob": _number(t.logprob)}
+    if t.attention is not None and (alignment or attention):
+        src, tgt = _spans(t.attention.source, source), _spans(t.attention.target, t.text)
+        if alignment:
+            out["alignment"] = [{"source": src[i], "target": tgt[j]} for i, j in t.alignment or []
+                                if src[i] and tgt[j]]
+        if attention:
+            weights = t.attention.weights[layer].mean(0)
+            out["attention"] = {"source": t.attention.source, "target": t.attention.target,
+                                "weights": [[round(float(w), 4) for w in row] for row in weights]}
+    return out
+
+
+def _typed(payload: dict[str, Any], key: str, tp: type, default: Any) -> Any:
+    value = payload.get(key, default)
+    return default if value is None else coerce(value, tp, f'"{key}"', "the request", strings=False)
+
+
+class Service:
+    """The served models, the limits and the metrics; `app()` is the ASGI application."""
+
+    def __init__(self, models: dict[str, Model], opts: ServeOptions, keys: list[bytes]):
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Gauge,
+            Histogram,
+            disable_created_metrics,
+        )
+
+        self.models, self.opts, self.keys = models, opts, keys
+        self.stopping: Callable[[], bool] = lambda: False
+        disable_created_metrics()  # the _created series: noise for a scraper
+        self.registry = reg = CollectorRegistry()
+        self.requests = Counter("nmt_requests", "HTTP requests answered", ["endpoint", "status"], registry=reg)
+        self.latency = Histogram("nmt_request_seconds", "Time to answer a request", ["endpoint"], registry=reg)
+        self.sentences = Counter("nmt_sentences", "Sentences decoded", ["model"], registry=reg)
+        self.batches = Histogram("nmt_batch_sentences", "Sentences in a decoded batch", ["model"], registry=reg,
+                                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        depth = Gauge("nmt_queue_sentences", "Sentences waiting to be decoded", ["model"], registry=reg)
+        for name, m in models.items():
+            m.batcher = Batcher(m.decode, batch_tokens=opts.batch_tokens, max_queue=opts.max_queue,
+                                max_wait=opts.max_wait_ms / 1000, on_batch=self._counted(name), name=name)
+            depth.labels(name).set_function(m.batcher.depth)
+
+    def _counted(self, name: str) -> Callable[[int, float], None]:
+        def on_batch(size: int, seconds: float) -> None:
+            self.sentences.labels(name).inc(size)
+            self.batches.labels(name).observe(size)
+        return on_batch
+
+    def close(self) -> None:
+        for m in self.models.values():
+            if m.batcher is not None:
+                m.batcher.close()
+
+    # ------------------------------------------------------------------ requests
+
+    async def _payload(self, request: Any, form: bool = False) -> dict[str, Any]:
+        """The request's fields: a JSON object, or with `form` form data where the content type says
+        so (urlencoded or multipart), read within the limits of size and time."""
+        limit, chunks = self.opts.max_body_bytes, []
+        too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
+        if int(request.headers.get("content-length", "0") or 0) > limit:
+            raise too_big
+
+        async def read() -> None:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+
+        try:
+            await asyncio.wait_for(read(), self.opts.read_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.opts.read_timeout:g} s") from None
+        body, kind = b"".join(chunks), request.headers.get("content-type", "").split(";")[0].strip().lower()
+        kind = kind if form else "application/json"
+        try:
+            if kind == "application/x-www-form-urlencoded":
+                return _fields(parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict"))
+            if kind == "multipart/form-data":
+                head = f"Content-Type: {request.headers['content-type']}\r\n\r\n".encode("latin-1")
+                parts = email.message_from_bytes(head + body, policy=email.policy.HTTP).iter_parts()
+                return _fields([(p.get_param("name", header="content-disposition"),
+                                 p.get_payload(decode=True).decode("utf-8")) for p in parts])
+            data = json.loads(body)
+        except UnicodeDecodeError:
+            raise ApiError(400, "the request body is not valid UTF-8") from None
+        except ValueError as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return data
+
+    def _authorize(self, request: Any, payload: dict[str, Any]) -> None:
+        if not self.keys:
+            return
+        given = payload.get("api_key") or request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        given = given.encode() if isinstance(given, str) else b""
+        if not any([hmac.compare_digest(given, key) for key in self.keys]):  # a list: every key compared
+            raise ApiError(403, "Invalid API key")
+
+    def _model(self, name: Any) -> Model:
+        if name is None and len(self.models) == 1:
+            return next(iter(self.models.values()))
+        if name not in self.models:
+            raise ApiError(400, f'unknown "model" {name!r}: this server has {", ".join(map(repr, self.models))}')
+        return self.models[name]
+
+    def _texts(self, value: Any, key: str, kinds: tuple[type, ...] = (str,)) -> list[Any]:
+        """A non-empty list of at most max_texts texts (or a str for one), each at most max_chars
+        characters, without NUL or lone surrogates; 400 naming the text otherwise."""
+        texts = [value] if isinstance(value, str) else value
+        if not isinstance(texts, list) or not texts:
+            raise ApiError(400, f'"{key}" must be a string or a non-empty list of strings')
+        if len(texts) > self.opts.max_texts:
+            raise ApiError(400, f'"{key}" has {len(texts)} texts, more than this server\'s limit of {self.opts.max_texts}')
+        for i, t in enumerate(texts):
+            text = t.get("text") if isinstance(t, dict) and dict in kinds else t
+            if not isinstance(text, str):
+                raise ApiError(400, f"{key}[{i}] must be a string, got {type(text).__name__}")
+            if len(text) > self.opts.max_chars:
+                raise ApiError(400, f"{key}[{i}] has {len(text)} characters, more than this server's limit of "
+                               f"{self.opts.max_chars}")
+            if "\0" in text or not _encodable(text):
+                raise ApiError(400, f"{key}[{i}] holds a NUL or a lone surrogate")
+        return texts
+
+    async def _run(self, request: Any, model: Model, jobs: list[Job], full: int = 503) -> list[Any]:
+        """The jobs' results once decoded: 503 (`full`) when the queue is full, 504 past the
+        deadline; a client that goes away has its jobs dropped."""
+        assert model.batcher is not None
+        if not model.batcher.submit(jobs):
+            raise ApiError(full, "Slowdown: the translation queue is full; retry later", {"Retry-After": "1"})
+        results = asyncio.gather(*[asyncio.wrap_future(j.future) for j in jobs])
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait([results, gone], timeout=self.opts.timeout, return_when="FIRST_COMPLETED")
+        finally:
+            gone.cancel()
+            for j in jobs:
+                j.future.cancel()
+        if results in done:
+            return results.result()
+        results.cancel()
+        if gone in done:
+            raise ApiError(499, "the client went away")
+        raise ApiError(504, f"the translation took longer than this server's limit of {self.opts.timeout:g} s")
+
+    def _jobs(self, model: Model, key: Hashable, items: list[Any], texts: list[str]) -> list[Job]:
+        encode = model.translator.loaded.tokenizer.encode
+        return [Job(key, item, tokens=len(encode(text)) + 1, index=i, where=f"texts[{i}]")
+                for i, (item, text) in enumerate(zip(items, texts, strict=True))]
+
+    # ------------------------------------------------------------------ nmt's API
+
+    async def translate(self, request: Any) -> Any:
+        p = await self._payload(request)
+        self._authorize(request, p)
+        model = self._model(p.get("model"))
+        unknown = sorted(set(p) - V1_KEYS - set(DECODE_OPTIONS))
+        if unknown:
+            raise ApiError(400, f"unknown field {unknown[0]!r}: fields are {', '.join(sorted(V1_KEYS | set(DECODE_OPTIONS)))}")
+        texts = self._texts(p.get("texts"), "texts", (str, dict))
+        nbest, align, attend = _typed(p, "nbest", int, 1), _typed(p, "alignment", bool, False), _typed(p, "attention", bool, False)
+        lang = model.translator.loaded.tokenizer.language_token(p.get("target_lang"), '"target_lang"')
+        terms = p.get("terminology")
+        if terms is not None and (not isinstance(terms, dict) or not all(isinstance(x, str) for kv in terms.items() for x in kv)):
+            raise ApiError(400, '"terminology" must be an object of source term: target term strings')
+        terminology = terminology_from_pairs(list(terms.items())) if terms else None
+        overrides = {k: coerce_option(DecodeConfig, k, p[k], "the request", f'"{k}"') for k in DECODE_OPTIONS if k in p}
+        settings, _ = model.variant(overrides, nbest)
+        for i, t in enumerate(texts):
+            if isinstance(t, dict) and set(t) - set(JSON_KEYS):
+                raise ApiError(400, f"texts[{i}]: unknown key {sorted(set(t) - set(JSON_KEYS))[0]!r}: keys are {', '.join(JSON_KEYS)}")
+        requests = [Request(t, where=f"texts[{i}]") if isinstance(t, str) else
+                    Request(**t, where=f"texts[{i}]", json_keys=True) for i, t in enumerate(texts)]
+        requests = [with_terms(r, terminology) for r in requests]
+        key = ("translate", *settings, align or attend, lang)
+        results = await self._run(request, model, self._jobs(model, key, requests, [r.text for r in requests]))
+        layer = resolve_layer(model.translator.alignment_layer, layer_count(model.translator.loaded.model) or 1)
+        return {"model": model.name, "translations": [
+            {"text": hyps[0].text if hyps else "",
+             "nbest": [_hypothesis(h, r.text, align, attend, layer) for h in hyps]}
+            for r, hyps in zip(requests, results, strict=True)]}
+
+    async def score(self, request: Any) -> Any:
+        p = await self._payload(request)
+        self._authorize(request, p)
+        model = self._model(p.get("model"))
+        sources, targets = self._texts(p.get("sources"), "sources"), self._texts(p.get("targets"), "targets")
+        if len(sources) != len(targets):
+            raise ApiError(400, f'{len(sources)} "sources" but {len(targets)} "targets"')
+        key = ("score", _typed(p, "normalize", bool, False), 0, False, None)
+        jobs = self._jobs(model, key, list(zip(sources, targets, strict=True)), sources)
+        return {"model": model.name, "scores": [_number(s) for s in await self._run(request, model, jobs)]}
+
+    def models_info(self) -> list[dict[str, Any]]:
+        return [{"name": m.name, "source": m.source, "target": m.target, "targets": m.targets,
+                 "decode": {k: getattr(m.translator.decode, k) for k in DECODE_OPTIONS},
+                 "api_key_required": bool(self.keys)} for m in self.models.values()]
+
+    # ------------------------------------------------------------------ LibreTranslate
+
+    def languages(self) -> list[dict[str, Any]]:
+        targets: dict[str, set[str]] = {}
+        for m in self.models.values():
+            targets.setdefault(m.source, set()).update(m.targets)
+        return [{"code": c, "name": NAMES.get(c, c), "targets": sorted(t)} for c, t in sorted(targets.items()) if c]
+
+    def _pair(self, source: str, target: str) -> tuple[Model, str | None]:
+        found = [m for m in self.models.values() if target in m.targets and source in ("auto", m.source)]
+        if len(found) != 1:
+            why = "no model translates" if not found else "several models translate"
+            raise ApiError(400, f"{why} {source} to {target}; GET /languages lists the pairs")
+        return found[0], (None if target == found[0].target else f">>{target}<<")
+
+    async def libretranslate(self, request: Any) -> Any:
+        p = await self._payload(request, form=True)
+        self._authorize(request, p)
+        for key in ("q", "source", "target"):
+            if p.get(key) in (None, "", []):
+                raise ApiError(400, f"Invalid request: missing {key} parameter")
+        q, fmt = p["q"], p.get("format") or "text"
+        texts = self._texts(q, "q")
+        try:
+            alternatives = int(p.get("alternatives") or 0)
+        except (TypeError, ValueError):
+            alternatives = -1
+        if not 0 <= alternatives <= 10 or fmt not in ("text", "html"):
+            raise ApiError(400, "Invalid request: alternatives must be 0 to 10 and format text or html")
+        model, lang = self._pair(str(p["source"]), str(p["target"]))
+        beam = max(model.translator.decode.beam, alternatives + 1)
+        settings, _ = model.variant({"beam": beam} if beam != model.translator.decode.beam else {}, alternatives + 1)
+        docs = [Markup(t) if fmt == "html" else Markup.plain(t) for t in texts]
+        segments = [s for d in docs for s in d.texts]
+        results = await self._run(request, model, self._jobs(model, ("translate", *settings, False, lang),
+                                                             segments, segments), full=429) if segments else []
+        out, alts = [], []
+        for d in docs:
+            hyps, results = results[:len(d.texts)], results[len(d.texts):]
+            out.append(d.join([h[0].text if h else "" for h in hyps]))
+            alts.append([h.text for h in hyps[0][1:]] if fmt == "text" and hyps and hyps[0] else [])
+        one = isinstance(q, str)
+        answer: dict[str, Any] = {"translatedText": out[0] if one else out}
+        if alternatives:
+            answer["alternatives"] = alts[0] if one else alts
+        if p["source"] == "auto":  # nmt does not detect languages: the only model into `target` says
+            detected = {"confidence": 0.0, "language": model.source}
+            answer["detectedLanguage"] = detected if one else [detected] * len(out)
+        return answer
+
+    # ------------------------------------------------------------------ the application
+
+    def app(self) -> Any:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.middleware import Middleware
+        from starlette.middleware.cors import CORSMiddleware
+        from starlette.responses import HTMLResponse, JSONResponse, Response
+        from starlette.routing import Route
+
+        files = resources.files("nmt.serve")
+        page, spec = files.joinpath("page.html").read_text("utf-8"), files.joinpath("openapi.json").read_bytes()
+
+        def endpoint(name: str, answer: Callable[[Any], Awaitable[Any] | Any]) -> Callable[[Any], Awaitable[Any]]:
+            async def handle(request: Any) -> Any:
+                start, status, headers = time.perf_counter(), 200, {}
+                try:
+                    body = answer(request)
+                    body = await body if asyncio.iscoroutine(body) else body
+                except ApiError as e:
+                    status, body, headers = e.status, {"error": str(e)}, e.headers
+                except NmtError as e:
+                    status, body = 400, {"error": one_line(e, 500)}
+                except Exception as e:  # a bug: logged with its traceback, never sent
+                    from starlette.requests import ClientDisconnect
+
+                    status, body = (499, None) if isinstance(e, ClientDisconnect) else (500, {"error": "internal error"})
+                    if status == 500:
+                        log.exception("%s %s", request.method, request.url.path)
+                self.requests.labels(name, str(status)).inc()
+                self.latency.labels(name).observe(time.perf_counter() - start)
+                if isinstance(body, Response):
+                    return body
+                return JSONResponse(body, status_code=status, headers=headers)
+            return handle
+
+        def ready(_: Any) -> Any:
+            if self.stopping():
+                raise ApiError(503, "stopping")
+            return {"status": "ready"}
+
+        routes = [Route("/", lambda _: HTMLResponse(page, headers={"Content-Security-Policy": CSP})),
+                  Route("/openapi.json", lambda _: Response(spec, media_type="application/json")),
+                  Route("/health", endpoint("health", lambda _: {"status": "ok"})),
+                  Route("/ready", endpoint("ready", ready)),
+                  Route("/metrics", lambda _: Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)),
+                  Route("/v1/models", endpoint("models", lambda _: {"models": self.models_info()})),
+                  Route("/v1/translate", endpoint("translate", self.translate), methods=["POST"]),
+                  Route("/v1/score", endpoint("score", self.score), methods=["POST"]),
+                  Route("/languages", endpoint("languages", lambda _: self.languages())),
+                  Route("/translate", endpoint("libretranslate", self.libretranslate), methods=["POST"])]
+        middleware = [Middleware(CORSMiddleware, allow_origins=self.opts.cors_origins, allow_methods=["GET", "POST"],
+                                 allow_headers=["*"])] if self.opts.cors_origins else []
+
+        async def http_error(request: Any, exc: Any) -> Any:
+            return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+        return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})
+
+
+CSP = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _fields(pairs: list[tuple[Any, str]]) -> dict[str, Any]:
+    """Form fields as a dict; a name given more than once (q=a&q=b) is a list."""
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        out[name] = [*out[name], value] if isinstance(out.get(name), list) else \
+            [out[name], value] if name in out else value
+    return out
+
+
+async def _disconnected(request: Any) -> None:
+    """Returns when the client has gone away (the body has been read: what comes next is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,107 @@
+"""The `nmt serve` command: load and warm up the models, bind, run uvicorn until SIGTERM or
+Ctrl-C (which stop accepting and answer what is in flight first)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from nmt.api import Translator
+from nmt.atomic import read_regular
+from nmt.errors import NmtError, one_line
+from nmt.fields import check_bounds, flag
+from nmt.options import ServeOptions, TranslateOptions
+from nmt.serve.app import Model, Service
+
+log = logging.getLogger(__name__)
+INSTALL = "nmt serve needs its web stack: pip install 'nmt[serve]' (or pip install starlette uvicorn prometheus-client)"
+WARM_UP = "A warm-up sentence."
+
+
+
+def model_specs(opts: ServeOptions) -> list[tuple[str | None, list[str]]]:
+    """(name or None, checkpoints) of each model to serve: -c's one (an ensemble if several), or each --model's."""
+    if opts.checkpoints and opts.models:
+        raise NmtError("give either -c (one model) or --model NAME=CHECKPOINT, not both")
+    specs: list[tuple[str | None, list[str]]] = [(None, [str(c) for c in opts.checkpoints])] if opts.checkpoints else []
+    for spec in opts.models:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise NmtError(f"--model must be NAME=CHECKPOINT, got {spec!r}")
+        if name in [n for n, _ in specs]:
+            raise NmtError(f"--model {name}: given twice")
+        specs.append((name, [path]))
+    if not specs:
+        raise NmtError("nmt serve needs a checkpoint: -c CHECKPOINT, or --model NAME=CHECKPOINT (repeatable)")
+    return specs
+
+
+def load_models(specs: list[tuple[str | None, list[str]]], opts: ServeOptions) -> dict[str, Model]:
+    """The models, loaded weights-only as everywhere, each warmed up with one batch. A NAME like
+    en-de gives a model its languages; else its config's data.source_lang / target_lang do."""
+    load = {k: getattr(opts, k) for k in ("decode", "device", "precision", "threads", "workers", "shortlist",
+                                          "terminology", "target_lang", "alignment_layer")}
+    models: dict[str, Model] = {}
+    for name, paths in specs:
+        tr = Translator.from_options(TranslateOptions(checkpoints=[Path(p) for p in paths], **load))
+        data = tr.loaded.config.data
+        pair = name.split("-") if name and name.count("-") == 1 else [data.source_lang, data.target_lang]
+        name = name or ("-".join(pair) if all(pair) else "default")
+        tr.translate([WARM_UP])
+        models[name] = Model(name, tr, *pair)
+    return models
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family, reuse_port=False)
+    except OSError as e:
+        raise NmtError(f"cannot listen on {host}:{port}: {one_line(e)}") from None
+
+
+def serve(opts: ServeOptions) -> None:
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise NmtError(INSTALL) from None
+    check_bounds(opts, flag)
+    specs = model_specs(opts)
+    keys = []
+    if opts.api_keys is not None:
+        try:
+            lines = read_regular(opts.api_keys, "the API keys", 1 << 20).decode("utf-8", "replace").splitlines()
+        except FileNotFoundError:
+            raise NmtError(f"--api-keys {opts.api_keys}: no such file") from None
+        keys = [k.strip().encode() for k in lines if k.strip() and not k.startswith("#")]
+        if not keys:
+            raise NmtError(f"{opts.api_keys}: no API key in it (one a line)")
+    if not keys and not _loopback(opts.host):
+        log.warning("serving on %s without --api-keys: anyone who can reach it can use it", opts.host)
+    sock = _bind(opts.host, opts.port)
+    service = Service(load_models(specs, opts), opts, keys)
+    server = uvicorn.Server(uvicorn.Config(service.app(), log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=None, access_log=False))
+    service.stopping = lambda: server.should_exit
+    host, port = sock.getsockname()[:2]
+    print(f"nmt serve: http://{f'[{host}]' if ':' in host else host}:{port}/ ({', '.join(service.models)})", flush=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn raises it again once it has stopped
+    try:
+        server.run(sockets=[sock])  # SIGTERM or Ctrl-C: stop accepting, answer what is in flight
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        service.close()
+        sys.stdout.flush()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -1,0 +1,85 @@
+"""A real `nmt serve` process for the tests: started on a free loopback port (`--port 0`, the
+URL read from its first line), ready once `/ready` answers 200, talked to over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT = 300  # s: loading and the warm-up batch, on a loaded machine
+
+
+class Server:
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "--port", "0", *args], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        line = ""
+        while not line:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.fail("never printed its URL")
+            if select.select([self.proc.stdout], [], [], 1)[0]:
+                line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        self.url = line.split()[2].rstrip("/")
+        self.port = int(self.url.rsplit(":", 1)[1])
+        while self.get("/ready")[0] != 200:  # the socket listens before serving: a refused or failed try is retried
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.fail("never got ready")
+            time.sleep(0.05)
+
+    def fail(self, what: str) -> None:
+        err = self.stop(signal.SIGKILL)[1]
+        raise AssertionError(f"nmt serve {what} (exit {self.proc.returncode}): {err}")
+
+    def request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+                headers: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, Any, dict[str, str]]:
+        """(status, the JSON answer or the text if not JSON, headers); a refused connection is (0, None, {})."""
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, text, hdrs = r.status, r.read(), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            status, text, hdrs = e.code, e.read(), dict(e.headers)
+        except (ConnectionError, urllib.error.URLError):
+            return 0, None, {}
+        try:
+            return status, json.loads(text), hdrs
+        except ValueError:
+            return status, text.decode("utf-8", "replace"), hdrs
+
+    def get(self, path: str, **kw: Any) -> tuple[int, Any, dict[str, str]]:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any, dict[str, str]]:
+        return self.request("POST", path, body, **kw)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> tuple[int, str]:
+        """Send `sig`; (exit status, stderr) once it has ended (killed after `timeout` s)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=60)
+            err += f"\n(killed: still running {timeout} s after signal {sig})"
+        return self.proc.returncode, err
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop(signal.SIGKILL if exc[0] else signal.SIGTERM)
