@@ -149,9 +149,29 @@ def test_constraints_avoid_and_terminology_through_the_api(server, reference, li
     assert status == 200
     forced, avoided, same = best(answer)
     assert "Katze" in forced and word not in avoided and same == plain
+    status, answer, _ = server.post("/v1/translate", {"texts": [{"text": line, "prefix": "Eine Katze"}]})
+    assert status == 200 and best(answer)[0].startswith("Eine Katze")
     assert forced == reference.translate([line], constraints=[["Katze"]])[0]
     status, answer, _ = server.post("/v1/translate", {"texts": [line], "terminology": {line.split()[1]: "Katze"}})
     assert status == 200 and "Katze" in best(answer)[0]
+
+
+def test_sampling_draws_as_the_command_does(server, trained_checkpoint, lines):
+    """Text i of a request draws from generator (seed, i), as line i does in `nmt translate`."""
+    status, answer, _ = server.post("/v1/translate", {"texts": lines[:6], "sampling": True, "seed": 3})
+    assert status == 200 and best(answer) == translate_offline(trained_checkpoint, lines[:6], "--sampling",
+                                                               "--seed", "3")
+
+
+def test_int8_and_a_shortlist_as_server_options(trained_checkpoint, prepared, lines, tmp_path):
+    shortlist = tmp_path / "shortlist.pt"
+    out = subprocess.run([sys.executable, "-m", "nmt", "shortlist", str(prepared[0]), "-o", str(shortlist)],
+                         capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    args = ("--precision", "int8", "--shortlist", str(shortlist), "--beam", "2")
+    with Server("--model", f"en-de={trained_checkpoint}", *args) as s:
+        status, answer, _ = s.post("/v1/translate", {"texts": lines[:8]})
+    assert status == 200 and best(answer) == translate_offline(trained_checkpoint, lines[:8], *args)
 
 
 def test_score_equals_the_api(server, reference, lines):
@@ -222,6 +242,10 @@ BAD = [
      '"texts" has 10000 texts, more than this server\'s limit of 128'),
     ("constraints too long", "/v1/translate", json.dumps({"texts": [{"text": "a", "constraints": ["Katze " * 100]}]})
      .encode(), {}, 400, "texts[0]"),
+    ("target_lang, not multilingual", "/v1/translate", b'{"texts": ["a"], "target_lang": "fra"}', {}, 400,
+     '"target_lang" fra: the model has no target-language tokens'),
+    ("terminology not an object", "/v1/translate", b'{"texts": ["a"], "terminology": [["a", "b"]]}', {}, 400,
+     '"terminology" must be an object'),
     ("score lengths", "/v1/score", b'{"sources": ["a"], "targets": ["a", "b"]}', {}, 400, '1 "sources" but 2 "targets"'),
 ]
 

@@ -11,14 +11,16 @@ client goes through one queue per model (nmt.serve.batching). Errors are JSON
 from __future__ import annotations
 
 import asyncio
+import copy
 import email
 import email.policy
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl
@@ -26,7 +28,7 @@ from urllib.parse import parse_qsl
 from nmt.api import DECODE_OPTIONS, Translation, Translator
 from nmt.config import DecodeConfig
 from nmt.decoding.alignment import layer_count, resolve_layer
-from nmt.decoding.predict import decode_config
+from nmt.decoding.predict import decode_config, decode_workers
 from nmt.errors import NmtError, one_line
 from nmt.fields import coerce, coerce_option
 from nmt.options import ServeOptions
@@ -70,7 +72,7 @@ class Model:
             base = self.translator
             cfg = decode_config(base.decode, overrides, nbest, vocab_size=base.loaded.tokenizer.vocab_size,
                                 option=lambda k: f'"{k}"')
-            if len(self.variants) >= 64:  # each request its own settings: keep the first 64
+            if len(self.variants) >= 64:  # each request its own settings: keep the 64 latest
                 self.variants.pop(next(iter(self.variants)))
             tr = Translator(base.loaded, cfg, device=base.device, precision=base.precision, workers=base.workers,
                             shortlist=base.shortlist, alignment_layer=base.alignment_layer)
@@ -87,6 +89,10 @@ class Model:
         if tr.decode.sampling:  # a sentence's generator is its index in its request: one at a time
             return [tr.translate_nbest([j.item], nbest, where=lambda _, j=j: j.where, first_index=j.index,
                                        alignment=attend, attention=attend, target_lang=lang)[0] for j in jobs]
+        workers = decode_workers(tr.workers, tr.device)
+        if workers > 1 and len(jobs) > 1:  # cut by length for the CPU workers, as the command's chunks are
+            tr = copy.copy(tr)
+            tr.decode = replace(tr.decode, batch_size=min(tr.decode.batch_size, -(-len(jobs) // workers)))
         return tr.translate_nbest([j.item for j in jobs], nbest, where=lambda i: jobs[i].where,
                                   alignment=attend, attention=attend, target_lang=lang)
 
@@ -235,7 +241,7 @@ class Service:
             if len(text) > self.opts.max_chars:
                 raise ApiError(400, f"{key}[{i}] has {len(text)} characters, more than this server's limit of "
                                f"{self.opts.max_chars}")
-            if "\0" in text or not _encodable(text):
+            if re.search("[\0\ud800-\udfff]", text):
                 raise ApiError(400, f"{key}[{i}] holds a NUL or a lone surrogate")
         return texts
 
@@ -425,14 +431,6 @@ class Service:
 
 
 CSP = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def _fields(pairs: list[tuple[Any, str]]) -> dict[str, Any]:

@@ -59,7 +59,11 @@ def load_models(specs: list[tuple[str | None, list[str]]], opts: ServeOptions) -
 def _bind(host: str, port: int) -> socket.socket:
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return socket.create_server((host, port), family=family, reuse_port=False)
+        sock = socket.create_server((host, port), family=family, reuse_port=False)
+        # inherited by each connection: an answer's headers and body go out at once, not 40 ms
+        # apart (Nagle's algorithm waiting on the client's delayed acknowledgement)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
     except OSError as e:
         raise NmtError(f"cannot listen on {host}:{port}: {one_line(e)}") from None
 

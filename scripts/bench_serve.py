@@ -1,0 +1,151 @@
+"""Benchmark `nmt serve`: throughput and latency under 1 / 8 / 32 / 128 concurrent clients,
+one sentence a request, next to offline translation of the same lines in the same run.
+
+    .venv/bin/python scripts/bench_serve.py --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
+        [--data-dir ../shared/data/multi30k] [--test test_2016_flickr] [--threads 2] \\
+        [--clients 1,8,32,128] [--json FILE]
+
+In order, with nothing else running:
+1. offline: `nmt translate` of all the lines in a subprocess (the command as users run it,
+   `--threads`), its translation time (the wall time less that of translating nothing, i.e.
+   start-up and loading), and sentences/s;
+2. one line alone: each of the first `--alone` lines translated on its own by the API in
+   this process (a Translator of the same settings), the p50 of those times: the latency a
+   lone request cannot beat;
+3. the server: `nmt serve --threads N` on a free port; for each client count, that many
+   threads each with its own keep-alive connection send the lines one a request
+   (`POST /v1/translate`) until all are translated: sentences/s, p50 / p95 / p99 latency.
+   Every answer must equal the offline translation of its line.
+
+The bars (issue 35): with 32 clients at least 0.8x the offline sentences/s; with 1 client a
+p50 latency within 1.5x of translating that one line alone. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from serving import Server  # noqa: E402
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def offline(ckpt: str, lines: list[str], threads: int) -> tuple[float, list[str]]:
+    """(seconds translating, the translations) of `nmt translate` on `lines`."""
+    def run(text: str) -> tuple[float, str]:
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "--threads", str(threads)],
+                             input=text, capture_output=True, text=True, check=True)
+        return time.perf_counter() - start, out.stdout
+
+    idle, _ = run("")
+    total, out = run("\n".join(lines) + "\n")
+    return total - idle, out.splitlines()
+
+
+def alone(ckpt: str, lines: list[str], threads: int) -> float:
+    from nmt import Translator
+
+    tr = Translator.load(ckpt, threads=threads, device="cpu")
+    tr.translate(lines[:2])
+    times = []
+    for line in lines:
+        start = time.perf_counter()
+        tr.translate([line])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def clients(port: int, lines: list[str], n: int, expected: list[str]) -> tuple[float, list[float]]:
+    """(seconds for all lines, each request's latency) with `n` concurrent keep-alive clients."""
+    todo, lock, latencies, wrong = list(enumerate(lines)), threading.Lock(), [], []
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        while True:
+            with lock:
+                if not todo:
+                    break
+                i, line = todo.pop()
+            body = json.dumps({"texts": [line]})
+            start = time.perf_counter()
+            conn.request("POST", "/v1/translate", body, {"Content-Type": "application/json"})
+            answer = json.loads(conn.getresponse().read())
+            latencies.append(time.perf_counter() - start)
+            if answer["translations"][0]["text"] != expected[i]:
+                wrong.append(i)
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(n)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if wrong:
+        raise SystemExit(f"{len(wrong)} answers differ from the offline translation, e.g. line {wrong[0]}")
+    return time.perf_counter() - start, latencies
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", default=str(ROOT / "runs/m30k_en_de/checkpoint_avg.pt"))
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/multi30k"))
+    p.add_argument("--test", default="test_2016_flickr")
+    p.add_argument("--src", default="en")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--clients", default="1,8,32,128")
+    p.add_argument("--alone", type=int, default=200, help="lines timed on their own (step 2)")
+    p.add_argument("--lines", type=int, default=0, help="use only the first N lines (0: all)")
+    p.add_argument("--max-wait-ms", type=float, default=0.0, help="nmt serve --max-wait-ms")
+    p.add_argument("--json")
+    args = p.parse_args()
+    with gzip.open(Path(args.data_dir) / f"{args.test}.{args.src}.gz", "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f][: args.lines or None]
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    seconds, expected = offline(args.checkpoint, lines, args.threads)
+    rows = {"offline": {"sent_s": len(lines) / seconds, "seconds": seconds},
+            "alone_p50_ms": 1000 * alone(args.checkpoint, lines[: args.alone], args.threads)}
+    with Server("-c", args.checkpoint, "--threads", str(args.threads), "--max-queue", "100000",
+                "--max-wait-ms", str(args.max_wait_ms),
+                env={"OMP_NUM_THREADS": str(args.threads)}) as server:
+        for n in [int(c) for c in args.clients.split(",")]:
+            seconds, lat = clients(server.port, lines, n, expected)
+            rows[f"clients_{n}"] = {"sent_s": len(lines) / seconds, "seconds": seconds,
+                                    **{f"p{q}_ms": 1000 * percentile(lat, q) for q in (50, 95, 99)}}
+    print(f"{len(lines)} lines of {args.test}.{args.src}, {args.threads} threads, --max-wait-ms {args.max_wait_ms:g}, "
+          f"{args.checkpoint}\n")
+    print("| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms |\n| --- | --- | --- | --- | --- | --- |")
+    off = rows["offline"]["sent_s"]
+    print(f"| offline `nmt translate` | {off:.1f} | 1.00 | | | |")
+    print(f"| one line alone (API, p50 of {min(args.alone, len(lines))}) | | | {rows['alone_p50_ms']:.1f} | | |")
+    for key, r in rows.items():
+        if key.startswith("clients_"):
+            print(f"| serve, {key[8:]} clients | {r['sent_s']:.1f} | {r['sent_s'] / off:.2f} | {r['p50_ms']:.1f} "
+                  f"| {r['p95_ms']:.1f} | {r['p99_ms']:.1f} |")
+    if "clients_32" in rows:
+        print(f"\nbar 1: 32 clients at {rows['clients_32']['sent_s'] / off:.2f}x offline (at least 0.8)")
+    if "clients_1" in rows:
+        print(f"bar 2: 1 client p50 at {rows['clients_1']['p50_ms'] / rows['alone_p50_ms']:.2f}x one line alone "
+              "(at most 1.5)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
