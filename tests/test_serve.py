@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -190,11 +191,14 @@ def test_libretranslate_requests_of_real_clients(server, reference, lines):
     want = reference.translate([one, two])
     # Mastodon (app/lib/translation_service/libre_translate.rb): JSON, q a list of HTML, source auto
     status, answer, _ = server.post("/translate", {"q": [f"<p>{one}</p>", f"<p>{two}</p>"], "source": "auto",
-                                                   "target": "de", "format": "html", "api_key": ""})
+                                                   "target": "de", "format": "html", "api_key": None})
     assert status == 200 and answer["translatedText"] == [f"<p>{want[0]}</p>", f"<p>{want[1]}</p>"]
     assert [d["language"] for d in answer["detectedLanguage"]] == ["en", "en"]
-    # Weblate (weblate/machinery/libretranslate.py): form data, q a string
-    form = f"api_key=&q={one.replace(' ', '+')}&source=en&target=de".encode()
+    # Weblate (weblate/machinery/libretranslate.py, its batch API): JSON, q a list, no format
+    status, answer, _ = server.post("/translate", {"api_key": None, "q": [one, two], "source": "en", "target": "de"})
+    assert status == 200 and answer == {"translatedText": want}
+    # Weblate before its batch API: form data, q a string
+    form = urlencode({"api_key": "", "q": one, "source": "en", "target": "de"}).encode()
     status, answer, _ = server.post("/translate", raw=form, headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert status == 200 and answer == {"translatedText": want[0]}
     # the documentation: JSON, alternatives
