@@ -380,9 +380,7 @@ def open_for_reading(path: str | Path, what: str, limit: int | None = READ_LIMIT
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise
-    except OSError as e:
-        if e.errno == errno.EISDIR:
-            raise NmtError(f"{path}: {what} is a directory, not a file") from None
+    except OSError as e:  # a directory opens (read-only), and is refused below
         raise NmtError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):

@@ -25,7 +25,7 @@ from serving import ROOT, Server  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 from nmt.serve.batching import Batcher, Job  # noqa: E402
-from nmt.serve.markup import Markup  # noqa: E402
+from nmt.serve.libretranslate import Markup  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,9 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
 from nmt.api import DECODE_OPTIONS, Translation, Translator
@@ -33,14 +34,10 @@ from nmt.errors import NmtError, one_line
 from nmt.fields import coerce, coerce_option
 from nmt.options import ServeOptions
 from nmt.serve.batching import Batcher, Job
-from nmt.serve.markup import Markup
 from nmt.terminology import JSON_KEYS, Request, terminology_from_pairs, with_terms
 
 log = logging.getLogger(__name__)
 V1_KEYS = {"model", "texts", "nbest", "alignment", "attention", "target_lang", "terminology", "api_key"}
-NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French",
-         "it": "Italian", "ja": "Japanese", "mg": "Malagasy", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
-         "ru": "Russian", "uk": "Ukrainian", "zh": "Chinese"}
 
 
 class ApiError(Exception):
@@ -65,7 +62,7 @@ class Model:
         tokens = [t[2:-2] for t in self.translator.loaded.tokenizer.language_tokens()]
         return sorted({self.target, *tokens} - {""})
 
-    def variant(self, overrides: dict[str, Any], nbest: int) -> tuple[Hashable, Translator]:
+    def variant(self, overrides: dict[str, Any], nbest: int) -> tuple[tuple[Any, ...], Translator]:
         """The translator of these decode settings over the served ones (checked; 400 if wrong)."""
         key = (tuple(sorted(overrides.items())), nbest)
         if key not in self.variants:
@@ -80,14 +77,14 @@ class Model:
             self.variants[key] = tr
         return key, self.variants[key]
 
-    def decode(self, key: Hashable, jobs: list[Job]) -> list[Any]:
+    def decode(self, key: Any, jobs: list[Job]) -> list[Any]:
         """The worker's decode function (nmt.serve.batching): the results of a batch of one key."""
-        kind, settings, nbest, attend, lang = key  # type: ignore[misc]
+        kind, settings, nbest, attend, lang = key
         if kind == "score":
             return self.translator.score([j.item[0] for j in jobs], [j.item[1] for j in jobs], normalize=settings)
         tr = self.variants.get((settings, nbest)) or self.variant(dict(settings), nbest)[1]
         if tr.decode.sampling:  # a sentence's generator is its index in its request: one at a time
-            return [tr.translate_nbest([j.item], nbest, where=lambda _, j=j: j.where, first_index=j.index,
+            return [tr.translate_nbest([j.item], nbest, where=[j.where].__getitem__, first_index=j.index,
                                        alignment=attend, attention=attend, target_lang=lang)[0] for j in jobs]
         workers = decode_workers(tr.workers, tr.device)
         if workers > 1 and len(jobs) > 1:  # cut by length for the CPU workers, as the command's chunks are
@@ -201,7 +198,7 @@ class Service:
                 head = f"Content-Type: {request.headers['content-type']}\r\n\r\n".encode("latin-1")
                 parts = email.message_from_bytes(head + body, policy=email.policy.HTTP).iter_parts()
                 return _fields([(p.get_param("name", header="content-disposition"),
-                                 p.get_payload(decode=True).decode("utf-8")) for p in parts])
+                                 cast(bytes, p.get_payload(decode=True) or b"").decode("utf-8")) for p in parts])
             data = json.loads(body)
         except UnicodeDecodeError:
             raise ApiError(400, "the request body is not valid UTF-8") from None
@@ -254,7 +251,8 @@ class Service:
         results = asyncio.gather(*[asyncio.wrap_future(j.future) for j in jobs])
         gone = asyncio.ensure_future(_disconnected(request))
         try:
-            done, _ = await asyncio.wait([results, gone], timeout=self.opts.timeout, return_when="FIRST_COMPLETED")
+            waiting: list[asyncio.Future[Any]] = [results, gone]
+            done, _ = await asyncio.wait(waiting, timeout=self.opts.timeout, return_when="FIRST_COMPLETED")
         finally:
             gone.cancel()
             for j in jobs:
@@ -319,56 +317,6 @@ class Service:
                  "decode": {k: getattr(m.translator.decode, k) for k in DECODE_OPTIONS},
                  "api_key_required": bool(self.keys)} for m in self.models.values()]
 
-    # ------------------------------------------------------------------ LibreTranslate
-
-    def languages(self) -> list[dict[str, Any]]:
-        targets: dict[str, set[str]] = {}
-        for m in self.models.values():
-            targets.setdefault(m.source, set()).update(m.targets)
-        return [{"code": c, "name": NAMES.get(c, c), "targets": sorted(t)} for c, t in sorted(targets.items()) if c]
-
-    def _pair(self, source: str, target: str) -> tuple[Model, str | None]:
-        found = [m for m in self.models.values() if target in m.targets and source in ("auto", m.source)]
-        if len(found) != 1:
-            why = "no model translates" if not found else "several models translate"
-            raise ApiError(400, f"{why} {source} to {target}; GET /languages lists the pairs")
-        return found[0], (None if target == found[0].target else f">>{target}<<")
-
-    async def libretranslate(self, request: Any) -> Any:
-        p = await self._payload(request, form=True)
-        self._authorize(request, p)
-        for key in ("q", "source", "target"):
-            if p.get(key) in (None, "", []):
-                raise ApiError(400, f"Invalid request: missing {key} parameter")
-        q, fmt = p["q"], p.get("format") or "text"
-        texts = self._texts(q, "q")
-        try:
-            alternatives = int(p.get("alternatives") or 0)
-        except (TypeError, ValueError):
-            alternatives = -1
-        if not 0 <= alternatives <= 10 or fmt not in ("text", "html"):
-            raise ApiError(400, "Invalid request: alternatives must be 0 to 10 and format text or html")
-        model, lang = self._pair(str(p["source"]), str(p["target"]))
-        beam = max(model.translator.decode.beam, alternatives + 1)
-        settings, _ = model.variant({"beam": beam} if beam != model.translator.decode.beam else {}, alternatives + 1)
-        docs = [Markup(t) if fmt == "html" else Markup.plain(t) for t in texts]
-        segments = [s for d in docs for s in d.texts]
-        results = await self._run(request, model, self._jobs(model, ("translate", *settings, False, lang),
-                                                             segments, segments), full=429) if segments else []
-        out, alts = [], []
-        for d in docs:
-            hyps, results = results[:len(d.texts)], results[len(d.texts):]
-            out.append(d.join([h[0].text if h else "" for h in hyps]))
-            alts.append([h.text for h in hyps[0][1:]] if fmt == "text" and hyps and hyps[0] else [])
-        one = isinstance(q, str)
-        answer: dict[str, Any] = {"translatedText": out[0] if one else out}
-        if alternatives:
-            answer["alternatives"] = alts[0] if one else alts
-        if p["source"] == "auto":  # nmt does not detect languages: the only model into `target` says
-            detected = {"confidence": 0.0, "language": model.source}
-            answer["detectedLanguage"] = detected if one else [detected] * len(out)
-        return answer
-
     # ------------------------------------------------------------------ the application
 
     def app(self) -> Any:
@@ -380,6 +328,7 @@ class Service:
         from starlette.responses import HTMLResponse, JSONResponse, Response
         from starlette.routing import Route
 
+        from nmt.serve import libretranslate  # which uses this module
         files = resources.files("nmt.serve")
         page, spec = files.joinpath("page.html").read_text("utf-8"), files.joinpath("openapi.json").read_bytes()
 
@@ -419,8 +368,9 @@ class Service:
                   Route("/v1/models", endpoint("models", lambda _: {"models": self.models_info()})),
                   Route("/v1/translate", endpoint("translate", self.translate), methods=["POST"]),
                   Route("/v1/score", endpoint("score", self.score), methods=["POST"]),
-                  Route("/languages", endpoint("languages", lambda _: self.languages())),
-                  Route("/translate", endpoint("libretranslate", self.libretranslate), methods=["POST"])]
+                  Route("/languages", endpoint("languages", lambda _: libretranslate.languages(self.models))),
+                  Route("/translate", endpoint("libretranslate", partial(libretranslate.translate, self)),
+                        methods=["POST"])]
         middleware = [Middleware(CORSMiddleware, allow_origins=self.opts.cors_origins, allow_methods=["GET", "POST"],
                                  allow_headers=["*"])] if self.opts.cors_origins else []
 

@@ -92,7 +92,9 @@ class Batcher:
                 if not self._jobs:
                     self._cond.wait()
                     continue
-                batch, rest, longest = [], deque(), 0
+                batch: list[Job] = []
+                rest: deque[Job] = deque()
+                longest = 0
                 key = self._jobs[0].key
                 for job in self._jobs:
                     longest_with = max(longest, job.tokens)

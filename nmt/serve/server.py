@@ -3,7 +3,6 @@ Ctrl-C (which stop accepting and answer what is in flight first)."""
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import signal
 import socket
@@ -52,7 +51,7 @@ def load_models(specs: list[tuple[str | None, list[str]]], opts: ServeOptions) -
         pair = name.split("-") if name and name.count("-") == 1 else [data.source_lang, data.target_lang]
         name = name or ("-".join(pair) if all(pair) else "default")
         tr.translate([WARM_UP])
-        models[name] = Model(name, tr, *pair)
+        models[name] = Model(name, tr, pair[0], pair[1])
     return models
 
 
@@ -105,7 +104,4 @@ def serve(opts: ServeOptions) -> None:
 
 
 def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -1,0 +1,121 @@
+"""LibreTranslate's API (`POST /translate`, `GET /languages`) over the served models, and HTML
+in, HTML out for its `format: "html"` (what Mastodon sends): the text between tags is translated,
+the tags, comments and entities' markup are kept as they were."""
+
+from __future__ import annotations
+
+import html
+from html.parser import HTMLParser
+from typing import Any
+
+from nmt.serve.app import ApiError, Model, Service
+
+NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French",
+         "it": "Italian", "ja": "Japanese", "mg": "Malagasy", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+         "ru": "Russian", "uk": "Ukrainian", "zh": "Chinese"}
+
+
+def languages(models: dict[str, Model]) -> list[dict[str, Any]]:
+    """GET /languages: each source language of the served models and its targets."""
+    targets: dict[str, set[str]] = {}
+    for m in models.values():
+        targets.setdefault(m.source, set()).update(m.targets)
+    return [{"code": c, "name": NAMES.get(c, c), "targets": sorted(t)} for c, t in sorted(targets.items()) if c]
+
+
+def _pair(models: dict[str, Model], source: str, target: str) -> tuple[Model, str | None]:
+    """The one model that translates `source` (or auto) into `target`, and the >>xxx<< token that says it."""
+    found = [m for m in models.values() if target in m.targets and source in ("auto", m.source)]
+    if len(found) != 1:
+        why = "no model translates" if not found else "several models translate"
+        raise ApiError(400, f"{why} {source} to {target}; GET /languages lists the pairs")
+    return found[0], (None if target == found[0].target else f">>{target}<<")
+
+
+async def translate(service: Service, request: Any) -> Any:
+    """POST /translate: JSON or form data, as LibreTranslate takes and answers it."""
+    p = await service._payload(request, form=True)
+    service._authorize(request, p)
+    for key in ("q", "source", "target"):
+        if p.get(key) in (None, "", []):
+            raise ApiError(400, f"Invalid request: missing {key} parameter")
+    q, fmt = p["q"], p.get("format") or "text"
+    texts = service._texts(q, "q")
+    try:
+        alternatives = int(p.get("alternatives") or 0)
+    except (TypeError, ValueError):
+        alternatives = -1
+    if not 0 <= alternatives <= 10 or fmt not in ("text", "html"):
+        raise ApiError(400, "Invalid request: alternatives must be 0 to 10 and format text or html")
+    model, lang = _pair(service.models, str(p["source"]), str(p["target"]))
+    beam = max(model.translator.decode.beam, alternatives + 1)
+    settings, _ = model.variant({"beam": beam} if beam != model.translator.decode.beam else {}, alternatives + 1)
+    docs = [Markup(t) if fmt == "html" else Markup.plain(t) for t in texts]
+    segments = [s for d in docs for s in d.texts]
+    results = await service._run(request, model, service._jobs(model, ("translate", *settings, False, lang),
+                                                         segments, segments), full=429) if segments else []
+    out, alts = [], []
+    for d in docs:
+        hyps, results = results[:len(d.texts)], results[len(d.texts):]
+        out.append(d.join([h[0].text if h else "" for h in hyps]))
+        alts.append([h.text for h in hyps[0][1:]] if fmt == "text" and hyps and hyps[0] else [])
+    one = isinstance(q, str)
+    answer: dict[str, Any] = {"translatedText": out[0] if one else out}
+    if alternatives:
+        answer["alternatives"] = alts[0] if one else alts
+    if p["source"] == "auto":  # nmt does not detect languages: the only model into `target` says
+        detected = {"confidence": 0.0, "language": model.source}
+        answer["detectedLanguage"] = detected if one else [detected] * len(out)
+    return answer
+
+
+class Markup(HTMLParser):
+    """`texts`: the runs of text to translate, in order; `join(translations)` puts them back
+    between the markup (escaped). A run that is only whitespace is kept, not translated."""
+
+    def __init__(self, document: str):
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str | int] = []  # markup as str, a text run as its index in `texts`
+        self.texts: list[str] = []
+        self.is_html = True
+        self.feed(document)
+        self.close()
+
+    @classmethod
+    def plain(cls, text: str) -> Markup:
+        doc = cls("")
+        doc.parts, doc.texts, doc.is_html = [0], [text], False
+        return doc
+
+    def handle_data(self, data: str) -> None:
+        if data.strip():
+            self.parts.append(len(self.texts))
+            self.texts.append(data)
+        else:
+            self.parts.append(data)
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.parts.append(self.get_starttag_text() or f"<{tag}>")
+
+    handle_startendtag = handle_starttag
+
+    def handle_endtag(self, tag: str) -> None:
+        self.parts.append(f"</{tag}>")
+
+    def handle_comment(self, data: str) -> None:
+        self.parts.append(f"<!--{data}-->")
+
+    def handle_decl(self, decl: str) -> None:
+        self.parts.append(f"<!{decl}>")
+
+    def join(self, translations: list[str]) -> str:
+        if not self.is_html:
+            return translations[0]
+        return "".join(p if isinstance(p, str) else _spaced(self.texts[p], html.escape(translations[p], quote=False))
+                       for p in self.parts)
+
+
+def _spaced(original: str, translation: str) -> str:
+    """The translation with the original run's leading and trailing whitespace (between tags it matters)."""
+    lead, trail = original[: len(original) - len(original.lstrip())], original[len(original.rstrip()):]
+    return lead + translation.strip() + trail
