@@ -177,20 +177,15 @@ def test_hovering_highlights_the_aligned_pieces(server: Server, driver: Any, sen
     def highlighted(css: str) -> set[Span]:
         return set(spans(driver, f"{css} .seg.hl"))
 
-    # target -> source: a few target pieces, each lighting exactly its linked source pieces
-    for span in list(targets)[:3]:
-        ActionChains(driver).move_to_element(targets[span]).perform()
-        want = linked(alignment, "target", span)
-        wait(driver, lambda d, want=want: highlighted("#source-view") == want,
-             f"hovering target {span} highlights source {sorted(want)}")
-        assert highlighted("#translation") == set()
-    # source -> target
-    for span in list(sources)[:3]:
-        ActionChains(driver).move_to_element(sources[span]).perform()
-        want = linked(alignment, "source", span)
-        wait(driver, lambda d, want=want: highlighted("#translation") == want,
-             f"hovering source {span} highlights target {sorted(want)}")
-        assert highlighted("#source-view") == set()
+    # each way: a few pieces of one side, each lighting exactly its linked pieces of the other
+    for side, pieces, here, there in (("target", targets, "#translation", "#source-view"),
+                                      ("source", sources, "#source-view", "#translation")):
+        for span in list(pieces)[:3]:
+            ActionChains(driver).move_to_element(pieces[span]).perform()
+            want = linked(alignment, side, span)
+            wait(driver, lambda d, want=want, there=there: highlighted(there) == want,
+                 f"hovering {side} {span} highlights {sorted(want)} in {there}")
+            assert highlighted(here) == set()
     # leaving clears
     ActionChains(driver).move_to_element(find(driver, "h1")).perform()
     wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".seg.hl"), "leaving clears the highlight")
