@@ -21,7 +21,6 @@ INSTALL = "nmt serve needs its web stack: pip install 'nmt[serve]' (or pip insta
 WARM_UP = "A warm-up sentence."
 
 
-
 def model_specs(opts: ServeOptions) -> list[tuple[str | None, list[str]]]:
     """(name or None, checkpoints) of each model to serve: -c's one (an ensemble if several), or each --model's."""
     if opts.checkpoints and opts.models:
