@@ -22,9 +22,12 @@ with `iter_lines`/`read_lines`, so every command sees the same lines.
 from __future__ import annotations
 
 import gzip
+import io
 import logging
 import os
 import re
+import select
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -70,15 +73,8 @@ class TextStats:
     def summary(self) -> str:
         """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8 -> U+FFFD); first: 3, 9'
         (a line with several problems counts once as a line and once under each problem)."""
-        kinds = [
-            f"{n} {what}"
-            for n, what in (
-                (self.invalid_utf8, "invalid UTF-8 -> U+FFFD"),
-                (self.nul, "NUL -> space"),
-                (self.line_breaks, "CR/U+2028/... inside a line -> space"),
-            )
-            if n
-        ]
+        kinds = [f"{n} {what}" for n, what in ((self.invalid_utf8, "invalid UTF-8 -> U+FFFD"), (self.nul, "NUL -> space"),
+                                               (self.line_breaks, "CR/U+2028/... inside a line -> space")) if n]
         first = ", ".join(map(str, self.first_lines))
         n = self.cleaned_lines
         return f"{self.path}: cleaned {n} line{'' if n == 1 else 's'} ({'; '.join(kinds)}); first: {first}"
@@ -86,8 +82,7 @@ class TextStats:
 
 def find_text(prefix: str | Path, lang: str) -> Path:
     """`PREFIX.LANG` or else `PREFIX.LANG.gz`; NmtError naming both when neither exists."""
-    plain = Path(f"{prefix}.{lang}")
-    gz = Path(f"{prefix}.{lang}.gz")
+    plain, gz = Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")
     for path in (plain, gz):
         if path.is_file():
             return path
@@ -109,16 +104,34 @@ def open_bytes(path: str | Path) -> BinaryIO:
     return gzip.open(path, "rb")  # type: ignore[return-value]
 
 
+def _pipe(stream: BinaryIO) -> int | None:
+    """The descriptor of a pipe, FIFO, socket or terminal that Python's own buffered reader
+    reads (so that nothing can wait unseen in another buffer, as in gzip's); else None."""
+    try:
+        fd = stream.fileno() if isinstance(stream, io.BufferedReader | io.FileIO) else None
+        return None if fd is None or stat.S_ISREG(os.fstat(fd).st_mode) else fd
+    except (OSError, ValueError):
+        return None
+
+
 def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
     """Chunks of whole lines (each ending in b"\\n", except maybe the stream's last).
 
     `read1` returns what is there (at most one read of the file or pipe), so a line typed
     into an interactive pipe comes out as soon as it is complete, while a file is still read
-    in large blocks."""
-    read = getattr(stream, "read1", stream.read)
-    rest = b""
-    while chunk := read(block_size):
-        chunk = rest + chunk
+    in large blocks. A pipe or terminal is first waited on in `select`, waking every 0.25 s: a
+    signal (Ctrl-C, SIGTERM) that another thread of the process happens to take does not
+    interrupt the main thread's blocking read, and waking lets Python run its handler there.
+    A read shorter than `block_size` left nothing in the reader's buffer, so only after one
+    can waiting on the descriptor miss nothing."""
+    read, fd = getattr(stream, "read1", stream.read), _pipe(stream)
+    rest, full = b"", True
+    while True:
+        while fd is not None and not full and not select.select([fd], [], [], 0.25)[0]:
+            pass
+        if not (chunk := read(block_size)):
+            break
+        full, chunk = len(chunk) == block_size, rest + chunk
         cut = chunk.rfind(b"\n") + 1
         rest = chunk[cut:]
         if cut:
@@ -141,8 +154,7 @@ def _clean_line(raw: bytes, lineno: int, stats: TextStats) -> str:
         line = raw.decode("utf-8", errors="replace")
         stats.invalid_utf8 += 1
         stats._note(lineno, lossy=True)
-    if line.endswith("\r"):
-        line = line[:-1]
+    line = line[:-1] if line.endswith("\r") else line
     if "\x00" in line:
         line = line.replace("\x00", " ")
         stats.nul += 1

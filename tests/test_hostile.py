@@ -7,6 +7,7 @@ docs/reliability.md lists each case with the test here that proves it.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import logging
@@ -563,10 +564,15 @@ def _started_on_a_fifo(ckpt: Path, tmp_path: Path, *args: str) -> tuple[subproce
     return proc, writer
 
 
-def _stopped_by(proc: subprocess.Popen, writer: Any, sig: int) -> str:
-    """Send `sig`, then the command's stderr once it has ended (killed after 120 s)."""
+def _stopped_by(proc: subprocess.Popen, writer: Any, sig: int, thread: int | None = None) -> str:
+    """Send `sig` (to the process, or to one of its threads), then the command's stderr once
+    it has ended (killed after 120 s)."""
     try:
-        proc.send_signal(sig)
+        if thread is None:
+            proc.send_signal(sig)
+        else:  # a thread-directed signal: what the kernel does when another thread takes a process's signal
+            libc = ctypes.CDLL(None, use_errno=True)
+            assert libc.tgkill(proc.pid, thread, sig) == 0, os.strerror(ctypes.get_errno())
         try:
             _, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
@@ -586,6 +592,19 @@ def test_ctrl_c_in_translate_says_so_and_exits_130(random_checkpoint, tmp_path):
     proc, writer = _started_on_a_fifo(random_checkpoint, tmp_path)
     err = _stopped_by(proc, writer, signal.SIGINT)
     assert_one_line(proc.returncode, err, "interrupted", status=130)
+
+
+@pytest.mark.parametrize("sig, says, status", [(signal.SIGINT, "interrupted", 130), (signal.SIGTERM, "SIGTERM", 143)])
+def test_a_signal_another_thread_takes_still_stops_translate(random_checkpoint, tmp_path, sig, says, status):
+    """A signal sent to a process goes to any one of its threads that does not block it, and
+    Python runs the handler in the main thread only: taken by another thread (torch's, tqdm's),
+    it did not interrupt the main thread's blocking read of a quiet pipe, and translate went on
+    waiting (seen under load, 1 run in 12). Sent to each other thread, it must stop translate."""
+    proc, writer = _started_on_a_fifo(random_checkpoint, tmp_path)
+    others = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+    assert others, "translate has no thread besides its main one: nothing to test"
+    err = _stopped_by(proc, writer, sig, thread=others[-1])
+    assert_one_line(proc.returncode, err, says, status=status)
 
 
 def test_sigterm_in_translate_leaves_no_temporary_and_exits_143(random_checkpoint, tmp_path):
