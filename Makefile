@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow test-gpu lint demo distill bench clean help
+.PHONY: install test test-slow test-gpu lint docs demo distill bench clean help
 
 help:
 	@echo "make demo       # prepare Multi30k en-de, train, average, translate, score"
@@ -18,6 +18,7 @@ help:
 	@echo "make test-slow  # the long system tests (learning tasks, demo pipeline, fault injection)"
 	@echo "make test-gpu   # the CUDA tests (tests/test_gpu.py); fails without a GPU"
 	@echo "make lint       # ruff + mypy"
+	@echo "make docs       # the documentation site, built offline with mkdocs --strict into site/"
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +41,11 @@ lint: install
 	$(BIN)/ruff check nmt tests scripts
 	$(BIN)/mypy nmt
 
+# the site: every page in the navigation, every link and anchor checked (--strict); offline
+docs: install
+	$(BIN)/python scripts/update_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 demo: install
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
 
@@ -52,4 +58,4 @@ bench: install
 	$(BIN)/python scripts/bench_translate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

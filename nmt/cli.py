@@ -28,7 +28,8 @@ from nmt.errors import NmtError
 
 app = typer.Typer(
     name="nmt",
-    help="Neural machine translation: prepare data, train, average, translate, score, plot.",
+    help="Neural machine translation: prepare data, train, average, translate, score; import, "
+         "fine-tune, distill, export and serve models; plot.",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -111,7 +111,7 @@ class TranslateOptions:
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     precision: str = opt(
         "fp32", "fp32, bf16, fp16 (CUDA only) or int8 (CPU only, so --device auto means the CPU: "
-        "the decoder and output projection in int8, as Marian's int8 decoding; see README).")
+        "the decoder and output projection in int8, as Marian's int8 decoding; see the translating guide).")
     threads: int = opt(0, "CPU threads; 0 = torch default.")
     workers: int = opt(0, "CPU: batches decoded at once, each on its own thread (the threads are "
                        "shared out among them); 0 = one per thread. GPU: always 1.")

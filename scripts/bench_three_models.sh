@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The three models of docs/benchmarks.md ("RNN without attention, RNN with attention,
-# Transformer"), trained on Multi30k en->de for the same CPU time: the data prepared once,
+# The three models of docs/benchmarks.md ("RNN, RNN with attention, Transformer: the same CPU
+# time"), trained on Multi30k en->de for the same CPU time: the data prepared once,
 # then the three trainings started together, each with one thread and the same
 # train.max_time, so that each gets the same share of the cores. Then test_2016_flickr is
 # translated (beam 5, each config's decode settings) and scored, the learning curves are drawn, and the attention of the same test

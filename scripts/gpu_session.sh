@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/benchmarks.md ("GPU: training at the speed of the hardware"),
+# The GPU measurements of docs/benchmarks.md ("GPU measurements still to make"),
 # in one command on a machine with one CUDA GPU (about 25 minutes on an H100):
 #
 #   scripts/gpu_session.sh [OUT_DIR]            (default bench-out/gpu; needs torch with CUDA,

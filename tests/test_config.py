@@ -179,10 +179,6 @@ def test_help_table_lists_every_required_key():
         assert f"`{key}`" in table
 
 
-def test_docs_config_reference_is_current():
-    assert help_table() in (ROOT / "docs/config.md").read_text(encoding="utf-8")
-
-
 # ------------------------------------------------------------------ declared bounds
 
 #: a valid instance of each options dataclass that declares bounds

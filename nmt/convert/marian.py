@@ -242,7 +242,7 @@ def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict
 # ---------------------------------------------------------------- the command
 
 
-# starting points for fine-tuning an imported model on in-domain data (the README's recipe)
+# starting points for fine-tuning an imported model on in-domain data (the pretrained-models guide's recipe)
 FINETUNE_TRAIN: dict[str, Any] = {"lr": 5e-5, "warmup_updates": 500, "warmup_init_lr": 1e-7, "label_smoothing": 0.1,
                   "max_tokens": 4096, "save_interval_updates": 500, "keep_last": 5}
 
