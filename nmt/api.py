@@ -52,7 +52,7 @@ from nmt.decoding.search import Hypothesis, length_penalty
 from nmt.decoding.shortlist import Shortlist
 from nmt.device import resolve_device
 from nmt.errors import NmtError
-from nmt.fields import coerce, coerce_option
+from nmt.fields import coerce, coerce_option, flag
 from nmt.options import TranslateOptions
 from nmt.terminology import Request, Terminology
 from nmt.textio import clean_text, on_one_line
@@ -97,14 +97,6 @@ def clean_output(text: str) -> str:
 
 
 MAX_THREADS = 4096  # torch refuses absurd thread counts with an error of its own
-
-
-def _api_name(key: str) -> str:
-    return f"{key}="
-
-
-def _cli_name(key: str) -> str:
-    return f"--{key.replace('_', '-')}"
 
 
 def _arg(value: Any, tp: type, name: str, where: str) -> Any:
@@ -194,14 +186,14 @@ class Translator:
                   for k in DECODE_OPTIONS if k in options}
         options = {k: coerce_option(TranslateOptions, k, v, "Translator.load") for k, v in options.items()}
         opts = TranslateOptions(checkpoints=paths, decode=decode, **options)
-        return cls.from_options(opts, name=_api_name)
+        return cls.from_options(opts, name=lambda key: f"{key}=")
 
     @staticmethod
     def check_options(opts: TranslateOptions, name: Callable[[str], str] | None = None) -> None:
         """The bounds of the options that are not decode settings (those are checked against
         the checkpoint's in `from_options`). `name(key)` names an option in errors: `--threads`
         for the command (the default), `threads=` for the API."""
-        name = name or _cli_name
+        name = name or flag
         if opts.precision not in DECODE_PRECISIONS:
             raise NmtError(f"{name('precision')} must be one of {', '.join(DECODE_PRECISIONS)}, "
                            f"got {opts.precision!r}")
@@ -220,6 +212,7 @@ class Translator:
     def from_options(cls, opts: TranslateOptions, name: Callable[[str], str] | None = None) -> Translator:
         """The translator `opts` describe (their I/O fields aside), options named in errors by
         `name` (see `check_options`)."""
+        name = name or flag
         cls.check_options(opts, name)
         if opts.threads > 0:
             torch.set_num_threads(min(opts.threads, MAX_THREADS))
@@ -232,13 +225,13 @@ class Translator:
         shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
         translator = cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
                          shortlist=shortlist, alignment_layer=opts.alignment_layer)
-        translator.target_lang = loaded.tokenizer.language_token(opts.target_lang, (name or _cli_name)("target_lang"))
+        translator.target_lang = loaded.tokenizer.language_token(opts.target_lang, name("target_lang"))
         if opts.terminology is not None:
-            need_beam_search(cfg, (name or _cli_name)("terminology"))
+            need_beam_search(cfg, name("terminology"))
             translator.terminology = terms.load_terminology(opts.terminology)
         layers = layer_count(loaded.model)
         if opts.alignment_layer is not None and layers:  # checked against the model now, not at the first line
-            resolve_layer(opts.alignment_layer, layers, (name or _cli_name)("alignment_layer"))
+            resolve_layer(opts.alignment_layer, layers, name("alignment_layer"))
         return translator
 
     # ------------------------------------------------------------------ translation

@@ -54,6 +54,15 @@ def os_error(exc: BaseException) -> OSError | None:
     return None
 
 
+@contextlib.contextmanager
+def os_errors_as(subject: object, action: str) -> Iterator[None]:
+    """An OSError raised in the block becomes the one-line NmtError "{subject}: {action} (reason)"."""
+    try:
+        yield
+    except OSError as e:
+        raise NmtError(f"{subject}: {action} ({e.strerror or e})") from None
+
+
 def fsync_path(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -106,10 +115,8 @@ def check_replaceable(dest: Path, force: bool, markers: tuple[str, ...], kind: s
         return
     if not dest.is_dir():
         raise NmtError(f"{name} exists and is not a directory")
-    try:
+    with os_errors_as(name, "cannot read it"):
         empty = not any(dest.iterdir())
-    except OSError as e:
-        raise NmtError(f"{name}: cannot read it ({e.strerror or e})") from None
     if empty:
         return
     if not force:
@@ -138,10 +145,7 @@ def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        error = os_error(exc)
-        if isinstance(exc, Exception) and error is not None:
-            reason = error.strerror or str(error)
-            raise NmtError(f"{path}: cannot write {what} ({reason})") from exc
+        _raise_write_error(exc, path, what)
         raise
 
 
@@ -152,21 +156,26 @@ def replacing_directory(dest: Path, what: str, option: str = "") -> Iterator[Pat
     `dest` are removed first. On failure the sibling goes away and `dest` is unchanged; an
     OSError (no permission, a read-only or full filesystem) becomes an NmtError naming `dest`."""
     name = _named(dest, option)
-    try:
+    with os_errors_as(name, f"cannot write {what}"):
         clean_temporaries(dest.parent, name=dest.name, directories=True)
         work = temporary_name(dest)
         work.mkdir()
-    except OSError as e:
-        raise NmtError(f"{name}: cannot write {what} ({e.strerror or e})") from None
     try:
         yield work
         _swap_directory(work, dest)
     except BaseException as exc:
         shutil.rmtree(work, ignore_errors=True)
-        error = os_error(exc)
-        if isinstance(exc, Exception) and not isinstance(exc, NmtError) and error is not None:
-            raise NmtError(f"{name}: cannot write {what} ({error.strerror or error})") from exc
+        _raise_write_error(exc, name, what)
         raise
+
+
+def _raise_write_error(exc: BaseException, name: object, what: str) -> None:
+    """Raise the OSError behind the error `exc` of a write (a full disk, a directory gone) as the
+    NmtError "{name}: cannot write {what} (reason)". An NmtError, which names its own cause (an
+    input that cannot be read), and an interrupt (not an Exception) are left to the caller to raise."""
+    error = os_error(exc)
+    if isinstance(exc, Exception) and not isinstance(exc, NmtError) and error is not None:
+        raise NmtError(f"{name}: cannot write {what} ({error.strerror or error})") from exc
 
 
 def _swap_directory(work: Path, dest: Path) -> None:
@@ -189,11 +198,8 @@ def _swap_directory(work: Path, dest: Path) -> None:
 
 def _keep_mode(old: Path, new: Path) -> None:
     """Give `new` the permission bits of `old` (an existing file it is about to replace)."""
-    try:
-        mode = stat.S_IMODE(old.stat().st_mode)
-    except FileNotFoundError:
-        return
-    os.chmod(new, mode)
+    with contextlib.suppress(FileNotFoundError):  # no `old`: a new file keeps its own
+        os.chmod(new, stat.S_IMODE(old.stat().st_mode))
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -398,20 +404,17 @@ def open_for_reading(path: str | Path, what: str, limit: int | None = READ_LIMIT
 def read_regular(path: str | Path, what: str, limit: int | None = READ_LIMIT) -> bytes:
     """The bytes of `path` under `open_for_reading`'s rule; a missing file raises
     FileNotFoundError, a read error NmtError naming the file."""
-    with open_for_reading(path, what, limit) as f:
-        try:
-            return f.read()
-        except OSError as e:
-            raise NmtError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    with open_for_reading(path, what, limit) as f, os_errors_as(path, f"cannot read {what}"):
+        return f.read()
 
 
 # ------------------------------------------------------------------ a directory's lock
 
 
-class DirectoryLock:
+class DirectoryLock(contextlib.AbstractContextManager["DirectoryLock"]):
     """An advisory lock (flock) on a file in a directory, which holds the holder's pid for the
     message of the next comer. The kernel drops a flock when the process ends, however it ends
-    (`kill -9` included): no stale lock to clean up. The file itself stays."""
+    (`kill -9` included): no stale lock to clean up. The file itself stays. `with` releases it."""
 
     def __init__(self, fd: int):
         self.fd: int | None = fd
@@ -420,9 +423,6 @@ class DirectoryLock:
         if self.fd is not None:
             os.close(self.fd)  # closing the only descriptor releases the flock
             self.fd = None
-
-    def __enter__(self) -> DirectoryLock:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()

@@ -291,24 +291,14 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
     check_average_output(paths, Path(out))
 
     first = paths[0]
-    reference: dict[str, Any] = {}
-    mean: dict[str, torch.Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    ckpt: dict[str, Any] = {}
-    for k, path in enumerate(paths, start=1):
+    ckpt = load_checkpoint(first, mmap=True)
+    reference = {key: ckpt.get(key) for key in ("config", "vocab_size", "tokenizer")}
+    dtypes = {key: tensor.dtype for key, tensor in ckpt["model"].items()}
+    mean = {key: tensor.to(torch.promote_types(tensor.dtype, torch.float32), copy=True)  # fp32 at least
+            if tensor.is_floating_point() else tensor.clone() for key, tensor in ckpt["model"].items()}
+    for k, path in enumerate(paths[1:], start=2):
         ckpt = load_checkpoint(path, mmap=True)
         state = ckpt["model"]
-        if k == 1:
-            reference = {key: ckpt.get(key) for key in ("config", "vocab_size", "tokenizer")}
-            for key, tensor in state.items():
-                dtypes[key] = tensor.dtype
-                accumulate = torch.promote_types(tensor.dtype, torch.float32)
-                mean[key] = (
-                    tensor.to(accumulate, copy=True)
-                    if tensor.is_floating_point()
-                    else tensor.clone()
-                )
-            continue
         _check_same_model(reference, ckpt, first, path)
         _check_compatible(mean, dtypes, state, first, path)
         for key, tensor in state.items():
@@ -324,7 +314,7 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
     result["model"] = {key: mean[key].to(dtypes[key]) for key in mean}
     result["averaged_from"] = [path.name for path in paths]
     atomic_save(result, out)
-    log.info("averaged %d checkpoint(s) into %s", len(paths), out)
+    log.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(p.name for p in paths), out)
     return result
 
 
@@ -393,4 +383,3 @@ def average_command(inputs: list[Path], output: Path, last: int | None) -> None:
             raise NmtError(f"{next(p for p in inputs if p.is_dir())} is a directory: add --last N")
         paths = list(inputs)
     average_checkpoints(paths, output)
-    log.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(p.name for p in paths), output)

@@ -398,11 +398,10 @@ def _run(command: Any, args: list[str]) -> None:
         print("nmt: stopped by SIGTERM" if isinstance(e, Terminated) else "nmt: interrupted", file=sys.stderr)
         sys.exit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
     except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument
-        if type(e).__name__ == "NoArgsIsHelpError":  # `nmt` alone: the help
-            print(e.format_message(), file=sys.stderr)
-            sys.exit(e.exit_code)
         ctx = getattr(e, "ctx", None)
-        print(f"{ctx.command_path if ctx else 'nmt'}: error: {e.format_message()}", file=sys.stderr)
+        help_only = type(e).__name__ == "NoArgsIsHelpError"  # `nmt` alone: the help
+        print(("" if help_only else f"{ctx.command_path if ctx else 'nmt'}: error: ") + e.format_message(),
+              file=sys.stderr)
         sys.exit(e.exit_code)
     except OSError as e:
         if e.errno != errno.EPIPE:

@@ -198,19 +198,10 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
-SECTIONS: dict[str, type] = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "train": TrainConfig,
-    "decode": DecodeConfig,
-}
+SECTIONS: dict[str, type] = typing.get_type_hints(Config)  # {"data": DataConfig, "model": ModelConfig, ...}
 
 
 # ---------------------------------------------------------------- loading
-
-
-def _all_keys() -> list[str]:
-    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)] + list(SECTIONS)
 
 
 def _unknown(key: str, where: str) -> ConfigError:
@@ -221,17 +212,15 @@ def _unknown(key: str, where: str) -> ConfigError:
         names = [f.name for f in fields(SECTIONS[section])]
         close = [f"{section}.{c}" for c in difflib.get_close_matches(name, names, n=1, cutoff=0.6)]
     else:
-        close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
+        keys = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)] + list(SECTIONS)
+        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return ConfigError(f"{where}: unknown key {key}{hint}")
 
 
-_field_types = typing.get_type_hints
-
-
 def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any:
     cls = SECTIONS[name]
-    types_ = _field_types(cls)
+    types_ = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in raw.items():
         path = f"{name}.{key}"
@@ -251,7 +240,7 @@ def _parse_override(item: str) -> tuple[str, str]:
 def _override_value(section: str, name: str, text: str) -> Any:
     """The value of `--set section.name=text`: a string key (a path, a language, a device) takes
     the text as written (`runs/exp #2`, `2024`, `no`); any other is read as YAML (`7e-4`, `true`)."""
-    tp = _field_types(SECTIONS[section]).get(name)
+    tp = typing.get_type_hints(SECTIONS[section]).get(name)
     if tp is str or (get_origin(tp) is Literal and all(isinstance(c, str) for c in get_args(tp))):
         return text
     try:
@@ -402,7 +391,7 @@ def help_table() -> str:
     """Markdown reference of every key (docs/config.md is generated from this)."""
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for section, cls in SECTIONS.items():
-        hints = _field_types(cls)
+        hints = typing.get_type_hints(cls)
         for f in fields(cls):
             tp = hints[f.name]
             tname = (

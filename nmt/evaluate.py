@@ -87,12 +87,10 @@ def score_corpus(
     for ref_name, stream in zip(names, refs, strict=True):
         if len(stream) != len(hyps):
             raise NmtError(f"{hyp_name} has {len(hyps)} lines but {ref_name} has {len(stream)}")
-    results = []
-    for name, metric in zip(metrics, metric_objects, strict=True):
-        score = metric.corpus_score(list(hyps), [list(stream) for stream in refs])
-        signature = metric.get_signature().format()
-        results.append(MetricResult(name, float(score.score), signature, score.format()))
-    return results
+    hyp_lines, ref_lines = list(hyps), [list(stream) for stream in refs]
+    scores = [metric.corpus_score(hyp_lines, ref_lines) for metric in metric_objects]
+    return [MetricResult(name, float(score.score), metric.get_signature().format(), score.format())
+            for name, metric, score in zip(metrics, metric_objects, scores, strict=True)]
 
 
 def corpus_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
@@ -173,9 +171,7 @@ def _placement_hint(dataset, langpair: str, exc: BaseException) -> str:
     entries = [entries["path"]] if isinstance(entries, dict) else entries
     # TSV sets prefix a column number ("2:MTNT/test.tsv")
     files = dict.fromkeys(re.sub(r"^\d+:", "", entry) for entry in entries)
-    reason = one_line(exc, 1000)
-    if isinstance(exc, SystemExit):
-        reason = "download failed; sacreBLEU logged why"
+    reason = "download failed; sacreBLEU logged why" if isinstance(exc, SystemExit) else one_line(exc, 1000)
     paths = ", ".join(str(raw_dir / f) for f in files)
     return (
         f"{dataset.name}/{langpair}: sacreBLEU could not get the test set ({reason}); "

@@ -7,6 +7,7 @@ docs/config.md and the CLI's flags and arguments are made from what they attach.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import typing
@@ -103,41 +104,31 @@ def flag(key: str) -> str:
     return f"--{key.replace('_', '-')}"
 
 
+# the plain field types: the Python types of the values each takes (a bool only for bool), and what an error
+# says a value must be
+_PLAIN: dict[Any, tuple[tuple[type[Any], ...], str]] = {
+    bool: ((bool,), "true or false"), int: ((int,), "an integer"), float: ((int, float), "a number"),
+    str: ((str,), "a string")}
+
+
 def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -> Any:
     """Check `value` against the field type `tp`; return it converted where lossless. A float
     may be given as a str (YAML 1.1 reads `5e-4` as one) unless `strings` is False (Python
     arguments: a number is a number, as for int and bool)."""
-
-    def bad(expected: str) -> ConfigError:
-        return ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
-
     if get_origin(tp) is Literal:
         choices = Bounds(choices=get_args(tp))
         if not choices.allows(value):
             raise ConfigError(f"{where}: {key} {choices.rule()}, got {value!r}")
         return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad("true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad("an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if tp not in _PLAIN:
+        raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
+    kinds, expected = _PLAIN[tp]
+    if isinstance(value, kinds) and (tp is bool or not isinstance(value, bool)):
+        return float(value) if tp is float else value
+    if tp is float and strings and isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
+        with contextlib.suppress(ValueError):
             return float(value)
-        if strings and isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise bad("a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad("a string")
-    raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
+    raise ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
 
 
 def coerce_option(cls: type, key: str, value: Any, where: str, name: str | None = None) -> Any:
@@ -145,6 +136,6 @@ def coerce_option(cls: type, key: str, value: Any, where: str, name: str | None 
     float, str or a Literal; other types pass), for a keyword argument `key=` of `where` (or
     as `name` says, e.g. a JSON key): the types as Python has them, no str for a number."""
     tp = typing.get_type_hints(cls)[key]
-    if tp in (bool, int, float, str) or get_origin(tp) is Literal:
+    if tp in _PLAIN or get_origin(tp) is Literal:
         return coerce(value, tp, name or f"{key}=", where, strings=False)
     return value

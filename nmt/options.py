@@ -2,8 +2,8 @@
 their types, defaults, help and bounds. `nmt.cli` makes each command's arguments and flags from
 these fields (and `translate`'s decode flags from `DecodeConfig`); the library checks their
 bounds. The Python API (`nmt.api.Translator.load`) takes the fields of `TranslateOptions` that
-are not the command's stream I/O (`io_opt`) as keyword arguments, with the `DecodeConfig`
-fields, so the command and the API cannot drift apart.
+are not the command's stream I/O (`opt(..., io=True)`) as keyword arguments, with the
+`DecodeConfig` fields, so the command and the API cannot drift apart.
 """
 
 from __future__ import annotations
@@ -16,12 +16,6 @@ from typing import Any
 from nmt.config import Config, load_config
 from nmt.errors import NmtError, require
 from nmt.fields import REQUIRED, check_bounds, flag, opt, opt_list
-
-
-def io_opt(default: Any, help: str, *, flags: tuple[str, ...] = ()) -> Any:
-    """An option of `nmt translate`'s stream I/O (files, output format, buffering): a flag of
-    the command, not an argument of `Translator.load`."""
-    return opt(default, help, flags=flags, io=True)
 
 
 def default_workers() -> int:
@@ -87,27 +81,27 @@ class TranslateOptions:
 
     checkpoints: list[Path] = opt_list("Checkpoint(s); several decode as an ensemble.",
                                        flags=("--checkpoint", "-c"))
-    input: Path | None = io_opt(None, "Input file (default stdin).", flags=("--input", "-i"))
-    output: Path | None = io_opt(None, "Output file (default stdout).", flags=("--output", "-o"))
+    input: Path | None = opt(None, "Input file (default stdin).", flags=("--input", "-i"), io=True)
+    output: Path | None = opt(None, "Output file (default stdout).", flags=("--output", "-o"), io=True)
     # the decode settings over the checkpoint's: DecodeConfig fields (--beam, --lenpen, ...)
     decode: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
-    nbest: int = io_opt(1, "Hypotheses per input line (tab-separated with --scores).")
-    scores: bool = io_opt(False, "Prefix each output with its score and a tab.")
-    alignment: bool = io_opt(
+    nbest: int = opt(1, "Hypotheses per input line (tab-separated with --scores).", io=True)
+    scores: bool = opt(False, "Prefix each output with its score and a tab.", io=True)
+    alignment: bool = opt(
         False, "After each translation, a tab and its hard alignment in Pharaoh format (source-target "
         "pairs `i-j` of sentencepiece pieces, 0-based, without </s>): for each target piece the source "
-        "piece with the most cross-attention of --alignment-layer, averaged over heads.")
-    attention: Path | None = io_opt(
+        "piece with the most cross-attention of --alignment-layer, averaged over heads.", io=True)
+    attention: Path | None = opt(
         None, "Write the cross-attention of each translation (every decoder layer and head, the best "
         "hypothesis) with its source and target pieces to this .npz file, as each line is translated "
         "(memory stays flat; the file grows by layers x heads x target x source x 4 bytes a line before "
         "compression, e.g. ~60 KB for 6 layers, 8 heads and 18 x 18 pieces) and complete at the end; "
-        "draw it with `nmt plot attention`.")
-    buffer_lines: int = io_opt(
+        "draw it with `nmt plot attention`.", io=True)
+    buffer_lines: int = opt(
         0, "Translate after this many lines, or as soon as the input pauses (nothing more waiting "
         "on the pipe), so that a co-process gets each answer before it sends the next line; 1 = "
         "strictly line by line. 0 = chunks of 4096 lines, except on a terminal, which is answered "
-        "as soon as a line is typed.")
+        "as soon as a line is typed.", io=True)
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     precision: str = opt(
         "fp32", "fp32, bf16, fp16 (CUDA only) or int8 (CPU only, so --device auto means the CPU: "
@@ -117,11 +111,11 @@ class TranslateOptions:
                        "shared out among them); 0 = one per thread. GPU: always 1.")
     shortlist: Path | None = opt(None, "A file from `nmt shortlist`: decode each sentence over its "
                                  "likely target tokens only (faster, approximate; off by default).")
-    json_input: bool = io_opt(
+    json_input: bool = opt(
         False, "Each input line is a JSON object: {\"text\": ..., \"constraints\": [...], \"avoid\": [...], "
         "\"prefix\": ..., \"ordered\": false}, every key but text optional (Sockeye's --json-input): target "
         "phrases that must appear, phrases that must not, the translation's start; still one output "
-        "line per input line.")
+        "line per input line.", io=True)
     terminology: Path | None = opt(
         None, "A file of 'source term<TAB>target term' lines: where a source term occurs in a line (whole "
         "words, any case), its target term must appear in the translation (a lexical constraint). A "

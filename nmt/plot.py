@@ -156,10 +156,8 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
     if bad:
         log.warning("%s: skipped %d bad record(s), the first on line %d (not a JSON object with an integer "
                     "update and numbers)", path, bad, first_bad)
-    by_kind = ([r for (k, _), r in sorted(records.items(), key=lambda kv: kv[0][1]) if k == kind]
-               for kind in ("train", "valid"))
-    train, valid = by_kind
-    return train, valid
+    by_update = sorted(records.items(), key=lambda kv: kv[0][1])
+    return [r for (k, _), r in by_update if k == "train"], [r for (k, _), r in by_update if k == "valid"]
 
 
 def _record(line: bytes) -> dict[str, Any] | None:
@@ -168,20 +166,14 @@ def _record(line: bytes) -> dict[str, Any] | None:
         rec = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: arrays nested too deep
         return None
-    if not isinstance(rec, dict) or not isinstance(rec.get("type", "train"), str):
-        return None
-    if not isinstance(rec.get("update"), int) or not all(_drawable(rec[k]) for k in PLOTTED if k in rec):
-        return None
-    return rec
+    ok = (isinstance(rec, dict) and isinstance(rec.get("type", "train"), str)
+          and isinstance(rec.get("update"), int) and all(_drawable(rec[k]) for k in PLOTTED if k in rec))
+    return rec if ok else None
 
 
 def _drawable(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return abs(float(value)) <= MAX_VALUE  # False for NaN
-    except OverflowError:  # an integer beyond any float
-        return False
+    # Python compares an int with a float exactly: no overflow for an integer beyond any float; False for NaN
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_VALUE
 
 
 def plot_curves(run_dirs: Sequence[str | Path], output: str | Path, *, labels: Sequence[str] = (),

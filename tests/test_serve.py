@@ -425,6 +425,8 @@ def test_api_keys_cors_and_the_warning_off_loopback(trained_checkpoint, tmp_path
                 "https://example.org") as s:
         assert s.post("/v1/translate", {"texts": ["A dog."]})[:2] == (403, {"error": "Invalid API key"})
         assert s.post("/v1/translate", {"texts": ["A dog."], "api_key": "secret-3"})[0] == 403
+        # a key JSON can carry but UTF-8 cannot (a lone surrogate) is a wrong key, not a server error
+        assert s.post("/v1/translate", {"texts": ["A dog."], "api_key": "\ud800"})[:2] == (403, {"error": "Invalid API key"})
         assert s.post("/v1/translate", {"texts": ["A dog."], "api_key": "secret-2"})[0] == 200
         assert s.post("/v1/translate", {"texts": ["A dog."]}, headers={"Authorization": "Bearer secret-1"})[0] == 200
         assert s.post("/translate", {"q": "A dog.", "source": "en", "target": "de"})[:2] == (

@@ -71,10 +71,8 @@ class Model:
                                 option=lambda k: f'"{k}"')
             if len(self.variants) >= 64:  # each request its own settings: keep the 64 latest
                 self.variants.pop(next(iter(self.variants)))
-            tr = Translator(base.loaded, cfg, device=base.device, precision=base.precision, workers=base.workers,
-                            shortlist=base.shortlist, alignment_layer=base.alignment_layer)
-            tr.target_lang, tr.terminology = base.target_lang, base.terminology
-            self.variants[key] = tr
+            self.variants[key] = tr = copy.copy(base)  # the served one (model, options, terminology)
+            tr.decode = cfg
         return key, self.variants[key]
 
     def decode(self, key: Any, jobs: list[Job]) -> list[Any]:
@@ -133,17 +131,12 @@ class Service:
     """The served models, the limits and the metrics; `app()` is the ASGI application."""
 
     def __init__(self, models: dict[str, Model], opts: ServeOptions, keys: list[bytes]):
-        from prometheus_client import (
-            CollectorRegistry,
-            Counter,
-            Gauge,
-            Histogram,
-            disable_created_metrics,
-        )
+        import prometheus_client
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.models, self.opts, self.keys = models, opts, keys
         self.stopping: Callable[[], bool] = lambda: False
-        disable_created_metrics()  # the _created series: noise for a scraper
+        prometheus_client.disable_created_metrics()  # the _created series: noise for a scraper
         self.registry = reg = CollectorRegistry()
         self.requests = Counter("nmt_requests", "HTTP requests answered", ["endpoint", "status"], registry=reg)
         self.latency = Histogram("nmt_request_seconds", "Time to answer a request", ["endpoint"], registry=reg)
@@ -153,14 +146,13 @@ class Service:
         depth = Gauge("nmt_queue_sentences", "Sentences waiting to be decoded", ["model"], registry=reg)
         for name, m in models.items():
             m.batcher = Batcher(m.decode, batch_tokens=opts.batch_tokens, max_queue=opts.max_queue,
-                                max_wait=opts.max_wait_ms / 1000, on_batch=self._counted(name), name=name)
+                                max_wait=opts.max_wait_ms / 1000, on_batch=partial(self._counted, name), name=name)
             depth.labels(name).set_function(m.batcher.depth)
 
-    def _counted(self, name: str) -> Callable[[int, float], None]:
-        def on_batch(size: int, seconds: float) -> None:
-            self.sentences.labels(name).inc(size)
-            self.batches.labels(name).observe(size)
-        return on_batch
+    def _counted(self, name: str, size: int, seconds: float) -> None:
+        """The batcher's `on_batch` of model `name` (with partial): a decoded batch of `size` sentences."""
+        self.sentences.labels(name).inc(size)
+        self.batches.labels(name).observe(size)
 
     def close(self) -> None:
         for m in self.models.values():
@@ -171,7 +163,8 @@ class Service:
 
     async def _payload(self, request: Any, form: bool = False) -> dict[str, Any]:
         """The request's fields: a JSON object, or with `form` form data where the content type says
-        so (urlencoded or multipart), read within the limits of size and time."""
+        so (urlencoded or multipart), read within the limits of size and time; 403 without a valid
+        API key where the server has keys."""
         limit, chunks = self.opts.max_body_bytes, []
         too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
         if int(request.headers.get("content-length", "0") or 0) > limit:
@@ -193,26 +186,28 @@ class Service:
         kind = kind if form else "application/json"
         try:
             if kind == "application/x-www-form-urlencoded":
-                return _fields(parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict"))
-            if kind == "multipart/form-data":
+                data = _fields(parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict"))
+            elif kind == "multipart/form-data":
                 head = f"Content-Type: {request.headers['content-type']}\r\n\r\n".encode("latin-1")
                 parts = email.message_from_bytes(head + body, policy=email.policy.HTTP).iter_parts()
-                return _fields([(p.get_param("name", header="content-disposition"),
+                data = _fields([(p.get_param("name", header="content-disposition"),
                                  cast(bytes, p.get_payload(decode=True) or b"").decode("utf-8")) for p in parts])
-            data = json.loads(body)
+            else:
+                data = json.loads(body)
         except UnicodeDecodeError:
             raise ApiError(400, "the request body is not valid UTF-8") from None
         except ValueError as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
+        self._authorize(request, data)
         return data
 
     def _authorize(self, request: Any, payload: dict[str, Any]) -> None:
         if not self.keys:
             return
         given = payload.get("api_key") or request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        given = given.encode() if isinstance(given, str) else b""
+        given = given.encode("utf-8", "surrogatepass") if isinstance(given, str) else b""  # "\ud800": no key, 403
         if not any([hmac.compare_digest(given, key) for key in self.keys]):  # a list: every key compared
             raise ApiError(403, "Invalid API key")
 
@@ -273,7 +268,6 @@ class Service:
 
     async def translate(self, request: Any) -> Any:
         p = await self._payload(request)
-        self._authorize(request, p)
         model = self._model(p.get("model"))
         unknown = sorted(set(p) - V1_KEYS - set(DECODE_OPTIONS))
         if unknown:
@@ -287,12 +281,11 @@ class Service:
         terminology = terminology_from_pairs(list(terms.items())) if terms else None
         overrides = {k: coerce_option(DecodeConfig, k, p[k], "the request", f'"{k}"') for k in DECODE_OPTIONS if k in p}
         settings, _ = model.variant(overrides, nbest)
+        texts = [{"text": t} if isinstance(t, str) else t for t in texts]  # a str is a request of its text alone
         for i, t in enumerate(texts):
-            if isinstance(t, dict) and set(t) - set(JSON_KEYS):
+            if set(t) - set(JSON_KEYS):
                 raise ApiError(400, f"texts[{i}]: unknown key {sorted(set(t) - set(JSON_KEYS))[0]!r}: keys are {', '.join(JSON_KEYS)}")
-        requests = [Request(t, where=f"texts[{i}]") if isinstance(t, str) else
-                    Request(**t, where=f"texts[{i}]", json_keys=True) for i, t in enumerate(texts)]
-        requests = [with_terms(r, terminology) for r in requests]
+        requests = [with_terms(Request(**t, where=f"texts[{i}]", json_keys=True), terminology) for i, t in enumerate(texts)]
         key = ("translate", *settings, align or attend, lang)
         results = await self._run(request, model, self._jobs(model, key, requests, [r.text for r in requests]))
         layer = resolve_layer(model.translator.alignment_layer, layer_count(model.translator.loaded.model) or 1)
@@ -303,7 +296,6 @@ class Service:
 
     async def score(self, request: Any) -> Any:
         p = await self._payload(request)
-        self._authorize(request, p)
         model = self._model(p.get("model"))
         sources, targets = self._texts(p.get("sources"), "sources"), self._texts(p.get("targets"), "targets")
         if len(sources) != len(targets):
@@ -350,8 +342,6 @@ class Service:
                         log.exception("%s %s", request.method, request.url.path)
                 self.requests.labels(name, str(status)).inc()
                 self.latency.labels(name).observe(time.perf_counter() - start)
-                if isinstance(body, Response):
-                    return body
                 return JSONResponse(body, status_code=status, headers=headers)
             return handle
 
@@ -385,11 +375,10 @@ CSP = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'
 
 def _fields(pairs: list[tuple[Any, str]]) -> dict[str, Any]:
     """Form fields as a dict; a name given more than once (q=a&q=b) is a list."""
-    out: dict[str, Any] = {}
+    out: dict[str, list[str]] = {}
     for name, value in pairs:
-        out[name] = [*out[name], value] if isinstance(out.get(name), list) else \
-            [out[name], value] if name in out else value
-    return out
+        out.setdefault(name, []).append(value)
+    return {name: values[0] if len(values) == 1 else values for name, values in out.items()}
 
 
 async def _disconnected(request: Any) -> None:

@@ -13,7 +13,6 @@ cancelled (its client went away, its deadline passed) is dropped when it comes u
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections import deque
@@ -82,11 +81,10 @@ class Batcher:
         self._thread.join()
 
     def _take(self) -> list[Job]:
-        """The next batch (see the module's docstring); [] once closed."""
+        """The next batch (see the module's docstring), never empty; [] once closed."""
         with self._cond:
             while True:
-                while self._jobs and self._jobs[0].future.cancelled():
-                    self._jobs.popleft()
+                self._jobs = deque(j for j in self._jobs if not j.future.cancelled())
                 if self._closed:
                     return []
                 if not self._jobs:
@@ -98,46 +96,38 @@ class Batcher:
                 key = self._jobs[0].key
                 for job in self._jobs:
                     longest_with = max(longest, job.tokens)
-                    if job.key == key and not job.future.cancelled() and \
-                            (not batch or longest_with * (len(batch) + 1) <= self.batch_tokens):
+                    if job.key == key and (not batch or longest_with * (len(batch) + 1) <= self.batch_tokens):
                         batch.append(job)
                         longest = longest_with
-                    elif not job.future.cancelled():
+                    else:
                         rest.append(job)
                 wait = self.max_wait - (time.monotonic() - batch[0].queued)
-                full = len(rest) > 0 and any(j.key == key for j in rest)
+                full = any(j.key == key for j in rest)
                 if wait > 0 and not full:
                     self._cond.wait(wait)
                     continue
                 self._jobs = rest
-                return [j for j in batch if j.future.set_running_or_notify_cancel()]
+                batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
+                if batch:  # else all its jobs were cancelled meanwhile: look again
+                    return batch
 
     def _run(self) -> None:
-        while not self._closed:
-            batch = self._take()
-            if not batch:
-                continue
+        while batch := self._take():
             start = time.perf_counter()
-            try:
-                outcomes = [(True, r) for r in self.decode(batch[0].key, batch)]
-            except Exception:  # one sentence at a time: only the bad ones fail
-                outcomes = [self._alone(job) for job in batch] if len(batch) > 1 else [(False, sys.exc_info()[1])]
+            outcomes = self._decoded(batch)
             self.on_batch(len(batch), time.perf_counter() - start)  # counted before anyone is answered
             for job, (ok, result) in zip(batch, outcomes, strict=True):
                 if ok:
                     job.future.set_result(result)
-                else:
-                    _fail(job, result)
+                    continue
+                if not isinstance(result, NmtError):  # not a user's mistake: logged with its traceback
+                    log.error("%s: decoding failed", job.where, exc_info=result)
+                job.future.set_exception(result)  # the job's answer is its error
 
-    def _alone(self, job: Job) -> tuple[bool, Any]:
+    def _decoded(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
+        """(True, result) or (False, exception) of each job; a batch that fails is decoded again
+        one sentence at a time, so that only the bad ones fail."""
         try:
-            return True, self.decode(job.key, [job])[0]
+            return [(True, r) for r in self.decode(jobs[0].key, jobs)]
         except Exception as exc:
-            return False, exc
-
-
-def _fail(job: Job, exc: Exception) -> None:
-    """The job's answer is its error; one that is not a user's mistake is logged with its traceback."""
-    if not isinstance(exc, NmtError):
-        log.error("%s: decoding failed", job.where, exc_info=exc)
-    job.future.set_exception(exc)
+            return [self._decoded([job])[0] for job in jobs] if len(jobs) > 1 else [(False, exc)]

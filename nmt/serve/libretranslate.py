@@ -34,8 +34,7 @@ def _pair(models: dict[str, Model], source: str, target: str) -> tuple[Model, st
 
 async def translate(service: Service, request: Any) -> Any:
     """POST /translate: JSON or form data, as LibreTranslate takes and answers it."""
-    p = await service._payload(request, form=True)
-    service._authorize(request, p)
+    p = await service._payload(request, form=True)  # and authorized
     for key in ("q", "source", "target"):
         if p.get(key) in (None, "", []):
             raise ApiError(400, f"Invalid request: missing {key} parameter")
@@ -59,14 +58,11 @@ async def translate(service: Service, request: Any) -> Any:
         hyps, results = results[:len(d.texts)], results[len(d.texts):]
         out.append(d.join([h[0].text if h else "" for h in hyps]))
         alts.append([h.text for h in hyps[0][1:]] if fmt == "text" and hyps and hyps[0] else [])
-    one = isinstance(q, str)
-    answer: dict[str, Any] = {"translatedText": out[0] if one else out}
-    if alternatives:
-        answer["alternatives"] = alts[0] if one else alts
-    if p["source"] == "auto":  # nmt does not detect languages: the only model into `target` says
-        detected = {"confidence": 0.0, "language": model.source}
-        answer["detectedLanguage"] = detected if one else [detected] * len(out)
-    return answer
+    # nmt does not detect languages: the only model into `target` says; one text (q a str) is answered without lists
+    detected = {"confidence": 0.0, "language": model.source}
+    answer = {"translatedText": out, "alternatives": alts if alternatives else None,
+              "detectedLanguage": [detected] * len(out) if p["source"] == "auto" else None}
+    return {k: v[0] if isinstance(q, str) else v for k, v in answer.items() if v is not None}
 
 
 class Markup(HTMLParser):

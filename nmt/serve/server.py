@@ -9,7 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
-from nmt.api import Translator
+from nmt.api import LOAD_OPTIONS, Translator
 from nmt.atomic import read_regular
 from nmt.errors import NmtError, one_line
 from nmt.fields import check_bounds, flag
@@ -41,8 +41,7 @@ def model_specs(opts: ServeOptions) -> list[tuple[str | None, list[str]]]:
 def load_models(specs: list[tuple[str | None, list[str]]], opts: ServeOptions) -> dict[str, Model]:
     """The models, loaded weights-only as everywhere, each warmed up with one batch. A NAME like
     en-de gives a model its languages; else its config's data.source_lang / target_lang do."""
-    load = {k: getattr(opts, k) for k in ("decode", "device", "precision", "threads", "workers", "shortlist",
-                                          "terminology", "target_lang", "alignment_layer")}
+    load = {k: getattr(opts, k) for k in ("decode", *LOAD_OPTIONS)}  # ServeOptions has `nmt translate`'s
     models: dict[str, Model] = {}
     for name, paths in specs:
         tr = Translator.from_options(TranslateOptions(checkpoints=[Path(p) for p in paths], **load))
@@ -56,8 +55,7 @@ def load_models(specs: list[tuple[str | None, list[str]]], opts: ServeOptions) -
 
 def _bind(host: str, port: int) -> socket.socket:
     try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family, reuse_port=False)
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         # inherited by each connection: an answer's headers and body go out at once, not 40 ms
         # apart (Nagle's algorithm waiting on the client's delayed acknowledgement)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -84,7 +82,7 @@ def serve(opts: ServeOptions) -> None:
         keys = [k.strip().encode() for k in lines if k.strip() and not k.startswith("#")]
         if not keys:
             raise NmtError(f"{opts.api_keys}: no API key in it (one a line)")
-    if not keys and not _loopback(opts.host):
+    if not keys and opts.host not in ("localhost", "::1") and not opts.host.startswith("127."):  # not loopback
         log.warning("serving on %s without --api-keys: anyone who can reach it can use it", opts.host)
     sock = _bind(opts.host, opts.port)
     service = Service(load_models(specs, opts), opts, keys)
@@ -100,7 +98,3 @@ def serve(opts: ServeOptions) -> None:
         signal.signal(signal.SIGTERM, previous)
         service.close()
         sys.stdout.flush()
-
-
-def _loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 import os
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from nmt.atomic import (
     clean_temporaries,
     lock_directory,
     open_regular_file,
+    os_errors_as,
     write_all,
 )
 from nmt.config import Config, dump_config
@@ -71,30 +72,28 @@ class RunDir:
         self.path, self.tensorboard = path, tensorboard
         self.metrics_fd: int | None = None
         self._board: Any = None  # a torch.utils.tensorboard SummaryWriter with train.tensorboard
-        self._log_handler: logging.Handler | None = None
-        self._lock: DirectoryLock | None = None
+        self._opened = ExitStack()  # what close() undoes (the last opened first, the lock last)
 
     def open(self, spm_model: bytes) -> None:
         """Create the run directory, clean up after a killed run, open train.log and metrics.jsonl,
         write spm.model (the tokenizer's bytes) if it is missing and record the run in .nmt-last-run."""
-        try:
+        with os_errors_as(self.path, "cannot write the run directory"):
             self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise NmtError(f"{self.path}: cannot write the run directory ({e.strerror or e})") from None
-        self._lock = lock_run_dir(self.path)  # before anything in it is touched
+        self._opened.callback(lock_run_dir(self.path).release)  # before anything in it is touched
         clean_temporaries(self.path)
         log_path, metrics_path = self.path / "train.log", self.path / "metrics.jsonl"
         handler = _RunLogHandler(log_path)
         handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
         logging.getLogger().addHandler(handler)
-        self._log_handler = handler
+        self._opened.callback(_quietly, handler.close)
+        self._opened.callback(logging.getLogger().removeHandler, handler)  # detached, then closed
         self.metrics_fd = open_regular_file(metrics_path, os.O_RDWR | os.O_APPEND, "metrics")
-        try:
+        self._opened.callback(_quietly, os.close, self.metrics_fd)
+        with os_errors_as(metrics_path, "cannot write metrics"):
             _drop_partial_last_line(self.metrics_fd, metrics_path)
-        except OSError as e:
-            raise NmtError(f"{metrics_path}: cannot write metrics ({e.strerror or e})") from None
         if self.tensorboard:
             self._board = _summary_writer(self.path / "tensorboard")
+            self._opened.callback(_quietly, self._board.close)
         spm = _own_file(self.path / "spm.model", "the sentencepiece model")
         if not spm.exists():
             atomic_write_bytes(spm_model, spm, "the sentencepiece model")
@@ -104,30 +103,14 @@ class RunDir:
         """Close metrics.jsonl, detach train.log (train() may run again in this process) and
         release the lock. Write errors are ignored here: the one that stopped training has been
         reported."""
-        if self.metrics_fd is not None:
-            with suppress(OSError):
-                os.close(self.metrics_fd)
-            self.metrics_fd = None
-        if self._board is not None:
-            with suppress(OSError):
-                self._board.close()
-            self._board = None
-        if self._log_handler is not None:
-            logging.getLogger().removeHandler(self._log_handler)
-            with suppress(OSError):
-                self._log_handler.close()
-            self._log_handler = None
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        self.metrics_fd = self._board = None  # emit() writes nothing from now on
+        self._opened.close()
 
     def emit(self, record: dict[str, Any]) -> None:
         """Append one JSON line to metrics.jsonl (nothing where it is not open: ranks > 0)."""
         if self.metrics_fd is not None:
-            try:
+            with os_errors_as(self.path / "metrics.jsonl", "cannot write metrics"):
                 write_all(self.metrics_fd, (json.dumps(record) + "\n").encode("utf-8"))
-            except OSError as e:
-                raise NmtError(f"{self.path / 'metrics.jsonl'}: cannot write metrics ({e.strerror or e})") from None
         if self._board is not None:  # the same numbers as scalars "train/loss", "valid/valid_bleu", ...
             kind, step = record.get("type", "train"), record.get("update", 0)
             for key, value in record.items():
@@ -197,10 +180,8 @@ def _summary_writer(path: Path) -> Any:
     except ImportError:
         raise NmtError("train.tensorboard: true needs the tensorboard package: pip install tensorboard "
                        "(or pip install 'nmt[tensorboard]')") from None
-    try:
+    with os_errors_as(path, "cannot write TensorBoard logs"):
         return SummaryWriter(log_dir=str(path))
-    except OSError as e:
-        raise NmtError(f"{path}: cannot write TensorBoard logs ({e.strerror or e})") from None
 
 
 def _own_file(path: Path, what: str) -> Path:
@@ -209,6 +190,12 @@ def _own_file(path: Path, what: str) -> Path:
     if path.is_symlink():
         raise NmtError(f"{path}: {what} is a symbolic link, which nmt does not follow; remove it")
     return path
+
+
+def _quietly(close: Any, *args: Any) -> None:
+    """`close(*args)`, a write error ignored (`RunDir.close`)."""
+    with suppress(OSError):
+        close(*args)
 
 
 class _RunLogHandler(logging.Handler):
@@ -225,10 +212,8 @@ class _RunLogHandler(logging.Handler):
         if self.fd is None:
             return
         line = (self.format(record) + "\n").encode("utf-8", "replace")
-        try:
+        with os_errors_as(self.path, "cannot write the training log"):
             write_all(self.fd, line)
-        except OSError as e:
-            raise NmtError(f"{self.path}: cannot write the training log ({e.strerror or e})") from None
 
     def close(self) -> None:
         if self.fd is not None:
