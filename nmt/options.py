@@ -281,9 +281,10 @@ class ExportOptions:
 
     checkpoint: Path = opt(REQUIRED, "A checkpoint (e.g. RUN/checkpoint_avg.pt).", argument=True)
     out_dir: Path = opt(REQUIRED, "The model directory to write.", argument=True)
-    format: str = opt("ctranslate2", "Target engine: ctranslate2.")
-    quantization: str | None = opt(None, "Weight type: int8, int8_float32, int8_float16, int8_bfloat16, float16, "
-                                   "bfloat16 or float32 (default: the checkpoint's float32).")
+    format: str = opt("ctranslate2", "ctranslate2 (a CTranslate2 model directory) or hf (a Hugging Face MarianMT "
+                      "folder, for transformers and the Hub).")
+    quantization: str | None = opt(None, "ctranslate2: the weight type, int8, int8_float32, int8_float16, int8_bfloat16, "
+                                   "float16, bfloat16 or float32 (default: the checkpoint's float32).")
     force: bool = opt(False, "Replace an existing export in OUT_DIR.")
 
 

@@ -46,7 +46,7 @@ from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "hf")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16", "float32")
 INSTALL_HINT = "pip install 'nmt[ctranslate2]' (or pip install ctranslate2)"
 # The model settings this export maps. A setting added to ModelConfig later is refused (unless
@@ -57,26 +57,37 @@ EXPORTED_FIELDS = frozenset({"encoder_layers", "decoder_layers", "d_model", "ffn
                              "norm_eps", "positions", "decoder_start",
                              # arch is checked first (transformer only); the rnn keys do not apply
                              "arch", "cell", "attention", "rnn_hidden", "rnn_layers"})
-MARKERS = ("config.json", "model.bin")  # an existing OUT_DIR is replaced (--force) only if it looks like an export
+# an existing OUT_DIR is replaced (--force) only if it looks like an export of the format
+MARKERS = {"ctranslate2": ("config.json", "model.bin"), "hf": ("config.json", "model.safetensors")}
 
 
 def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2",
            quantization: str | None = None, force: bool = False) -> Path:
     """Write `checkpoint` as a `format` model directory `out_dir` (whole or not at all):
     model.bin, config.json and shared_vocabulary.json of CTranslate2, and the sentencepiece
-    model(s) to tokenize with: spm.model, or an imported model's source.spm and target.spm. Returns `out_dir`."""
+    model(s) to tokenize with: spm.model, or an imported model's source.spm and target.spm;
+    or (`hf`) a Hugging Face MarianMT folder (nmt.convert.hf). Returns `out_dir`."""
     if format not in FORMATS:
         raise NmtError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise NmtError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
-    out = _destination(Path(checkpoint), Path(out_dir), force)
+    if quantization is not None and format == "hf":
+        raise NmtError("--quantization is for --format ctranslate2: a MarianMT folder holds float32 weights")
+    out = _destination(Path(checkpoint), Path(out_dir), force, format)
     ckpt = load_model_checkpoint(Path(checkpoint))
     cfg, tokenizer = ckpt.config.model, ckpt.tokenizer
     if cfg.arch != "transformer":
-        raise NmtError(f"{checkpoint}: model.arch {cfg.arch} cannot be exported; CTranslate2 export maps a Transformer only")
-    _check_exportable(cfg, str(checkpoint))
+        raise NmtError(f"{checkpoint}: model.arch {cfg.arch} cannot be exported; nmt export maps a Transformer only")
+    from nmt.convert.hf import HF_ONLY, write_hf_folder
+
+    _check_exportable(cfg, str(checkpoint), HF_ONLY if format == "hf" else {})
     model = Transformer(cfg, tokenizer.vocab_size, pad_id=tokenizer.specials.pad)
     ckpt.load_into(model)
+    if format == "hf":
+        with replacing_directory(out, "the export", "OUT_DIR") as work:
+            write_hf_folder(ckpt, model.eval(), work)
+        log.info("wrote %s (a Hugging Face MarianMT folder, vocabulary %d)", out, tokenizer.vocab_size)
+        return out
     converters = _import_ctranslate2()
     spec = transformer_spec(model.eval(), tokenizer)
 
@@ -101,7 +112,7 @@ def _import_ctranslate2() -> Any:
     return converters
 
 
-def _destination(checkpoint: Path, out_dir: Path, force: bool) -> Path:
+def _destination(checkpoint: Path, out_dir: Path, force: bool, format: str) -> Path:
     """The directory to write (a symlink's target), checked before the work: not one holding
     the checkpoint, and (with --force) only an earlier export is replaced."""
     out = directory_target(out_dir, "OUT_DIR")
@@ -109,12 +120,17 @@ def _destination(checkpoint: Path, out_dir: Path, force: bool) -> Path:
                   [FileArg("OUT_DIR", out_dir, directory=True)])
     if not out.parent.is_dir():
         raise NmtError(f"{out.parent}: no such directory")
-    check_replaceable(out, force, MARKERS, "a CTranslate2 model", "OUT_DIR")
+    check_replaceable(out, force, MARKERS[format], "a CTranslate2 model" if format == "ctranslate2" else "a MarianMT folder",
+                      "OUT_DIR")
     return out
 
 
-def _check_exportable(cfg: ModelConfig, where: str) -> None:
+def _check_exportable(cfg: ModelConfig, where: str, only: dict[str, Any]) -> None:
+    """Every model setting is one the format maps; those of `only` have the one value it computes."""
     for f in fields(ModelConfig):
+        if f.name in only and getattr(cfg, f.name) != only[f.name]:
+            raise NmtError(f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be exported exactly: a MarianMT "
+                           f"model has {f.name} {only[f.name]!r}")
         if f.name not in EXPORTED_FIELDS and getattr(cfg, f.name) != f.default:
             raise NmtError(f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be represented in "
                            "a CTranslate2 model by this version of nmt export")

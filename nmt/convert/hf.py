@@ -1,23 +1,29 @@
-"""`nmt import` of a Hugging Face MarianMT folder: `config.json`, `model.safetensors` or
-`pytorch_model.bin`, `source.spm`, `target.spm`, `vocab.json` (and `tokenizer_config.json`,
-`generation_config.json`).
+"""Hugging Face MarianMT folders: `nmt import` of one (`config.json`, `model.safetensors` or
+`pytorch_model.bin`, `source.spm`, `target.spm`, `vocab.json`, and `tokenizer_config.json`,
+`generation_config.json`), and `nmt export --format hf` of a checkpoint as one.
 
 The mapping, as transformers computes the model: post-norm layers, embeddings scaled by
 sqrt(d_model), the sinusoid table of `MarianSinusoidalPositionalEmbedding` (`positions:
 hf_marian`), decoding starts from the embedding of `decoder_start_token_id` (the pad row),
 logits plus `final_logits_bias`; the pad row is part of the vocabulary, as it is there. Where
-each weight goes is the weight table's `HF_MARIAN` layout (`nmt.convert.table`).
+each weight goes is the weight table's `HF_MARIAN` layout (`nmt.convert.table`). An export is
+refused, naming the setting, where MarianMT would compute another model (`HF_ONLY`); it writes
+what transformers would otherwise default wrongly (the tying flags, the decoder start, the
+pieces never generated, the maximum length, the beam and its length penalty).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nmt.checkpoint import ModelCheckpoint
 from nmt.config import ModelConfig
 from nmt.convert.reading import (
     Imported,
@@ -27,12 +33,17 @@ from nmt.convert.reading import (
     pieces_in_id_order,
     shown,
 )
-from nmt.convert.table import HF_MARIAN, read
+from nmt.convert.table import HF_MARIAN, read, write
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds, VocabTokenizer
 
+log = logging.getLogger(__name__)
+
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                "swish": "swish", "silu": "swish"}
+                "swish": "swish", "silu": "swish", "quick_gelu": "gelu_sigmoid"}
+# what MarianMT computes, where nmt has a choice: an export of anything else is refused
+HF_ONLY = {"arch": "transformer", "norm_first": False, "learned_positions": False, "positions": "hf_marian",
+           "decoder_start": "bos", "norm_eps": 1e-5}
 # nmt's model keys -> config.json's, for the messages of the config's validation
 _KEYS = {"encoder_layers": "encoder_layers", "decoder_layers": "decoder_layers", "d_model": "d_model",
          "ffn_dim": "encoder_ffn_dim", "heads": "encoder_attention_heads", "dropout": "dropout",
@@ -129,3 +140,54 @@ def _map_hf(reader: Reader, folder: Path, cfg: ModelConfig, V: int) -> tuple[Mod
     # holds three different tables, and the model reads two of them
     share = cfg.share_embeddings and torch.equal(weights["src_embed.tokens.weight"], weights["tgt_embed.tokens.weight"])
     return dataclasses.replace(cfg, share_embeddings=share), weights
+
+
+def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path) -> None:
+    """`nmt export --format hf`: the checkpoint as a MarianMT folder in `folder` (an empty
+    directory), for `MarianMTModel.from_pretrained` and `MarianTokenizer`."""
+    from safetensors.torch import save_file
+
+    cfg, tok, ids, decode = ckpt.config.model, ckpt.tokenizer, ckpt.tokenizer.specials, ckpt.config.decode
+    pieces = [tok.piece(i) for i in range(tok.vocab_size)]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    if len(vocab) != len(pieces):
+        raise NmtError(f"{ckpt.path}: its vocabulary holds a piece twice; vocab.json cannot map it")
+    tensors = {("" if name in ("lm_head.weight", "final_logits_bias") else "model.") + name: t.detach().float().contiguous().clone()
+               for name, t in write(HF_MARIAN, cfg, model.state_dict()).items()
+               if cfg.share_embeddings or name != "shared.weight"}  # MarianMT has `shared` only when it shares
+    tensors["final_logits_bias"] = tensors.get("final_logits_bias", torch.zeros(tok.vocab_size)).view(1, -1)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[cfg.activation]
+    config = {"architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": tok.vocab_size,
+              "decoder_vocab_size": tok.vocab_size, "d_model": cfg.d_model, "encoder_layers": cfg.encoder_layers,
+              "decoder_layers": cfg.decoder_layers, "encoder_attention_heads": cfg.heads,
+              "decoder_attention_heads": cfg.heads, "encoder_ffn_dim": cfg.ffn_dim, "decoder_ffn_dim": cfg.ffn_dim,
+              "activation_function": activation, "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout,
+              "activation_dropout": cfg.activation_dropout, "max_position_embeddings": cfg.max_positions,
+              "scale_embedding": True, "static_position_embeddings": True, "normalize_embedding": False,
+              "share_encoder_decoder_embeddings": cfg.share_embeddings, "tie_word_embeddings": cfg.tie_output,
+              "pad_token_id": ids.pad, "eos_token_id": ids.eos, "decoder_start_token_id": ids.bos}
+    # generate() as nmt's search: the tokens it never writes suppressed, the beam stopped as
+    # nmt stops it (early_stopping: at `beam` finished; without a length penalty, exactly); no
+    # forced_eos_token_id, which would give </s> log-prob 0 at the length limit
+    never = sorted({ids.pad, ids.bos} | (set() if decode.allow_unk else {ids.unk}))
+    exact = decode.lenpen_style == "none" or decode.lenpen <= 0
+    generation = {"num_beams": decode.beam, "early_stopping": not exact, "max_length": cfg.max_positions,
+                  "min_new_tokens": decode.min_len, "no_repeat_ngram_size": decode.no_repeat_ngram_size,
+                  "suppress_tokens": never, "length_penalty": 0.0 if exact else decode.lenpen,
+                  "pad_token_id": ids.pad, "eos_token_id": ids.eos, "decoder_start_token_id": ids.bos}
+    if decode.lenpen_style == "gnmt":  # generate() divides by length^alpha only
+        log.warning("decode.lenpen_style gnmt has no equivalent in transformers: generation_config.json divides "
+                    "by length^%g (nmt's length style, the </s> counted)", decode.lenpen)
+    data = ckpt.config.data
+    tokenizer = {"tokenizer_class": "MarianTokenizer", "source_lang": data.source_lang or None,
+                 "target_lang": data.target_lang or None, "model_max_length": cfg.max_positions,
+                 "separate_vocabs": False, "clean_up_tokenization_spaces": False,
+                 "eos_token": pieces[ids.eos], "unk_token": pieces[ids.unk], "pad_token": pieces[ids.pad]}
+    files = tok.files()
+    source, target = files.get("source.spm", files.get("spm.model")), files.get("target.spm", files.get("spm.model"))
+    for name, content in (("config.json", config), ("generation_config.json", generation),
+                          ("tokenizer_config.json", tokenizer), ("vocab.json", vocab)):
+        (folder / name).write_text(json.dumps(content, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    (folder / "source.spm").write_bytes(source or b"")
+    (folder / "target.spm").write_bytes(target or b"")
