@@ -56,6 +56,8 @@ class ModelConfig:
     attention_dropout: float = opt(0.0, "Dropout on attention weights.", at_least=0, below=1)
     activation_dropout: float = opt(0.0, "Dropout after the feed-forward ReLU.", at_least=0, below=1)
     norm_first: bool = opt(False, "Pre-norm (true) instead of the paper's post-norm (false).")
+    final_norm: bool = opt(True, "Pre-norm: a LayerNorm after the last layer of each side (Marian's "
+                           "transformer-postprocess-top n); false: none, as Marian trains with top empty.")
     share_embeddings: bool = opt(
         True, "Tie the source and target embeddings (joint vocabulary); with tie_output (the default) "
         "the output projection too, three-way (Marian's tied-embeddings-all)."

@@ -64,6 +64,7 @@ class Variant:
     (V, dim) as newer Marian does (`untied_name`)."""
 
     pre_norm: bool = False
+    top_norm: bool = True  # pre-norm: a LayerNorm after each side's last layer (transformer-postprocess-top n)
     tying: str = "all"
     untied_name: str = "W"
     activation: str = "swish"
@@ -231,7 +232,7 @@ def marian_options(v: Variant, vocab_size: int) -> dict[str, Any]:
         "transformer-decoder-dim-ffn": 0, "transformer-decoder-ffn-depth": 0,
         "transformer-ffn-activation": v.activation,
         "transformer-preprocess": "n" if v.pre_norm else "", "transformer-postprocess": "da" if v.pre_norm else "dan",
-        "transformer-postprocess-top": "n" if v.pre_norm else "", "transformer-postprocess-emb": "d",
+        "transformer-postprocess-top": "n" if v.pre_norm and v.top_norm else "", "transformer-postprocess-emb": "d",
         "transformer-decoder-autoreg": "self-attention", "transformer-no-projection": False,
         "transformer-train-position-embeddings": False, "transformer-tied-layers": [],
         "transformer-guided-alignment-layer": "last", "transformer-aan-activation": "swish",
@@ -294,7 +295,7 @@ def random_weights(v: Variant, vocab_size: int) -> dict[str, np.ndarray]:
         attention(f"decoder_l{i}_self")
         attention(f"decoder_l{i}_context")
         ffn(f"decoder_l{i}")
-    if v.pre_norm:
+    if v.pre_norm and v.top_norm:
         for side in ("encoder", "decoder"):
             row(f"{side}_top_ln_scale", d, mean=1.0, scale=0.2)
             row(f"{side}_top_ln_bias", d)
@@ -384,7 +385,7 @@ def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[i
     vector and then the tokens `prev`, for the source `src` (Marian ids, ending with </s>)."""
     o, w = release.options, {k: torch.from_numpy(a).double() for k, a in release.weights.items()}
     d, heads = int(o["dim-emb"]), int(o["transformer-heads"])
-    pre = o["transformer-preprocess"] == "n"
+    pre, top = o["transformer-preprocess"] == "n", o["transformer-postprocess-top"] == "n"
     act = marian_activation(o["transformer-ffn-activation"], str(o["version"]))
 
     def vec(name: str) -> torch.Tensor:
@@ -423,7 +424,7 @@ def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[i
         p = f"encoder_l{i}"
         x = sublayer(f"{p}_self_Wo", x, lambda h, p=p: attention(f"{p}_self", h, h, causal=False))
         x = sublayer(f"{p}_ffn_ffn", x, lambda h, p=p: ffn(f"{p}_ffn", h))
-    if pre:
+    if top:
         x = layer_norm(x, "encoder_top")
     y = torch.cat([torch.zeros(1, d, dtype=torch.float64), embedding("decoder")[list(prev)]])
     y = y * math.sqrt(d) + marian_sinusoids(len(prev) + 1, d)
@@ -432,7 +433,7 @@ def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[i
         y = sublayer(f"{p}_self_Wo", y, lambda h, p=p: attention(f"{p}_self", h, h, causal=True))
         y = sublayer(f"{p}_context_Wo", y, lambda h, p=p: attention(f"{p}_context", h, x, causal=False))
         y = sublayer(f"{p}_ffn_ffn", y, lambda h, p=p: ffn(f"{p}_ffn", h))
-    if pre:
+    if top:
         y = layer_norm(y, "decoder_top")
     if "decoder_ff_logit_out_W" in w:
         out = w["decoder_ff_logit_out_W"]

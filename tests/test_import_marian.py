@@ -90,8 +90,10 @@ VARIANTS = {
     "gelu of v1.12.3 (erf)": Variant(activation="gelu", version=NEW_GELU, seed=8),
     "pre-norm, gelu of v1.12.43 (erf)": Variant(pre_norm=True, activation="gelu",
                                                 version="v1.12.43 c9f287db 2025-06-23 19:47:45 +0000", seed=9),
+    "pre-norm, top empty (no final LayerNorm)": Variant(pre_norm=True, top_norm=False, seed=10),
 }
-CT2_VARIANTS = [name for name in VARIANTS if "erf" not in name]
+# CTranslate2's Marian converter maps gelu to the sigmoid form only, and refuses pre-norm without the top LayerNorm
+CT2_VARIANTS = [name for name in VARIANTS if "erf" not in name and "top empty" not in name]
 
 
 def build(imported, **changes) -> Transformer:
@@ -208,6 +210,7 @@ def test_imported_config_tokenizer_and_pad_row(variant, tmp_path):
     m, tok = imp.model, imp.tokenizer
     assert (m.positions, m.decoder_start, m.norm_eps, m.output_bias) == ("marian", "zeros", 1e-6, True)
     assert (m.norm_first, m.d_model, m.heads, m.ffn_dim) == (v.pre_norm, v.d_model, v.heads, v.ffn)
+    assert m.final_norm == (not v.pre_norm or v.top_norm)  # post-norm keeps the default (it has no final norm)
     assert (m.encoder_layers, m.decoder_layers) == v.layers
     assert m.share_embeddings == (v.tying in ("all", "src"))
     assert m.tie_output == (v.tying in ("all", "decoder"))
@@ -439,6 +442,11 @@ REFUSALS = {
     "no positions": (lambda r: rewrite_npz(r, options={"transformer-disable-position-embeddings": True}),
                      "transformer-disable-position-embeddings"),
     "universal language representation": (lambda r: rewrite_npz(r, options={"ulr": True}), "ulr is true"),
+    "transformer-pool": (lambda r: rewrite_npz(r, options={"transformer-pool": True}), "transformer-pool is true"),
+    "factored vocabulary": (lambda r: rewrite_npz(r, options={"factors-dim-emb": 8, "factors-combine": "concat"}),
+                            "factors-dim-emb / factors-combine are set"),
+    "post-norm with a top LayerNorm": (lambda r: rewrite_npz(r, options={"transformer-postprocess-top": "n"}),
+                                       "post-norm options 'dan'/'n'"),
     "ensemble": (_ensemble, "2 models"),
     "no source.spm": (lambda r: (r.folder / "source.spm").unlink(), "source.spm is missing"),
     "separate vocabularies": (_separate_vocabularies, "vocab.src.yml and vocab.trg.yml differ"),

@@ -133,7 +133,7 @@ def _check_exportable(cfg: ModelConfig, where: str, only: dict[str, Any]) -> Non
                            f"model has {f.name} {only[f.name]!r}")
         if f.name not in EXPORTED_FIELDS and getattr(cfg, f.name) != f.default:
             raise NmtError(f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be represented in "
-                           "a CTranslate2 model by this version of nmt export")
+                           f"{'a MarianMT' if only else 'a CTranslate2'} model by this version of nmt export")
 
 
 # ------------------------------------------------------------------ the mapping (nmt.convert.table)

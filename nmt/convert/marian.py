@@ -206,6 +206,9 @@ def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict
                       ("ulr", " (universal language representation embeddings)")):
         need(not o.flag(key, False), f"{key} is true{what}")
     need(not o.raw.get("transformer-tied-layers"), "transformer-tied-layers is set")
+    need(not o.flag("transformer-pool", False), "transformer-pool is true (pooling in place of self-attention)")
+    need(not o.int("factors-dim-emb", 0) and not o.raw.get("factors-combine"), "factors-dim-emb / factors-combine "
+         "are set (factored vocabulary)")
     need(o.int("transformer-ffn-depth", 2) == 2, f"transformer-ffn-depth {o.int('transformer-ffn-depth', 2)} (only 2)")
     need(o.int("transformer-decoder-ffn-depth", 0) in (0, 2),
          f"transformer-decoder-ffn-depth {o.int('transformer-decoder-ffn-depth', 0)} (only 2)")
@@ -214,8 +217,8 @@ def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict
     top, emb = o.text("transformer-postprocess-top", ""), o.text("transformer-postprocess-emb", "d")
     need(emb in ("", "d"), f"transformer-postprocess-emb {emb!r} (a LayerNorm on the embeddings)")
     if pre:
-        need((pre, post, top) == ("n", "da", "n"), f"pre-norm options {pre!r}/{post!r}/{top!r} "
-             "(supported: preprocess n, postprocess da, postprocess-top n)")
+        need((pre, post) == ("n", "da") and top in ("n", ""), f"pre-norm options {pre!r}/{post!r}/{top!r} "
+             "(supported: preprocess n, postprocess da, postprocess-top n or '')")
     else:
         need((post, top) == ("dan", ""), f"post-norm options {post!r}/{top!r} (supported: postprocess dan, "
              "postprocess-top '')")
@@ -230,7 +233,8 @@ def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict
         arch="transformer", encoder_layers=o.int("enc-depth", 6), decoder_layers=o.int("dec-depth", 6),
         d_model=D, ffn_dim=F, heads=o.int("transformer-heads", 8), dropout=o.number("transformer-dropout", 0.1),
         attention_dropout=o.number("transformer-dropout-attention", 0.0),
-        activation_dropout=o.number("transformer-dropout-ffn", 0.0), norm_first=bool(pre), share_embeddings=share,
+        activation_dropout=o.number("transformer-dropout-ffn", 0.0), norm_first=bool(pre), final_norm=top == "n" or not pre,
+        share_embeddings=share,
         tie_output=tie, output_bias=True, norm_eps=MARIAN_LAYERNORM_EPS, positions="marian", decoder_start="zeros",
         activation=_marian_gelu(o.text("version", "")) if act == "gelu" else act,  # type: ignore[arg-type]
         max_positions=1024)

@@ -84,8 +84,9 @@ class Transformer(nn.Module):
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # pre-norm leaves the residual stream un-normalised: one final LayerNorm on each side
-        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
+        final = cfg.norm_first and cfg.final_norm  # post-norm layers end normalised already
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity()
         self.int8_output: nn.Module | None = None  # set by nmt.models.quantize.quantize_decoder
 
     def set_dropout(self, p: float) -> None:
