@@ -175,11 +175,8 @@ def tokenize(line: str, variables: Mapping[str, str] | None = None) -> list[Toke
         elif c == "\\":
             word.append(line[i + 1:i + 2])
             i += 2
-        elif c == "$":
-            i = _variable(line, i, word, variables)
         else:
-            word.append(c)
-            i += 1
+            i = _plain(line, i, word, variables)
     if word is not None:
         tokens.append(Token("".join(word), False))
     return tokens
@@ -194,12 +191,17 @@ def _double_quoted(line: str, i: int, word: list[str], variables: Mapping[str, s
         if c == "\\" and line[i + 1:i + 2] in ('"', "\\", "$", "`"):
             word.append(line[i + 1])
             i += 2
-        elif c == "$":
-            i = _variable(line, i, word, variables)
         else:
-            word.append(c)
-            i += 1
+            i = _plain(line, i, word, variables)
     raise ValueError(f'unclosed " in: {line}')
+
+
+def _plain(line: str, i: int, word: list[str], variables: Mapping[str, str]) -> int:
+    """Append the character at `i`, or the $variable starting there, to `word`; the index after it."""
+    if line[i] == "$":
+        return _variable(line, i, word, variables)
+    word.append(line[i])
+    return i + 1
 
 
 def _variable(line: str, i: int, word: list[str], variables: Mapping[str, str]) -> int:
