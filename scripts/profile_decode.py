@@ -1,0 +1,162 @@
+"""Where `nmt translate`'s decoding time goes, next to CTranslate2 on the same weights.
+
+    .venv/bin/python scripts/profile_decode.py --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
+        [--sentences 200] [--batch-size 32] [--beam 5] [--threads 1]
+
+One process, `--threads` intra-op threads (1 by default: one core, so that every
+millisecond is attributed to one op), the first `--sentences` lines of the test set
+(Multi30k test_2016_flickr from ../shared or `--data-dir`), decoded twice by each engine;
+the second run counts.
+- nmt: the `Translator` API under torch.profiler. The table groups every op's self CPU time
+  by what it is (matrix products, attention, the output layer's softmax, the search's top-k,
+  the cache's copies, the rest), and "outside torch ops" is the wall time no op accounts
+  for: Python, the dispatcher, the search's own bookkeeping.
+- CTranslate2: the checkpoint exported with `nmt export` (float32 and int8), the same
+  batches (sorted by length), beam and length penalty; with `--ct2-profile`, CTranslate2's
+  own profiler where the installed build has it.
+Prints markdown tables; figures go into docs/benchmarks.md with the date, commit and CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DEFAULT_DATA = ROOT.parent / "shared/data/multi30k"
+
+# what an op is, by the first pattern its name contains (aten::addmm, aten::mm, ...)
+GROUPS = [
+    ("matrix products", ("addmm", "aten::mm", "bmm", "linear", "matmul", "quantized", "fbgemm", "dynamic")),
+    ("attention", ("scaled_dot_product", "_softmax", "baddbmm", "flash")),
+    ("output softmax", ("log_softmax",)),
+    ("search: top-k, sort, gather", ("topk", "sort", "gather", "argmax", "max", "scatter", "nonzero")),
+    ("cache: cat, index, copy", ("cat", "index", "copy_", "clone", "contiguous", "narrow", "select", "slice")),
+    ("layer norm", ("layer_norm",)),
+    ("elementwise", ("add", "mul", "relu", "gelu", "div", "sub", "where", "masked_fill", "fill_", "eq", "ne")),
+]
+
+
+def group_of(name: str) -> str:
+    for group, patterns in GROUPS:
+        if any(p in name for p in patterns):
+            return group
+    return "other ops"
+
+
+def read_source(args: argparse.Namespace) -> list[str]:
+    import gzip
+
+    path = Path(args.data_dir) / f"{args.test}.{args.src}.gz"
+    if not path.is_file():
+        sys.exit(f"profile_decode: {path} not found (--data-dir)")
+    return gzip.open(path, "rt", encoding="utf-8").read().split("\n")[: args.sentences]
+
+
+def profile_nmt(args: argparse.Namespace, texts: list[str]) -> tuple[float, dict[str, float], list[tuple[str, float, int]]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from nmt import Translator
+
+    torch.set_num_threads(args.threads)
+    translator = Translator.load(args.checkpoint, device="cpu", beam=args.beam, batch_size=args.batch_size,
+                                 threads=args.threads, workers=1, precision=args.precision)
+    translator.translate(texts)  # warm-up: allocator, kernels chosen
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        translator.translate(texts)
+        wall = time.perf_counter() - start
+    groups: dict[str, float] = defaultdict(float)
+    ops = []
+    for e in prof.key_averages():
+        seconds = e.self_cpu_time_total / 1e6
+        groups[group_of(e.key)] += seconds
+        ops.append((e.key, seconds, e.count))
+    groups["outside torch ops"] = wall - sum(s for _, s, _ in ops)
+    return wall, dict(groups), sorted(ops, key=lambda o: -o[1])
+
+
+def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, lenpen: float, max_len: tuple[float, int]) -> float:
+    import ctranslate2
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
+    translator = ctranslate2.Translator(str(model_dir), device="cpu", inter_threads=1, intra_threads=args.threads)
+    pieces = sp.encode(texts, out_type=str)
+    order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(pieces[i]))
+    batches = [order[b : b + args.batch_size] for b in range(0, len(order), args.batch_size)]
+
+    def run() -> float:
+        start = time.perf_counter()
+        for ids in batches:
+            limit = max(int(max_len[0] * (len(pieces[i]) + 1) + max_len[1]) for i in ids) + 1
+            translator.translate_batch([pieces[i] for i in ids], beam_size=args.beam, length_penalty=lenpen,
+                                       return_end_token=True, disable_unk=True, max_decoding_length=limit)
+        return time.perf_counter() - start
+
+    run()
+    if args.ct2_profile:
+        from ctranslate2 import profiling
+
+        try:
+            profiling.init_profiler(num_threads=args.threads)
+        except Exception as e:  # a build without profiling support says so
+            print(f"CTranslate2 profiler: {e}")
+            return run()
+        seconds = run()
+        profiling.dump_profiler()
+        return seconds
+    return run()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    p.add_argument("--test", default="test_2016_flickr")
+    p.add_argument("--src", default="en")
+    p.add_argument("--sentences", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--precision", default="fp32", help="nmt's: fp32 or int8")
+    p.add_argument("--top", type=int, default=15, help="ops listed")
+    p.add_argument("--ct2-profile", action="store_true")
+    args = p.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    texts = read_source(args)
+
+    import torch
+
+    from nmt.checkpoint import load_checkpoint
+
+    cfg = load_checkpoint(args.checkpoint, map_location="cpu")["config"]["decode"]
+    wall, groups, ops = profile_nmt(args, texts)
+    print(f"## nmt ({args.precision}), {len(texts)} sentences, batch {args.batch_size}, beam {args.beam}, "
+          f"{args.threads} thread(s), torch {torch.__version__}: {wall:.2f} s, {len(texts) / wall:.1f} sent/s\n")
+    print("| what | self s | share |\n| --- | ---: | ---: |")
+    for name, s in sorted(groups.items(), key=lambda g: -g[1]):
+        print(f"| {name} | {s:.3f} | {s / wall:.1%} |")
+    print("\n| op | self s | calls |\n| --- | ---: | ---: |")
+    for name, s, n in ops[: args.top]:
+        print(f"| `{name}` | {s:.3f} | {n:,} |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for quant in ("float32", "int8"):
+            out = Path(tmp) / quant
+            subprocess.run([sys.executable, "-m", "nmt", "export", args.checkpoint, str(out), "--quantization", quant],
+                           check=True, stdout=subprocess.DEVNULL)
+            seconds = time_ct2(args, texts, out, cfg["lenpen"], (cfg["max_len_a"], cfg["max_len_b"]))
+            print(f"\nCTranslate2 {quant}, the same batches, 1 x {args.threads} thread(s): {seconds:.2f} s, "
+                  f"{len(texts) / seconds:.1f} sent/s ({wall / seconds:.2f}x nmt's {args.precision} time)")
+
+
+if __name__ == "__main__":
+    main()
