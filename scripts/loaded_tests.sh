@@ -18,4 +18,5 @@ for i in $(seq "$runs"); do
     exit 1
   fi
 done
-echo "$runs passed in a row beside $busy busy processes ($(date -u +%F), $(git rev-parse --short HEAD))"
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo "not a git checkout: a copy of which commit?")
+echo "$runs passed in a row beside $busy busy processes ($(date -u +%F), $commit)"
