@@ -434,10 +434,8 @@ def _json_of(path: Path, what: str) -> Any:
 
 
 def _make_directory(path: Path) -> None:
-    try:
+    with atomic.os_errors_as(path, "cannot create it"):
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise NmtError(f"{path}: cannot create it ({e.strerror or e})") from None
 
 
 def _write_json(path: Path, obj: dict[str, Any], what: str) -> None:

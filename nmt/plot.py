@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt.atomic import FileArg, check_outputs, open_for_reading, replacing, target
+from nmt.atomic import FileArg, check_outputs, open_for_reading, os_errors_as, replacing, target
 from nmt.decoding.alignment import load_attention
 from nmt.errors import NmtError
 from nmt.fields import check_bounds, flag
@@ -78,10 +78,8 @@ def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None =
         if max(T, S) > MAX_PIECES:
             raise NmtError(f"{path}: attention_{index}: {T} x {S} pieces, too many to draw (at most {MAX_PIECES})")
     plt = _pyplot()
-    try:
+    with os_errors_as(f"-o {out}", "cannot create the directory"):
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise NmtError(f"-o {out}: cannot create the directory ({e.strerror or e})") from None
     written = []
     for index, weights, src, tgt in items:
         fig = _attention_figure(plt, index, weights, src, tgt, layer, average)

@@ -37,6 +37,7 @@ from nmt.atomic import (
     check_outputs,
     check_replaceable,
     directory_target,
+    os_errors_as,
     replacing_directory,
 )
 from nmt.checkpoint import load_model_checkpoint
@@ -159,10 +160,8 @@ def _reused_tokenizer(opts: PrepareOptions) -> Tokenizer | None:
 
 
 def _make_parent(dest: Path) -> None:
-    try:
+    with os_errors_as(f"--destdir {dest}", "cannot create it"):
         dest.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise NmtError(f"--destdir {dest}: cannot create it ({e.strerror or e})") from None
 
 
 def _tokenizer(

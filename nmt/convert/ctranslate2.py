@@ -80,7 +80,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         raise NmtError(f"{checkpoint}: model.arch {cfg.arch} cannot be exported; nmt export maps a Transformer only")
     from nmt.convert.hf import HF_ONLY, write_hf_folder
 
-    _check_exportable(cfg, str(checkpoint), HF_ONLY if format == "hf" else {})
+    _check_exportable(cfg, str(checkpoint), *(("a MarianMT", HF_ONLY) if format == "hf" else ("a CTranslate2", {})))
     model = Transformer(cfg, tokenizer.vocab_size, pad_id=tokenizer.specials.pad)
     ckpt.load_into(model)
     if format == "hf":
@@ -125,15 +125,16 @@ def _destination(checkpoint: Path, out_dir: Path, force: bool, format: str) -> P
     return out
 
 
-def _check_exportable(cfg: ModelConfig, where: str, only: dict[str, Any]) -> None:
-    """Every model setting is one the format maps; those of `only` have the one value it computes."""
+def _check_exportable(cfg: ModelConfig, where: str, model: str, only: dict[str, Any]) -> None:
+    """Every model setting is one the format (`model`: "a CTranslate2") maps; those of `only` have
+    the one value it computes."""
     for f in fields(ModelConfig):
         if f.name in only and getattr(cfg, f.name) != only[f.name]:
             raise NmtError(f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be exported exactly: a MarianMT "
                            f"model has {f.name} {only[f.name]!r}")
         if f.name not in EXPORTED_FIELDS and getattr(cfg, f.name) != f.default:
             raise NmtError(f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be represented in "
-                           f"{'a MarianMT' if only else 'a CTranslate2'} model by this version of nmt export")
+                           f"{model} model by this version of nmt export")
 
 
 # ------------------------------------------------------------------ the mapping (nmt.convert.table)

@@ -184,10 +184,10 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
                  "target_lang": data.target_lang or None, "model_max_length": cfg.max_positions,
                  "separate_vocabs": False, "clean_up_tokenization_spaces": False,
                  "eos_token": pieces[ids.eos], "unk_token": pieces[ids.unk], "pad_token": pieces[ids.pad]}
-    files = tok.files()
-    source, target = files.get("source.spm", files.get("spm.model")), files.get("target.spm", files.get("spm.model"))
+    files = tok.files()  # an imported model's source.spm and target.spm, or nmt's one joint spm.model
+    source, target = (files.get(name) or files["spm.model"] for name in ("source.spm", "target.spm"))
     for name, content in (("config.json", config), ("generation_config.json", generation),
                           ("tokenizer_config.json", tokenizer), ("vocab.json", vocab)):
         (folder / name).write_text(json.dumps(content, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    (folder / "source.spm").write_bytes(source or b"")
-    (folder / "target.spm").write_bytes(target or b"")
+    (folder / "source.spm").write_bytes(source)
+    (folder / "target.spm").write_bytes(target)

@@ -31,7 +31,7 @@ import torch
 import yaml
 from safetensors import SafetensorError, safe_open
 
-from nmt.atomic import READ_LIMIT, open_for_reading
+from nmt.atomic import READ_LIMIT, open_for_reading, os_errors_as
 from nmt.config import Config, ModelConfig, validate
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
@@ -122,11 +122,8 @@ class Reader:
         return f
 
     def bytes(self, path: Path, what: str) -> bytes:
-        with self.open(path, what) as f:
-            try:
-                return f.read()
-            except OSError as e:
-                raise NmtError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+        with self.open(path, what) as f, os_errors_as(path, f"cannot read {what}"):
+            return f.read()
 
     def text(self, path: Path, what: str) -> str:
         try:

@@ -3,6 +3,7 @@ Ctrl-C (which stop accepting and answer what is in flight first)."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import socket
@@ -82,7 +83,7 @@ def serve(opts: ServeOptions) -> None:
         keys = [k.strip().encode() for k in lines if k.strip() and not k.startswith("#")]
         if not keys:
             raise NmtError(f"{opts.api_keys}: no API key in it (one a line)")
-    if not keys and opts.host not in ("localhost", "::1") and not opts.host.startswith("127."):  # not loopback
+    if not keys and not _loopback(opts.host):
         log.warning("serving on %s without --api-keys: anyone who can reach it can use it", opts.host)
     sock = _bind(opts.host, opts.port)
     service = Service(load_models(specs, opts), opts, keys)
@@ -98,3 +99,10 @@ def serve(opts: ServeOptions) -> None:
         signal.signal(signal.SIGTERM, previous)
         service.close()
         sys.stdout.flush()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
