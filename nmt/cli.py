@@ -275,8 +275,9 @@ def _import(opts: options.ImportOptions) -> None:
 
     imported = import_command(opts.source, opts.output, opts.config)
     m, tok = imported.model, imported.tokenizer
-    echo(f"{opts.output}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, vocabulary "
-         f"{tok.vocab_size}, {m.activation}, positions {m.positions}, from {imported.source}")
+    vocab = f"vocabularies {tok.source_vocab_size} + {tok.vocab_size}" if tok.source_vocab_size else f"vocabulary {tok.vocab_size}"
+    echo(f"{opts.output}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, {vocab}, {m.activation}, "
+         f"positions {m.positions}, from {imported.source}")
 
 
 _options_command("import", options.ImportOptions, _import)

@@ -85,8 +85,8 @@ def _check_meta(meta: object, path: Path) -> None:
         if not isinstance(meta.get(key), tp) or isinstance(meta.get(key), bool):
             raise NmtError(f"{path}: not a prepare-bpe report ({key} missing or not a {tp.__name__})")  # type: ignore[union-attr]
     if not isinstance(meta["spm"].get("sha256"), str) or meta["dtype"] not in ("uint16", "int32") \
-            or not isinstance(meta.get("fingerprint", ""), str):
-        raise NmtError(f"{path}: not a prepare-bpe report (spm.sha256, dtype or fingerprint)")
+            or not isinstance(meta.get("fingerprint", ""), str) or type(meta.get("source_vocab_size")) not in (int, type(None)):
+        raise NmtError(f"{path}: not a prepare-bpe report (spm.sha256, dtype, fingerprint or source_vocab_size)")
 
 
 def read_raw(data_dir: str | Path, split: str, lang: str) -> list[str]:

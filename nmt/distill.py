@@ -164,9 +164,12 @@ def _checked(opts: DistillOptions) -> Job:
     cfg = opts.student_config(out) if opts.config is not None else None
     for teacher in opts.teachers:
         try:
-            load_model_checkpoint(teacher, mmap=True)
+            separate = load_model_checkpoint(teacher, mmap=True).tokenizer.source_vocab_size is not None
         except NmtError as e:
             raise NmtError(f"--teacher {e}") from None
+        if separate and cfg is not None and cfg.model.share_embeddings:  # the student has the teacher's vocabularies
+            raise NmtError(f"--config {opts.config}: model.share_embeddings must be false: the source and target "
+                           f"vocabularies of {teacher} are separate")
     atomic.check_outputs(_inputs(opts, originals, splits), [atomic.FileArg("--out", path, what, directory=True) for
                          path, what in ((shards, "the shards"), (distilled, "the distilled text"),
                                         (data, "the student's data"))])

@@ -37,8 +37,10 @@ class PrepareOptions:
     destdir: str = opt(REQUIRED, "Output directory for the binarized dataset.")
     validpref: str | None = opt(None, "Validation prefix (split 'valid').")
     testpref: str | None = opt(None, "Comma-separated test prefixes (splits test, test1, ...).")
-    vocab_size: int | None = opt(None, f"Joint sentencepiece vocabulary size to learn (default {DEFAULT_VOCAB_SIZE}).",
-                                 at_least=8)
+    vocab_size: int | None = opt(None, f"Joint sentencepiece vocabulary size to learn (default {DEFAULT_VOCAB_SIZE}); "
+                                 "with --separate-vocab, each side's.", at_least=8)
+    separate_vocab: bool = opt(False, "Learn a source and a target sentencepiece model, each on its own side "
+                               "(separate vocabularies; the model needs model.share_embeddings: false).")
     model_type: str = opt("bpe", "Sentencepiece model type: bpe or unigram.", choices=("bpe", "unigram"))
     character_coverage: float = opt(1.0, "Sentencepiece character coverage.", above=0, at_most=1)
     byte_fallback: bool = opt(True, "Byte fallback, so no input becomes <unk>.")
@@ -68,6 +70,8 @@ class PrepareOptions:
                     "brings its own sentencepiece model")
             require(self.vocab_size is None, "--vocab-size cannot be combined with --tokenizer-from: the vocabulary "
                     "is the checkpoint's")
+        require(not (self.separate_vocab and (self.spm_model or self.tokenizer_from)), "--separate-vocab learns two "
+                "models; it cannot be combined with --spm-model or --tokenizer-from")
         # --spm-model brings its own vocabulary: --vocab-size is not used then
         check_bounds(self if self.spm_model is None else replace(self, vocab_size=None), flag)
         require(0 <= self.min_len <= self.max_len, "--min-len must be in [0, --max-len]")

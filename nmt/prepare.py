@@ -45,7 +45,7 @@ from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
 from nmt.errors import NmtError
 from nmt.options import DEFAULT_VOCAB_SIZE, PrepareOptions
 from nmt.textio import TextStats, count_lines, find_text, read_lines
-from nmt.tokenizer import Tokenizer, train_sentencepiece
+from nmt.tokenizer import NMT_SPECIALS, Tokenizer, VocabTokenizer, spm_pieces, train_sentencepiece
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     _make_parent(dest)
     with replacing_directory(dest, "the prepared data", "--destdir") as work:
         tok = _tokenizer(opts, splits[0], reused, work)
-        dtype = token_dtype(tok.vocab_size)
+        dtype = token_dtype(max(tok.vocab_size, tok.source_vocab_size or 0))
         reports, hashes = {}, {}
         for split in splits:
             reports[split.name], file_hashes = _binarize(split, tok, dtype, opts, work, progress)
@@ -85,33 +85,17 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
         fingerprint = hashlib.sha256(
             "".join([tok.sha256] + [f"{name}:{hashes[name]}" for name in train_files]).encode()
         ).hexdigest()
-        report = {
-            "format_version": 1,
-            "nmt_version": __version__,
-            "source_lang": opts.source_lang,
-            "target_lang": opts.target_lang,
-            "vocab_size": tok.vocab_size,
-            "dtype": dtype.name,
-            "spm": {
-                "model": "spm.model",
-                "sha256": tok.sha256,
-                "source": str(opts.spm_model or opts.tokenizer_from) if reused else "trained",
-            },
-            "splits": reports,
-            "sha256": hashes,
-            "fingerprint": fingerprint,
-            "options": dataclasses.asdict(opts),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "seconds": round(time.time() - start, 3),
-        }
+        report = {"format_version": 1, "nmt_version": __version__, "source_lang": opts.source_lang,
+                  "target_lang": opts.target_lang, "vocab_size": tok.vocab_size,
+                  "source_vocab_size": tok.source_vocab_size,  # separate vocabularies; else None
+                  "dtype": dtype.name,
+                  "spm": {"model": "spm.model", "sha256": tok.sha256,
+                          "source": str(opts.spm_model or opts.tokenizer_from) if reused else "trained"},
+                  "splits": reports, "sha256": hashes, "fingerprint": fingerprint, "options": dataclasses.asdict(opts),
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.time() - start, 3)}
         (work / META_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    logger.info(
-        "wrote %s in %.1f s (vocab %d, fingerprint %s)",
-        dest,
-        report["seconds"],
-        tok.vocab_size,
-        fingerprint[:12],
-    )
+    logger.info("wrote %s in %.1f s (vocab %d, fingerprint %s)", dest, report["seconds"], tok.vocab_size,
+                fingerprint[:12])
     return report
 
 
@@ -164,11 +148,9 @@ def _make_parent(dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _tokenizer(
-    opts: PrepareOptions, train: Split, reused: Tokenizer | None, work: Path
-) -> Tokenizer:
+def _tokenizer(opts: PrepareOptions, train: Split, reused: Tokenizer | None, work: Path) -> Tokenizer:
     """Reuse --spm-model or --tokenizer-from's model, or learn one joint model on both sides of
-    train; into work/spm.*"""
+    train (--separate-vocab: one per side, spm.{lang}.model, bundled in spm.model); into work/spm.*"""
     if reused is not None:
         (work / "spm.model").write_bytes(reused.model_bytes)
         vocab = Path(opts.spm_model).with_suffix(".vocab") if opts.spm_model else None
@@ -179,37 +161,28 @@ def _tokenizer(
         return reused
     start = time.time()
     vocab_size = DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
-    logger.info(
-        "learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
-        opts.model_type,
-        vocab_size,
-        " + ".join(map(str, train.files.values())),
-        opts.input_sentence_size,
-    )
-    model = train_sentencepiece(
-        list(train.files.values()),
-        work / "spm",
-        vocab_size,
-        model_type=opts.model_type,
-        character_coverage=opts.character_coverage,
-        byte_fallback=opts.byte_fallback,
-        input_sentence_size=opts.input_sentence_size,
-        seed=opts.seed,
-        num_threads=opts.workers,
-    )
-    logger.info("learned the sentencepiece model in %.1f s", time.time() - start)
-    return Tokenizer.from_file(model)
+    logger.info("learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
+                opts.model_type, vocab_size, " + ".join(map(str, train.files.values())), opts.input_sentence_size)
+    sides = [(f"spm.{lang}", [path]) for lang, path in train.files.items()] if opts.separate_vocab else \
+        [("spm", list(train.files.values()))]
+    models = [train_sentencepiece(files, work / prefix, vocab_size, model_type=opts.model_type,
+                                  character_coverage=opts.character_coverage, byte_fallback=opts.byte_fallback,
+                                  input_sentence_size=opts.input_sentence_size, seed=opts.seed,
+                                  num_threads=opts.workers) for prefix, files in sides]
+    logger.info("learned the sentencepiece model%s in %.1f s", "s" * opts.separate_vocab, time.time() - start)
+    if not opts.separate_vocab:
+        return Tokenizer.from_file(models[0])
+    src, tgt = (path.read_bytes() for path in models)  # nmt's ids on each side: spm.model bundles the two
+    tok = VocabTokenizer(src, tgt, spm_pieces(tgt, str(models[1])), NMT_SPECIALS, source_pieces=spm_pieces(src, str(models[0])))
+    (work / "spm.model").write_bytes(tok.model_bytes)
+    return tok
 
 
 class _TokenWriter:
     """Appends sentences to `{split}.{lang}.bin` (hashing it) and writes the .idx at the end."""
 
     def __init__(self, work: Path, split: str, lang: str, dtype: np.dtype):
-        self.bin, self.idx, self.dtype = (
-            bin_path(work, split, lang),
-            idx_path(work, split, lang),
-            dtype,
-        )
+        self.bin, self.idx, self.dtype = bin_path(work, split, lang), idx_path(work, split, lang), dtype
         self.file: BinaryIO = open(self.bin, "wb")
         self.hash = hashlib.sha256()
         self.lengths: list[np.ndarray] = []

@@ -48,18 +48,9 @@ NMT_SPECIALS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the ids of every vocabu
 logger = logging.getLogger(__name__)
 
 
-def train_sentencepiece(
-    texts_or_files: Iterable[str | os.PathLike],
-    model_prefix: str | Path,
-    vocab_size: int,
-    *,
-    model_type: str = "bpe",
-    character_coverage: float = 1.0,
-    byte_fallback: bool = True,
-    input_sentence_size: int = 2_000_000,
-    seed: int = 1,
-    num_threads: int = 1,
-) -> Path:
+def train_sentencepiece(texts_or_files: Iterable[str | os.PathLike], model_prefix: str | Path, vocab_size: int, *,
+                        model_type: str = "bpe", character_coverage: float = 1.0, byte_fallback: bool = True,
+                        input_sentence_size: int = 2_000_000, seed: int = 1, num_threads: int = 1) -> Path:
     """Learn a sentencepiece model; writes `model_prefix.model` and `.vocab`, returns the former.
 
     `texts_or_files` yields sentences (`str`) and/or files to read them from (`os.PathLike`,
@@ -78,27 +69,15 @@ def train_sentencepiece(
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences(),
-            model_prefix=str(model_prefix),
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            byte_fallback=byte_fallback,
-            input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=True,
-            pad_id=NMT_SPECIALS.pad,
-            unk_id=NMT_SPECIALS.unk,
-            bos_id=NMT_SPECIALS.bos,
-            eos_id=NMT_SPECIALS.eos,
-            num_threads=max(1, num_threads),
-            minloglevel=2,  # INFO is hundreds of lines, WARNING repeats the error we report in one line
-        )
+            sentence_iterator=sentences(), model_prefix=str(model_prefix), vocab_size=vocab_size, model_type=model_type,
+            character_coverage=character_coverage, byte_fallback=byte_fallback,
+            input_sentence_size=input_sentence_size, shuffle_input_sentence=True, pad_id=NMT_SPECIALS.pad,
+            unk_id=NMT_SPECIALS.unk, bos_id=NMT_SPECIALS.bos, eos_id=NMT_SPECIALS.eos, num_threads=max(1, num_threads),
+            minloglevel=2)  # INFO is hundreds of lines, WARNING repeats the error we report in one line
     except RuntimeError as e:
         # e.g. "Vocabulary size too high (8000). Please set it to a value <= 5234."
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise NmtError(
-            f"sentencepiece training failed (--vocab-size {vocab_size}): {reason}"
-        ) from None
+        raise NmtError(f"sentencepiece training failed (--vocab-size {vocab_size}): {reason}") from None
     return Path(f"{model_prefix}.model")
 
 
@@ -140,7 +119,18 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The target vocabulary's size (the source's too, unless `source_vocab_size` says otherwise)."""
         raise NotImplementedError
+
+    @property
+    def source_vocab_size(self) -> int | None:
+        """The source vocabulary's size where it is its own (separate vocabularies), else None."""
+        return None
+
+    def vocabularies(self) -> tuple[list[str], list[str]]:
+        """The source's and the target's pieces in id order: one list twice where they are joint."""
+        pieces = [self.piece(i) for i in range(self.vocab_size)]
+        return pieces, pieces
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one source sentence, without BOS/EOS."""
@@ -281,30 +271,38 @@ class VocabTokenizer(Tokenizer):
     """A source and a target sentencepiece model whose pieces are looked up in an explicit
     vocabulary (`pieces`, the model's id order), as OPUS-MT / Marian models are segmented:
     a piece missing from the vocabulary is `<unk>`; the special ids are the vocabulary's
-    (`specials`), not the sentencepiece models'. A source text may start with a target-language
-    token (`>>fra<<`), which is looked up whole, as Marian and Hugging Face's MarianTokenizer do.
+    (`specials`), not the sentencepiece models'. With `source_pieces` the source side has its own
+    vocabulary (separate vocabularies; the special ids are the same ids in both). A source text
+    may start with a target-language token (`>>fra<<`), which is looked up whole, as Marian and
+    Hugging Face's MarianTokenizer do.
     Decoding joins the target pieces with the target model (`▁` becomes a space)."""
 
     def __init__(self, source_model: bytes, target_model: bytes, pieces: Sequence[str], specials: SpecialIds,
-                 name: str | None = None):
+                 name: str | None = None, source_pieces: Sequence[str] | None = None):
         self.name = name or "<vocabulary tokenizer>"
         self.source_model, self.target_model = bytes(source_model), bytes(target_model)
-        self.pieces = list(pieces)
-        self.specials = specials
-        self._ids = {p: i for i, p in enumerate(self.pieces)}
-        if len(self._ids) != len(self.pieces):
-            raise NmtError(f"{self.name}: the vocabulary lists a piece twice")
-        bad = [k for k, v in vars(specials).items() if not 0 <= v < len(self.pieces)]
-        if bad:
-            raise NmtError(f"{self.name}: special id {bad[0]}={getattr(specials, bad[0])} is outside the "
-                           f"vocabulary of {len(self.pieces)}")
+        self.pieces, self.specials, self.separate = list(pieces), specials, source_pieces is not None
+        self.source_pieces = list(source_pieces) if source_pieces is not None else self.pieces
+        self._ids, self._source_ids = (self._index(p, side) for p, side in ((self.pieces, "target "),
+                                                                            (self.source_pieces, "source ")))
+        header = {"pieces": self.pieces, "specials": vars(specials), "source_bytes": len(self.source_model),
+                  "target_bytes": len(self.target_model)} | ({"source_pieces": self.source_pieces} if self.separate else {})
         self._source = _load_spm(self.source_model, f"{self.name} (source model)")
         self._target = _load_spm(self.target_model, f"{self.name} (target model)")
-        header = json.dumps({"pieces": self.pieces, "specials": vars(specials), "source_bytes": len(self.source_model),
-                             "target_bytes": len(self.target_model)}, ensure_ascii=False)
-        self.model_bytes = BUNDLE_MAGIC + header.encode() + b"\n" + self.source_model + self.target_model
+        self.model_bytes = (BUNDLE_MAGIC + json.dumps(header, ensure_ascii=False).encode() + b"\n" + self.source_model
+                            + self.target_model)
         self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
         self._skip = {specials.pad, specials.bos, specials.eos}
+
+    def _index(self, pieces: list[str], side: str) -> dict[str, int]:
+        ids = {p: i for i, p in enumerate(pieces)}
+        if len(ids) != len(pieces) or not all(isinstance(p, str) for p in pieces):
+            raise NmtError(f"{self.name}: the {side * self.separate}vocabulary lists a piece twice or a non-string")
+        bad = [k for k, v in vars(self.specials).items() if not 0 <= v < len(pieces)]
+        if bad:
+            raise NmtError(f"{self.name}: special id {bad[0]}={getattr(self.specials, bad[0])} is outside the "
+                           f"{side * self.separate}vocabulary of {len(pieces)}")
+        return ids
 
     @classmethod
     def from_bundle(cls, data: bytes, name: str | None = None) -> VocabTokenizer:
@@ -314,33 +312,40 @@ class VocabTokenizer(Tokenizer):
             header = json.loads(data[len(BUNDLE_MAGIC):end])
             n_src, n_tgt = int(header["source_bytes"]), int(header["target_bytes"])
             src, tgt = data[end + 1 : end + 1 + n_src], data[end + 1 + n_src :]
-            if len(tgt) != n_tgt or not isinstance(header["pieces"], list):
+            source_pieces = header.get("source_pieces")
+            if len(tgt) != n_tgt or not all(isinstance(p, list) for p in (header["pieces"], source_pieces or [])):
                 raise ValueError("truncated")
             specials = SpecialIds(**{k: int(header["specials"][k]) for k in ("pad", "unk", "bos", "eos")})
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise NmtError(f"{name}: corrupt tokenizer bundle ({e})") from None
-        return cls(src, tgt, header["pieces"], specials, name)
+        return cls(src, tgt, header["pieces"], specials, name, source_pieces)
 
     @property
     def vocab_size(self) -> int:
         return len(self.pieces)
 
-    def _lookup(self, pieces: Iterable[str]) -> list[int]:
-        unk = self.specials.unk
-        return [self._ids.get(p, unk) for p in pieces]
+    @property
+    def source_vocab_size(self) -> int | None:
+        return len(self.source_pieces) if self.separate else None
+
+    def vocabularies(self) -> tuple[list[str], list[str]]:
+        return self.source_pieces, self.pieces
+
+    def _lookup(self, pieces: Iterable[str], ids: dict[str, int]) -> list[int]:
+        return [ids.get(p, self.specials.unk) for p in pieces]
 
     def unknown_language(self, text: str) -> str | None:
         token = leading_language_token(text)
-        return token if token is not None and token not in self._ids else None
+        return token if token is not None and token not in self._source_ids else None
 
     def encode(self, text: str) -> list[int]:
         code: list[int] = []
         if (token := leading_language_token(text)) is not None:  # looked up whole
-            code, text = self._lookup([token]), text[len(token) :]
-        return code + self._lookup(self._source.encode(text, out_type=str))
+            code, text = self._lookup([token], self._source_ids), text[len(token) :]
+        return code + self._lookup(self._source.encode(text, out_type=str), self._source_ids)
 
     def encode_target(self, text: str) -> list[int]:
-        return self._lookup(self._target.encode(text, out_type=str))
+        return self._lookup(self._target.encode(text, out_type=str), self._ids)
 
     def decode(self, ids: Iterable[int]) -> str:
         pieces = [self.pieces[int(i)] for i in ids if int(i) not in self._skip]
@@ -358,8 +363,8 @@ class VocabTokenizer(Tokenizer):
     def files(self) -> dict[str, bytes]:
         return {"source.spm": self.source_model, "target.spm": self.target_model}
 
-    def language_tokens(self) -> list[str]:
-        return [p for p in self.pieces if LANGUAGE_TOKEN.fullmatch(p)]
+    def language_tokens(self) -> list[str]:  # a source text's first token
+        return [p for p in self.source_pieces if LANGUAGE_TOKEN.fullmatch(p)]
 
 
 def spm_pieces(model_bytes: bytes, name: str) -> list[str]:

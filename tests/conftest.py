@@ -106,6 +106,16 @@ def prepared(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
+def prepared_separate(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """`prepared` with --separate-vocab: a source and a target sentencepiece model of TEST_VOCAB pieces each."""
+    dest = tmp_path_factory.mktemp("prepared-separate") / "data-bin"
+    opts = PrepareOptions(source_lang="en", target_lang="de", trainpref=raw_corpus.prefix("train"),
+                          validpref=raw_corpus.prefix("val"), destdir=str(dest), vocab_size=TEST_VOCAB,
+                          separate_vocab=True, workers=1)
+    return dest, prepare_bpe(opts, progress=False)
+
+
+@pytest.fixture(scope="session")
 def copy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared copy task (target = source; 3,000 train / 100 valid pairs, vocab 24) that a
     small model learns in a few hundred updates."""

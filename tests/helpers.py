@@ -175,7 +175,7 @@ def save_random_model(path: Path, tokenizer: Tokenizer, seed: int, model: dict[s
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **(model or {})),
                               decode=dataclasses.replace(cfg.decode, beam=4, max_len_a=0.0, max_len_b=6, **decode))
     torch.manual_seed(seed)
-    model = build_model(cfg.model, tokenizer.vocab_size, pad_id=tokenizer.specials.pad)
+    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
     atomic_save({"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
                  "vocab_size": tokenizer.vocab_size,
                  "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},

@@ -15,7 +15,9 @@ appended last: the pad row, the decoder's start) and `tokenizer_config.json`.
 target embeddings (`share_encoder_decoder_embeddings: false`), an untied output projection
 (`tie_word_embeddings: false`), `</s>` at an id other than 0 (and a vocab.json without
 `<pad>`, the pad row one past it), the weights' file format, a zero pad row (as in a model
-converted from Marian, which has none). Every model has a d_model that is no power of two
+converted from Marian, which has none), separate source and target vocabularies (`vocab.json`
+and `target_vocab.json` of different sizes, `separate_vocabs` in `tokenizer_config.json`, as
+transformers reads the opus-mt-tc models with them; `<pad>` at id 2 in both). Every model has a d_model that is no power of two
 (40, 4 heads of 10), a random non-zero `final_logits_bias`, weights far from their
 initialisation (std 0.02 would make every distribution nearly flat, so that any two
 implementations' argmaxes would be near-ties), a non-zero pad row unless asked, and an EOS
@@ -51,6 +53,7 @@ class Variant:
     eos_last: bool = False  # </s> is vocab.json's last piece (not id 0), <unk> id 0, no <pad> entry
     zero_pad_row: bool = False  # the pad row (the decoder's start embedding) is zero
     safetensors: bool = True  # else pytorch_model.bin
+    separate_vocabs: bool = False  # vocab.json the source's, target_vocab.json the target's (needs share_embeddings off)
     seed: int = 0
 
 
@@ -65,6 +68,7 @@ VARIANTS: dict[str, Variant] = {
     "gelu_new, untied output": Variant(activation="gelu_new", tie_output=False, seed=3),
     "eos not 0, separate embeddings, untied output": Variant(share_embeddings=False, tie_output=False, eos_last=True),
     "zero pad row": Variant(zero_pad_row=True),
+    "separate vocabularies, untied output": Variant(share_embeddings=False, tie_output=False, separate_vocabs=True),
 }
 
 
@@ -103,17 +107,33 @@ def opus_vocab(source_spm: Path, target_spm: Path, eos_last: bool = False) -> di
     return vocab
 
 
+def separate_vocabs(source_spm: Path, target_spm: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """vocab.json and target_vocab.json of a model with separate vocabularies: `</s>` 0, `<unk>`
+    1, `<pad>` 2 in both, the language tokens in the source's, then each side's model's pieces."""
+    vocabs = []
+    for path, extra in ((source_spm, LANGUAGE_TOKENS), (target_spm, ())):
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+        vocabs.append({p: i for i, p in enumerate(dict.fromkeys(["</s>", "<unk>", "<pad>", *extra, *pieces]))})
+    return vocabs[0], vocabs[1]
+
+
 def write_hf_marian(folder: Path, variant: Variant, source_spm: Path, target_spm: Path) -> Path:
     """A tiny random MarianMT model of `variant` in `folder` (see the module docstring)."""
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = opus_vocab(source_spm, target_spm, variant.eos_last)
+    if variant.separate_vocabs:
+        vocab, target_vocab = separate_vocabs(source_spm, target_spm)
+        (folder / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8")
+    else:
+        vocab = target_vocab = opus_vocab(source_spm, target_spm, variant.eos_last)
     for path in (source_spm, target_spm):
         (folder / path.name).write_bytes(path.read_bytes())
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
-    pad = vocab.get("<pad>", len(vocab))  # the last id: vocab.json's <pad> or one past it
-    size, eos = pad + 1, vocab["</s>"]
-    cfg = MarianConfig(vocab_size=size, d_model=D_MODEL, encoder_layers=LAYERS, decoder_layers=LAYERS,
+    (folder / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de",
+                                                              "separate_vocabs": variant.separate_vocabs}))
+    pad = vocab.get("<pad>", len(vocab))  # vocab.json's <pad> or one past its last id
+    size, eos = max(pad + 1, len(vocab)), vocab["</s>"]
+    cfg = MarianConfig(vocab_size=size, decoder_vocab_size=max(pad + 1, len(target_vocab)), d_model=D_MODEL, encoder_layers=LAYERS, decoder_layers=LAYERS,
                        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=FFN,
                        decoder_ffn_dim=FFN, activation_function=variant.activation, max_position_embeddings=MAX_POSITIONS,
                        pad_token_id=pad, eos_token_id=eos, forced_eos_token_id=eos, decoder_start_token_id=pad,
@@ -158,7 +178,7 @@ def eos_margins(model: MarianMTModel, eos: int, sentences: int = 8, steps: int =
     gen = torch.Generator().manual_seed(0)
     margins = []
     for _ in range(sentences):
-        src = torch.randint(0, cfg.pad_token_id, (1, int(torch.randint(4, 16, (1,), generator=gen))), generator=gen)
+        src = torch.randint(0, cfg.pad_token_id if cfg.pad_token_id + 1 == cfg.vocab_size else cfg.vocab_size, (1, int(torch.randint(4, 16, (1,), generator=gen))), generator=gen)
         src[0, -1] = eos
         prev = torch.tensor([[cfg.decoder_start_token_id]])
         for step in range(steps):

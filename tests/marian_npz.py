@@ -9,7 +9,9 @@
   table (`nmt.convert.table`): the import reads them through the table, so they witness it;
   a trained model's go back through the table (`to_marian_layout`);
 - `vocab.yml` in yaml-cpp's style (`yaml_cpp_key`), `</s>` 0 and `<unk>` 1 unless the
-  variant moves `</s>`; `source.spm` / `target.spm` (tiny sentencepiece models); `decoder.yml`.
+  variant moves `</s>` (or, separate vocabularies, `vocab.src.yml` and `vocab.trg.yml` of one
+  size: `separate_vocabularies`); `source.spm` / `target.spm` (tiny sentencepiece models);
+  `decoder.yml`.
 
 `marian_log_probs` is Marian's transformer transcribed (src/models/transformer.h at marian-dev
 c9f287db: embeddings times sqrt(dim), its sinusoids, `dan` / `n`+`da`+top `n` processing,
@@ -74,6 +76,7 @@ class Variant:
     ffn: int = 64
     layers: tuple[int, int] = (2, 2)
     eos_index: int = 0  # where </s> is in vocab.yml (Marian's own: 0)
+    separate: bool = False  # vocab.src.yml and vocab.trg.yml (tying "decoder" or "none")
     seed: int = 0
 
 
@@ -82,9 +85,15 @@ class Release:
     folder: Path
     decoder_yml: Path
     npz: Path
-    pieces: list[str]  # vocab.yml's pieces in id order
+    pieces: list[str]  # vocab.yml's (vocab.trg.yml's) pieces in id order
     weights: dict[str, np.ndarray]  # the parameters (without special:model.yml)
     options: dict[str, Any]  # special:model.yml
+    source_pieces: list[str] | None = None  # vocab.src.yml's, where the vocabularies are separate
+
+    @property
+    def vocab_files(self) -> list[Path]:
+        names = ["vocab.src.yml", "vocab.trg.yml"] if self.source_pieces else ["vocab.yml", "vocab.yml"]
+        return [self.folder / name for name in names]
 
     @property
     def eos(self) -> int:
@@ -136,6 +145,19 @@ def marian_vocabulary(eos_index: int = 0) -> list[str]:
     pieces = list(dict.fromkeys([*pieces, *LANGUAGE_TOKENS, *AWKWARD]))
     pieces.insert(eos_index, pieces.pop(0))
     return pieces
+
+
+def separate_vocabularies() -> tuple[list[str], list[str]]:
+    """A source and a target vocabulary of one size (as Marian's from two sentencepiece models
+    of one size): </s>, <unk>, the side's model's pieces (the source's then the language tokens),
+    the AWKWARD pieces, the shorter filled up with pieces of its own. A piece of both has two ids."""
+    sides = []
+    for model, extra in zip(spm_models(), (LANGUAGE_TOKENS, []), strict=True):
+        sp = spm.SentencePieceProcessor(model_proto=model)
+        own = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
+        sides.append(list(dict.fromkeys(["</s>", "<unk>", *own, *extra, *AWKWARD])))
+    n = max(map(len, sides))
+    return sides[0] + [f"\u2581s{i}" for i in range(n - len(sides[0]))], sides[1] + [f"\u2581t{i}" for i in range(n - len(sides[1]))]
 
 
 # ------------------------------------------------------------------ YAML as yaml-cpp writes it
@@ -306,19 +328,22 @@ def write_release(folder: Path, v: Variant = Variant()) -> Release:
     """A Marian release of `v` in `folder` (created): model.npz, vocab.yml, source.spm,
     target.spm, decoder.yml."""
     folder.mkdir(parents=True, exist_ok=True)
-    pieces = marian_vocabulary(v.eos_index)
+    source, pieces = separate_vocabularies() if v.separate else (None, marian_vocabulary(v.eos_index))
     weights = random_weights(v, len(pieces))
     options = marian_options(v, len(pieces))
     np.savez(folder / "model.npz", **weights, **{"special:model.yml": npz_text(model_yml(options))})
-    write_vocab_yml(folder / "vocab.yml", pieces)
+    release = Release(folder, folder / "decoder.yml", folder / "model.npz", pieces, weights, options, source)
+    for path, side in zip(release.vocab_files, (source or pieces, pieces), strict=True):
+        write_vocab_yml(path, side)
     src, tgt = spm_models()
     (folder / "source.spm").write_bytes(src)
     (folder / "target.spm").write_bytes(tgt)
     (folder / "decoder.yml").write_text(
-        "relative-paths: true\nmodels:\n  - model.npz\nvocabs:\n  - vocab.yml\n  - vocab.yml\n"
-        "beam-size: 4\nnormalize: 1\nword-penalty: 0\nmini-batch: 16\nmaxi-batch: 100\nmaxi-batch-sort: src\n",
+        "relative-paths: true\nmodels:\n  - model.npz\nvocabs:\n"
+        + "".join(f"  - {path.name}\n" for path in release.vocab_files)
+        + "beam-size: 4\nnormalize: 1\nword-penalty: 0\nmini-batch: 16\nmaxi-batch: 100\nmaxi-batch-sort: src\n",
         encoding="utf-8")
-    return Release(folder, folder / "decoder.yml", folder / "model.npz", pieces, weights, options)
+    return release
 
 
 def rewrite_npz(release: Release, *, options: dict[str, Any] | None = None, drop: Sequence[str] = (),

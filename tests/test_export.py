@@ -26,6 +26,7 @@ from nmt import Translator
 from nmt.convert.ctranslate2 import export
 from nmt.decoding.predict import score_token_lists
 from nmt.errors import NmtError
+from nmt.tokenizer import Tokenizer
 
 try:
     import ctranslate2 as ct2
@@ -50,14 +51,17 @@ VARIANTS = {
     "pre-norm, gelu_sigmoid, untied output": {"norm_first": True, "activation": "gelu_sigmoid",
                                               "tie_output": False},
     "gelu_tanh": {"activation": "gelu_tanh"},
+    # issue 37: prepare-bpe --separate-vocab's two vocabularies (source_vocabulary.json, target_vocabulary.json)
+    "separate vocabularies": {"share_embeddings": False},
 }
 
 
 pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")  # conftest: torch on one thread
 
 
-def pieces(tokenizer, text: str) -> list[str]:
-    return [tokenizer.piece(i) for i in tokenizer.encode(text)]
+def pieces(tokenizer, text: str, side: int = 0) -> list[str]:
+    """The pieces of a source text (`side` 1: of a target text)."""
+    return [tokenizer.vocabularies()[side][i] for i in (tokenizer.encode_target if side else tokenizer.encode)(text)]
 
 
 def ct2_translate(model_dir: Path, tokenizer, texts: list[str], beam: int, lenpen: float) -> list[str]:
@@ -76,23 +80,25 @@ def ct2_translate(model_dir: Path, tokenizer, texts: list[str], beam: int, lenpe
 
 @needs_ctranslate2
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_exported_model_gives_the_same_token_log_probs(variant, test_tokenizer, raw_corpus,
-                                                       tmp_path):
+def test_exported_model_gives_the_same_token_log_probs(variant, test_tokenizer, raw_corpus, request, tmp_path):
+    if variant == "separate vocabularies":
+        test_tokenizer = Tokenizer.from_file(request.getfixturevalue("prepared_separate")[0] / "spm.model")
     ckpt = save_random_model(tmp_path / "m.pt", test_tokenizer, seed=3, model=VARIANTS[variant])
     if VARIANTS[variant].get("output_bias"):  # initialised to zeros: make it count
         state = torch.load(ckpt, weights_only=True)
         state["model"]["output_bias"] = torch.randn(test_tokenizer.vocab_size, generator=torch.Generator().manual_seed(4))
         torch.save(state, ckpt)
     export(ckpt, tmp_path / "ct2")
+    assert (tmp_path / "ct2/source_vocabulary.json").exists() == (variant == "separate vocabularies")
     ours = Translator.load(ckpt, device="cpu")
     tok = ours.loaded.tokenizer
     sources, targets = raw_corpus.lines("test", "en")[:16], raw_corpus.lines("test", "de")[:16]
     expected = score_token_lists(ours.loaded.model, [tok.encode(s) for s in sources],
-                                 [tok.encode(t) for t in targets], ours.decode, specials=tok.specials)
+                                 [tok.encode_target(t) for t in targets], ours.decode, specials=tok.specials)
     got = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1).score_batch(
-        [pieces(tok, s) for s in sources], [pieces(tok, t) for t in targets])
+        [pieces(tok, s) for s in sources], [pieces(tok, t, 1) for t in targets])
     for g, e, t in zip(got, expected, targets, strict=True):
-        assert g.tokens == [*pieces(tok, t), "</s>"]
+        assert g.tokens == [*pieces(tok, t, 1), "</s>"]
         assert g.log_probs == pytest.approx(e, abs=2e-4)
 
 

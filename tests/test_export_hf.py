@@ -63,20 +63,26 @@ def test_a_hugging_face_folder_comes_back_as_it_was(models, sentences, tmp_path,
     assert [k for k in back if not torch.equal(back[k], original[k])] == []
     for spm in ("source.spm", "target.spm"):
         assert (out / spm).read_bytes() == (folder / spm).read_bytes()
-    before, after = (json.loads((f / "vocab.json").read_text(encoding="utf-8")) for f in (folder, out))
     pad = json.loads((folder / "config.json").read_text())["pad_token_id"]
-    assert after == before | ({} if "<pad>" in before else {"<pad>": pad})
-    src, _ = sentences
+    for name in ("vocab.json", "target_vocab.json")[: 1 + variant.separate_vocabs]:
+        before, after = (json.loads((f / name).read_text(encoding="utf-8")) for f in (folder, out))
+        assert after == before | ({} if "<pad>" in before else {"<pad>": pad})
+    assert (out / "target_vocab.json").exists() == variant.separate_vocabs
+    src, tgt = sentences
     theirs, ours = MarianTokenizer.from_pretrained(folder), MarianTokenizer.from_pretrained(out)
     assert ours(src)["input_ids"] == theirs(src)["input_ids"]
+    assert ours(text_target=tgt)["input_ids"] == theirs(text_target=tgt)["input_ids"]
 
 
-@pytest.fixture(scope="module")
-def nmt_model(prepared, tmp_path_factory) -> Path:
-    """A random nmt model with MarianMT's settings, exported; its checkpoint beside it."""
+@pytest.fixture(scope="module", params=["joint", "separate"])
+def nmt_model(request, tmp_path_factory) -> Path:
+    """A random nmt model with MarianMT's settings, exported; its checkpoint beside it. Of
+    prepare-bpe's joint vocabulary, or of its --separate-vocab two (MarianMT's separate_vocabs)."""
     path = tmp_path_factory.mktemp("nmt-hf") / "model.pt"
-    tokenizer = Tokenizer.from_file(prepared[0] / "spm.model")
-    save_random_model(path, tokenizer, seed=3, model=MARIAN_SETTINGS, lenpen=1.0, lenpen_style="length")
+    tokenizer = Tokenizer.from_file(request.getfixturevalue(f"prepared{'_separate' * (request.param == 'separate')}")[0]
+                                    / "spm.model")
+    settings = MARIAN_SETTINGS | {"share_embeddings": request.param == "joint"}
+    save_random_model(path, tokenizer, seed=3, model=settings, lenpen=1.0, lenpen_style="length")
     return export_hf(path, path.parent / "hf")
 
 

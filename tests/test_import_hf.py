@@ -117,7 +117,8 @@ def translator(models: Models, variant: Variant, **options: Any) -> Translator:
 # ------------------------------------------------------------------ tokenization
 
 
-@pytest.mark.parametrize("name", ["swish", "eos not 0, separate embeddings, untied output"])
+@pytest.mark.parametrize("name", ["swish", "eos not 0, separate embeddings, untied output",
+                                  "separate vocabularies, untied output"])
 def test_tokenization_equals_marian_tokenizer(models, sentences, name):
     """MarianTokenizer appends </s>, nmt's encode does not (the model adds it). Unknown
     characters are <unk> on both sides; a leading >>fra<< is one token. Decoding skips the
@@ -423,7 +424,8 @@ def ct2_greedy_and_scores(model_dir: Path, piece_ids: dict[str, int], sources: S
     return outputs, [s.log_probs for s in scored]
 
 
-@pytest.mark.parametrize("name", ["swish", "eos not 0, separate embeddings, untied output"])
+@pytest.mark.parametrize("name", ["swish", "eos not 0, separate embeddings, untied output",
+                                  "separate vocabularies, untied output"])
 def test_ctranslate2_export_of_an_import(models, sentences, tmp_path, name):
     """`nmt export` of an imported model: CTranslate2's greedy outputs are nmt's, its
     forced-decoding log-probs nmt's (and so transformers')."""
@@ -436,8 +438,9 @@ def test_ctranslate2_export_of_an_import(models, sentences, tmp_path, name):
     src, tgt = sentences
     sources, targets = [tok.encode(s) for s in src], [tok.encode_target(t) for t in tgt]
     greedy = [hyps[0] for hyps in tr.translate_nbest(src)]
-    pieces = [[tok.piece(i) for i in s] for s in sources]
-    ids = {tok.piece(i): i for i in range(tok.vocab_size)}
+    source_pieces, target_pieces = tok.vocabularies()  # one list, or two (separate vocabularies)
+    pieces = [[source_pieces[i] for i in s] for s in sources]
+    ids = {p: i for i, p in enumerate(target_pieces)}
     # nmt's search never produces pad (the decoder's start); CTranslate2 has no such rule, so
     # it is told (without, an exported import may emit <pad>: one of these models does, once)
     got, log_probs = ct2_greedy_and_scores(out, ids, pieces, [[tok.piece(i) for i in t] for t in targets],
@@ -547,7 +550,9 @@ D = 40  # hf_marian's d_model
 REFUSALS: dict[str, tuple[Callable[[Path], None], str]] = {
     "model_type": (edit_config(model_type="bart"), "model_type 'bart', not marian"),
     "activation": (edit_config(activation_function="tanh"), "activation_function 'tanh'"),
-    "decoder_vocab_size": (other_vocabulary, "decoder_vocab_size"),
+    "decoder_vocab_size": (other_vocabulary, "separate_vocabs is not true, but config.json's decoder_vocab_size"),
+    "separate_vocabs, shared embeddings": (write("tokenizer_config.json", '{"separate_vocabs": true}'),
+                                           "separate_vocabs is true, but config.json shares the embeddings"),
     "pre-norm": (edit_config(normalize_before=True), "normalize_before"),
     "no vocab.json": (lambda f: (f / "vocab.json").unlink(), "vocab.json: not found"),
     "no source.spm": (lambda f: (f / "source.spm").unlink(), "source.spm: not found"),

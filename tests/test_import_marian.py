@@ -91,6 +91,8 @@ VARIANTS = {
     "pre-norm, gelu of v1.12.43 (erf)": Variant(pre_norm=True, activation="gelu",
                                                 version="v1.12.43 c9f287db 2025-06-23 19:47:45 +0000", seed=9),
     "pre-norm, top empty (no final LayerNorm)": Variant(pre_norm=True, top_norm=False, seed=10),
+    "separate vocabularies (vocab.src.yml, vocab.trg.yml), tied-embeddings": Variant(tying="decoder", separate=True,
+                                                                                    seed=13),
 }
 # CTranslate2's Marian converter maps gelu to the sigmoid form only, and refuses pre-norm without the top LayerNorm
 CT2_VARIANTS = [name for name in VARIANTS if "erf" not in name and "top empty" not in name]
@@ -98,13 +100,15 @@ CT2_VARIANTS = [name for name in VARIANTS if "erf" not in name and "top empty" n
 
 def build(imported, **changes) -> Transformer:
     tok = imported.tokenizer
-    model = Transformer(dataclasses.replace(imported.model, **changes), tok.vocab_size, tok.specials.pad)
+    model = Transformer(dataclasses.replace(imported.model, **changes), tok.vocab_size, tok.specials.pad,
+                        tok.source_vocab_size)
     model.load_state_dict(imported.weights)
     return model.eval()
 
 
-def pieces(tok: Tokenizer, ids: list[int]) -> list[str]:
-    return [tok.piece(i) for i in ids]
+def pieces(tok: Tokenizer, ids: list[int], side: int = 1) -> list[str]:
+    """The pieces of target ids (`side` 0: of source ids)."""
+    return [tok.vocabularies()[side][i] for i in ids]
 
 
 def sentence_pairs(tok: Tokenizer, seed: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -114,19 +118,18 @@ def sentence_pairs(tok: Tokenizer, seed: int) -> tuple[list[list[int]], list[lis
     sources[0] = ">>fra<< " + sources[0]
     sources[1], targets[1] = sources[1] + " \u03a9", "\u03a9 " + targets[1]
     src, tgt = [tok.encode(s) for s in sources], [tok.encode_target(t) for t in targets]
-    assert src[0][0] == tok.pieces.index(">>fra<<") and tok.specials.unk in src[1] and tok.specials.unk in tgt[1]
+    assert src[0][0] == tok.vocabularies()[0].index(">>fra<<") and tok.specials.unk in src[1] and tok.specials.unk in tgt[1]
     return src, tgt
 
 
 def ct2_convert(release: Release, out: Path) -> Path:
-    vocab = str(release.folder / "vocab.yml")
-    return Path(MarianConverter(str(release.npz), [vocab, vocab]).convert(str(out)))
+    return Path(MarianConverter(str(release.npz), list(map(str, release.vocab_files))).convert(str(out)))
 
 
 def ct2_translate(model_dir: Path, tok: Tokenizer, sources: list[list[int]], beam: int, lenpen: float, max_len: int):
     """CTranslate2 with the settings that equal nmt's search (module docstring)."""
     translator = ct2.Translator(str(model_dir), device="cpu", intra_threads=1)
-    return translator.translate_batch([pieces(tok, s) for s in sources], beam_size=beam, length_penalty=lenpen,
+    return translator.translate_batch([pieces(tok, s, 0) for s in sources], beam_size=beam, length_penalty=lenpen,
                                       return_end_token=True, disable_unk=False, min_decoding_length=0,
                                       max_decoding_length=max_len, return_scores=True)
 
@@ -220,6 +223,8 @@ def test_imported_config_tokenizer_and_pad_row(variant, tmp_path):
     # Marian's vocabulary, then the pad row (also the BOS that is never fed: decoding starts from zeros)
     V = len(release.pieces)
     assert tok.pieces[:V] == release.pieces and tok.vocab_size == V + 1
+    assert tok.vocabularies()[0][:V] == (release.source_pieces or release.pieces)
+    assert tok.source_vocab_size == (V + 1 if v.separate else None)
     assert (tok.specials.pad, tok.specials.bos) == (V, V)
     assert (tok.specials.eos, tok.specials.unk) == (release.eos, release.pieces.index("<unk>"))
     assert tok.files() == {"source.spm": (release.folder / "source.spm").read_bytes(),
@@ -298,7 +303,7 @@ def test_log_probs_equal_ctranslate2s(variant, tmp_path):
     tok = imp.tokenizer
     src, tgt = sentence_pairs(tok, seed=21)
     translator = ct2.Translator(str(ct2_convert(release, tmp_path / "ct2")), device="cpu", intra_threads=1)
-    got = translator.score_batch([pieces(tok, s) for s in src], [pieces(tok, t) for t in tgt])
+    got = translator.score_batch([pieces(tok, s, 0) for s in src], [pieces(tok, t) for t in tgt])
     for g, t in zip(got, tgt, strict=True):
         assert g.tokens == [*pieces(tok, t), "</s>"]
     theirs = [g.log_probs for g in got]
@@ -379,7 +384,7 @@ def test_import_translate_and_export_through_the_command_line(trained, tmp_path,
     src, tgt = sentence_pairs(tok, seed=51)
     ours = score_token_lists(build(imp), src, tgt, DecodeConfig(), specials=tok.specials)
     got = ct2.Translator(str(out), device="cpu", intra_threads=1).score_batch(
-        [pieces(tok, s) for s in src], [pieces(tok, t) for t in tgt])
+        [pieces(tok, s, 0) for s in src], [pieces(tok, t) for t in tgt])
     assert max_diff(ours, [g.log_probs for g in got]) < 1e-4
 
 
@@ -391,9 +396,11 @@ def _ensemble(r: Release) -> None:
     r.decoder_yml.write_text(text.replace("  - model.npz\n", "  - model.npz\n  - model.npz\n"), encoding="utf-8")
 
 
-def _separate_vocabularies(r: Release) -> None:
+def _separate_vocabularies(r: Release, fewer: int = 0) -> None:
+    """vocab.src.yml the release's vocabulary; vocab.trg.yml two pieces swapped, `fewer` left off."""
     write_vocab_yml(r.folder / "vocab.src.yml", r.pieces)
-    write_vocab_yml(r.folder / "vocab.trg.yml", [r.pieces[0], r.pieces[1], r.pieces[3], r.pieces[2], *r.pieces[4:]])
+    swapped = [r.pieces[0], r.pieces[1], r.pieces[3], r.pieces[2], *r.pieces[4:]]
+    write_vocab_yml(r.folder / "vocab.trg.yml", swapped[: len(swapped) - fewer])
     text = r.decoder_yml.read_text(encoding="utf-8")
     r.decoder_yml.write_text(text.replace("  - vocab.yml\n  - vocab.yml\n", "  - vocab.src.yml\n  - vocab.trg.yml\n"),
                              encoding="utf-8")
@@ -449,7 +456,10 @@ REFUSALS = {
                                        "post-norm options 'dan'/'n'"),
     "ensemble": (_ensemble, "2 models"),
     "no source.spm": (lambda r: (r.folder / "source.spm").unlink(), "source.spm is missing"),
-    "separate vocabularies": (_separate_vocabularies, "vocab.src.yml and vocab.trg.yml differ"),
+    "separate vocabularies, tied-embeddings-all": (_separate_vocabularies, "tied-embeddings-all or tied-embeddings-src "
+                                                   "with separate source and target vocabularies"),
+    "separate vocabularies of two sizes": (lambda r: _separate_vocabularies(r, 1),
+                                           "pieces; nmt import maps separate vocabularies of one size"),
     "no special:model.yml": (lambda r: np.savez(r.npz, **r.weights), "no special:model.yml"),
     "missing parameter": (lambda r: rewrite_npz(r, drop=["decoder_l2_context_Wv"]), "no weight decoder_l2_context_Wv"),
     "wrong shape": (lambda r: rewrite_npz(r, replace={"encoder_l1_self_Wq": np.zeros((D + 1, D), np.float32)}),

@@ -31,6 +31,7 @@ import random
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -357,3 +358,56 @@ def test_a_bad_num_beams_is_one_line(hf_folder: Path, tmp_path: Path, capsys, va
     err = capsys.readouterr().err.strip()
     assert err == f"nmt: error: {folder / 'generation_config.json'}: num_beams {value!r} is not a positive integer"
     assert not (tmp_path / "out.pt").exists()
+
+
+# ------------------------------------------------------------------ separate vocabularies
+
+
+@pytest.fixture(scope="module")
+def separate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tokenizer, Any]:
+    """opus-mt-en-mg's two sentencepiece models as a model with separate vocabularies, as the
+    opus-mt-tc releases with `separate_vocabs` have them: vocab.json the source model's pieces,
+    target_vocab.json the target model's (`</s>` 0, `<unk>` 1, `<pad>` 2 in both; two sizes),
+    a small random MarianMTModel over them written by transformers (tests/hf_marian.py), imported
+    by `nmt import`; beside it MarianTokenizer with `separate_vocabs` on the same folder."""
+    from hf_marian import Variant, write_hf_marian
+    from transformers import MarianTokenizer
+
+    folder = tmp_path_factory.mktemp("opus-mt-en-mg-separate")
+    write_hf_marian(folder / "hf", Variant(share_embeddings=False, tie_output=False, separate_vocabs=True),
+                    OPUS_MT_EN_MG / "source.spm", OPUS_MT_EN_MG / "target.spm")
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        assert nmt_here("import", str(folder / "hf"), "-o", str(folder / "model.pt")) == 0
+    finally:  # cli.main points the root logger at this test's captured streams
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = MarianTokenizer.from_pretrained(folder / "hf")
+    assert hf.separate_vocabs
+    return load_model_checkpoint(folder / "model.pt").tokenizer, hf
+
+
+def test_separate_vocabularies_segment_and_number_as_marian_tokenizer(separate) -> None:
+    """Segmentation (the pieces), ids and de-segmentation, each side against its own vocabulary."""
+    tok, hf = separate
+    source_pieces, target_pieces = tok.vocabularies()
+    assert tok.source_vocab_size == len(hf.encoder) != tok.vocab_size == len(hf.target_encoder)
+    assert (tok.specials.pad, tok.specials.eos, tok.specials.unk) == (hf.pad_token_id, hf.eos_token_id, hf.unk_token_id)
+    for text in ENGLISH:
+        ids = hf(text)["input_ids"]
+        assert source_ids(tok, text) == ids, text
+        pieces = hf.tokenize(text)  # <unk>: a piece the source vocabulary lacks
+        assert [source_pieces[i] for i in ids[:-1]] == [p if p in hf.encoder else "<unk>" for p in pieces], text
+    assert tok.specials.unk in {i for text in ENGLISH for i in tok.encode(text)}  # >>fra<< at least
+    for text in MALAGASY:
+        ids = hf(text_target=text)["input_ids"]
+        assert target_ids(tok, text) == ids, text
+        assert [target_pieces[i] for i in ids] == hf.convert_ids_to_tokens(ids), text
+        if tok.specials.unk not in ids:
+            assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True), text
+    # the two vocabularies number a piece differently: a source id is no target id
+    common = set(source_pieces) & set(target_pieces) - {"</s>", "<unk>", "<pad>"}
+    assert any(source_pieces.index(p) != target_pieces.index(p) for p in common)

@@ -11,6 +11,7 @@ import json
 import random
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,6 +27,12 @@ from nmt.decoding.shortlist import (
 )
 from nmt.errors import NmtError
 from nmt.tokenizer import NMT_SPECIALS
+
+
+def _vocabulary(size: int, sha256: str) -> SimpleNamespace:
+    """What load_shortlist reads of a tokenizer: a joint vocabulary of `size` and its hash."""
+    pieces = [str(i) for i in range(size)]
+    return SimpleNamespace(vocab_size=size, sha256=sha256, vocabularies=lambda: (pieces, pieces))
 
 V = 80
 WORDS = range(10, 50)  # source words; word w translates to TRANSLATION[w]
@@ -107,18 +114,18 @@ def test_save_and_load_check_the_vocabulary(data_dir, tmp_path):
     sl = learn_shortlist(data_dir, top=4, frequent=2)
     path = tmp_path / "sl.pt"
     save_shortlist(sl, path)
-    back = load_shortlist(path, vocab_size=V, spm_sha256="abc")
+    back = load_shortlist(path, _vocabulary(V, "abc"))
     assert torch.equal(back.candidates, sl.candidates) and torch.equal(back.frequent, sl.frequent)
     with pytest.raises(NmtError, match="another vocabulary"):
-        load_shortlist(path, vocab_size=V, spm_sha256="other")
+        load_shortlist(path, _vocabulary(V, "other"))
     with pytest.raises(NmtError, match="another vocabulary"):
-        load_shortlist(path, vocab_size=V + 1, spm_sha256="abc")
+        load_shortlist(path, _vocabulary(V + 1, "abc"))
     with pytest.raises(NmtError, match="not found"):
-        load_shortlist(tmp_path / "missing.pt", vocab_size=V, spm_sha256="abc")
+        load_shortlist(tmp_path / "missing.pt", _vocabulary(V, "abc"))
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a torch file")
     with pytest.raises(NmtError, match="junk.pt: not a shortlist"):
-        load_shortlist(junk, vocab_size=V, spm_sha256="abc")
+        load_shortlist(junk, _vocabulary(V, "abc"))
 
 
 def test_bad_options_are_errors(data_dir):
@@ -137,4 +144,4 @@ def test_the_shortlist_never_replaces_a_data_file_it_reads(data_dir, tmp_path, n
         shortlist_command(data, data / name, top=3, frequent=1, iterations=1, max_sentences=100)
     assert {p.name: p.read_bytes() for p in data.iterdir()} == before
     shortlist_command(data, data / "shortlist.pt", top=3, frequent=1, iterations=1, max_sentences=100)  # beside them: fine
-    assert load_shortlist(data / "shortlist.pt", vocab_size=V, spm_sha256="abc").frequent.numel() == 1
+    assert load_shortlist(data / "shortlist.pt", _vocabulary(V, "abc")).frequent.numel() == 1

@@ -488,7 +488,7 @@ def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
     data_dir, report = prepared
     out = tmp_path / "sl.pt"
     assert nmt_here("shortlist", str(data_dir), "-o", str(out), "--top", "10", "--frequent", "20") == 0
-    sl = load_shortlist(out, vocab_size=report["vocab_size"], spm_sha256=report["spm"]["sha256"])
+    sl = load_shortlist(out, Tokenizer.from_file(data_dir / "spm.model"))
     assert sl.candidates.shape == (report["vocab_size"], 10) and sl.frequent.numel() == 20
     assert (sl.candidates[:, 0] >= FIRST_WORD).sum() > 100  # most source tokens have a translation
     r = nmt("shortlist", str(data_dir), "-o", str(out), "--top", "-1", stdin=b"", env=ENV)

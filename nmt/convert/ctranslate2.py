@@ -81,7 +81,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
     from nmt.convert.hf import HF_ONLY, write_hf_folder
 
     _check_exportable(cfg, str(checkpoint), *(("a MarianMT", HF_ONLY) if format == "hf" else ("a CTranslate2", {})))
-    model = Transformer(cfg, tokenizer.vocab_size, pad_id=tokenizer.specials.pad)
+    model = Transformer(cfg, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
     ckpt.load_into(model)
     if format == "hf":
         with replacing_directory(out, "the export", "OUT_DIR") as work:
@@ -158,8 +158,8 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
         setattr(index_spec(spec, scope), attr, tensor.detach().float().cpu().numpy())  # a spec refuses a new name
     spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = True  # x sqrt(d_model), as nmt.models.layers.Embedding
     spec.decoder.start_from_zero_embedding = model.tgt_embed.zero_start
-    pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
-    spec.register_source_vocabulary(pieces)
+    source, pieces = tokenizer.vocabularies()
+    spec.register_source_vocabulary(source)
     spec.register_target_vocabulary(pieces)
     ids = tokenizer.specials
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (

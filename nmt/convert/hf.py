@@ -65,22 +65,22 @@ def read_hf_folder(folder: Path) -> Imported:
     cfg.need(not cfg.flag("add_final_layer_norm", False), "add_final_layer_norm is true")
     act = cfg.text("activation_function", "gelu")
     cfg.need(act in _ACTIVATIONS, f"activation_function {act!r} (supported: {', '.join(_ACTIVATIONS)})")
-    vocab_size = cfg.int("vocab_size")
-    dec_vocab = cfg.int("decoder_vocab_size", vocab_size)
-    cfg.need(dec_vocab == vocab_size, f"decoder_vocab_size {dec_vocab} != vocab_size {vocab_size} "
-                                      "(separate source and target vocabularies)")
-    pad, eos = cfg.int("pad_token_id"), cfg.int("eos_token_id")
+    vocab_size = cfg.int("vocab_size")  # the source's; the target's is decoder_vocab_size
+    sizes = (vocab_size, cfg.int("decoder_vocab_size", vocab_size))
+    pad, eos, share = cfg.int("pad_token_id"), cfg.int("eos_token_id"), cfg.flag("share_encoder_decoder_embeddings", True)
+    cfg.need(not share or sizes[1] == vocab_size, f"decoder_vocab_size {sizes[1]} != vocab_size {vocab_size} while "
+             "share_encoder_decoder_embeddings is true")
     model = ModelConfig(
         arch="transformer", encoder_layers=cfg.int("encoder_layers"), decoder_layers=cfg.int("decoder_layers"),
         d_model=d_model, ffn_dim=ffn, heads=heads, dropout=cfg.number("dropout", 0.1),
         attention_dropout=cfg.number("attention_dropout", 0.0), activation_dropout=cfg.number("activation_dropout", 0.0),
-        norm_first=False, share_embeddings=cfg.flag("share_encoder_decoder_embeddings", True),
+        norm_first=False, share_embeddings=share,
         tie_output=cfg.flag("tie_word_embeddings", True), output_bias=True, activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
         norm_eps=1e-5, positions="hf_marian", decoder_start="bos", max_positions=cfg.int("max_position_embeddings", 512))
     check_config(model, cfg.where, _KEYS)
-    tok = _hf_tokenizer(reader, folder, vocab_size, pad, eos, cfg.int("decoder_start_token_id", pad))
+    tok = _hf_tokenizer(reader, folder, sizes, share, SpecialIds(pad, 0, cfg.int("decoder_start_token_id", pad), eos))
     beam = _hf_beam(reader, folder, cfg)  # checked before the weights are read
-    model, weights = _map_hf(reader, folder, model, vocab_size)
+    model, weights = _map_hf(reader, folder, model, tok)
     return Imported(model, weights, tok, beam, str(folder), reader.files)
 
 
@@ -106,35 +106,49 @@ def _hf_beam(reader: Reader, folder: Path, cfg: Keys) -> dict[str, Any]:
     return decode
 
 
-def _hf_tokenizer(reader: Reader, folder: Path, vocab_size: int, pad: int, eos: int, start: int) -> VocabTokenizer:
+def _hf_tokenizer(reader: Reader, folder: Path, sizes: tuple[int, int], share: bool, ids: SpecialIds) -> VocabTokenizer:
+    """vocab.json, and with separate_vocabs the target's target_vocab.json (`sizes`: config.json's
+    vocab_size and decoder_vocab_size); the unk id is theirs."""
     path = folder / "tokenizer_config.json"
-    if os.path.lexists(path):
-        tok_cfg = reader.json(path)
-        tok_cfg.need(not tok_cfg.raw.get("separate_vocabs"),
-                     "separate_vocabs is true (separate source and target vocabularies)")
-    path = folder / "vocab.json"
+    tok_cfg = reader.json(path) if os.path.lexists(path) else Keys({}, str(path))
+    separate = tok_cfg.flag("separate_vocabs", False)
+    tok_cfg.need(not (separate and share), "separate_vocabs is true, but config.json shares the embeddings "
+                 "(share_encoder_decoder_embeddings)")
+    tok_cfg.need(separate or sizes[0] == sizes[1], f"separate_vocabs is not true, but config.json's decoder_vocab_size "
+                 f"{sizes[1]} != vocab_size {sizes[0]}")
+    files = [("vocab.json", "vocab_size", sizes[0])]
+    files += [(Path(tok_cfg.text("target_vocab_file", "target_vocab.json")).name, "decoder_vocab_size", sizes[1])] * separate
+    source, *rest = (_hf_vocab(reader, folder / name, key, size, ids.pad) for name, key, size in files)
+    target = rest[0] if rest else source
+    if source.index("<unk>") != target.index("<unk>"):
+        raise NmtError(f"{folder}: <unk> has two ids in vocab.json and {files[-1][0]}")
+    src_spm, tgt_spm = (reader.bytes(folder / name, "a sentencepiece model") for name in ("source.spm", "target.spm"))
+    return VocabTokenizer(src_spm, tgt_spm, target, dataclasses.replace(ids, unk=target.index("<unk>")),
+                          name=f"{folder}: its tokenizer", source_pieces=source if separate else None)
+
+
+def _hf_vocab(reader: Reader, path: Path, key: str, size: int, pad: int) -> list[str]:
+    """A vocabulary file's pieces in id order, as many as config.json's `key` says."""
     vocab = reader.json(path).raw
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in vocab.values()):
         raise NmtError(f"{path}: not a mapping of pieces to ids")
     pieces = pieces_in_id_order(vocab, path)
-    if len(pieces) == vocab_size - 1 and pad == vocab_size - 1:  # the pad row is the model's, not vocab.json's
+    if len(pieces) == size - 1 and pad == size - 1:  # the pad row is the model's, not vocab.json's
         pieces.append("<pad>")
-    if len(pieces) != vocab_size:
-        raise NmtError(f"{path}: {len(pieces)} pieces, but config.json's vocab_size is {vocab_size}")
+    if len(pieces) != size:
+        raise NmtError(f"{path}: {len(pieces)} pieces, but config.json's {key} is {size}")
     if "<unk>" not in vocab:
         raise NmtError(f"{path}: no <unk> piece")
-    source, target = (reader.bytes(folder / name, "a sentencepiece model") for name in ("source.spm", "target.spm"))
-    return VocabTokenizer(source, target, pieces, SpecialIds(pad, vocab["<unk>"], start, eos),
-                          name=f"{folder}: its tokenizer")
+    return pieces
 
 
-def _map_hf(reader: Reader, folder: Path, cfg: ModelConfig, V: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _map_hf(reader: Reader, folder: Path, cfg: ModelConfig, tok: VocabTokenizer) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     names = [name for name in ("model.safetensors", "pytorch_model.bin") if os.path.lexists(folder / name)]
     if not names:
         raise NmtError(f"{folder}: neither model.safetensors nor pytorch_model.bin")
     w = reader.weights(folder / names[0], prefix="model.")
-    w.hint = f" (d_model {cfg.d_model}, encoder_ffn_dim {cfg.ffn_dim}, vocab_size {V})"
-    weights = read(HF_MARIAN, w, cfg, V, f"that {folder / 'config.json'} describes")
+    w.hint = f" (d_model {cfg.d_model}, encoder_ffn_dim {cfg.ffn_dim}, vocab_size {tok.source_vocab_size or tok.vocab_size})"
+    weights = read(HF_MARIAN, w, cfg, tok.vocab_size, f"that {folder / 'config.json'} describes", tok.source_vocab_size)
     # transformers 5 ties the encoder's and decoder's tables to `shared` only while tie_word_embeddings
     # is true: a folder it wrote with share_encoder_decoder_embeddings true and tie_word_embeddings false
     # holds three different tables, and the model reads two of them
@@ -148,9 +162,10 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     from safetensors.torch import save_file
 
     cfg, tok, ids, decode = ckpt.config.model, ckpt.tokenizer, ckpt.tokenizer.specials, ckpt.config.decode
-    pieces = [tok.piece(i) for i in range(tok.vocab_size)]
-    vocab = {piece: i for i, piece in enumerate(pieces)}
-    if len(vocab) != len(pieces):
+    source, pieces = tok.vocabularies()
+    sides = [pieces] if source is pieces else [source, pieces]
+    vocabs = [{piece: i for i, piece in enumerate(side)} for side in sides]  # vocab.json (, target_vocab.json)
+    if any(len(vocab) != len(side) for vocab, side in zip(vocabs, sides, strict=True)):
         raise NmtError(f"{ckpt.path}: its vocabulary holds a piece twice; vocab.json cannot map it")
     tensors = {("" if name in ("lm_head.weight", "final_logits_bias") else "model.") + name: t.detach().float().contiguous().clone()
                for name, t in write(HF_MARIAN, cfg, model.state_dict()).items()
@@ -158,7 +173,7 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     tensors["final_logits_bias"] = tensors.get("final_logits_bias", torch.zeros(tok.vocab_size)).view(1, -1)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[cfg.activation]
-    config = {"architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": tok.vocab_size,
+    config = {"architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": len(sides[0]),
               "decoder_vocab_size": tok.vocab_size, "d_model": cfg.d_model, "encoder_layers": cfg.encoder_layers,
               "decoder_layers": cfg.decoder_layers, "encoder_attention_heads": cfg.heads,
               "decoder_attention_heads": cfg.heads, "encoder_ffn_dim": cfg.ffn_dim, "decoder_ffn_dim": cfg.ffn_dim,
@@ -182,12 +197,11 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     data = ckpt.config.data
     tokenizer = {"tokenizer_class": "MarianTokenizer", "source_lang": data.source_lang or None,
                  "target_lang": data.target_lang or None, "model_max_length": cfg.max_positions,
-                 "separate_vocabs": False, "clean_up_tokenization_spaces": False,
+                 "separate_vocabs": len(sides) == 2, "clean_up_tokenization_spaces": False,
                  "eos_token": pieces[ids.eos], "unk_token": pieces[ids.unk], "pad_token": pieces[ids.pad]}
     files = tok.files()  # an imported model's source.spm and target.spm, or nmt's one joint spm.model
-    source, target = (files.get(name) or files["spm.model"] for name in ("source.spm", "target.spm"))
+    for name in ("source.spm", "target.spm"):
+        (folder / name).write_bytes(files.get(name) or files["spm.model"])
     for name, content in (("config.json", config), ("generation_config.json", generation),
-                          ("tokenizer_config.json", tokenizer), ("vocab.json", vocab)):
+                          ("tokenizer_config.json", tokenizer), *zip(("vocab.json", "target_vocab.json"), vocabs)):
         (folder / name).write_text(json.dumps(content, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    (folder / "source.spm").write_bytes(source)
-    (folder / "target.spm").write_bytes(target)

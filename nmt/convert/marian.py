@@ -155,33 +155,31 @@ def read_marian_vocab(path: Path, reader: Reader | None = None) -> list[str]:
 
 def _marian_tokenizer(reader: Reader, src_vocab: Path, tgt_vocab: Path, where: str) -> VocabTokenizer:
     """Yml vocabularies with source.spm/target.spm beside them, or .spm vocabularies (whose ids
-    are Marian's ids); the pad row is appended."""
+    are Marian's ids), one or two (separate vocabularies, of one size); the pad row is appended."""
     if src_vocab.suffix == ".spm" or tgt_vocab.suffix == ".spm":
         src_bytes, tgt_bytes = (reader.bytes(p, "a sentencepiece model") for p in (src_vocab, tgt_vocab))
-        if src_bytes != tgt_bytes:
-            pieces_s, pieces_t = spm_pieces(src_bytes, str(src_vocab)), spm_pieces(tgt_bytes, str(tgt_vocab))
-            if pieces_s != pieces_t:
-                raise NmtError(f"{where}: the source and target .spm vocabularies differ (separate "
-                               "vocabularies); nmt import cannot map them")
-        pieces = spm_pieces(src_bytes, str(src_vocab))
+        sides = [spm_pieces(b, str(p)) for b, p in ((src_bytes, src_vocab), (tgt_bytes, tgt_vocab))]
     else:
-        pieces = read_marian_vocab(src_vocab, reader)
-        if tgt_vocab != src_vocab and read_marian_vocab(tgt_vocab, reader) != pieces:
-            raise NmtError(f"{where}: {src_vocab.name} and {tgt_vocab.name} differ (separate source and target "
-                           "vocabularies); nmt import cannot map them")
+        sides = [read_marian_vocab(p, reader) for p in dict.fromkeys((src_vocab, tgt_vocab))]
         folder = src_vocab.parent
         for name in ("source.spm", "target.spm"):
             if not os.path.lexists(folder / name):
                 raise NmtError(f"{folder}: {name} is missing (a .yml vocabulary needs the release's source.spm "
                                "and target.spm beside it)")
         src_bytes, tgt_bytes = (reader.bytes(folder / n, "a sentencepiece model") for n in ("source.spm", "target.spm"))
+    source, pieces = sides[0], sides[-1]
     for piece in ("</s>", "<unk>"):
-        if piece not in pieces:
-            raise NmtError(f"{src_vocab}: no {piece} in the vocabulary")
-    pad = len(pieces)
-    pieces = [*pieces, "<pad>" if "<pad>" not in pieces else "<nmt-pad>"]
+        if piece not in source or piece not in pieces:
+            raise NmtError(f"{src_vocab if piece not in source else tgt_vocab}: no {piece} in the vocabulary")
+        if source.index(piece) != pieces.index(piece):
+            raise NmtError(f"{where}: {piece} has two ids in the source and target vocabularies")
+    if len(source) != len(pieces):
+        raise NmtError(f"{where}: the source and target vocabularies have {len(source)} and {len(pieces)} pieces; "
+                       "nmt import maps separate vocabularies of one size (the pad row after both)")
+    pad, padded = len(pieces), [[*side, "<pad>" if "<pad>" not in side else "<nmt-pad>"] for side in (source, pieces)]
     specials = SpecialIds(pad=pad, unk=pieces.index("<unk>"), bos=pad, eos=pieces.index("</s>"))
-    return VocabTokenizer(src_bytes, tgt_bytes, pieces, specials, name=f"{src_vocab.parent}: its tokenizer")
+    return VocabTokenizer(src_bytes, tgt_bytes, padded[1], specials, name=f"{src_vocab.parent}: its tokenizer",
+                          source_pieces=padded[0] if source != pieces else None)
 
 
 _MARIAN_ACTIVATIONS = ("relu", "swish", "gelu")
@@ -228,6 +226,8 @@ def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict
     dec_ffn = o.int("transformer-decoder-dim-ffn", 0) or F
     need(dec_ffn == F, f"transformer-decoder-dim-ffn {dec_ffn} != transformer-dim-ffn {F}")
     share = o.flag("tied-embeddings-all", False) or o.flag("tied-embeddings-src", False) or w.has("Wemb")
+    need(not share or tok.source_vocab_size is None, "tied-embeddings-all or tied-embeddings-src with separate source "
+         "and target vocabularies")
     tie = o.flag("tied-embeddings-all", False) or o.flag("tied-embeddings", False)
     cfg = ModelConfig(
         arch="transformer", encoder_layers=o.int("enc-depth", 6), decoder_layers=o.int("dec-depth", 6),
@@ -240,7 +240,7 @@ def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict
         max_positions=1024)
     check_config(cfg, o.where, _KEYS)
     w.hint = f" (dim-emb {D}, transformer-dim-ffn {F}, a vocabulary of {tok.vocab_size - 1})"
-    return cfg, read(MARIAN, w, cfg, tok.vocab_size, "that its special:model.yml describes")
+    return cfg, read(MARIAN, w, cfg, tok.vocab_size, "that its special:model.yml describes", tok.source_vocab_size)
 
 
 # ---------------------------------------------------------------- the command

@@ -127,13 +127,15 @@ def _first_layer(name: str) -> str:
     return re.sub(r"^(encoder|decoder)\.\d+\.", r"\1.0.", name)
 
 
-def read(layout: Layout, w: Weights, cfg: ModelConfig, vocab_size: int, why: str) -> dict[str, torch.Tensor]:
-    """The state dict of a model of `cfg` from a source's weights `w`, read in the table's order
-    (a missing layer is refused when it is reached); `why` ends the refusal of a weight no row read
-    ("that its config describes")."""
+def read(layout: Layout, w: Weights, cfg: ModelConfig, vocab_size: int, why: str,
+         source_vocab: int | None = None) -> dict[str, torch.Tensor]:
+    """The state dict of a model of `cfg` (and of `source_vocab`, separate vocabularies) from a
+    source's weights `w`, read in the table's order (a missing layer is refused when it is
+    reached); `why` ends the refusal of a weight no row read ("that its config describes")."""
     try:  # the names and shapes of the model's tensors, a layer's those of the first
         with torch.device("meta"):
-            reference = Transformer(dataclasses.replace(cfg, encoder_layers=1, decoder_layers=1), vocab_size, 0).state_dict()
+            reference = Transformer(dataclasses.replace(cfg, encoder_layers=1, decoder_layers=1), vocab_size, 0,
+                                    source_vocab).state_dict()
     except (RuntimeError, TypeError):  # sizes whose tensors overflow int64, even unallocated
         raise NmtError(f"{w.path}: no model of these sizes can be built{w.hint}") from None
     out: dict[str, torch.Tensor] = {}

@@ -139,7 +139,7 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
             raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
         if precision == "int8" and cfg.model.arch != "transformer":
             raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
-        model: Any = build_model(cfg.model, ckpt.tokenizer.vocab_size, pad_id=ckpt.tokenizer.specials.pad)
+        model: Any = build_model(cfg.model, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
         ckpt.load_into(model)
         model = model.to(device).eval()
         models.append(quantize_decoder(model) if precision == "int8" else model)
@@ -169,7 +169,7 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterat
 
 def load_shortlist_for(path: str, loaded: Loaded, beam: int) -> Shortlist:
     """A file from `nmt shortlist`, checked against the loaded model's vocabulary and the beam."""
-    shortlist = load_shortlist(path, vocab_size=loaded.tokenizer.vocab_size, spm_sha256=loaded.tokenizer.sha256)
+    shortlist = load_shortlist(path, loaded.tokenizer)
     if len(loaded.tokenizer.specials.ids()) + shortlist.frequent.numel() <= beam:  # a list must outnumber the beam
         raise NmtError(f"{path}: {shortlist.frequent.numel()} frequent tokens are too few for "
                        f"beam {beam}; rebuild it with nmt shortlist --frequent {beam}")

@@ -32,7 +32,7 @@ from nmt.data import META_FILE, ParallelData, bin_path, idx_path, read_meta
 from nmt.errors import NmtError
 from nmt.fields import check_bounds, flag
 from nmt.options import ShortlistOptions
-from nmt.tokenizer import SpecialIds
+from nmt.tokenizer import SpecialIds, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +43,26 @@ _OCCURRENCES_PER_CHUNK = 4_000_000  # (source, target) token pairs handled at on
 
 @dataclass
 class Shortlist:
-    candidates: Tensor  # (V, top) long: per source token its likeliest target tokens, -1 = none
+    candidates: Tensor  # (source V, top) long: per source token its likeliest target tokens, -1 = none
     frequent: Tensor  # (F,) long: the most frequent target tokens
-    vocab_size: int
+    vocab_size: int  # the target vocabulary's
     spm_sha256: str
     source_lang: str = ""
     target_lang: str = ""
+    copies: Tensor | None = None  # (source V,) separate vocabularies: each source token as a target token, or -1
 
     def allowed(self, src: Tensor, specials: SpecialIds) -> Tensor:
         """src (B, S) token ids -> (B, V) bool: the target tokens each sentence may produce,
         the special tokens (`specials`, the vocabulary's) always among them."""
         src = src.cpu()
-        B, V = src.size(0), self.vocab_size
+        B, V, src = src.size(0), self.vocab_size, src.clamp(max=self.candidates.size(0) - 1)
         allowed = torch.zeros(B, V + 1, dtype=torch.bool)  # column V collects the -1 entries
         allowed[:, specials.ids()] = True
         allowed[:, self.frequent] = True
         real = src != specials.pad
-        allowed.scatter_(1, torch.where(real, src, V), True)  # its own tokens
-        cand = self.candidates[src.clamp(max=V - 1)]  # (B, S, top)
+        own = src if self.copies is None else self.copies[src]
+        allowed.scatter_(1, torch.where(real & (own >= 0), own, V), True)  # its own tokens
+        cand = self.candidates[src]  # (B, S, top)
         allowed.scatter_(1, torch.where(real.unsqueeze(2) & (cand >= 0), cand, V).view(B, -1), True)
         return allowed[:, :V]
 
@@ -109,10 +111,12 @@ def _chunks(data: ParallelData, ids: np.ndarray) -> list[np.ndarray]:
     return [c for c in np.split(ids, cuts) if len(c)]
 
 
-def model1(data: ParallelData, chunks: list[np.ndarray], V: int, iterations: int) -> tuple[Tensor, Tensor]:
+def model1(data: ParallelData, chunks: list[np.ndarray], V: int, iterations: int,
+           source_vocab: int | None = None) -> tuple[Tensor, Tensor]:
     """IBM Model 1 by EM on the sentence pairs `chunks` (see `_chunks`) of `data`: the pairs
-    (s, t) that co-occur, as sorted keys s * V + t (s = V is the NULL word), and p(t|s) of each."""
-    null = V  # source id of the NULL word; pair key = s * V + t
+    (s, t) that co-occur, as sorted keys s * V + t (s = the source vocabulary's size, V unless
+    `source_vocab`, is the NULL word), and p(t|s) of each."""
+    null = source_vocab or V  # source id of the NULL word; pair key = s * V + t
 
     def chunk_pairs(chunk: np.ndarray) -> tuple[Tensor, Tensor]:
         s, t, position = _pairs([data.src(i) for i in chunk], [data.tgt(i) for i in chunk], null)
@@ -129,7 +133,7 @@ def model1(data: ParallelData, chunks: list[np.ndarray], V: int, iterations: int
             p = prob[pair]
             total = torch.zeros(int(position[-1]) + 1, dtype=p.dtype).index_add_(0, position, p)
             counts.index_add_(0, pair, p / total[position])
-        norm = torch.zeros(V + 1, dtype=counts.dtype).index_add_(0, key_src, counts)
+        norm = torch.zeros(null + 1, dtype=counts.dtype).index_add_(0, key_src, counts)
         prob = counts / norm[key_src]
         log.info("IBM model 1: iteration %d of %d done", it + 1, iterations)
     return keys, prob
@@ -146,14 +150,14 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
     meta = read_meta(data_dir)
     top, frequent = min(top, int(meta["vocab_size"])), min(frequent, int(meta["vocab_size"]))  # more is all
     data = ParallelData.load(data_dir, "train")
-    V = int(meta["vocab_size"])
+    V, Vs = int(meta["vocab_size"]), meta.get("source_vocab_size") or int(meta["vocab_size"])
     n = len(data)
     ids = np.unique(np.linspace(0, n - 1, min(n, max_sentences)).round().astype(np.int64))
     ids = ids[(data.src_sizes[ids] > 0) & (data.tgt_sizes[ids] > 0)]
     if not len(ids):
         raise NmtError(f"{data_dir}: the train split has no non-empty sentence pair")
     chunks = _chunks(data, ids)
-    keys, prob = model1(data, chunks, V, iterations)
+    keys, prob = model1(data, chunks, V, iterations, Vs)
     key_src = keys // V
 
     # per source token (not NULL), its targets by descending p(t|s)
@@ -162,8 +166,8 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
     src_of, tgt_of = key_src[order], keys[order] % V
     first = torch.searchsorted(src_of, src_of, side="left")
     rank = torch.arange(order.numel()) - first
-    keep = (rank < top) & (src_of < V)
-    candidates = torch.full((V, top), -1, dtype=torch.long)
+    keep = (rank < top) & (src_of < Vs)
+    candidates = torch.full((Vs, top), -1, dtype=torch.long)
     candidates[src_of[keep], rank[keep]] = tgt_of[keep]
 
     counts_tgt = torch.zeros(V, dtype=torch.long)
@@ -201,8 +205,9 @@ def save_shortlist(shortlist: Shortlist, path: str | Path) -> None:
     }, path)
 
 
-def load_shortlist(path: str | Path, *, vocab_size: int, spm_sha256: str) -> Shortlist:
+def load_shortlist(path: str | Path, tokenizer: Tokenizer) -> Shortlist:
     """Read a file written by `nmt shortlist` and check it belongs to the model's vocabulary."""
+    vocab_size, spm_sha256 = tokenizer.vocab_size, tokenizer.sha256
     path = Path(path)
     try:
         with open_for_reading(path, "the shortlist", None) as f:
@@ -220,5 +225,7 @@ def load_shortlist(path: str | Path, *, vocab_size: int, spm_sha256: str) -> Sho
     if obj["vocab_size"] != vocab_size or obj["spm_sha256"] != spm_sha256:
         raise NmtError(f"{path}: made for another vocabulary than the checkpoint's "
                        "(different sentencepiece model); run nmt shortlist on the model's data directory")
+    source, target = tokenizer.vocabularies()  # separate: a source token's piece as a target id (copies)
+    copies = None if source is target else torch.tensor([dict(zip(target, range(len(target)))).get(p, -1) for p in source])
     return Shortlist(obj["candidates"].long(), obj["frequent"].long(), vocab_size, spm_sha256,
-                     obj.get("source_lang", ""), obj.get("target_lang", ""))
+                     obj.get("source_lang", ""), obj.get("target_lang", ""), copies)

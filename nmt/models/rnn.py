@@ -53,13 +53,13 @@ class RNNState:
 class RNN(nn.Module):
     """Bidirectional RNN encoder, attentional RNN decoder; `forward(src, prev_output)` -> logits."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None):
         super().__init__()
         self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
         D, H = cfg.d_model, cfg.rnn_hidden
         self.lstm = cfg.cell == "lstm"
         self.tgt_tokens = token_embedding(vocab_size, D, pad_id)
-        self.src_tokens = self.tgt_tokens if cfg.share_embeddings else token_embedding(vocab_size, D, pad_id)
+        self.src_tokens = self.tgt_tokens if cfg.share_embeddings else token_embedding(source_vocab or vocab_size, D, pad_id)
         rnn = nn.LSTM if self.lstm else nn.GRU
         self.encoder = rnn(D, H, num_layers=cfg.rnn_layers, batch_first=True, bidirectional=True,
                            dropout=cfg.dropout if cfg.rnn_layers > 1 else 0.0)

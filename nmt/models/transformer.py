@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.config import ModelConfig
+from nmt.errors import ConfigError
 from nmt.models.layers import (
     KV,
     DecoderLayer,
@@ -67,15 +68,16 @@ class Transformer(nn.Module):
     matrix (joint vocabulary), otherwise each has its own. With `cfg.tie_output` the output
     projection is the decoder input's matrix (fairseq's share_decoder_input_output_embed; with
     share_embeddings three-way tying), otherwise its own `output_embedding`. `cfg.output_bias`
-    adds a learned (V,) bias to the logits.
+    adds a learned (V,) bias to the logits. `source_vocab`: the source side's own vocabulary size
+    (separate vocabularies; one pad id in both), which cannot be shared.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None):
         super().__init__()
         self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
         tgt_tokens = token_embedding(vocab_size, cfg.d_model, pad_id)
         src_tokens = (tgt_tokens if cfg.share_embeddings
-                      else token_embedding(vocab_size, cfg.d_model, pad_id))
+                      else token_embedding(source_vocab or vocab_size, cfg.d_model, pad_id))
         self.src_embed = Embedding(src_tokens, cfg)
         self.tgt_embed = Embedding(tgt_tokens, cfg, zero_start=cfg.decoder_start == "zeros")
         self.output_embedding = (None if cfg.tie_output
@@ -239,13 +241,14 @@ class Transformer(nn.Module):
                        self_kv_rows=rows if state.self_kv else None, blocked=blocked)
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer | RNN:
+def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None) -> Transformer | RNN:
     """The network `cfg.arch` names: a `Transformer` or an `nmt.models.rnn.RNN`. Both give training
-    `forward` / `decoder_states` / `output_weight` and the search its protocol."""
-    if cfg.arch == "rnn":
-
-        return RNN(cfg, vocab_size, pad_id)
-    return Transformer(cfg, vocab_size, pad_id)
+    `forward` / `decoder_states` / `output_weight` and the search its protocol. `source_vocab`: the
+    source side's size where it has its own vocabulary (then `cfg.share_embeddings` must be false)."""
+    if source_vocab is not None and cfg.share_embeddings:
+        raise ConfigError("model.share_embeddings must be false: the source and target vocabularies are separate "
+                          f"({source_vocab} and {vocab_size} tokens)")
+    return (RNN if cfg.arch == "rnn" else Transformer)(cfg, vocab_size, pad_id, source_vocab)
 
 
 def _tying(c: ModelConfig) -> str:

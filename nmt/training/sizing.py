@@ -19,6 +19,7 @@ from nmt.config import ModelConfig
 from nmt.errors import NmtError
 from nmt.models.rnn import RNN
 from nmt.models.transformer import Transformer, build_model
+from nmt.tokenizer import Tokenizer
 from nmt.training.oom import is_oom
 
 TRAIN_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients, Adam's exp_avg and exp_avg_sq
@@ -28,13 +29,14 @@ SIZE_KEYS = {"transformer": ("d_model", "ffn_dim", "encoder_layers", "decoder_la
              "rnn": ("d_model", "rnn_hidden", "rnn_layers")}
 
 
-def meta_model(cfg: ModelConfig, vocab_size: int, pad_id: int, named: ModelConfig | None = None) -> Transformer | RNN:
+def meta_model(cfg: ModelConfig, vocab_size: int, pad_id: int, named: ModelConfig | None = None,
+               source_vocab: int | None = None) -> Transformer | RNN:
     """The model of `cfg` on the meta device (shapes, no memory: `nmt train --dry-run`), or an
     NmtError naming the model keys of `named` (default `cfg`) where a tensor's size overflows
     (2^63 bytes or more: `model.d_model=1000000000`)."""
     try:
         with torch.device("meta"):
-            return build_model(cfg, vocab_size, pad_id=pad_id)
+            return build_model(cfg, vocab_size, pad_id, source_vocab)
     except RuntimeError as e:
         if "overflow" not in str(e):
             raise
@@ -42,14 +44,14 @@ def meta_model(cfg: ModelConfig, vocab_size: int, pad_id: int, named: ModelConfi
                        f"({str(e).strip()[:200]}); lower them") from None
 
 
-def model_elements(cfg: ModelConfig, vocab_size: int, pad_id: int) -> tuple[int, int]:
+def model_elements(cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None) -> tuple[int, int]:
     """(parameters, buffer elements) of the model `cfg` makes, allocating nothing.
 
     Layers are counted from models of one and two layers per stack (the layers of a stack after
     the first are alike): building 10^6 layers, even on the meta device, takes minutes."""
 
     def count(**layers: Any) -> tuple[int, int]:
-        model = meta_model(dataclasses.replace(cfg, **layers), vocab_size, pad_id, named=cfg)
+        model = meta_model(dataclasses.replace(cfg, **layers), vocab_size, pad_id, cfg, source_vocab)
         return (sum(p.numel() for p in model.parameters()), sum(b.numel() for b in model.buffers()))
 
     one = dict.fromkeys(LAYER_KEYS, 1)
@@ -62,10 +64,11 @@ def model_elements(cfg: ModelConfig, vocab_size: int, pad_id: int) -> tuple[int,
     return params, buffers
 
 
-def build_training_model(cfg: ModelConfig, vocab_size: int, pad_id: int, device: torch.device) -> Transformer | RNN:
+def build_training_model(cfg: ModelConfig, tok: Tokenizer, device: torch.device) -> Transformer | RNN:
     """The model of `cfg` on `device`; an NmtError naming the model keys when training it cannot
     fit in the device's memory, or when allocating it fails."""
-    params, buffers = model_elements(cfg, vocab_size, pad_id)
+    vocab_size, pad_id = tok.vocab_size, tok.specials.pad
+    params, buffers = model_elements(cfg, vocab_size, pad_id, tok.source_vocab_size)
     needed = params * TRAIN_BYTES_PER_PARAMETER + buffers * 4
     memory = devices.memory_bytes(device)
     if memory is not None and needed > memory:
@@ -73,7 +76,7 @@ def build_training_model(cfg: ModelConfig, vocab_size: int, pad_id: int, device:
                        f"buffer values: training it needs {_gib(needed)} (fp32 weights, gradients, Adam's "
                        f"moments) and {device} has {_gib(memory)}; lower them")
     try:
-        return build_model(cfg, vocab_size, pad_id=pad_id).to(device)
+        return build_model(cfg, vocab_size, pad_id, tok.source_vocab_size).to(device)
     except (RuntimeError, MemoryError) as e:
         if not (is_oom(e) or isinstance(e, MemoryError)):
             raise

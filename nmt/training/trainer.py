@@ -88,12 +88,14 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
 
 
 def dry_run(cfg: Config, vocab_size: int | None) -> str:
+    source_vocab = None  # --vocab-size: a joint vocabulary
     if vocab_size is None:
-        vocab_size = int(datamod.read_meta(cfg.data.dir)["vocab_size"])
+        meta = datamod.read_meta(cfg.data.dir)
+        vocab_size, source_vocab = int(meta["vocab_size"]), meta.get("source_vocab_size")
     least = max(NMT_SPECIALS.ids()) + 1  # the special tokens of the vocabulary nmt trains
     if not least <= vocab_size < 2**31:  # token ids are at most int32
         raise NmtError(f"--vocab-size must be between {least} and {2**31 - 1}, got {vocab_size}")
-    return summary(meta_model(cfg.model, vocab_size, NMT_SPECIALS.pad))  # shapes only: a big vocabulary costs no memory
+    return summary(meta_model(cfg.model, vocab_size, NMT_SPECIALS.pad, source_vocab=source_vocab))  # shapes only: a big vocabulary costs no memory
 
 
 class Trainer:
@@ -113,8 +115,7 @@ class Trainer:
         torch.manual_seed(t.seed)
         # the bare model (saved, validated) and what an update calls: the model and its loss
         # as one module, under DDP and torch.compile when asked (nmt.training.distributed)
-        self.model = build_training_model(cfg.model, self.tokenizer.vocab_size, self.tokenizer.specials.pad,
-                                          env.device)
+        self.model = build_training_model(cfg.model, self.tokenizer, env.device)
         # fine-tuning: a new run starts from train.init_from's weights, checked before the run
         # directory is touched; a run with checkpoints resumes them (`_resume`)
         self.init_from = t.init_from if t.init_from and not ckpt.has_checkpoints(self.run_dir.path) else ""
