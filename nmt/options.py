@@ -38,9 +38,11 @@ class PrepareOptions:
     validpref: str | None = opt(None, "Validation prefix (split 'valid').")
     testpref: str | None = opt(None, "Comma-separated test prefixes (splits test, test1, ...).")
     vocab_size: int | None = opt(None, f"Joint sentencepiece vocabulary size to learn (default {DEFAULT_VOCAB_SIZE}); "
-                                 "with --separate-vocab, each side's.", at_least=8)
+                                 "with --separate-vocab, the source's.", at_least=8)
     separate_vocab: bool = opt(False, "Learn a source and a target sentencepiece model, each on its own side "
                                "(separate vocabularies; the model needs model.share_embeddings: false).")
+    target_vocab_size: int | None = opt(None, "With --separate-vocab: the target model's size (default: --vocab-size's).",
+                                        at_least=8)
     model_type: str = opt("bpe", "Sentencepiece model type: bpe or unigram.", choices=("bpe", "unigram"))
     character_coverage: float = opt(1.0, "Sentencepiece character coverage.", above=0, at_most=1)
     byte_fallback: bool = opt(True, "Byte fallback, so no input becomes <unk>.")
@@ -72,6 +74,7 @@ class PrepareOptions:
                     "is the checkpoint's")
         require(not (self.separate_vocab and (self.spm_model or self.tokenizer_from)), "--separate-vocab learns two "
                 "models; it cannot be combined with --spm-model or --tokenizer-from")
+        require(self.separate_vocab or self.target_vocab_size is None, "--target-vocab-size needs --separate-vocab")
         # --spm-model brings its own vocabulary: --vocab-size is not used then
         check_bounds(self if self.spm_model is None else replace(self, vocab_size=None), flag)
         require(0 <= self.min_len <= self.max_len, "--min-len must be in [0, --max-len]")

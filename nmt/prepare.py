@@ -163,12 +163,13 @@ def _tokenizer(opts: PrepareOptions, train: Split, reused: Tokenizer | None, wor
     vocab_size = DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
     logger.info("learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
                 opts.model_type, vocab_size, " + ".join(map(str, train.files.values())), opts.input_sentence_size)
-    sides = [(f"spm.{lang}", [path]) for lang, path in train.files.items()] if opts.separate_vocab else \
-        [("spm", list(train.files.values()))]
-    models = [train_sentencepiece(files, work / prefix, vocab_size, model_type=opts.model_type,
+    sides = [(f"spm.{lang}", [path], size) for (lang, path), size in zip(train.files.items(), (
+        vocab_size, opts.target_vocab_size or vocab_size), strict=True)] if opts.separate_vocab else \
+        [("spm", list(train.files.values()), vocab_size)]
+    models = [train_sentencepiece(files, work / prefix, size, model_type=opts.model_type,
                                   character_coverage=opts.character_coverage, byte_fallback=opts.byte_fallback,
                                   input_sentence_size=opts.input_sentence_size, seed=opts.seed,
-                                  num_threads=opts.workers) for prefix, files in sides]
+                                  num_threads=opts.workers) for prefix, files, size in sides]
     logger.info("learned the sentencepiece model%s in %.1f s", "s" * opts.separate_vocab, time.time() - start)
     if not opts.separate_vocab:
         return Tokenizer.from_file(models[0])

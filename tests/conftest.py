@@ -107,11 +107,11 @@ def prepared(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="session")
 def prepared_separate(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """`prepared` with --separate-vocab: a source and a target sentencepiece model of TEST_VOCAB pieces each."""
+    """`prepared` with --separate-vocab: a source model of TEST_VOCAB pieces, a target one of 100 fewer."""
     dest = tmp_path_factory.mktemp("prepared-separate") / "data-bin"
     opts = PrepareOptions(source_lang="en", target_lang="de", trainpref=raw_corpus.prefix("train"),
                           validpref=raw_corpus.prefix("val"), destdir=str(dest), vocab_size=TEST_VOCAB,
-                          separate_vocab=True, workers=1)
+                          separate_vocab=True, target_vocab_size=TEST_VOCAB - 100, workers=1)
     return dest, prepare_bpe(opts, progress=False)
 
 

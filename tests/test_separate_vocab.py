@@ -44,7 +44,7 @@ def test_prepare_learns_one_model_per_side_and_numbers_each_side_with_its_own(pr
     src_spm, tgt_spm = (Tokenizer.from_file(data / f"spm.{lang}.model") for lang in ("en", "de"))
     assert isinstance(tok, VocabTokenizer) and tok.specials == NMT_SPECIALS
     assert (report["vocab_size"], report["source_vocab_size"]) == (tok.vocab_size, tok.source_vocab_size)
-    assert tok.vocabularies()[0] != tok.vocabularies()[1]
+    assert (tok.source_vocab_size, tok.vocab_size) == (500, 400)  # --vocab-size, --target-vocab-size
     train = ParallelData.load(data, "train")
     src, tgt = raw_corpus.lines("train", "en")[:20], raw_corpus.lines("train", "de")[:20]
     assert [tok.encode(s) for s in src] == [src_spm.encode(s) for s in src] == [train.src(i).tolist() for i in range(20)]
@@ -55,13 +55,12 @@ def test_prepare_learns_one_model_per_side_and_numbers_each_side_with_its_own(pr
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--spm-model", "x.model"], "--separate-vocab learns two models; it cannot be combined with --spm-model or "
-                                "--tokenizer-from"),
-    (["--tokenizer-from", "x.pt"], "--separate-vocab learns two models; it cannot be combined with --spm-model or "
-                                   "--tokenizer-from"),
+    (["--separate-vocab", "--spm-model", "x.model"], "--separate-vocab learns two models; it cannot be combined"),
+    (["--separate-vocab", "--tokenizer-from", "x.pt"], "it cannot be combined with --spm-model or --tokenizer-from"),
+    (["--target-vocab-size", "100"], "--target-vocab-size needs --separate-vocab"),
 ])
-def test_separate_vocab_with_a_given_vocabulary_is_one_line(raw_corpus, tmp_path, capsys, extra, needle):
-    args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"), "--separate-vocab",
+def test_separate_vocab_options_that_conflict_are_one_line(raw_corpus, tmp_path, capsys, extra, needle):
+    args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("test"),
             "--destdir", str(tmp_path / "out"), *extra]
     assert_one_line(nmt_here(*args), capsys.readouterr().err, needle)
     assert not (tmp_path / "out").exists()
@@ -138,3 +137,12 @@ def test_a_student_that_would_share_the_teachers_two_vocabularies_is_refused_fir
                              str(trained), "--config", str(TINY), "--out", str(out)), capsys.readouterr().err,
                     f"--config {TINY}: model.share_embeddings must be false", str(trained))
     assert not out.exists()
+
+
+def test_an_rnn_reads_source_ids_with_its_source_table(prepared_separate, tmp_path):
+    run = tmp_path / "rnn"
+    assert nmt_here(*train_args(prepared_separate[0], run, **{"model.arch": "rnn", "train.max_updates": 1})) == 0
+    loaded = ckpt.load_model_checkpoint(run / "checkpoint_last.pt")
+    assert loaded.weights["src_tokens.weight"].shape[0] == prepared_separate[1]["source_vocab_size"]
+    assert loaded.weights["tgt_tokens.weight"].shape[0] == prepared_separate[1]["vocab_size"]
+    assert len(Translator.load(run / "checkpoint_last.pt", device="cpu").translate(["A dog runs."])) == 1
