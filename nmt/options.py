@@ -74,9 +74,9 @@ class PrepareOptions:
                     "is the checkpoint's")
         require(not (self.separate_vocab and (self.spm_model or self.tokenizer_from)), "--separate-vocab learns two "
                 "models; it cannot be combined with --spm-model or --tokenizer-from")
-        require(self.separate_vocab or self.target_vocab_size is None, "--target-vocab-size needs --separate-vocab")
         # --spm-model brings its own vocabulary: --vocab-size is not used then
         check_bounds(self if self.spm_model is None else replace(self, vocab_size=None), flag)
+        require(self.separate_vocab or self.target_vocab_size is None, "--target-vocab-size needs --separate-vocab")
         require(0 <= self.min_len <= self.max_len, "--min-len must be in [0, --max-len]")
         require(self.max_ratio == 0 or self.max_ratio >= 1, "--max-ratio must be 0 (off) or at least 1")
 

@@ -185,7 +185,8 @@ def test_help_table_lists_every_required_key():
 VALID_OPTIONS: dict[type, dict[str, Any]] = {
     options.DistillOptions: dict(source_lang="en", target_lang="de", trainpref="train", out=Path("out"),
                                  teachers=[Path("teacher.pt")]),
-    options.PrepareOptions: dict(source_lang="en", target_lang="de", trainpref="train", destdir="out"),
+    options.PrepareOptions: dict(source_lang="en", target_lang="de", trainpref="train", destdir="out",
+                                 separate_vocab=True),  # which --target-vocab-size needs
     options.AverageOptions: dict(inputs=[Path("run")], output=Path("avg.pt")),
     options.ShortlistOptions: dict(data_dir=Path("data"), output=Path("shortlist.pt")),
     options.PlotAttentionOptions: dict(attention=Path("attention.npz"), out_dir=Path("maps")),
