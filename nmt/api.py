@@ -318,11 +318,11 @@ class Translator:
         weights = attention_matrices(self.loaded.model, [seqs[i] for i, _ in pairs],
                                      [hyps[i][k].tokens for i, k in pairs], specials=self.loaded.tokenizer.specials,
                                      device=self.device, precision=self.precision)
-        piece, eos = self.loaded.tokenizer.piece, self.loaded.tokenizer.specials.eos
+        (source, target), eos = self.loaded.tokenizer.vocabularies(), self.loaded.tokenizer.specials.eos
         for (i, k), w in zip(pairs, weights, strict=True):
             att = None
             if attention:
-                att = Attention(w, [piece(t) for t in [*seqs[i], eos]], [piece(t) for t in [*hyps[i][k].tokens, eos]])
+                att = Attention(w, [source[t] for t in [*seqs[i], eos]], [target[t] for t in [*hyps[i][k].tokens, eos]])
             out[i][k] = replace(out[i][k], alignment=hard_alignment(w, layer) if alignment else None, attention=att)
 
     def translate_stream(self, lines: Iterable[str], *, buffer_lines: int = 1) -> Iterator[str]:

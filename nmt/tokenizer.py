@@ -129,8 +129,9 @@ class Tokenizer:
 
     def vocabularies(self) -> tuple[list[str], list[str]]:
         """The source's and the target's pieces in id order: one list twice where they are joint."""
-        pieces = [self.piece(i) for i in range(self.vocab_size)]
-        return pieces, pieces
+        if not hasattr(self, "_pieces"):  # made once
+            self._pieces = [self.piece(i) for i in range(self.vocab_size)]
+        return self._pieces, self._pieces
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one source sentence, without BOS/EOS."""

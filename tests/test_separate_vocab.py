@@ -92,6 +92,13 @@ def test_the_model_reads_source_ids_with_its_source_table(trained):
     r = nmt("translate", "-c", str(trained), "--alignment", stdin="A dog runs.\nTwo men.\n")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r.stderr
     assert all(re.fullmatch(r"[^\t]*\t\d+-\d+( \d+-\d+)*", line) for line in r.stdout.splitlines()), r.stdout
+    source, target = tok.vocabularies()
+    text = "A zebra, 42 zebras!"
+    result = Translator.load(trained, device="cpu").translate_nbest([text], attention=True)[0][0]
+    ids = tok.encode(text)
+    assert max(ids) >= tok.vocab_size  # a source id past the target vocabulary's end
+    assert result.attention is not None and result.attention.source == [source[i] for i in ids] + ["</s>"]
+    assert tok.decode([target.index(p) for p in result.attention.target[:-1]]) == result.text  # the target's pieces
     assert "Hund" not in nmt("translate", "-c", str(trained), stdin="A dog runs.\n").stdout
     request = json.dumps({"text": "A dog runs.", "constraints": ["Hund"]})
     r = nmt("translate", "-c", str(trained), "--json-input", stdin=request + "\n")
