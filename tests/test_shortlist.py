@@ -32,7 +32,7 @@ from nmt.tokenizer import NMT_SPECIALS
 def _vocabulary(size: int, sha256: str) -> SimpleNamespace:
     """What load_shortlist reads of a tokenizer: a joint vocabulary of `size` and its hash."""
     pieces = [str(i) for i in range(size)]
-    return SimpleNamespace(vocab_size=size, sha256=sha256, vocabularies=lambda: (pieces, pieces))
+    return SimpleNamespace(vocab_size=size, sha256=sha256, source_vocab_size=None, vocabularies=lambda: (pieces, pieces))
 
 V = 80
 WORDS = range(10, 50)  # source words; word w translates to TRANSLATION[w]

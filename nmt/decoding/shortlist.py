@@ -225,7 +225,10 @@ def load_shortlist(path: str | Path, tokenizer: Tokenizer) -> Shortlist:
     if obj["vocab_size"] != vocab_size or obj["spm_sha256"] != spm_sha256:
         raise NmtError(f"{path}: made for another vocabulary than the checkpoint's "
                        "(different sentencepiece model); run nmt shortlist on the model's data directory")
-    source, target = tokenizer.vocabularies()  # separate: a source token's piece as a target id (copies)
-    copies = None if source is target else torch.tensor([dict(zip(target, range(len(target)))).get(p, -1) for p in source])
+    copies = None
+    if tokenizer.source_vocab_size is not None:  # separate: each source token's piece as a target id
+        source, target = tokenizer.vocabularies()
+        ids = {p: i for i, p in enumerate(target)}
+        copies = torch.tensor([ids.get(p, -1) for p in source])
     return Shortlist(obj["candidates"].long(), obj["frequent"].long(), vocab_size, spm_sha256,
                      obj.get("source_lang", ""), obj.get("target_lang", ""), copies)
