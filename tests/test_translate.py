@@ -20,9 +20,11 @@ import pytest
 import torch
 from helpers import ROOT, assert_one_line, greedy_search, nmt, nmt_here, save_random_model
 
+from nmt.decoding import predict
 from nmt.decoding.predict import load_models, translate_token_lists
 from nmt.decoding.search import beam_search, length_penalty
 from nmt.decoding.shortlist import Shortlist, load_shortlist, save_shortlist
+from nmt.models.kernels import PackedLinear, packing_works
 from nmt.tokenizer import NMT_SPECIALS, Tokenizer, train_sentencepiece
 
 # the commands in a subprocess: this checkout's nmt, one OpenMP thread
@@ -495,7 +497,22 @@ def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
     one_line_error(r, "--top")
 
 
-# ------------------------------------------------------------------ int8 (nmt.models.quantize)
+# ------------------------------------------------------------------ CPU kernels (nmt.models.kernels)
+
+
+def test_fp32_on_the_cpu_decodes_through_packed_linears_as_the_plain_ones(setup, monkeypatch):
+    packed = load_models([setup.a], torch.device("cpu"))
+    assert isinstance(packed.model.cpu_output, PackedLinear) == packing_works()
+    monkeypatch.setattr(predict, "packing_works", lambda: False)  # a torch build without oneDNN
+    plain = load_models([setup.a], torch.device("cpu"))
+    assert plain.model.cpu_output is None
+    seqs = [plain.tokenizer.encode(s) for s in setup.sentences[:16]]
+    got, want = (translate_token_lists(m.model, seqs, m.config.decode, specials=m.tokenizer.specials, nbest=2,
+                                       max_positions=MAX_POSITIONS) for m in (packed, plain))
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+    assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-4)
+
+
 
 
 def test_int8_in_the_cli_keeps_the_io_contract_and_is_repeatable(setup, tmp_path):

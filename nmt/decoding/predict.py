@@ -28,12 +28,12 @@ from nmt.decoding.search import Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
 from nmt.device import PRECISIONS, autocast, configure_cuda
 from nmt.errors import NmtError
-from nmt.models.quantize import check_int8, quantize_decoder
+from nmt.models.kernels import PackedLinear, check_int8, packing_works, quantize_decoder
 from nmt.models.transformer import build_model
 from nmt.tokenizer import SpecialIds, Tokenizer
 
 log = logging.getLogger(__name__)
-DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.models.quantize
+DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.models.kernels
 
 
 def decode_autocast(device: torch.device, precision: str) -> Any:
@@ -125,7 +125,8 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
 
 def load_models(paths: list[Path], device: torch.device, precision: str = "fp32") -> Loaded:
     """The checkpoints' models on `device` (an Ensemble for several); precision int8 quantises
-    each decoder (nmt.models.quantize), the others are applied by autocast while decoding."""
+    each Transformer's decoder; in fp32 on the CPU its output projection is packed for oneDNN
+    (nmt.models.kernels); bf16 and fp16 are applied by autocast while decoding."""
     if precision == "int8":
         check_int8(device)
     configure_cuda(device)
@@ -142,7 +143,11 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
         model: Any = build_model(cfg.model, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
         ckpt.load_into(model)
         model = model.to(device).eval()
-        models.append(quantize_decoder(model) if precision == "int8" else model)
+        if precision == "int8":
+            model = quantize_decoder(model)
+        elif precision == "fp32" and device.type == "cpu" and cfg.model.arch == "transformer" and packing_works():
+            model.cpu_output = PackedLinear(model.output_weight, model.output_bias)
+        models.append(model)
         del ckpt
     assert tokenizer is not None and first_cfg is not None
     max_pos = min(m.cfg.max_positions for m in models)

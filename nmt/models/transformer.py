@@ -34,7 +34,7 @@ from nmt.models.layers import (
     source_rows,
     token_embedding,
 )
-from nmt.models.quantize import Int8Linear
+from nmt.models.kernels import Int8Linear
 from nmt.models.rnn import RNN
 
 
@@ -89,7 +89,7 @@ class Transformer(nn.Module):
         final = cfg.norm_first and cfg.final_norm  # post-norm layers end normalised already
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity()
-        self.int8_output: nn.Module | None = None  # set by nmt.models.quantize.quantize_decoder
+        self.cpu_output: nn.Module | None = None  # nmt.models.kernels: PackedLinear or Int8Linear
 
     def set_dropout(self, p: float) -> None:
         """Set the dropout on sub-layer outputs and embeddings (model.dropout) to p; attention
@@ -116,15 +116,17 @@ class Transformer(nn.Module):
 
     def projection(self, vocab: Tensor | None = None) -> Callable[[Tensor], Tensor]:
         """The output projection (the one way to it): final decoder states (N, D) -> logits
-        (N, V), or with `vocab` (K,) (a shortlist) the logits of those K tokens (N, K); in int8
-        when the model's output projection is (nmt.models.quantize)."""
+        (N, V), or with `vocab` (K,) (a shortlist) the logits of those K tokens (N, K); through
+        the CPU kernel (packed fp32 or int8) of a model loaded for decoding (nmt.models.kernels)."""
         weight: Tensor = self.output_weight  # (V, D)
         bias: Tensor | None = self.output_bias  # (V,) or None
         if vocab is not None:
             weight, bias = weight[vocab], None if bias is None else bias[vocab]  # (K, D), (K,)
-        if self.int8_output is None:
-            return partial(F.linear, weight=weight, bias=bias)
-        return self.int8_output if vocab is None else Int8Linear(weight, bias)
+        if self.cpu_output is not None and vocab is None:
+            return self.cpu_output
+        if isinstance(self.cpu_output, Int8Linear):  # a shortlist's rows: quantised for this batch
+            return Int8Linear(weight, bias)
+        return partial(F.linear, weight=weight, bias=bias)  # (packing them would make a kernel per batch)
 
     def forward(self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None) -> Tensor:
         """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V); with

@@ -1,5 +1,6 @@
-"""Int8 decoding (nmt.models.quantize): the int8 linear layer against fp32, one row independent of the
-rest of its batch, which modules are quantised, and the one-line errors."""
+"""The CPU decoding kernels (nmt.models.kernels): packed fp32 and int8 linear layers against
+nn.Linear, one row independent of the rest of its batch, which modules are replaced, and int8's
+one-line errors."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from torch import nn
 
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.models import quantize
-from nmt.models.quantize import Int8Linear, check_int8, quantize_decoder
+from nmt.models import kernels
+from nmt.models.kernels import Int8Linear, PackedLinear, check_int8, packing_works, quantize_decoder
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import NMT_SPECIALS
 
@@ -86,7 +87,7 @@ def test_quantize_decoder_replaces_the_decoder_linears_and_the_output_only():
     assert decoder and all(isinstance(m, Int8Linear) for m in decoder)
     assert len(decoder) == 2 * (2 + 3 + 2)  # per layer: self qkv, out; cross q, kv, out; fc1, fc2
     assert all(isinstance(m, nn.Linear) for m in model.encoder.modules() if isinstance(m, (nn.Linear, Int8Linear)))
-    assert isinstance(model.int8_output, Int8Linear)
+    assert isinstance(model.cpu_output, Int8Linear)
     assert model.tgt_embed.tokens.weight.dtype == torch.float32  # the embedding lookup stays fp32
 
 
@@ -125,8 +126,64 @@ def test_int8_where_it_cannot_run_is_one_line(monkeypatch):
     def missing():
         raise RuntimeError("Could not run 'quantized::linear_with_input_q_dq_qweight_dq_output_fp32'\nmore")
 
-    monkeypatch.setattr(quantize, "_int8_linear_op", missing)
+    monkeypatch.setattr(kernels, "_int8_linear_op", missing)
     with pytest.raises(NmtError) as e:
         check_int8(torch.device("cpu"))
     assert "x86 int8 kernels (fbgemm)" in str(e.value) and "Could not run" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------ packed fp32
+
+packed_only = pytest.mark.skipif(not packing_works(), reason="this torch build has no oneDNN (mkldnn) linear kernels")
+
+
+@packed_only
+@pytest.mark.parametrize("d_in, d_out, bias", [(64, 48, True), (256, 1000, False), (200, 3, True)])
+def test_packed_linear_equals_nn_linear_to_rounding(d_in, d_out, bias):
+    torch.manual_seed(1)
+    lin = nn.Linear(d_in, d_out, bias=bias)
+    packed = PackedLinear(lin.weight, lin.bias)
+    x = rows(41, d_in)
+    with torch.no_grad():
+        want, got = lin(x), packed(x)
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * x.abs().max().item())
+        assert torch.equal(packed(x.view(1, 41, d_in)), got.view(1, 41, d_out))  # leading dims are rows
+        assert packed(x[:0]).shape == (0, d_out)
+
+
+@packed_only
+def test_packed_linear_row_does_not_depend_on_its_batch():
+    torch.manual_seed(2)
+    lin = nn.Linear(96, 130)
+    packed = PackedLinear(lin.weight, lin.bias)
+    x = rows(50, 96, seed=3)
+    with torch.no_grad():
+        full = packed(x)  # 50 rows, padded to 56
+        for m in (1, 2, 7, 8, 9, 16, 33):
+            assert torch.equal(packed(x[:m]), full[:m]), m
+            assert torch.equal(packed(x[-m:]), full[-m:]), m
+
+
+@packed_only
+@pytest.mark.parametrize("options", [{}, MARIAN])
+def test_packed_fp32_output_decodes_as_the_plain_one(options):
+    plain = make(**options)
+    packed = copy.deepcopy(plain)
+    packed.cpu_output = PackedLinear(packed.output_weight, packed.output_bias)
+    g = torch.Generator().manual_seed(4)
+    src = torch.randint(4, V, (3, 9), generator=g)
+    src[1, 6:] = NMT_SPECIALS.pad
+    tokens = torch.full((3,), 2)
+    with torch.no_grad():
+        a, b = plain.encode(src), packed.encode(src)
+        for _ in range(5):
+            la, a = plain.decode_step(tokens, a)
+            lb, b = packed.decode_step(tokens, b)
+            torch.testing.assert_close(lb, la, rtol=0, atol=1e-4)
+            tokens = la.argmax(-1)
+        vocab = torch.tensor([0, 3, 17, 59, 8])
+        x = rows(6, 64)
+        want = packed.projection()(x)[:, vocab]  # a shortlist's rows go through F.linear
+        torch.testing.assert_close(packed.projection(vocab)(x), want, rtol=1e-5, atol=1e-5 * x.abs().max().item())
