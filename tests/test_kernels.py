@@ -53,19 +53,6 @@ def test_int8_linear_is_close_to_fp32_row_by_row(d_in, d_out, bias):
     assert err.max() > 0  # it really is quantised
 
 
-def test_int8_linear_row_does_not_depend_on_its_batch():
-    torch.manual_seed(2)
-    lin = nn.Linear(96, 130)
-    q = Int8Linear(lin.weight, lin.bias)
-    x = rows(50, 96, seed=3)
-    with torch.no_grad():
-        full = q(x)
-        for m in (1, 2, 7, 16, 33):
-            assert torch.equal(q(x[:m]), full[:m]), m
-            assert torch.equal(q(x[-m:]), full[-m:]), m
-        assert torch.equal(q(x.view(5, 10, 96)), full.view(5, 10, 130))  # leading dims are rows
-
-
 # a Marian-like model (issue 26): its own output matrix with a bias, swish, a zero decoder start
 MARIAN = {"tie_output": False, "output_bias": True, "activation": "swish", "decoder_start": "zeros"}
 
@@ -81,6 +68,21 @@ def make(seed: int = 0, **model: object) -> Transformer:
     return out
 
 
+def decode_side_by_side(a_model: Transformer, b_model: Transformer, steps: int = 5):
+    """The log-probs (N, V) of two models' decode steps of the same sources, step by step, both
+    fed the first model's best tokens."""
+    g = torch.Generator().manual_seed(4)
+    src = torch.randint(4, V, (3, 9), generator=g)
+    src[1, 6:] = NMT_SPECIALS.pad  # padding
+    tokens = torch.full((3,), 2)
+    a, b = a_model.encode(src), b_model.encode(src)  # both run without gradients
+    for _ in range(steps):
+        la, a = a_model.decode_step(tokens, a)
+        lb, b = b_model.decode_step(tokens, b)
+        yield la, lb
+        tokens = la.argmax(-1)
+
+
 def test_quantize_decoder_replaces_the_decoder_linears_and_the_output_only():
     model = quantize_decoder(make())
     decoder = [m for m in model.decoder.modules() if isinstance(m, (nn.Linear, Int8Linear))]
@@ -94,19 +96,10 @@ def test_quantize_decoder_replaces_the_decoder_linears_and_the_output_only():
 @pytest.mark.parametrize("model", [{}, MARIAN])
 def test_int8_decode_steps_are_close_to_fp32(model):
     fp32 = make(**model)
-    int8 = quantize_decoder(copy.deepcopy(fp32))
-    g = torch.Generator().manual_seed(4)
-    src = torch.randint(4, V, (3, 9), generator=g)
-    src[1, 6:] = NMT_SPECIALS.pad  # padding
-    tokens = torch.full((3,), 2)
-    a, b = fp32.encode(src), int8.encode(src)
-    for _ in range(5):
-        la, a = fp32.decode_step(tokens, a)
-        lb, b = int8.decode_step(tokens, b)
+    for la, lb in decode_side_by_side(fp32, quantize_decoder(copy.deepcopy(fp32))):
         spread = (la.amax(-1) - la.amin(-1)).min().item()  # ~6 nats for this model
         assert 0 < (la - lb).abs().max().item() < 0.02 * spread  # about 1% of it
         assert (la.exp() - lb.exp()).abs().max().item() < 0.01
-        tokens = la.argmax(-1)
 
 
 @pytest.mark.parametrize("options", [{}, MARIAN])
@@ -153,17 +146,18 @@ def test_packed_linear_equals_nn_linear_to_rounding(d_in, d_out, bias):
         assert packed(x[:0]).shape == (0, d_out)
 
 
-@packed_only
-def test_packed_linear_row_does_not_depend_on_its_batch():
+@pytest.mark.parametrize("kernel", [Int8Linear, pytest.param(PackedLinear, marks=packed_only)])
+def test_a_row_does_not_depend_on_its_batch(kernel):
     torch.manual_seed(2)
     lin = nn.Linear(96, 130)
-    packed = PackedLinear(lin.weight, lin.bias)
+    fast = kernel(lin.weight, lin.bias)
     x = rows(50, 96, seed=3)
     with torch.no_grad():
-        full = packed(x)  # 50 rows, padded to 56
+        full = fast(x)  # 50 rows (packed: padded to 56)
         for m in (1, 2, 7, 8, 9, 16, 33):
-            assert torch.equal(packed(x[:m]), full[:m]), m
-            assert torch.equal(packed(x[-m:]), full[-m:]), m
+            assert torch.equal(fast(x[:m]), full[:m]), m
+            assert torch.equal(fast(x[-m:]), full[-m:]), m
+        assert torch.equal(fast(x.view(5, 10, 96)), full.view(5, 10, 130))  # leading dims are rows
 
 
 @packed_only
@@ -172,17 +166,9 @@ def test_packed_fp32_output_decodes_as_the_plain_one(options):
     plain = make(**options)
     packed = copy.deepcopy(plain)
     packed.cpu_output = PackedLinear(packed.output_weight, packed.output_bias)
-    g = torch.Generator().manual_seed(4)
-    src = torch.randint(4, V, (3, 9), generator=g)
-    src[1, 6:] = NMT_SPECIALS.pad
-    tokens = torch.full((3,), 2)
+    for la, lb in decode_side_by_side(plain, packed):
+        torch.testing.assert_close(lb, la, rtol=0, atol=1e-4)
     with torch.no_grad():
-        a, b = plain.encode(src), packed.encode(src)
-        for _ in range(5):
-            la, a = plain.decode_step(tokens, a)
-            lb, b = packed.decode_step(tokens, b)
-            torch.testing.assert_close(lb, la, rtol=0, atol=1e-4)
-            tokens = la.argmax(-1)
         vocab = torch.tensor([0, 3, 17, 59, 8])
         x = rows(6, 64)
         want = packed.projection()(x)[:, vocab]  # a shortlist's rows go through F.linear

@@ -4,7 +4,7 @@ fp32: the output projection (`Transformer.cpu_output`), the largest product of a
 is a `PackedLinear`: its weight is packed once into oneDNN's blocked layout (what torch.compile's
 freezing does), where it runs 25-60% faster than torch's default kernel on a decode's batches
 of 10-200 rows, and a row's result does not depend on the other rows. (Packing the other linear
-layers too gained less than the run-to-run spread and cost 100 MB of kernels.)
+layers too gained less than the run-to-run spread and cost 30-170 MB of kernels.)
 
 Int8 (`nmt translate --precision int8`), as Marian's int8 CPU decoding: the decoder's linear
 layers and the output projection multiply in int8 through PyTorch's x86 kernels (fbgemm); the

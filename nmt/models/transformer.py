@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from nmt.config import ModelConfig
 from nmt.errors import ConfigError
+from nmt.models.kernels import Int8Linear
 from nmt.models.layers import (
     KV,
     DecoderLayer,
@@ -34,7 +35,6 @@ from nmt.models.layers import (
     source_rows,
     token_embedding,
 )
-from nmt.models.kernels import Int8Linear
 from nmt.models.rnn import RNN
 
 
