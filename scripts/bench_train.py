@@ -110,8 +110,9 @@ def real_token_flops(model_cfg, vocab: int, src_lens, tgt_lens) -> float:
     return float(3.0 * forward.sum())
 
 
-def gpu_busy_share(trainer, groups, device) -> float:
-    """The share of wall time in which a CUDA kernel runs, over `groups` updates (profiler)."""
+def gpu_busy_share(trainer, groups, device, table: str = "") -> float:
+    """The share of wall time in which a CUDA kernel runs, over `groups` updates (profiler);
+    `table`: also write the profiler's top operators by GPU and by CPU time to this file."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -122,6 +123,11 @@ def gpu_busy_share(trainer, groups, device) -> float:
             trainer.train_update(group)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
+    if table:
+        averages = prof.key_averages()
+        Path(table).write_text("".join(f"== by {key}, {len(groups)} updates, {wall:.3f} s\n"
+                                       + averages.table(sort_by=key, row_limit=30) + "\n"
+                                       for key in ("self_cuda_time_total", "self_cpu_time_total")))
     kernel_us = 0.0
     for event in prof.key_averages():
         if str(getattr(event, "device_type", "")).endswith("CUDA"):
@@ -192,7 +198,7 @@ def measure(spec: dict) -> dict:
         if peak and spec["precision"] != "fp32":
             result["mfu"] = result["model_tflops"] / peak
         if spec["profile"]:
-            result["gpu_busy"] = gpu_busy_share(trainer, groups[-spec["profile"]:], device)
+            result["gpu_busy"] = gpu_busy_share(trainer, groups[-spec["profile"]:], device, spec["table"])
     if hasattr(trainer, "close"):
         trainer.close()
     return result
@@ -229,6 +235,7 @@ def main() -> None:
     ap.add_argument("--repo", type=Path, help="run this checkout's nmt instead (PYTHONPATH)")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="0 = by GPU name (H100: 989 dense bf16)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile-table", default="", help="CUDA: write the profiler's top operators here")
     ap.add_argument("--no-header", action="store_true")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -258,7 +265,8 @@ def main() -> None:
             spec = {"config": str(config), "precision": precision, "threads": args.threads, "device": device,
                     "prepared": str(prepared.resolve()), "run_dir": str(Path(tmp) / f"run{i}"), "warmup": args.warmup,
                     "updates": args.updates, "profile": profile, "peak_tflops": args.peak_tflops, "sets": args.sets,
-                    "repo": str(args.repo or "")}
+                    "repo": str(args.repo or ""),
+                    "table": str(Path(args.profile_table).resolve()) if args.profile_table else ""}
             out = subprocess.run([sys.executable, __file__, "--_child", json.dumps(spec)], cwd=tmp,
                                  capture_output=True, text=True, env=env)
             if out.returncode:

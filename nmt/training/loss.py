@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# rows of one chunk: at most this many (rows x vocabulary) elements, 64 MB in fp32
-CHUNK_ELEMENTS = 1 << 24
+# rows of one chunk: at most this many (rows x vocabulary) elements, 64 MB in fp32 (512 MB on a
+# GPU, where each chunk also reads and writes the whole weight and its gradient: fewer chunks)
+CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS = 1 << 24, 1 << 27
 
 
 def smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
@@ -55,7 +56,7 @@ def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: 
     the label-smoothed cross-entropy of `F.linear(states, weight, bias)` (`smoothed_cross_entropy`),
     computed `chunk_rows` rows at a time (default: CHUNK_ELEMENTS / V), in fp32 after the matmul.
     """
-    rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.size(0))
+    rows = chunk_rows or max(1, (CUDA_CHUNK_ELEMENTS if states.is_cuda else CHUNK_ELEMENTS) // weight.size(0))
     trained = [t for t in (states, weight, bias) if t is not None and t.requires_grad]
     if not (torch.is_grad_enabled() and trained):
         total = torch.zeros(2, dtype=torch.float32, device=states.device)
@@ -84,7 +85,7 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
         grad_states = torch.empty_like(states)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
-        total = torch.zeros(2, dtype=torch.float32, device=states.device)
+        total, low = torch.zeros(2, dtype=torch.float32, device=states.device), weight
         for start in range(0, states.size(0), rows):
             h, gold = states[start : start + rows], target[start : start + rows]
             logits = F.linear(h, weight, bias)  # (c, V) in the autocast dtype, if any
@@ -94,8 +95,8 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
             if b:
                 grad.sub_(b)
             grad.scatter_add_(1, gold.unsqueeze(1), torch.full_like(gold, -a, dtype=grad.dtype).unsqueeze(1))
-            g = grad.to(logits.dtype)
-            grad_states[start : start + rows] = (g @ weight.to(g.dtype)).to(states.dtype)
+            g, low = grad.to(logits.dtype), low.to(logits.dtype)  # the weight cast once, not per chunk
+            grad_states[start : start + rows] = (g @ low).to(states.dtype)
             grad_weight += (g.t() @ h.to(g.dtype)).float()
             if grad_bias is not None:
                 grad_bias += grad.sum(0)
