@@ -14,7 +14,9 @@ In order, with nothing else running:
    lone request cannot beat;
 3. the server: `nmt serve --threads N` on a free port; for each client count, that many
    threads each with its own keep-alive connection send the lines one a request
-   (`POST /v1/translate`) until all are translated: sentences/s, p50 / p95 / p99 latency.
+   (`POST /v1/translate`) until all are translated: sentences/s, p50 / p95 / p99 latency, and
+   the cores the server and the client threads used meanwhile (CPU seconds over wall seconds:
+   on a 2-core machine the clients take a share of what the server could use).
    Every answer must equal the offline translation of its line.
 
 The bars (issue 35): with 32 clients at least 0.8x the offline sentences/s; with 1 client a
@@ -71,8 +73,18 @@ def alone(ckpt: str, lines: list[str], threads: int) -> float:
     return statistics.median(times)
 
 
-def clients(port: int, lines: list[str], n: int, expected: list[str]) -> tuple[float, list[float]]:
-    """(seconds for all lines, each request's latency) with `n` concurrent keep-alive clients."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far, all its threads (/proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def clients(port: int, lines: list[str], n: int, expected: list[str]) -> tuple[float, list[float], float]:
+    """(seconds for all lines, each request's latency, CPU seconds the clients used) with `n`
+    concurrent keep-alive clients (threads of this process)."""
     todo, lock, latencies, wrong = list(enumerate(lines)), threading.Lock(), [], []
 
     def client() -> None:
@@ -92,14 +104,14 @@ def clients(port: int, lines: list[str], n: int, expected: list[str]) -> tuple[f
         conn.close()
 
     threads = [threading.Thread(target=client) for _ in range(n)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if wrong:
         raise SystemExit(f"{len(wrong)} answers differ from the offline translation, e.g. line {wrong[0]}")
-    return time.perf_counter() - start, latencies
+    return time.perf_counter() - start, latencies, time.process_time() - cpu
 
 
 def main() -> None:
@@ -125,19 +137,23 @@ def main() -> None:
                 "--max-wait-ms", str(args.max_wait_ms),
                 env={"OMP_NUM_THREADS": str(args.threads)}) as server:
         for n in [int(c) for c in args.clients.split(",")]:
-            seconds, lat = clients(server.port, lines, n, expected)
-            rows[f"clients_{n}"] = {"sent_s": len(lines) / seconds, "seconds": seconds,
+            server_cpu = cpu_seconds(server.proc.pid)
+            seconds, lat, client_cpu = clients(server.port, lines, n, expected)
+            rows[f"clients_{n}"] = {"sent_s": len(lines) / seconds, "seconds": seconds, "client_cpu_s": client_cpu,
+                                    "server_cpu_s": cpu_seconds(server.proc.pid) - server_cpu,
                                     **{f"p{q}_ms": 1000 * percentile(lat, q) for q in (50, 95, 99)}}
     print(f"{len(lines)} lines of {args.test}.{args.src}, {args.threads} threads, --max-wait-ms {args.max_wait_ms:g}, "
           f"{args.checkpoint}\n")
-    print("| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms |\n| --- | --- | --- | --- | --- | --- |")
+    print("| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms | cores used: server, clients |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |")
     off = rows["offline"]["sent_s"]
-    print(f"| offline `nmt translate` | {off:.1f} | 1.00 | | | |")
-    print(f"| one line alone (API, p50 of {min(args.alone, len(lines))}) | | | {rows['alone_p50_ms']:.1f} | | |")
+    print(f"| offline `nmt translate` | {off:.1f} | 1.00 | | | | |")
+    print(f"| one line alone (API, p50 of {min(args.alone, len(lines))}) | | | {rows['alone_p50_ms']:.1f} | | | |")
     for key, r in rows.items():
         if key.startswith("clients_"):
             print(f"| serve, {key[8:]} clients | {r['sent_s']:.1f} | {r['sent_s'] / off:.2f} | {r['p50_ms']:.1f} "
-                  f"| {r['p95_ms']:.1f} | {r['p99_ms']:.1f} |")
+                  f"| {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_s'] / r['seconds']:.2f}, "
+                  f"{r['client_cpu_s'] / r['seconds']:.2f} |")
     if "clients_32" in rows:
         print(f"\nbar 1: 32 clients at {rows['clients_32']['sent_s'] / off:.2f}x offline (at least 0.8)")
     if "clients_1" in rows:
