@@ -125,6 +125,7 @@ def main() -> None:
     p.add_argument("--alone", type=int, default=200, help="lines timed on their own (step 2)")
     p.add_argument("--lines", type=int, default=0, help="use only the first N lines (0: all)")
     p.add_argument("--max-wait-ms", type=float, default=0.0, help="nmt serve --max-wait-ms")
+    p.add_argument("--workers", type=int, default=0, help="nmt serve --workers (0: one per thread)")
     p.add_argument("--json")
     args = p.parse_args()
     with gzip.open(Path(args.data_dir) / f"{args.test}.{args.src}.gz", "rt", encoding="utf-8") as f:
@@ -134,7 +135,7 @@ def main() -> None:
     rows = {"offline": {"sent_s": len(lines) / seconds, "seconds": seconds},
             "alone_p50_ms": 1000 * alone(args.checkpoint, lines[: args.alone], args.threads)}
     with Server("-c", args.checkpoint, "--threads", str(args.threads), "--max-queue", "100000",
-                "--max-wait-ms", str(args.max_wait_ms),
+                "--max-wait-ms", str(args.max_wait_ms), "--workers", str(args.workers),
                 env={"OMP_NUM_THREADS": str(args.threads)}) as server:
         for n in [int(c) for c in args.clients.split(",")]:
             server_cpu = cpu_seconds(server.proc.pid)
@@ -143,6 +144,7 @@ def main() -> None:
                                     "server_cpu_s": cpu_seconds(server.proc.pid) - server_cpu,
                                     **{f"p{q}_ms": 1000 * percentile(lat, q) for q in (50, 95, 99)}}
     print(f"{len(lines)} lines of {args.test}.{args.src}, {args.threads} threads, --max-wait-ms {args.max_wait_ms:g}, "
+          f"--workers {args.workers}, "
           f"{args.checkpoint}\n")
     print("| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms | cores used: server, clients |\n"
           "| --- | --- | --- | --- | --- | --- | --- |")

@@ -24,7 +24,7 @@ pytest.importorskip("uvicorn", reason="nmt serve's extra is not installed: pip i
 from serving import ROOT, Server  # noqa: E402
 
 from nmt import Translator  # noqa: E402
-from nmt.serve.batching import Batcher, Job  # noqa: E402
+from nmt.serve.batching import TORCH, Batcher, Job  # noqa: E402
 from nmt.serve.libretranslate import Markup  # noqa: E402
 
 
@@ -311,6 +311,28 @@ def test_one_bad_sentence_never_fails_the_others_of_its_batch():
     finally:
         gate.set()
         batcher.close()
+
+
+def test_every_model_decodes_on_the_one_torch_thread():
+    """Two models' batchers hand their batches to one thread (OpenMP keeps a team per calling
+    thread, and two teams on the same cores slow each other down)."""
+    names: list[str] = []
+
+    def decode(key, jobs):
+        names.append(threading.current_thread().name)
+        return [None] * len(jobs)
+
+    batchers = [Batcher(decode, batch_tokens=100, max_queue=100, name=n) for n in ("en-de", "de-en")]
+    try:
+        jobs = [Job("k", str(i), tokens=1) for i in range(4)]
+        assert batchers[0].submit(jobs[:2]) and batchers[1].submit(jobs[2:])
+        for job in jobs:
+            job.future.result(60)
+    finally:
+        for batcher in batchers:
+            batcher.close()
+    assert len(names) >= 2 and set(names) == {TORCH.submit(lambda: threading.current_thread().name).result()}
+    assert not any(name.startswith("nmt-serve") for name in names)
 
 
 def test_batches_join_clients_never_settings_and_keep_to_the_budget():

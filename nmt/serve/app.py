@@ -20,7 +20,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
 from typing import Any, cast
@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl
 from nmt.api import DECODE_OPTIONS, Translation, Translator
 from nmt.config import DecodeConfig
 from nmt.decoding.alignment import layer_count, resolve_layer
-from nmt.decoding.predict import decode_config, decode_workers
+from nmt.decoding.predict import decode_config
 from nmt.errors import NmtError, one_line
 from nmt.fields import coerce, coerce_option
 from nmt.options import ServeOptions
@@ -84,10 +84,8 @@ class Model:
         if tr.decode.sampling:  # a sentence's generator is its index in its request: one at a time
             return [tr.translate_nbest([j.item], nbest, where=[j.where].__getitem__, first_index=j.index,
                                        alignment=attend, attention=attend, target_lang=lang)[0] for j in jobs]
-        workers = decode_workers(tr.workers, tr.device)
-        if workers > 1 and len(jobs) > 1:  # cut by length for the CPU workers, as the command's chunks are
-            tr = copy.copy(tr)
-            tr.decode = replace(tr.decode, batch_size=min(tr.decode.batch_size, -(-len(jobs) // workers)))
+        # cut into the command's batches (decode.batch_size), one per CPU worker: a batch of at
+        # most batch_size runs whole on every thread, faster than cut in halves (docs/benchmarks.md)
         return tr.translate_nbest([j.item for j in jobs], nbest, where=lambda i: jobs[i].where,
                                   alignment=attend, attention=attend, target_lang=lang)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,11 @@ class Job:
 
 # decode(key, jobs) -> one result per job, in order; raising fails the batch
 Decode = Callable[[Hashable, list[Job]], list[Any]]
+# The server's torch work (loading, warm-up, every batch of every model) runs on this one thread.
+# OpenMP, torch's intra-op threads, keeps a team per calling thread; with a second team beside it
+# on the same cores it stops spinning between parallel regions, and a lone sentence decoded on
+# 2 threads took ~30% longer (docs/benchmarks.md).
+TORCH = ThreadPoolExecutor(1, thread_name_prefix="nmt-torch")
 
 
 class Batcher:
@@ -128,6 +133,6 @@ class Batcher:
         """(True, result) or (False, exception) of each job; a batch that fails is decoded again
         one sentence at a time, so that only the bad ones fail."""
         try:
-            return [(True, r) for r in self.decode(jobs[0].key, jobs)]
+            return [(True, r) for r in TORCH.submit(self.decode, jobs[0].key, jobs).result()]
         except Exception as exc:
             return [self._decoded([job])[0] for job in jobs] if len(jobs) > 1 else [(False, exc)]

@@ -16,6 +16,7 @@ from nmt.errors import NmtError, one_line
 from nmt.fields import check_bounds, flag
 from nmt.options import ServeOptions, TranslateOptions
 from nmt.serve.app import Model, Service
+from nmt.serve.batching import TORCH
 
 log = logging.getLogger(__name__)
 INSTALL = "nmt serve needs its web stack: pip install 'nmt[serve]' (or pip install starlette uvicorn prometheus-client)"
@@ -86,7 +87,7 @@ def serve(opts: ServeOptions) -> None:
     if not keys and not _loopback(opts.host):
         log.warning("serving on %s without --api-keys: anyone who can reach it can use it", opts.host)
     sock = _bind(opts.host, opts.port)
-    service = Service(load_models(specs, opts), opts, keys)
+    service = Service(TORCH.submit(load_models, specs, opts).result(), opts, keys)
     server = uvicorn.Server(uvicorn.Config(service.app(), log_level="warning", lifespan="off",
                                            timeout_graceful_shutdown=None, access_log=False))
     service.stopping = lambda: server.should_exit
