@@ -54,7 +54,8 @@ def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: 
     states (M, D) are the final decoder states of M real target tokens (no padding), weight
     (V, D) the output projection, bias (V,) its bias if any, target (M,) their labels. Equal to
     the label-smoothed cross-entropy of `F.linear(states, weight, bias)` (`smoothed_cross_entropy`),
-    computed `chunk_rows` rows at a time (default: CHUNK_ELEMENTS / V), in fp32 after the matmul.
+    computed `chunk_rows` rows at a time (default: CHUNK_ELEMENTS / V, on CUDA CUDA_CHUNK_ELEMENTS / V),
+    in fp32 after the matmul.
     """
     rows = chunk_rows or max(1, (CUDA_CHUNK_ELEMENTS if states.is_cuda else CHUNK_ELEMENTS) // weight.size(0))
     trained = [t for t in (states, weight, bias) if t is not None and t.requires_grad]
