@@ -21,7 +21,7 @@
 #     from bench_train import synthetic_wmt; synthetic_wmt(Path('bench-data/wmt-data'))"
 #   python -m nmt prepare-bpe -s en -t de --trainpref bench-data/multi30k/train \
 #     --validpref bench-data/multi30k/val --vocab-size 8000 --destdir bench-data/m30k-data
-# OUT_DIR receives at most 8 files: session.log (everything), test-gpu.txt, profile-base.txt,
+# OUT_DIR receives at most 8 files: gpu.log (everything), test-gpu.txt, profile-base.txt,
 # profile-big.txt and results.tgz (every row's JSON).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +36,7 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NMT_MULTI30K=$MULTI30K
 PY=${PYTHON:-python3}
-exec > >(tee -a "$OUT/session.log") 2>&1
+exec > >(tee -a "$OUT/gpu.log") 2>&1
 
 # run LIMIT CMD...: CMD, cut at LIMIT seconds or at the deadline, whichever comes first
 run() {
