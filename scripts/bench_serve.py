@@ -16,7 +16,8 @@ In order, with nothing else running:
    threads each with its own keep-alive connection send the lines one a request
    (`POST /v1/translate`) until all are translated: sentences/s, p50 / p95 / p99 latency, and
    the cores the server and the client threads used meanwhile (CPU seconds over wall seconds:
-   on a 2-core machine the clients take a share of what the server could use).
+   on a 2-core machine the clients take a share of what the server could use), and the mean
+   sentences in a decoded batch (the server's /metrics).
    Every answer must equal the offline translation of its line.
 
 The bars (issue 35): with 32 clients at least 0.8x the offline sentences/s; with 1 client a
@@ -82,6 +83,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def batches(server: Server) -> tuple[float, float]:
+    """(batches decoded, sentences in them) so far, from the server's /metrics."""
+    text = server.get("/metrics")[1]
+    count, total = (sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                        if line.startswith(f"nmt_batch_sentences_{kind}{{")) for kind in ("count", "sum"))
+    return count, total
+
+
 def clients(port: int, lines: list[str], n: int, expected: list[str]) -> tuple[float, list[float], float]:
     """(seconds for all lines, each request's latency, CPU seconds the clients used) with `n`
     concurrent keep-alive clients (threads of this process)."""
@@ -138,24 +147,26 @@ def main() -> None:
                 "--max-wait-ms", str(args.max_wait_ms), "--workers", str(args.workers),
                 env={"OMP_NUM_THREADS": str(args.threads)}) as server:
         for n in [int(c) for c in args.clients.split(",")]:
-            server_cpu = cpu_seconds(server.proc.pid)
+            server_cpu, before = cpu_seconds(server.proc.pid), batches(server)
             seconds, lat, client_cpu = clients(server.port, lines, n, expected)
+            count, total = (b - a for a, b in zip(before, batches(server), strict=True))
             rows[f"clients_{n}"] = {"sent_s": len(lines) / seconds, "seconds": seconds, "client_cpu_s": client_cpu,
                                     "server_cpu_s": cpu_seconds(server.proc.pid) - server_cpu,
+                                    "mean_batch": total / max(count, 1),
                                     **{f"p{q}_ms": 1000 * percentile(lat, q) for q in (50, 95, 99)}}
     print(f"{len(lines)} lines of {args.test}.{args.src}, {args.threads} threads, --max-wait-ms {args.max_wait_ms:g}, "
           f"--workers {args.workers}, "
           f"{args.checkpoint}\n")
-    print("| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms | cores used: server, clients |\n"
-          "| --- | --- | --- | --- | --- | --- | --- |")
+    print("| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms | cores used: server, clients | mean batch |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
     off = rows["offline"]["sent_s"]
-    print(f"| offline `nmt translate` | {off:.1f} | 1.00 | | | | |")
-    print(f"| one line alone (API, p50 of {min(args.alone, len(lines))}) | | | {rows['alone_p50_ms']:.1f} | | | |")
+    print(f"| offline `nmt translate` | {off:.1f} | 1.00 | | | | | |")
+    print(f"| one line alone (API, p50 of {min(args.alone, len(lines))}) | | | {rows['alone_p50_ms']:.1f} | | | | |")
     for key, r in rows.items():
         if key.startswith("clients_"):
             print(f"| serve, {key[8:]} clients | {r['sent_s']:.1f} | {r['sent_s'] / off:.2f} | {r['p50_ms']:.1f} "
                   f"| {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_s'] / r['seconds']:.2f}, "
-                  f"{r['client_cpu_s'] / r['seconds']:.2f} |")
+                  f"{r['client_cpu_s'] / r['seconds']:.2f} | {r['mean_batch']:.1f} |")
     if "clients_32" in rows:
         print(f"\nbar 1: 32 clients at {rows['clients_32']['sent_s'] / off:.2f}x offline (at least 0.8)")
     if "clients_1" in rows:
