@@ -83,10 +83,8 @@ def target(path: str | Path, option: str = "") -> Path:
     """The file that writing `path` replaces: a symlink's target (written through, the link
     stays), checked to be a possible file name: not a directory, in a directory that exists.
     `option` (e.g. "-o") is named in the NmtError."""
-    path = Path(path)
-    name = _named(path, option)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
+    name = _named(Path(path), option)
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     if path.is_dir() or not path.name or path.name in (".", ".."):
         raise NmtError(f"{name}: is a directory; give a file name")
     if not path.parent.is_dir():
@@ -99,9 +97,7 @@ def directory_target(path: str | Path, option: str = "") -> Path:
     """The directory that writing `path` as a whole replaces: a symlink's target (written
     through, the link stays); never `.` or `..`, which cannot be renamed away."""
     name = _named(path, option)
-    path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     if not path.name or path.name in (".", ".."):
         raise NmtError(f"{name}: name a directory to create or replace, not {str(path)!r}")
     return path
@@ -116,9 +112,8 @@ def check_replaceable(dest: Path, force: bool, markers: tuple[str, ...], kind: s
     if not dest.is_dir():
         raise NmtError(f"{name} exists and is not a directory")
     with os_errors_as(name, "cannot read it"):
-        empty = not any(dest.iterdir())
-    if empty:
-        return
+        if not any(dest.iterdir()):
+            return
     if not force:
         raise NmtError(f"{name} exists and is not empty; use --force to replace it")
     if not all((dest / marker).is_file() for marker in markers):
@@ -269,9 +264,7 @@ def clean_temporaries(directory: str | Path, name: str | None = None, directorie
         if match is None or (name is not None and match.group(1) != name):
             continue
         is_dir = entry.is_dir() and not entry.is_symlink()
-        if (is_dir and not directories) or (not is_dir and not entry.is_file()):
-            continue
-        if process_alive(int(match.group(2))):
+        if (not directories if is_dir else not entry.is_file()) or process_alive(int(match.group(2))):
             continue
         with contextlib.suppress(OSError):
             shutil.rmtree(entry) if is_dir else entry.unlink(missing_ok=True)

@@ -92,9 +92,8 @@ def checkpoint_dict(weights: dict[str, torch.Tensor], cfg: Config, tokenizer: To
             "update": update, "epoch": epoch, **extra}
 
 
-def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False
-) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *,
+                    mmap: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint. `mmap=True` pages tensors in lazily (cheap for
     averaging when `train_state` is large)."""
     path = Path(path)
@@ -107,10 +106,8 @@ def load_checkpoint(
     except Exception as exc:
         reason = one_line(exc)
         if "Weights only load failed" in reason and zipfile.is_zipfile(path):
-            raise NmtError(
-                f"{path}: checkpoint holds objects that safe loading (weights_only) refuses; "
-                f"it was not written by nmt ({reason[:120]})"
-            ) from exc
+            raise NmtError(f"{path}: checkpoint holds objects that safe loading (weights_only) refuses; "
+                           f"it was not written by nmt ({reason[:120]})") from exc
         if not zipfile.is_zipfile(path):  # torch's words for it depend on mmap: "invalid load key", ...
             reason = "not the zip archive that torch.save writes"
         raise NmtError(f"{path}: corrupt or truncated checkpoint ({reason})") from exc
@@ -125,10 +122,8 @@ def load_checkpoint(
     if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
         raise NmtError(f"{path}: not an nmt checkpoint (its config is not a dict of sections)")
     if ckpt["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
-        raise NmtError(
-            f"{path}: unsupported checkpoint format_version {ckpt['format_version']!r} "
-            f"(this nmt reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
-        )
+        raise NmtError(f"{path}: unsupported checkpoint format_version {ckpt['format_version']!r} "
+                       f"(this nmt reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})")
     return ckpt
 
 
@@ -147,8 +142,7 @@ class ModelCheckpoint:
         try:
             model.load_state_dict(self.weights)
         except RuntimeError as e:
-            first = one_line(e, 300)
-            raise NmtError(f"{self.path}: its weights do not match its model config ({first})") from None
+            raise NmtError(f"{self.path}: its weights do not match its model config ({one_line(e, 300)})") from None
 
 
 def load_model_checkpoint(path: str | Path, *, mmap: bool = False) -> ModelCheckpoint:
@@ -236,12 +230,8 @@ def list_update_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise NmtError(f"{run_dir}: run directory not found")
-    found = []
-    for entry in run_dir.iterdir():
-        match = _UPDATE_CHECKPOINT.fullmatch(entry.name)
-        if match is not None and entry.is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
+    matches = ((_UPDATE_CHECKPOINT.fullmatch(entry.name), entry) for entry in run_dir.iterdir())
+    return sorted((int(match.group(1)), entry) for match, entry in matches if match is not None and entry.is_file())
 
 
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
@@ -264,10 +254,8 @@ def select_for_average(run_dir: str | Path, last: int) -> list[Path]:
         raise NmtError(f"number of checkpoints to average must be at least 1, not {last}")
     found = list_update_checkpoints(run_dir)
     if len(found) < last:
-        raise NmtError(
-            f"{run_dir}: asked to average the last {last} checkpoints but only "
-            f"{len(found)} checkpoint_<update>.pt file(s) exist"
-        )
+        raise NmtError(f"{run_dir}: asked to average the last {last} checkpoints but only "
+                       f"{len(found)} checkpoint_<update>.pt file(s) exist")
     return [path for _, path in found[-last:]]
 
 
@@ -305,10 +293,8 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
             if tensor.is_floating_point():
                 mean[key] += (tensor.to(mean[key].dtype) - mean[key]) / k
             elif not torch.equal(tensor, mean[key]):
-                raise NmtError(
-                    f"{path}: integer buffer {key} differs from {first}; "
-                    "integer and bool buffers cannot be averaged and must be identical"
-                )
+                raise NmtError(f"{path}: integer buffer {key} differs from {first}; "
+                               "integer and bool buffers cannot be averaged and must be identical")
 
     result = {key: ckpt[key] for key in KEPT_KEYS if key in ckpt}
     result["model"] = {key: mean[key].to(dtypes[key]) for key in mean}
@@ -347,27 +333,17 @@ def _check_same_model(reference: dict[str, Any], ckpt: dict[str, Any], first: Pa
                        "only checkpoints of one model can be averaged")
 
 
-def _check_compatible(
-    mean: dict[str, torch.Tensor],
-    dtypes: dict[str, torch.dtype],
-    state: dict[str, torch.Tensor],
-    first: Path,
-    path: Path,
-) -> None:
+def _check_compatible(mean: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype], state: dict[str, torch.Tensor],
+                      first: Path, path: Path) -> None:
     for key in sorted(mean.keys() ^ state.keys()):
         has, lacks = (first, path) if key in mean else (path, first)
         raise NmtError(f"average: key {key} is in {has} but not in {lacks}")
     for key, tensor in state.items():
         if tensor.shape != mean[key].shape:
-            raise NmtError(
-                f"average: key {key} has shape {tuple(mean[key].shape)} in {first} "
-                f"but {tuple(tensor.shape)} in {path}"
-            )
+            raise NmtError(f"average: key {key} has shape {tuple(mean[key].shape)} in {first} "
+                           f"but {tuple(tensor.shape)} in {path}")
         if tensor.dtype != dtypes[key]:
-            raise NmtError(
-                f"average: key {key} has dtype {dtypes[key]} in {first} "
-                f"but {tensor.dtype} in {path}"
-            )
+            raise NmtError(f"average: key {key} has dtype {dtypes[key]} in {first} but {tensor.dtype} in {path}")
 
 
 def average_command(inputs: list[Path], output: Path, last: int | None) -> None:

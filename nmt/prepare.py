@@ -31,15 +31,7 @@ from typing import BinaryIO
 import numpy as np
 from tqdm import tqdm
 
-from nmt import __version__
-from nmt.atomic import (
-    FileArg,
-    check_outputs,
-    check_replaceable,
-    directory_target,
-    os_errors_as,
-    replacing_directory,
-)
+from nmt import __version__, atomic
 from nmt.checkpoint import load_model_checkpoint
 from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
 from nmt.errors import NmtError
@@ -68,23 +60,23 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     """Run prepare-bpe; returns the report also written to `destdir/prepare.json`."""
     start = time.time()
     opts.check()
-    dest = directory_target(opts.destdir, "--destdir")
-    check_replaceable(dest, opts.force, (META_FILE,), f"an output of nmt prepare-bpe (no {META_FILE})", "--destdir")
+    dest = atomic.directory_target(opts.destdir, "--destdir")
+    atomic.check_replaceable(dest, opts.force, (META_FILE,), f"an output of nmt prepare-bpe (no {META_FILE})",
+                             "--destdir")
     reused = _reused_tokenizer(opts)
     splits = find_splits(opts)  # reads every file once: after the cheap checks
-    check_outputs(input_files(opts, splits), [FileArg("--destdir", opts.destdir, directory=True)])
-    _make_parent(dest)
-    with replacing_directory(dest, "the prepared data", "--destdir") as work:
+    atomic.check_outputs(input_files(opts, splits), [atomic.FileArg("--destdir", opts.destdir, directory=True)])
+    with atomic.os_errors_as(f"--destdir {dest}", "cannot create it"):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic.replacing_directory(dest, "the prepared data", "--destdir") as work:
         tok = _tokenizer(opts, splits[0], reused, work)
         dtype = token_dtype(max(tok.vocab_size, tok.source_vocab_size or 0))
         reports, hashes = {}, {}
         for split in splits:
             reports[split.name], file_hashes = _binarize(split, tok, dtype, opts, work, progress)
             hashes.update(file_hashes)
-        train_files = sorted(name for name in hashes if name.startswith("train."))
-        fingerprint = hashlib.sha256(
-            "".join([tok.sha256] + [f"{name}:{hashes[name]}" for name in train_files]).encode()
-        ).hexdigest()
+        train = "".join(f"{name}:{hashes[name]}" for name in sorted(hashes) if name.startswith("train."))
+        fingerprint = hashlib.sha256((tok.sha256 + train).encode()).hexdigest()
         report = {"format_version": 1, "nmt_version": __version__, "source_lang": opts.source_lang,
                   "target_lang": opts.target_lang, "vocab_size": tok.vocab_size,
                   "source_vocab_size": tok.source_vocab_size,  # separate vocabularies; else None
@@ -111,22 +103,20 @@ def find_splits(opts: PrepareOptions) -> list[Split]:
         files = {lang: find_text(prefix, lang) for lang in (opts.source_lang, opts.target_lang)}
         (src, n_src), (tgt, n_tgt) = ((f, count_lines(f)) for f in files.values())
         if n_src != n_tgt:
-            raise NmtError(
-                f"{src} has {n_src} lines but {tgt} has {n_tgt}; parallel files must align"
-            )
+            raise NmtError(f"{src} has {n_src} lines but {tgt} has {n_tgt}; parallel files must align")
         splits.append(Split(name, prefix, files, n_src, filtered))
     return splits
 
 
-def input_files(opts: PrepareOptions, splits: list[Split]) -> list[FileArg]:
+def input_files(opts: PrepareOptions, splits: list[Split]) -> list[atomic.FileArg]:
     """The files prepare-bpe reads (none of them may be in --destdir, which is replaced whole)."""
     options = {"train": "--trainpref", "valid": "--validpref"}
-    inputs = [FileArg(options.get(split.name, "--testpref"), path, f"the {split.name} text")
+    inputs = [atomic.FileArg(options.get(split.name, "--testpref"), path, f"the {split.name} text")
               for split in splits for path in split.files.values()]
     if opts.spm_model:
-        inputs.append(FileArg("--spm-model", opts.spm_model, "the sentencepiece model"))
+        inputs.append(atomic.FileArg("--spm-model", opts.spm_model, "the sentencepiece model"))
     if opts.tokenizer_from:
-        inputs.append(FileArg("--tokenizer-from", opts.tokenizer_from, "the checkpoint"))
+        inputs.append(atomic.FileArg("--tokenizer-from", opts.tokenizer_from, "the checkpoint"))
     return inputs
 
 
@@ -141,11 +131,6 @@ def _reused_tokenizer(opts: PrepareOptions) -> Tokenizer | None:
         except NmtError as e:
             raise NmtError(f"--tokenizer-from {e}") from None
     return None
-
-
-def _make_parent(dest: Path) -> None:
-    with os_errors_as(f"--destdir {dest}", "cannot create it"):
-        dest.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _tokenizer(opts: PrepareOptions, train: Split, reused: Tokenizer | None, work: Path) -> Tokenizer:
@@ -205,28 +190,18 @@ class _TokenWriter:
         np.cumsum(lengths, out=offsets[1:])
         data = offsets.tobytes()
         self.idx.write_bytes(data)
-        return {
-            self.bin.name: self.hash.hexdigest(),
-            self.idx.name: hashlib.sha256(data).hexdigest(),
-        }
+        return {self.bin.name: self.hash.hexdigest(), self.idx.name: hashlib.sha256(data).hexdigest()}
 
 
-def _binarize(
-    split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOptions, work: Path, progress: bool
-) -> tuple[dict, dict[str, str]]:
+def _binarize(split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOptions, work: Path,
+              progress: bool) -> tuple[dict, dict[str, str]]:
     """Encode (and for train, filter) one split; returns its report and file hashes."""
     langs = (opts.source_lang, opts.target_lang)
     stats = {lang: TextStats(str(split.files[lang])) for lang in langs}
     readers = [read_lines(split.files[lang], stats[lang]) for lang in langs]
     writers = [_TokenWriter(work, split.name, lang, dtype) for lang in langs]
-    raws = (
-        []
-        if split.filtered
-        else [
-            open(raw_path(work, split.name, lang), "w", encoding="utf-8", newline="\n")
-            for lang in langs
-        ]
-    )
+    raws = [] if split.filtered else [open(raw_path(work, split.name, lang), "w", encoding="utf-8", newline="\n")
+                                      for lang in langs]
     dropped = dict.fromkeys(DROP_REASONS, 0)
     bar = tqdm(total=split.lines, unit="pairs", desc=split.name, disable=None if progress else True)
 
@@ -263,23 +238,12 @@ def _binarize(
             raw.close()
     hashes = {**writers[0].close(), **writers[1].close()}
     kept = split.lines - sum(dropped.values())
-    report = {
-        "prefix": split.prefix,
-        "files": {lang: str(split.files[lang]) for lang in langs},
-        "lines": split.lines,
-        "filtered": split.filtered,
-        "kept": kept,
-        "dropped": dropped,
-        "tokens": {lang: w.tokens for lang, w in zip(langs, writers, strict=True)},
-        "cleaned": {lang: _stats_report(stats[lang]) for lang in langs},
-    }
-    logger.info(
-        "%s: kept %d of %d pairs%s",
-        split.name,
-        kept,
-        split.lines,
-        "".join(f", {n} {why}" for why, n in dropped.items() if n),
-    )
+    report = {"prefix": split.prefix, "files": {lang: str(split.files[lang]) for lang in langs},
+              "lines": split.lines, "filtered": split.filtered, "kept": kept, "dropped": dropped,
+              "tokens": {lang: w.tokens for lang, w in zip(langs, writers, strict=True)},
+              "cleaned": {lang: _stats_report(stats[lang]) for lang in langs}}
+    logger.info("%s: kept %d of %d pairs%s", split.name, kept, split.lines,
+                "".join(f", {n} {why}" for why, n in dropped.items() if n))
     for lang in langs:
         if stats[lang].cleaned:
             logger.warning("%s", stats[lang].summary())
@@ -302,23 +266,12 @@ def _encode_pair(tok: Tokenizer, src: list[str], tgt: list[str], workers: int) -
     return tok.encode_batch(src, workers) + tok.encode_target_batch(tgt, workers)
 
 
-def _keep_mask(
-    src: list[str],
-    tgt: list[str],
-    src_len: np.ndarray,
-    tgt_len: np.ndarray,
-    opts: PrepareOptions,
-    dropped: dict[str, int],
-) -> np.ndarray:
+def _keep_mask(src: list[str], tgt: list[str], src_len: np.ndarray, tgt_len: np.ndarray, opts: PrepareOptions,
+               dropped: dict[str, int]) -> np.ndarray:
     """Which train pairs to keep; each dropped pair is counted under its first reason."""
     n = len(src)
-    empty = np.fromiter(
-        (not (s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)), bool, n
-    )
-    short, long_ = (
-        np.minimum(src_len, tgt_len) < opts.min_len,
-        np.maximum(src_len, tgt_len) > opts.max_len,
-    )
+    empty = np.fromiter((not (s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)), bool, n)
+    short, long_ = np.minimum(src_len, tgt_len) < opts.min_len, np.maximum(src_len, tgt_len) > opts.max_len
     ratio = np.zeros(n, bool)
     if opts.max_ratio:
         ratio = (src_len > opts.max_ratio * tgt_len) | (tgt_len > opts.max_ratio * src_len)
@@ -330,10 +283,5 @@ def _keep_mask(
 
 
 def _stats_report(stats: TextStats) -> dict:
-    return {
-        "invalid_utf8": stats.invalid_utf8,
-        "nul": stats.nul,
-        "line_breaks": stats.line_breaks,
-        "lines": stats.cleaned_lines,
-        "first_lines": stats.first_lines,
-    }
+    return {"invalid_utf8": stats.invalid_utf8, "nul": stats.nul, "line_breaks": stats.line_breaks,
+            "lines": stats.cleaned_lines, "first_lines": stats.first_lines}
