@@ -79,12 +79,17 @@ def _named(path: str | Path, option: str) -> str:
     return f"{option} {path}" if option else str(path)
 
 
+def _through_link(path: str | Path) -> Path:
+    """`path`, or where it points if it is a symlink: what writing it replaces (the link stays)."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def target(path: str | Path, option: str = "") -> Path:
     """The file that writing `path` replaces: a symlink's target (written through, the link
     stays), checked to be a possible file name: not a directory, in a directory that exists.
     `option` (e.g. "-o") is named in the NmtError."""
-    name = _named(Path(path), option)
-    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+    name, path = _named(Path(path), option), _through_link(path)
     if path.is_dir() or not path.name or path.name in (".", ".."):
         raise NmtError(f"{name}: is a directory; give a file name")
     if not path.parent.is_dir():
@@ -96,8 +101,7 @@ def target(path: str | Path, option: str = "") -> Path:
 def directory_target(path: str | Path, option: str = "") -> Path:
     """The directory that writing `path` as a whole replaces: a symlink's target (written
     through, the link stays); never `.` or `..`, which cannot be renamed away."""
-    name = _named(path, option)
-    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+    name, path = _named(path, option), _through_link(path)
     if not path.name or path.name in (".", ".."):
         raise NmtError(f"{name}: name a directory to create or replace, not {str(path)!r}")
     return path
