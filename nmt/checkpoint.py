@@ -176,8 +176,7 @@ def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     if not has_checkpoints(run_dir):
         return None
-    last = run_dir / "checkpoint_last.pt"
-    numbered = list(reversed(list_update_checkpoints(run_dir)))
+    last, numbered = run_dir / "checkpoint_last.pt", list(reversed(list_update_checkpoints(run_dir)))
     for path in [last, *(path for _, path in numbered)]:  # a run directory's files are its own (training.rundir)
         if path.is_symlink():
             raise NmtError(f"{path}: a checkpoint is a symbolic link, which nmt does not follow; remove it")
@@ -209,8 +208,7 @@ def has_checkpoints(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds a checkpoint that `nmt train` resumes (`load_latest`):
     checkpoint_last.pt or a checkpoint_<update>.pt."""
     run_dir = Path(run_dir)
-    return run_dir.is_dir() and ((run_dir / "checkpoint_last.pt").is_file()
-                                 or bool(list_update_checkpoints(run_dir)))
+    return run_dir.is_dir() and ((run_dir / "checkpoint_last.pt").is_file() or bool(list_update_checkpoints(run_dir)))
 
 
 def _load_for_resume(path: Path, failures: list[str]) -> dict[str, Any] | None:

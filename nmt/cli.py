@@ -27,15 +27,10 @@ from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 
 app = typer.Typer(
-    name="nmt",
-    help="Neural machine translation: prepare data, train, average, translate, score; import, "
-         "fine-tune, distill, export and serve models; plot.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+    name="nmt", help="Neural machine translation: prepare data, train, average, translate, score; import, fine-tune, "
+                     "distill, export and serve models; plot.",
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]})
 
 _DEBUG = False
 
@@ -61,8 +56,7 @@ def setup_logging(level: int) -> None:
     rank = os.environ.get("RANK", "0")
     fmt = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
     if rank != "0":
-        fmt = f"[rank {rank}] " + fmt
-        level = max(level, logging.WARNING)
+        fmt, level = f"[rank {rank}] " + fmt, max(level, logging.WARNING)
     logging.basicConfig(level=level, format=fmt, datefmt="%H:%M:%S", stream=sys.stderr, force=True)
     # torch's own default, set at the end of `import torch`: a signal during that import would
     # leave its INFO lines (an atexit "FakeTensor cache stats") after our last line

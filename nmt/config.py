@@ -19,7 +19,7 @@ import yaml
 
 from nmt.device import DEVICES, is_device_name
 from nmt.errors import ConfigError
-from nmt.fields import Bounds, check_bounds, opt
+from nmt.fields import check_bounds, opt
 from nmt.fields import coerce as _coerce
 
 
@@ -35,15 +35,13 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     arch: Literal["transformer", "rnn"] = opt(
-        "transformer", "transformer (Vaswani et al. 2017) or rnn: a bidirectional RNN encoder and an "
-        "attentional RNN decoder (Bahdanau et al. 2015); the rnn_* and cell/attention keys below "
-        "apply to rnn only, the Transformer keys (layers, heads, ffn_dim, norm_first, positions) "
-        "to transformer only.")
+        "transformer", "transformer (Vaswani et al. 2017) or rnn: a bidirectional RNN encoder and an attentional RNN "
+        "decoder (Bahdanau et al. 2015); the rnn_* and cell/attention keys below apply to rnn only, the Transformer "
+        "keys (layers, heads, ffn_dim, norm_first, positions) to transformer only.")
     cell: Literal["gru", "lstm"] = opt("gru", "rnn: the recurrent cell of encoder and decoder.")
     attention: Literal["bahdanau", "none"] = opt(
-        "bahdanau", "rnn: bahdanau = additive attention over the encoder states at every target "
-        "step; none = the decoder sees one fixed summary vector of the source (the bottleneck "
-        "attention lifted).")
+        "bahdanau", "rnn: bahdanau = additive attention over the encoder states at every target step; none = the "
+        "decoder sees one fixed summary vector of the source (the bottleneck attention lifted).")
     rnn_hidden: int = opt(512, "rnn: hidden size of each encoder direction and of the decoder; also "
                           "the attention's inner size. d_model is the embedding and readout size.", at_least=1)
     rnn_layers: int = opt(1, "rnn: stacked bidirectional encoder layers (the decoder has one).", at_least=1)
@@ -60,33 +58,28 @@ class ModelConfig:
                            "transformer-postprocess-top n); false: none, as Marian trains with top empty.")
     share_embeddings: bool = opt(
         True, "Tie the source and target embeddings (joint vocabulary); with tie_output (the default) "
-        "the output projection too, three-way (Marian's tied-embeddings-all)."
-    )
+        "the output projection too, three-way (Marian's tied-embeddings-all).")
     tie_output: bool = opt(
-        True, "transformer: the output projection is the target embedding (Marian's tied-embeddings, "
-        "fairseq's share_decoder_input_output_embed); false = its own (V, d_model) matrix "
-        "(Marian's decoder_ff_logit_out_W).")
-    output_bias: bool = opt(
-        False, "transformer: a learned bias on the output projection (Marian's decoder_ff_logit_out_b, "
-        "Hugging Face's final_logits_bias).")
+        True, "transformer: the output projection is the target embedding (Marian's tied-embeddings, fairseq's "
+        "share_decoder_input_output_embed); false = its own (V, d_model) matrix (Marian's decoder_ff_logit_out_W).")
+    output_bias: bool = opt(False, "transformer: a learned bias on the output projection (Marian's "
+                                   "decoder_ff_logit_out_b, Hugging Face's final_logits_bias).")
     activation: Literal["relu", "gelu", "gelu_tanh", "gelu_sigmoid", "swish"] = opt(
         "relu", "transformer: the feed-forward activation. gelu = x*Phi(x) with the exact erf (Hugging "
         "Face's activation_function gelu; also current Marian's gelu); gelu_tanh = the tanh "
         "approximation (Hugging Face's gelu_new); gelu_sigmoid = x*sigmoid(1.702x), what Marian's "
         "transformer-ffn-activation gelu computed until March 2023 (marian-dev d225c24d; CTranslate2's "
         "Marian converter maps it so); swish = x*sigmoid(x) (SiLU; Marian's and Hugging Face's swish).")
-    norm_eps: float = opt(
-        1e-5, "transformer: the LayerNorms' epsilon (PyTorch's and Hugging Face MarianMT's 1e-5; "
-        "Marian's Transformer uses 1e-6).", above=0)
+    norm_eps: float = opt(1e-5, "transformer: the LayerNorms' epsilon (PyTorch's and Hugging Face MarianMT's 1e-5; "
+                                "Marian's Transformer uses 1e-6).", above=0)
     learned_positions: bool = opt(False, "Learned position embeddings instead of sinusoids.")
     positions: Literal["nmt", "marian", "hf_marian"] = opt(
-        "nmt", "transformer: the sinusoid table (positions count from 0, added to the token embedding "
-        "scaled by sqrt(d_model), in all three). nmt and marian: sin in the first half of the columns, "
-        "cos in the second, frequency 10000^(-i/(d/2-1)) for column i of a half (tensor2tensor; Marian's "
-        "SinusoidalPositionEmbeddings; the two equal for an even d_model). hf_marian: the table Hugging "
-        "Face's MarianMT runs (and CTranslate2's Marian converter writes): the same halves, frequency "
-        "10000^(-2i/d), so it differs from Marian's own; a model fine-tuned there expects it. Not with "
-        "learned_positions.")
+        "nmt", "transformer: the sinusoid table (positions count from 0, added to the token embedding scaled by "
+        "sqrt(d_model), in all three). nmt and marian: sin in the first half of the columns, cos in the second, "
+        "frequency 10000^(-i/(d/2-1)) for column i of a half (tensor2tensor; Marian's SinusoidalPositionEmbeddings; "
+        "the two equal for an even d_model). hf_marian: the table Hugging Face's MarianMT runs (and CTranslate2's "
+        "Marian converter writes): the same halves, frequency 10000^(-2i/d), so it differs from Marian's own; a "
+        "model fine-tuned there expects it. Not with learned_positions.")
     decoder_start: Literal["bos", "zeros"] = opt(
         "bos", "transformer: the decoder's first input. bos = the embedding of the start token the "
         "search feeds; zeros = a zero vector (plus the position) whatever that token is, as Marian "
@@ -119,10 +112,9 @@ class TrainConfig:
     adam_eps: float = opt(1e-9, "Adam epsilon.", above=0)
     weight_decay: float = opt(0.0, "Decoupled weight decay (AdamW); 0 = plain Adam.", at_least=0)
     label_smoothing: float = opt(0.1, "Label smoothing epsilon.", at_least=0, below=1)
-    dropout_ramp_end: int = opt(
-        0, "Curriculum dropout: model.dropout until update dropout_ramp_start, then rising linearly "
-        "to dropout_ramp_to at this update and staying there; 0 = model.dropout throughout. "
-        "Applies to the sub-layer output and embedding dropout.")
+    dropout_ramp_end: int = opt(0, "Curriculum dropout: model.dropout until update dropout_ramp_start, then rising "
+                                   "linearly to dropout_ramp_to at this update and staying there; 0 = model.dropout "
+                                   "throughout. Applies to the sub-layer output and embedding dropout.")
     dropout_ramp_start: int = opt(0, "See dropout_ramp_end.", at_least=0)
     dropout_ramp_to: float = opt(0.0, "See dropout_ramp_end.", at_least=0, below=1)
     clip_norm: float = opt(0.0, "Clip gradients to this global norm; 0 = no clipping.", at_least=0)
@@ -153,10 +145,9 @@ class TrainConfig:
     log_interval: int = opt(50, "Log training metrics every N updates: loss and nll per target token over those N updates, their mean gnorm.", at_least=1)
     threads: int = opt(0, "CPU threads for torch; 0 = torch's default.", at_least=0)
     device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.")
-    pad_to_multiple: int = opt(
-        0, "Pad each batch's source and target lengths to a multiple of this, so that kernels and "
-        "torch.compile see few distinct shapes (the batch's token budget counts the padding); "
-        "0 = 8 on CUDA, 1 (no padding) on the CPU.", at_least=0)
+    pad_to_multiple: int = opt(0, "Pad each batch's source and target lengths to a multiple of this, so that kernels "
+                                  "and torch.compile see few distinct shapes (the batch's token budget counts the "
+                                  "padding); 0 = 8 on CUDA, 1 (no padding) on the CPU.", at_least=0)
     compile: bool = opt(False, "Compile the model and loss with torch.compile (needs a C++ compiler on "
                         "the CPU; the first updates of each new shape are slow).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = opt(
@@ -177,9 +168,8 @@ class DecodeConfig:
     min_len: int = opt(1, "EOS is blocked until the hypothesis has this many tokens.", at_least=0)
     no_repeat_ngram_size: int = opt(0, "Forbid repeating n-grams of this size; 0 = off.", at_least=0)
     allow_unk: bool = opt(False, "Allow the search to produce <unk>.", cli=False)
-    sampling: bool = opt(False, "Sample each output token from the model's distribution instead of "
-                         "beam search (for back-translation and generation); see topk, topp, "
-                         "temperature, seed.")
+    sampling: bool = opt(False, "Sample each output token from the model's distribution instead of beam search (for "
+                         "back-translation and generation); see topk, topp, temperature, seed.")
     topk: int = opt(0, "Sampling: draw from the k likeliest tokens only; 0 = all. 1 = greedy.", at_least=0)
     topp: float = opt(1.0, "Sampling: draw from the smallest set of likeliest tokens whose "
                       "probability reaches p (nucleus sampling, Holtzman et al. 2020); 1 = all.", above=0, at_most=1)
@@ -222,8 +212,7 @@ def _unknown(key: str, where: str) -> ConfigError:
 
 def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any:
     cls = SECTIONS[name]
-    types_ = typing.get_type_hints(cls)
-    kwargs = {}
+    types_, kwargs = typing.get_type_hints(cls), {}
     for key, value in raw.items():
         path = f"{name}.{key}"
         if key not in types_:
@@ -387,20 +376,3 @@ def check_nbest(nbest: int, d: DecodeConfig, name: str) -> None:
         raise ConfigError(f"{name} must be between 1 and the beam size ({d.beam}), got {nbest}")
     if d.sampling and nbest > 1:
         raise ConfigError(f"{name} {nbest} needs beam search: sampling gives one output per input")
-
-
-def help_table() -> str:
-    """Markdown reference of every key (docs/config.md is generated from this)."""
-    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for section, cls in SECTIONS.items():
-        hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            tp = hints[f.name]
-            tname = (
-                " \\| ".join(repr(a) for a in get_args(tp)) if get_origin(tp) is Literal
-                else getattr(tp, "__name__", str(tp))
-            )
-            rule = f" {f.metadata['bounds'].rule().capitalize()}." if f.metadata["bounds"] != Bounds() else ""
-            lines.append(f"| `{section}.{f.name}` | {tname} | `{f.default!r}` | {f.metadata['help']}{rule} |")
-    return "\n".join(lines) + "\n"
-

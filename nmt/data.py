@@ -60,9 +60,7 @@ def read_meta(data_dir: str | Path) -> dict:
     try:
         meta = json.loads(read_regular(path, "the prepare-bpe report").decode("utf-8"))
     except FileNotFoundError:
-        raise NmtError(
-            f"{path} not found: data.dir is not a directory written by nmt prepare-bpe"
-        ) from None
+        raise NmtError(f"{path} not found: data.dir is not a directory written by nmt prepare-bpe") from None
     except (OSError, ValueError) as e:
         raise NmtError(f"{path}: cannot read ({e})") from None
     _check_meta(meta, path)
@@ -70,10 +68,8 @@ def read_meta(data_dir: str | Path) -> dict:
 
 
 # The keys of prepare.json that nmt reads, and their types
-_META_SHAPE: dict[str, type | tuple[type, ...]] = {
-    "source_lang": str, "target_lang": str, "vocab_size": int, "dtype": str, "splits": dict,
-    "spm": dict,
-}
+_META_SHAPE: dict[str, type | tuple[type, ...]] = {"source_lang": str, "target_lang": str, "vocab_size": int,
+                                                   "dtype": str, "splits": dict, "spm": dict}
 
 
 def _check_meta(meta: object, path: Path) -> None:
@@ -103,8 +99,7 @@ class TokenArray:
     """Sentences of one split and language: a flat token array and offsets (both memmaps)."""
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
-        self.tokens = tokens
-        self.offsets = offsets
+        self.tokens, self.offsets = tokens, offsets
         self.sizes = np.diff(offsets)  # int64, tokens per sentence (no EOS)
 
     @classmethod
@@ -115,9 +110,7 @@ class TokenArray:
                 raise NmtError(f"{path} not found (re-run nmt prepare-bpe?)")
         tokens, offsets = _memmap(bin_file, dtype), _memmap(idx_file, np.dtype("<i8"))
         if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(tokens):
-            raise NmtError(
-                f"{idx_file} does not match {bin_file.name} (truncated?); re-run nmt prepare-bpe"
-            )
+            raise NmtError(f"{idx_file} does not match {bin_file.name} (truncated?); re-run nmt prepare-bpe")
         return cls(tokens, offsets)
 
     def __len__(self) -> int:
@@ -130,9 +123,7 @@ class TokenArray:
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
     size = path.stat().st_size
     if size % dtype.itemsize:
-        raise NmtError(
-            f"{path}: size {size} is not a multiple of {dtype.itemsize} bytes (truncated?)"
-        )
+        raise NmtError(f"{path}: size {size} is not a multiple of {dtype.itemsize} bytes (truncated?)")
     if size == 0:  # mmap refuses empty files
         return np.zeros(0, dtype)
     return np.memmap(path, dtype=dtype, mode="r")
@@ -149,13 +140,8 @@ class ParallelData:
     tgt_data: TokenArray
 
     @classmethod
-    def load(
-        cls,
-        data_dir: str | Path,
-        split: str,
-        src_lang: str | None = None,
-        tgt_lang: str | None = None,
-    ) -> ParallelData:
+    def load(cls, data_dir: str | Path, split: str, src_lang: str | None = None,
+             tgt_lang: str | None = None) -> ParallelData:
         """Memory-map `split`; languages default to prepare.json's (either direction works)."""
         meta = read_meta(data_dir)
         if split not in meta["splits"]:
@@ -167,13 +153,10 @@ class ParallelData:
             if lang not in langs:
                 raise NmtError(f"{data_dir}: no language {lang!r} (prepared {langs[0]}-{langs[1]})")
         dtype = np.dtype(meta["dtype"]).newbyteorder("<")
-        src = TokenArray.load(data_dir, split, src_lang, dtype)
-        tgt = TokenArray.load(data_dir, split, tgt_lang, dtype)
+        src, tgt = (TokenArray.load(data_dir, split, lang, dtype) for lang in (src_lang, tgt_lang))
         if len(src) != len(tgt):
-            raise NmtError(
-                f"{data_dir}: {split}.{src_lang} has {len(src)} sentences but "
-                f"{split}.{tgt_lang} has {len(tgt)}; re-run nmt prepare-bpe"
-            )
+            raise NmtError(f"{data_dir}: {split}.{src_lang} has {len(src)} sentences but {split}.{tgt_lang} has "
+                           f"{len(tgt)}; re-run nmt prepare-bpe")
         return cls(split, src_lang, tgt_lang, src, tgt)
 
     def __len__(self) -> int:
@@ -223,10 +206,8 @@ class Batch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
-        return dataclasses.replace(
-            self, src=fn(self.src), prev_output=fn(self.prev_output), target=fn(self.target),
-            target_index=fn(self.target_index), target_tokens=fn(self.target_tokens),
-        )
+        return dataclasses.replace(self, src=fn(self.src), prev_output=fn(self.prev_output), target=fn(self.target),
+                                   target_index=fn(self.target_index), target_tokens=fn(self.target_tokens))
 
 
 Length = TypeVar("Length", int, np.ndarray)
@@ -246,10 +227,8 @@ def pad_rows(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
     return batch
 
 
-def collate(
-    data: ParallelData, indices: Sequence[int] | np.ndarray, specials: SpecialIds, pin_memory: bool = False,
-    pad_to: int = 1,
-) -> Batch:
+def collate(data: ParallelData, indices: Sequence[int] | np.ndarray, specials: SpecialIds, pin_memory: bool = False,
+            pad_to: int = 1) -> Batch:
     """Pad the pairs `indices` of `data` into a Batch (rows in the order of `indices`), with the
     special ids of the data's vocabulary (`Tokenizer.specials`).
 
@@ -273,16 +252,9 @@ def collate(
     width = target.shape[1]
     real = np.arange(width)[None, :] <= tgt_len[:, None]  # (B, T): tokens and the EOS
     target_index = np.flatnonzero(real)
-    batch = Batch(
-        torch.from_numpy(src),
-        torch.from_numpy(prev),
-        torch.from_numpy(target),
-        torch.from_numpy(ids),
-        int(src_len.sum()) + len(ids),
-        int(tgt_len.sum()) + len(ids),
-        torch.from_numpy(target_index),
-        torch.from_numpy(target.reshape(-1)[target_index]),
-    )
+    batch = Batch(torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(target), torch.from_numpy(ids),
+                  int(src_len.sum()) + len(ids), int(tgt_len.sum()) + len(ids), torch.from_numpy(target_index),
+                  torch.from_numpy(target.reshape(-1)[target_index]))
     return batch.pin_memory() if pin_memory else batch
 
 
@@ -297,17 +269,8 @@ class Batches(list):
     oversized: int = 0
 
 
-def make_batches(
-    src_sizes: np.ndarray,
-    tgt_sizes: np.ndarray,
-    max_tokens: int,
-    *,
-    seed: int,
-    epoch: int,
-    shuffle: bool = True,
-    max_positions: int | None = None,
-    pad_to: int = 1,
-) -> Batches:
+def make_batches(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_tokens: int, *, seed: int, epoch: int,
+                 shuffle: bool = True, max_positions: int | None = None, pad_to: int = 1) -> Batches:
     """Group pair indices into batches of at most `max_tokens` padded positions.
 
     A batch of B pairs costs B * (max source len + 1) + B * (max target len + 1) (EOS on
@@ -321,8 +284,7 @@ def make_batches(
     prepare-bpe's max_len already bounds training pairs and valid/test must stay whole.
     With pad_to > 1 (see `collate`) a batch costs its lengths rounded up to that multiple.
     """
-    src = np.asarray(src_sizes, dtype=np.int64)
-    tgt = np.asarray(tgt_sizes, dtype=np.int64)
+    src, tgt = np.asarray(src_sizes, dtype=np.int64), np.asarray(tgt_sizes, dtype=np.int64)
     if src.shape != tgt.shape:
         raise ValueError(f"make_batches: {len(src)} source sizes but {len(tgt)} target sizes")
     keep = np.arange(len(src))
@@ -341,19 +303,12 @@ def make_batches(
     else:
         batches = Batches(_pack(keep[_length_order(src[keep], tgt[keep], pad_to)], src, tgt, max_tokens, pad_to))
     batches.excluded = len(src) - len(keep)
-    batches.oversized = sum(
-        1 for b in batches if len(b) == 1 and src[b[0]] + tgt[b[0]] + 2 > max_tokens
-    )
+    batches.oversized = sum(1 for b in batches if len(b) == 1 and src[b[0]] + tgt[b[0]] + 2 > max_tokens)
     if batches.excluded:
-        logger.info(
-            "left out %d pairs too long for max_positions=%s", batches.excluded, max_positions
-        )
+        logger.info("left out %d pairs too long for max_positions=%s", batches.excluded, max_positions)
     if batches.oversized:
-        logger.warning(
-            "%d pairs exceed max_tokens=%d on their own; each is a batch of its own",
-            batches.oversized,
-            max_tokens,
-        )
+        logger.warning("%d pairs exceed max_tokens=%d on their own; each is a batch of its own", batches.oversized,
+                       max_tokens)
     return batches
 
 

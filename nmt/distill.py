@@ -421,8 +421,7 @@ def select_and_filter(source: Path, reference: Path, paths: list[Path], outputs:
     log.info("distilled %d pairs into %s: kept %d%s", total, outputs[0].parent, kept,
              "".join(f", {n} dropped as {why}" for why, n in dropped.items() if n))
     return {"select": {"nbest": opts.nbest, "metric": opts.select, "not_the_teachers_best": changed},
-            "filter": {"pairs": total, "kept": kept, "dropped": dropped,
-                       "files": [str(p) for p in outputs]}}
+            "filter": {"pairs": total, "kept": kept, "dropped": dropped, "files": [str(p) for p in outputs]}}
 
 
 # ------------------------------------------------------------------ files

@@ -53,26 +53,17 @@ def _metric(name: str, tokenize: str | None, lowercase: bool) -> BLEU | CHRF | T
     raise NmtError(f"unknown metric {name!r} (choices: {', '.join(METRICS)})")
 
 
-def score_corpus(
-    hyps: Sequence[str],
-    refs: Sequence[Sequence[str]],
-    metrics: Sequence[str] = ("bleu", "chrf"),
-    *,
-    tokenize: str | None = None,
-    lowercase: bool = False,
-    names: Sequence[str] | None = None,
-    hyp_name: str = "hypotheses",
-) -> list[MetricResult]:
+def score_corpus(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu", "chrf"), *,
+                 tokenize: str | None = None, lowercase: bool = False, names: Sequence[str] | None = None,
+                 hyp_name: str = "hypotheses") -> list[MetricResult]:
     """Score detokenized hypotheses against one or more reference streams.
 
     `refs[i]` is the i-th reference stream (one line per hypothesis), as in sacreBLEU.
     `tokenize` is BLEU's tokenizer (None = sacreBLEU's default, 13a; e.g. "intl", "zh").
     `names` (one per reference stream) and `hyp_name` make errors name the files.
     """
-    if isinstance(refs, str) or any(
-        isinstance(stream, str) or (len(stream) and not isinstance(stream[0], str))
-        for stream in refs
-    ):
+    if isinstance(refs, str) or any(isinstance(stream, str) or (len(stream) and not isinstance(stream[0], str))
+                                    for stream in refs):
         raise TypeError("refs must be a list of reference streams, each a list of lines")
     metrics = [m.lower() for m in ([metrics] if isinstance(metrics, str) else metrics)]
     metric_objects = [_metric(name, tokenize, lowercase) for name in metrics]
@@ -147,15 +138,12 @@ def load_test_set(name: str, langpair: str) -> tuple[list[str], list[list[str]]]
         hint = f"did you mean {', '.join(close)}?" if close else "see `sacrebleu --list`"
         raise NmtError(f"unknown test set {name!r} ({hint})")
     if langpair not in dataset.langpairs:
-        raise NmtError(
-            f"test set {name} has no language pair {langpair!r} "
-            f"(choices: {', '.join(sorted(dataset.langpairs))})"
-        )
+        raise NmtError(f"test set {name} has no language pair {langpair!r} "
+                       f"(choices: {', '.join(sorted(dataset.langpairs))})")
     previous_timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
     try:
-        source_file = dataset.get_source_file(langpair)
-        ref_files = dataset.get_reference_files(langpair)
+        source_file, ref_files = dataset.get_source_file(langpair), dataset.get_reference_files(langpair)
     except (Exception, SystemExit) as exc:  # sacreBLEU calls sys.exit on a bad download
         raise NmtError(_placement_hint(dataset, langpair, exc)) from exc
     finally:
@@ -173,13 +161,10 @@ def _placement_hint(dataset, langpair: str, exc: BaseException) -> str:
     files = dict.fromkeys(re.sub(r"^\d+:", "", entry) for entry in entries)
     reason = "download failed; sacreBLEU logged why" if isinstance(exc, SystemExit) else one_line(exc, 1000)
     paths = ", ".join(str(raw_dir / f) for f in files)
-    return (
-        f"{dataset.name}/{langpair}: sacreBLEU could not get the test set ({reason}); "
-        f"to install it by hand, download {' and '.join(archives)}, then unpack "
-        f"{'them' if len(archives) > 1 else 'it'} in {raw_dir} so that {paths} "
-        f"{'exists' if len(files) == 1 else 'exist'}; the SACREBLEU environment variable "
-        f"moves the test-set directory (now {os.path.dirname(dataset._outdir)})"
-    )
+    return (f"{dataset.name}/{langpair}: sacreBLEU could not get the test set ({reason}); to install it by hand, "
+            f"download {' and '.join(archives)}, then unpack {'them' if len(archives) > 1 else 'it'} in {raw_dir} so "
+            f"that {paths} {'exists' if len(files) == 1 else 'exist'}; the SACREBLEU environment variable moves the "
+            f"test-set directory (now {os.path.dirname(dataset._outdir)})")
 
 
 def score_command(refs: Sequence[Path] | None, hyp: Path | BinaryIO, *, test_set: str | None = None,
@@ -204,8 +189,7 @@ def score_command(refs: Sequence[Path] | None, hyp: Path | BinaryIO, *, test_set
         names = [f"{test_set}:{langpair}"] * len(ref_streams)
     else:
         assert refs is not None
-        ref_streams = [read_lines(p) for p in refs]
-        names = [str(p) for p in refs]
+        ref_streams, names = [read_lines(p) for p in refs], [str(p) for p in refs]
     hyps = read_lines(hyp) if is_path else read_stream(hyp)  # type: ignore[arg-type]
     results = score_corpus(hyps, ref_streams, metrics=names_of_metrics, tokenize=tokenize, lowercase=lowercase,
                            names=names, hyp_name=str(hyp) if is_path else "<stdin>")

@@ -67,8 +67,7 @@ def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), cli: bool = Tru
     command line; `io` marks `nmt translate`'s stream I/O (not an argument of
     `Translator.load`); `factory`, where given, makes each instance's default instead of
     `default` (a list, a count of cores)."""
-    metadata = {"help": help, "flags": flags, "cli": cli, "argument": argument, "io": io,
-                "bounds": Bounds(**bounds)}
+    metadata = {"help": help, "flags": flags, "cli": cli, "argument": argument, "io": io, "bounds": Bounds(**bounds)}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)

@@ -38,8 +38,7 @@ def _format(path: Path) -> str:
     matplotlib would refuse an unknown one only when saving."""
     from matplotlib.backend_bases import FigureCanvasBase
 
-    fmt = path.suffix.lstrip(".").lower() or "png"
-    supported = FigureCanvasBase.get_supported_filetypes()
+    fmt, supported = path.suffix.lstrip(".").lower() or "png", FigureCanvasBase.get_supported_filetypes()
     if fmt not in supported:
         raise NmtError(f"-o {path}: unknown image format .{fmt} (one of: {', '.join(sorted(supported))})")
     return fmt
@@ -118,8 +117,7 @@ def _attention_figure(plt: Any, index: int, weights: np.ndarray, src: list[str],
 
 # (panel title, train key, valid key, log scale)
 PANELS = (("loss (bits per token, label-smoothed)", "loss", "valid_loss", False),
-          ("perplexity", "ppl", "valid_ppl", True),
-          ("valid BLEU (greedy, val split)", None, "valid_bleu", False),
+          ("perplexity", "ppl", "valid_ppl", True), ("valid BLEU (greedy, val split)", None, "valid_bleu", False),
           ("learning rate", "lr", None, False))
 
 

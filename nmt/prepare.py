@@ -144,8 +144,7 @@ def _tokenizer(opts: PrepareOptions, train: Split, reused: Tokenizer | None, wor
         logger.info("reusing the sentencepiece model of %s (vocab %d)", opts.spm_model or opts.tokenizer_from,
                     reused.vocab_size)
         return reused
-    start = time.time()
-    vocab_size = DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
+    start, vocab_size = time.time(), DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
     logger.info("learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
                 opts.model_type, vocab_size, " + ".join(map(str, train.files.values())), opts.input_sentence_size)
     sides = [(f"spm.{lang}", [path], size) for (lang, path), size in zip(train.files.items(), (
@@ -236,8 +235,7 @@ def _binarize(split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOption
         bar.close()
         for raw in raws:
             raw.close()
-    hashes = {**writers[0].close(), **writers[1].close()}
-    kept = split.lines - sum(dropped.values())
+    hashes, kept = {**writers[0].close(), **writers[1].close()}, split.lines - sum(dropped.values())
     report = {"prefix": split.prefix, "files": {lang: str(split.files[lang]) for lang in langs},
               "lines": split.lines, "filtered": split.filtered, "kept": kept, "dropped": dropped,
               "tokens": {lang: w.tokens for lang, w in zip(langs, writers, strict=True)},

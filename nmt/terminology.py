@@ -225,8 +225,7 @@ def load_terminology(path: str | Path) -> Terminology:
     for number, line in enumerate(read_lines(path), 1):
         if not line.strip():
             continue
-        cols = line.split("\t")
-        where = f"{path}:{number}"
+        cols, where = line.split("\t"), f"{path}:{number}"
         if len(cols) != 2:
             raise NmtError(f"{where}: expected 'source term<TAB>target term', found {len(cols)} column"
                            f"{'s' if len(cols) != 1 else ''}")

@@ -141,8 +141,7 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
 
 
 def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
-    before = stats.cleaned
-    line = _clean_line(raw, lineno, stats)
+    before, line = stats.cleaned, _clean_line(raw, lineno, stats)
     stats.cleaned_lines += stats.cleaned > before
     return line
 
@@ -230,9 +229,8 @@ def on_one_line(text: str) -> str:
     return _BREAKS.sub(" ", text.replace("\n", " ").replace("\t", " "))
 
 
-def read_lines(
-    path: str | os.PathLike, stats: TextStats | None = None, block_size: int = BLOCK_SIZE
-) -> Iterator[str]:
+def read_lines(path: str | os.PathLike, stats: TextStats | None = None,
+               block_size: int = BLOCK_SIZE) -> Iterator[str]:
     """Yield the cleaned lines of a text file, plain or gzip (see `iter_lines`)."""
     path = Path(path)
     stats = stats if stats is not None else TextStats(str(path))

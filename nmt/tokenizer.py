@@ -211,17 +211,14 @@ class SentencePieceTokenizer(Tokenizer):
     def __init__(self, model_bytes: bytes, name: str | None = None):
         self.model_bytes, self.name = bytes(model_bytes), name or "<sentencepiece model>"
         self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
-        self._sp = _load_spm(self.model_bytes, self.name)
-        sp = self._sp
+        self._sp = sp = _load_spm(self.model_bytes, self.name)
         self.specials = SpecialIds(pad=sp.pad_id(), unk=sp.unk_id(), bos=sp.bos_id(), eos=sp.eos_id())
         if self.specials != NMT_SPECIALS:
             have, need = self.specials, NMT_SPECIALS
-            raise NmtError(
-                f"{self.name}: sentencepiece model has pad={have.pad} unk={have.unk} bos={have.bos} "
-                f"eos={have.eos}; nmt needs pad={need.pad} unk={need.unk} bos={need.bos} eos={need.eos} "
-                f"(train it with nmt prepare-bpe, or spm_train --pad_id={need.pad} --unk_id={need.unk} "
-                f"--bos_id={need.bos} --eos_id={need.eos})"
-            )
+            raise NmtError(f"{self.name}: sentencepiece model has pad={have.pad} unk={have.unk} bos={have.bos} "
+                           f"eos={have.eos}; nmt needs pad={need.pad} unk={need.unk} bos={need.bos} eos={need.eos} "
+                           f"(train it with nmt prepare-bpe, or spm_train --pad_id={need.pad} --unk_id={need.unk} "
+                           f"--bos_id={need.bos} --eos_id={need.eos})")
 
     @property
     def vocab_size(self) -> int:

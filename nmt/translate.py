@@ -112,8 +112,7 @@ def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name:
     from tqdm import tqdm
 
     bar = tqdm(unit="line", dynamic_ncols=True, leave=False, disable=not sys.stderr.isatty())  # on a terminal
-    written = 0
-    streaming = buffer_lines > 0 or _isatty(inp)
+    written, streaming = 0, buffer_lines > 0 or _isatty(inp)
     for texts in read_chunks(inp, name, buffer_lines or CHUNK_LINES, until_pause=streaming):
         where = partial(_line_name, name, written + 1)
         items: list[str | Request] = list(texts)

@@ -1,6 +1,6 @@
 """Regenerate the generated references of the documentation:
 
-- the key table of docs/config.md, from the config dataclasses (nmt.config.help_table);
+- the key table of docs/config.md, from the config dataclasses (`help_table`);
 - the whole of docs/cli.md, every command, argument and option of `nmt`, from the Typer app
   (nmt.cli.app): what `nmt COMMAND --help` prints, as Markdown.
 
@@ -19,9 +19,10 @@ import html
 import inspect
 import re
 import sys
+import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the nmt of this checkout
@@ -36,10 +37,27 @@ TABLE_HEADER = "| key | type | default | meaning |"
 # ------------------------------------------------------------------ docs/config.md
 
 
-def config_doc(text: str) -> str:
-    """`text` (docs/config.md) with its key table replaced by the one nmt.config makes now."""
-    from nmt.config import help_table
+def help_table() -> str:
+    """Markdown reference of every key (docs/config.md is generated from this)."""
+    from nmt.config import SECTIONS
+    from nmt.fields import Bounds
 
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            tname = (
+                " \\| ".join(repr(a) for a in get_args(tp)) if get_origin(tp) is Literal
+                else getattr(tp, "__name__", str(tp))
+            )
+            rule = f" {f.metadata['bounds'].rule().capitalize()}." if f.metadata["bounds"] != Bounds() else ""
+            lines.append(f"| `{section}.{f.name}` | {tname} | `{f.default!r}` | {f.metadata['help']}{rule} |")
+    return "\n".join(lines) + "\n"
+
+
+def config_doc(text: str) -> str:
+    """`text` (docs/config.md) with its key table replaced by the one `help_table` makes now."""
     start = text.index(TABLE_HEADER)
     lines = text[start:].split("\n")
     end = next(i for i, line in enumerate(lines) if not line.startswith("|"))

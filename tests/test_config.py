@@ -2,6 +2,7 @@
 bounds that fields declare (config keys and commands' options), each enforced."""
 
 import dataclasses
+import importlib.util
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,6 @@ from nmt.config import (
     config_from_dict,
     config_to_dict,
     dump_config,
-    help_table,
     load_config,
 )
 from nmt.decoding.shortlist import learn_shortlist
@@ -28,6 +28,16 @@ from nmt.prepare import prepare_bpe
 from nmt.serve.server import serve
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("update_docs", ROOT / "scripts/update_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+help_table = _load_generator().help_table
 
 
 def write(tmp_path: Path, text: str) -> Path:

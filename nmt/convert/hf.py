@@ -25,14 +25,7 @@ import torch
 
 from nmt.checkpoint import ModelCheckpoint
 from nmt.config import ModelConfig
-from nmt.convert.reading import (
-    Imported,
-    Keys,
-    Reader,
-    check_config,
-    pieces_in_id_order,
-    shown,
-)
+from nmt.convert.reading import Imported, Keys, Reader, check_config, pieces_in_id_order, shown
 from nmt.convert.table import HF_MARIAN, read, write
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds, VocabTokenizer

@@ -119,8 +119,7 @@ def _model_yml(w: Npz, npz: Path) -> Keys:
         raise NmtError(f"{npz}: no special:model.yml (not a Marian model)")
     raw = w.member("special:model.yml", _MODEL_YML_LIMIT)[2]
     assert raw is not None
-    text = raw.tobytes().rstrip(b"\0").decode("utf-8", "replace")
-    where = f"{npz}: special:model.yml"
+    text, where = raw.tobytes().rstrip(b"\0").decode("utf-8", "replace"), f"{npz}: special:model.yml"
     return Keys(load_yaml(text, where), where)
 
 
@@ -234,10 +233,9 @@ def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict
         d_model=D, ffn_dim=F, heads=o.int("transformer-heads", 8), dropout=o.number("transformer-dropout", 0.1),
         attention_dropout=o.number("transformer-dropout-attention", 0.0),
         activation_dropout=o.number("transformer-dropout-ffn", 0.0), norm_first=bool(pre), final_norm=top == "n" or not pre,
-        share_embeddings=share,
-        tie_output=tie, output_bias=True, norm_eps=MARIAN_LAYERNORM_EPS, positions="marian", decoder_start="zeros",
-        activation=_marian_gelu(o.text("version", "")) if act == "gelu" else act,  # type: ignore[arg-type]
-        max_positions=1024)
+        share_embeddings=share, tie_output=tie, output_bias=True, norm_eps=MARIAN_LAYERNORM_EPS, positions="marian",
+        decoder_start="zeros", max_positions=1024,
+        activation=_marian_gelu(o.text("version", "")) if act == "gelu" else act)  # type: ignore[arg-type]
     check_config(cfg, o.where, _KEYS)
     w.hint = f" (dim-emb {D}, transformer-dim-ffn {F}, a vocabulary of {tok.vocab_size - 1})"
     return cfg, read(MARIAN, w, cfg, tok.vocab_size, "that its special:model.yml describes", tok.source_vocab_size)

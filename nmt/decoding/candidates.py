@@ -108,8 +108,7 @@ def bank_candidates(lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTrac
     vocab, device = lprobs.size(1), lprobs.device
     row_scores = scores.reshape(-1, 1)  # (N, 1)
     best_score, best_tok = top_candidates(lprobs, row_scores, 1)  # (N, 1): each row's best
-    eos = cons.eos
-    stuck = cons.unblock_stuck_(lprobs, best_score.view(-1), blocked).unsqueeze(1)
+    eos, stuck = cons.eos, cons.unblock_stuck_(lprobs, best_score.view(-1), blocked).unsqueeze(1)
     best_score = torch.where(stuck, row_scores + lprobs[:, eos : eos + 1], best_score)
     best_tok = best_tok.masked_fill(stuck, eos)
     top_scores, top_idx = top_candidates(lprobs, scores, k)  # (Bn, k)

@@ -59,8 +59,7 @@ class Shortlist:
         allowed = torch.zeros(B, V + 1, dtype=torch.bool)  # column V collects the -1 entries
         allowed[:, specials.ids()] = True
         allowed[:, self.frequent] = True
-        real = src != specials.pad
-        own = src if self.copies is None else self.copies[src]
+        real, own = src != specials.pad, src if self.copies is None else self.copies[src]
         allowed.scatter_(1, torch.where(real & (own >= 0), own, V), True)  # its own tokens
         cand = self.candidates[src]  # (B, S, top)
         allowed.scatter_(1, torch.where(real.unsqueeze(2) & (cand >= 0), cand, V).view(B, -1), True)
@@ -197,12 +196,10 @@ def shortlist_command(data_dir: Path, output: Path, *, top: int, frequent: int, 
 
 
 def save_shortlist(shortlist: Shortlist, path: str | Path) -> None:
-    atomic_save({
-        "format": FORMAT, "format_version": FORMAT_VERSION, "vocab_size": shortlist.vocab_size,
-        "spm_sha256": shortlist.spm_sha256, "source_lang": shortlist.source_lang,
-        "target_lang": shortlist.target_lang, "candidates": shortlist.candidates.to(torch.int32),
-        "frequent": shortlist.frequent.to(torch.int32),
-    }, path)
+    atomic_save({"format": FORMAT, "format_version": FORMAT_VERSION, "vocab_size": shortlist.vocab_size,
+                 "spm_sha256": shortlist.spm_sha256, "source_lang": shortlist.source_lang,
+                 "target_lang": shortlist.target_lang, "candidates": shortlist.candidates.to(torch.int32),
+                 "frequent": shortlist.frequent.to(torch.int32)}, path)
 
 
 def load_shortlist(path: str | Path, tokenizer: Tokenizer) -> Shortlist:

@@ -82,8 +82,7 @@ def shard_batches(batches: list, rank: int, world_size: int) -> list:
         return batches
     if not 0 <= rank < world_size:
         raise ValueError(f"shard_batches: rank {rank} not in [0, {world_size})")
-    mine = list(batches[rank::world_size])
-    per_rank = -(-len(batches) // world_size)
+    mine, per_rank = list(batches[rank::world_size]), -(-len(batches) // world_size)
     return mine + [EMPTY_SHARD] * (per_rank - len(mine))
 
 

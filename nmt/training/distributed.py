@@ -42,8 +42,7 @@ class Env:
 def setup_env(cfg: Config) -> Env:
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    device = resolve_device(cfg.train.device)
+    world_size, device = int(os.environ.get("WORLD_SIZE", "1")), resolve_device(cfg.train.device)
     if world_size == 1:
         return Env(device)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))

@@ -102,8 +102,7 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias += grad.sum(0)
         ctx.save_for_backward(grad_states, grad_weight, grad_bias)
-        ctx.weight_dtype = weight.dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
         loss, nll = total[0].clone(), total[1].clone()
         ctx.mark_non_differentiable(nll)
         return loss, nll

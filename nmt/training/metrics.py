@@ -128,8 +128,7 @@ class TrainMetrics:
         if p.update % t.log_interval and not (bar is not None and p.update % 10 == 0):
             return
         now = time.monotonic()
-        dt = max(now - window["time"], 1e-9)
-        ntok = max(window["loss_tokens"], 1.0) * math.log(2)
+        dt, ntok = max(now - window["time"], 1e-9), max(window["loss_tokens"], 1.0) * math.log(2)
         loss_sum, nll_sum, gnorm_sum = self.sums.tolist() if self.sums is not None else (0.0, 0.0, 0.0)
         loss, nll = loss_sum / ntok, nll_sum / ntok
         record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll,

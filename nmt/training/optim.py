@@ -59,11 +59,8 @@ class DynamicLossScaler:
 
     def __init__(self, init_scale: float = 128.0, min_scale: float = 1e-4, growth_interval: int = 2000,
                  enabled: bool = True):
-        self.enabled = enabled
-        self.scale = float(init_scale) if enabled else 1.0
-        self.min_scale = min_scale
-        self.growth_interval = growth_interval
-        self.clean_updates = 0
+        self.enabled, self.min_scale, self.growth_interval = enabled, min_scale, growth_interval
+        self.scale, self.clean_updates = float(init_scale) if enabled else 1.0, 0
 
     def overflowed(self, gnorm: torch.Tensor, at_update: int) -> bool:
         """Whether update `at_update`'s gradients overflowed, their norm being `gnorm` (then
@@ -80,11 +77,9 @@ class DynamicLossScaler:
             self.scale /= 2.0
             self.clean_updates = 0
             if self.scale < self.min_scale:
-                raise NmtError(
-                    f"fp16 loss scale fell below train.fp16_min_scale ({self.min_scale:g}) at update "
-                    f"{at_update}: gradients keep overflowing. Try train.precision=bf16, a lower "
-                    "train.lr, longer train.warmup_updates, or train.clip_norm"
-                )
+                raise NmtError(f"fp16 loss scale fell below train.fp16_min_scale ({self.min_scale:g}) at update "
+                               f"{at_update}: gradients keep overflowing. Try train.precision=bf16, a lower "
+                               "train.lr, longer train.warmup_updates, or train.clip_norm")
         else:
             self.clean_updates += 1
             if self.clean_updates % self.growth_interval == 0:
@@ -96,8 +91,7 @@ class DynamicLossScaler:
     def load_state_dict(self, state: dict[str, float | int] | None) -> None:
         """Resume the scale (an fp16 run's state); nothing to do when not enabled or no state."""
         if self.enabled and state:
-            self.scale = float(state["scale"])
-            self.clean_updates = int(state["clean_updates"])
+            self.scale, self.clean_updates = float(state["scale"]), int(state["clean_updates"])
 
 
 def scale_and_clip(params: list[torch.nn.Parameter], factor: float, clip_norm: float) -> torch.Tensor:
@@ -117,12 +111,6 @@ FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adam (beta 0.9/0.98, eps 1e-9 in the paper); AdamW when weight_decay > 0."""
     cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
-    return cls(
-        params,
-        lr=cfg.lr,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_eps,
-        weight_decay=cfg.weight_decay,
-        # One kernel for all parameters (CPU and CUDA): 3x faster than the per-tensor loop.
-        fused=all(p.dtype in FUSED_DTYPES for p in params),
-    )
+    # fused: one kernel for all parameters (CPU and CUDA), 3x faster than the per-tensor loop
+    return cls(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+               weight_decay=cfg.weight_decay, fused=all(p.dtype in FUSED_DTYPES for p in params))

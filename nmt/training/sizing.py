@@ -69,8 +69,7 @@ def build_training_model(cfg: ModelConfig, tok: Tokenizer, device: torch.device)
     fit in the device's memory, or when allocating it fails."""
     vocab_size, pad_id = tok.vocab_size, tok.specials.pad
     params, buffers = model_elements(cfg, vocab_size, pad_id, tok.source_vocab_size)
-    needed = params * TRAIN_BYTES_PER_PARAMETER + buffers * 4
-    memory = devices.memory_bytes(device)
+    needed, memory = params * TRAIN_BYTES_PER_PARAMETER + buffers * 4, devices.memory_bytes(device)
     if memory is not None and needed > memory:
         raise NmtError(f"{_sizes(cfg, vocab_size)} make a model of {_approx(params)} parameters and {_approx(buffers)} "
                        f"buffer values: training it needs {_gib(needed)} (fp32 weights, gradients, Adam's "

@@ -90,8 +90,7 @@ def build_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, 
 
 
 def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scaler: DynamicLossScaler, device: torch.device, *, reset_optimizer: bool,
-            reset_data: bool) -> Progress:
+            scaler: DynamicLossScaler, device: torch.device, *, reset_optimizer: bool, reset_data: bool) -> Progress:
     """Load a training checkpoint into the model, optimizer, loss scaler and RNGs; returns its
     progress. --reset-optimizer keeps a fresh optimizer and restarts the warm-up here;
     --reset-data restarts the epoch, the best validation and patience."""

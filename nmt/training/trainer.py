@@ -75,8 +75,7 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
     finished = False
     try:
         trainer = Trainer(cfg, env, reset_optimizer, reset_data)
-        log.info("device %s, world size %d, parameters %d", env.device, env.world_size,
-                 num_parameters(trainer.model))
+        log.info("device %s, world size %d, parameters %d", env.device, env.world_size, num_parameters(trainer.model))
         reason = trainer.run()
         finished = True
         return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
@@ -108,8 +107,7 @@ class Trainer:
         if t.precision == "fp16" and env.device.type != "cuda":
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
         configure_cuda(env.device)
-        self.run_dir = RunDir(Path(t.run_dir), tensorboard=t.tensorboard)
-        data = TrainingData.load(cfg)
+        self.run_dir, data = RunDir(Path(t.run_dir), tensorboard=t.tensorboard), TrainingData.load(cfg)
         self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
         self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
         torch.manual_seed(t.seed)
@@ -240,10 +238,10 @@ class Trainer:
                 (loss * loss_scale).backward()
             except Exception as e:
                 if is_oom(e) and all_reduce:
-                    raise NmtError(
-                        f"out of memory in the backward pass at update {self.progress.update + 1} on rank "
-                        f"{self.env.rank}: DDP cannot skip an update once the gradient all-reduce has started; "
-                        "lower train.max_tokens (and raise train.update_freq to keep the batch size)") from None
+                    raise NmtError(f"out of memory in the backward pass at update {self.progress.update + 1} on rank "
+                                   f"{self.env.rank}: DDP cannot skip an update once the gradient all-reduce has "
+                                   "started; lower train.max_tokens (and raise train.update_freq to keep the batch "
+                                   "size)") from None
                 raise
         return torch.stack([loss.detach(), nll.detach()]).double()
 
@@ -331,8 +329,7 @@ class Trainer:
         self.check_finite()
         best = False
         if self.valid_data is not None and self.env.is_main:
-            started = time.monotonic()
-            result = self.validate()
+            started, result = time.monotonic(), self.validate()
             best = validation.track_best(self.progress, result, self.cfg.train.best_metric)
             # elapsed: training seconds at this update (as in train records), for learning curves
             self.run_dir.emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,

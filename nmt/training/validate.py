@@ -35,8 +35,7 @@ def validate(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, valid_da
             loss, nll = batch_loss(batch)
             loss_sum, nll_sum, ntok = loss_sum + loss.item(), nll_sum + nll.item(), ntok + batch.num_target_tokens
     nll_bits = nll_sum / max(ntok, 1) / math.log(2)
-    result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits,
-              "valid_ppl": 2**nll_bits}
+    result = {"valid_loss": loss_sum / max(ntok, 1) / math.log(2), "valid_nll": nll_bits, "valid_ppl": 2**nll_bits}
     if t.valid_bleu:
         from dataclasses import replace as dc_replace
 
