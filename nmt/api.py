@@ -292,7 +292,8 @@ class Translator:
         translations (`requests`); `lang` a checked >>xxx<< token."""
         check_nbest(nbest, self.decode, "nbest")
         where = where or (lambda i: f"texts[{i}]")
-        layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model)) if alignment or attention else 0
+        if alignment or attention:  # a bad alignment layer fails before decoding
+            resolve_layer(self.alignment_layer, layer_count(self.loaded.model))
         seqs = self._encode([r.text for r in requests], where, lang=lang or self.target_lang)
         if self.terminology is not None:
             requests = [terms.with_terms(r, self.terminology) for r in requests]
@@ -302,12 +303,20 @@ class Translator:
                                      precision=self.precision, max_positions=self.loaded.max_positions,
                                      workers=self.workers, shortlist=self.shortlist, first_index=first_index,
                                      constraints=cons)
-        decode = self.loaded.tokenizer.decode
-        out = [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
+        out = self.translations(seqs, hyps, alignment, attention)
         if cons is not None:
             self.lexical.report(requests, cons, hyps, [[t.text for t in ts] for ts in out], self.decode, where,
                                 self.term_stats)
+        return out
+
+    def translations(self, seqs: list[list[int]], hyps: list[list[Hypothesis]], alignment: bool = False,
+                     attention: bool = False) -> list[list[Translation]]:
+        """The hypotheses of the sources `seqs` (token ids) as texts, with their alignment and / or
+        attention if asked (`translate_nbest`)."""
+        decode = self.loaded.tokenizer.decode
+        out = [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
         if alignment or attention:
+            layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model))
             self._attach_attention(seqs, hyps, out, layer, alignment, attention)
         return out
 

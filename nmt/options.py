@@ -164,7 +164,10 @@ class ServeOptions:
     terminology: Path | None = _as_in(TranslateOptions, "terminology")
     target_lang: str | None = _as_in(TranslateOptions, "target_lang")
     alignment_layer: int | None = _as_in(TranslateOptions, "alignment_layer")
-    batch_tokens: int = opt(4096, "A batch's budget of padded source tokens (sentences x the longest).", at_least=1)
+    batch_tokens: int = opt(4096, "A batch's (or running search's) budget of padded source tokens (sentences x "
+                            "the longest).", at_least=1)
+    continuous: bool = opt(True, "Sentences join a running beam search between its steps and are answered when "
+                           "theirs ends (plain beam search); --no-continuous decodes whole batches.")
     max_wait_ms: float = opt(0.0, "Hold a batch that is not full until its oldest sentence has waited this long; "
                              "0 = what is waiting when the worker is free goes.", at_least=0)
     max_queue: int = opt(4096, "Sentences waiting per model; a request that would go over is answered 503 "

@@ -135,6 +135,7 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=0, help="use only the first N lines (0: all)")
     p.add_argument("--max-wait-ms", type=float, default=0.0, help="nmt serve --max-wait-ms")
     p.add_argument("--workers", type=int, default=0, help="nmt serve --workers (0: one per thread)")
+    p.add_argument("--no-continuous", action="store_true", help="nmt serve --no-continuous (decode whole batches)")
     p.add_argument("--json")
     args = p.parse_args()
     with gzip.open(Path(args.data_dir) / f"{args.test}.{args.src}.gz", "rt", encoding="utf-8") as f:
@@ -145,6 +146,7 @@ def main() -> None:
             "alone_p50_ms": 1000 * alone(args.checkpoint, lines[: args.alone], args.threads)}
     with Server("-c", args.checkpoint, "--threads", str(args.threads), "--max-queue", "100000",
                 "--max-wait-ms", str(args.max_wait_ms), "--workers", str(args.workers),
+                *(["--no-continuous"] if args.no_continuous else []),
                 env={"OMP_NUM_THREADS": str(args.threads)}) as server:
         for n in [int(c) for c in args.clients.split(",")]:
             server_cpu, before = cpu_seconds(server.proc.pid), batches(server)
@@ -155,7 +157,7 @@ def main() -> None:
                                     "mean_batch": total / max(count, 1),
                                     **{f"p{q}_ms": 1000 * percentile(lat, q) for q in (50, 95, 99)}}
     print(f"{len(lines)} lines of {args.test}.{args.src}, {args.threads} threads, --max-wait-ms {args.max_wait_ms:g}, "
-          f"--workers {args.workers}, "
+          f"--workers {args.workers}, {'--no-continuous' if args.no_continuous else 'continuous batching'}, "
           f"{args.checkpoint}\n")
     print("| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms | cores used: server, clients | mean batch |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- |")

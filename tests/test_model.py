@@ -108,6 +108,38 @@ def test_cached_decoding_equals_full_forward_through_reorders(variant):
     assert getattr(state, "step", prev.size(1)) == prev.size(1)
 
 
+TRANSFORMERS = [name for name in VARIANTS if name not in RNNS]
+
+
+@pytest.mark.parametrize("variant", TRANSFORMERS)
+def test_sentences_merged_into_a_running_decode_equal_the_full_forward(variant):
+    """Continuous batching (nmt serve): sentences join a state decoded for some steps, each at its
+    own position, with a longer or shorter source; every row keeps its full-forward log-probs
+    through later reorders and a second join."""
+    model = make(**VARIANTS[variant])
+    src = tokens(6, 3, 9, 2, seed=7)  # sentences 0-1 start, 2 joins at step 2, 3 at step 4
+    prev = tokens(*[8] * 4, bos=True, seed=8)
+    full = torch.log_softmax(model(src, prev).float(), dim=-1)  # (4, 8, V)
+    starts = [0, 0, 2, 4]
+    with torch.inference_mode():
+        state, rows = model.encode(src[:2, :6]), torch.tensor([0, 1])  # rows: the sentence of each row
+        state = model.reorder(state, torch.tensor([0, 0, 1, 1]))  # two rows a sentence
+        rows = rows[torch.tensor([0, 0, 1, 1])]
+        for t in range(6):
+            if t in (2, 4):
+                s = starts.index(t)
+                joining = model.reorder(model.encode(src[s : s + 1, : 9 if s == 2 else 2]), torch.tensor([0, 0]))
+                state, rows = model.merge(state, joining), torch.cat([rows, torch.tensor([s, s])])
+            if t == 3:  # a swap within each sentence and one pruned: still two rows a sentence
+                index = torch.tensor([1, 0, 4, 5])
+                state, rows = model.reorder(state, index), rows[index]
+            position = torch.tensor([t - starts[r] for r in rows.tolist()])
+            log_probs, state = model.decode_step(prev[rows, position], state)
+            torch.testing.assert_close(log_probs, full[rows, position], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="merge"):
+        model.merge(model.encode(src[:1]), state)  # a state already decoded cannot join
+
+
 @pytest.mark.parametrize("variant", ["post-norm", "rnn-gru", "rnn-lstm"])
 def test_attention_weights_are_distributions_over_the_real_source(variant):
     model = make(**VARIANTS[variant])

@@ -12,7 +12,9 @@ import torch
 from helpers import greedy_search
 
 from nmt.config import DecodeConfig
+from nmt.decoding.constraints import Constraints
 from nmt.decoding.search import (
+    BeamSearch,
     Hypothesis,
     beam_search,
     length_penalty,
@@ -54,6 +56,9 @@ class FakeModel:
 
     def reorder(self, state, index):
         return [state[i] for i in index.tolist()]
+
+    def merge(self, a, b):
+        return a + b
 
 
 def table(rows):
@@ -347,6 +352,33 @@ def test_scores_equal_teacher_forced_logprobs(style, alpha, dtype):
             assert h.positional_scores == [approx(x) for x in forced]
             assert h.logprob == approx(sum(forced))
             assert h.score == approx(h.logprob / length_penalty(len(h.tokens) + 1, alpha, style))
+
+
+@pytest.mark.parametrize("cfg", [
+    DecodeConfig(beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=3),  # the exact stopping rule
+    DecodeConfig(beam=3, lenpen_style="gnmt", lenpen=0.6, min_len=3, no_repeat_ngram_size=2, max_len_b=6),
+    DecodeConfig(beam=2, lenpen_style="length", lenpen=1.0, max_len_a=0.0, max_len_b=4, allow_unk=True),
+])
+def test_sentences_joining_a_running_search_get_what_they_get_alone(cfg):
+    """Continuous batching (nmt serve): sentences join between steps, each at its own step, and
+    end with exactly the hypotheses they have when decoded alone (length limits, min_len and
+    repeated n-grams counted per sentence)."""
+    model = FakeModel(random_logprobs)
+    search = BeamSearch(model, cfg, nbest=2, **IDS, max_len=9)
+    joins = {0: [0, 1], 1: [2], 3: [3, 4], 4: [1]}  # step -> the sentences (of SOURCES) that join; 1 twice
+    got, step = [], 0
+    while step in joins or step < max(joins) or len(search):
+        if step in joins:
+            search.add(src_batch(*[SOURCES[i] for i in joins[step]]), [(step, i) for i in joins[step]])
+        got += search.step() if len(search) else []
+        step += 1
+    assert sorted(tag for tag, _ in got) == sorted((t, i) for t, ids in joins.items() for i in ids)
+    assert max(model.rows) > 2 * cfg.beam  # sentences of different steps shared steps
+    for (_, i), hyps in got:
+        assert hyps == beam_search(FakeModel(random_logprobs), src_batch(SOURCES[i]), cfg, nbest=2, **IDS, max_len=9)[0]
+    search.add(ONE, ["x"])
+    with pytest.raises(ValueError, match="constraints"):
+        search.add(ONE, ["y"], [Constraints(include=((A,),))])
 
 
 def test_finished_sentences_leave_the_batch():

@@ -365,6 +365,89 @@ def test_batches_join_clients_never_settings_and_keep_to_the_budget():
         batches == [["hold"], ["1.0", "1.1", "1.2", "2.1"], ["2.0"], ["2.2"]]
 
 
+def test_sentences_join_the_running_search_of_their_key_and_a_failed_step_fails_only_the_bad():
+    """Continuous batching (nmt.serve.stream), with a stand-in for the search that ends its oldest
+    sentence each step: waiting sentences of its key join it between steps within the budget;
+    another key's sentence at the head of the queue waits until it drains; a step that fails has
+    its sentences decoded again one at a time."""
+    gate, runs, sizes = threading.Event(), [], []
+
+    class Search:
+        def __init__(self):
+            self.live = []
+
+        def run(self, jobs, alone):
+            gate.wait()
+            assert alone, "one lane: its search runs alone, on every thread"
+            runs.append([j.item for j in jobs])
+            if any(j.item == "bad" for j in jobs):
+                raise ValueError("bad sentence")
+            self.live += jobs
+            return [(j, j.item.upper()) for j in [self.live.pop(0)]]
+
+    def decode(key, jobs):  # batches: another key, and a failed step's sentences one by one
+        if jobs[0].item == "bad":
+            raise ValueError("bad sentence")
+        return [j.item.upper() + "!" for j in jobs]
+
+    batcher = Batcher(decode, batch_tokens=4, max_queue=100, on_batch=lambda n, size: sizes.append((n, size)),
+                      stream=lambda key: Search() if key == "a" else None)
+    try:
+        jobs = {t: Job(t[0], t, tokens=2) for t in ("a0", "a1", "a2", "b0", "a3")}
+        batcher.submit([jobs["a0"], jobs["a1"]])
+        while batcher.depth():
+            time.sleep(0.001)
+        batcher.submit([jobs[t] for t in ("a2", "b0", "a3")])  # queued while the first step waits
+        gate.set()
+        assert {t: j.future.result(60) for t, j in jobs.items()} == {
+            "a0": "A0", "a1": "A1", "a2": "A2", "b0": "B0!", "a3": "A3"}
+        # a2 joins at once (a3 would go over the budget of 4 tokens); then b0 heads the queue
+        assert runs == [["a0", "a1"], ["a2"], [], ["a3"]]
+        assert sizes == [(1, 2), (1, 2), (1, 1), (1, 1), (1, 1)]
+        failing = [Job("a", "a4", tokens=1), Job("a", "bad", tokens=1)]
+        batcher.submit(failing)
+        assert failing[0].future.result(60) == "A4!"
+        with pytest.raises(ValueError, match="bad sentence"):
+            failing[1].future.result(60)
+    finally:
+        gate.set()
+        batcher.close()
+
+
+def test_lanes_fill_in_order_and_a_lone_search_takes_every_thread():
+    """Two lanes: a search starts on lane 1 only while lane 0 decodes, so that only lane 0's
+    thread ever runs on every thread (one OpenMP team); beside another search, each its share."""
+    gate, seen = threading.Event(), []
+
+    class Search:
+        def run(self, jobs, alone):
+            seen.append((threading.current_thread().name, jobs[0].item, alone))
+            if jobs[0].item == "first":
+                gate.wait()
+            return [(j, j.item) for j in jobs]
+
+    batcher = Batcher(lambda key, jobs: [], batch_tokens=100, max_queue=100, stream=lambda key: Search(), lanes=2)
+    try:
+        first, second, third = (Job(k, t, tokens=1) for k, t in (("a", "first"), ("b", "second"), ("a", "third")))
+        batcher.submit([first])
+        while not seen:
+            time.sleep(0.001)
+        batcher.submit([second])
+        assert second.future.result(60) == "second"  # on lane 1 while lane 0 waits at the gate
+        gate.set()
+        assert first.future.result(60) == "first"
+        while batcher._busy:  # lane 0 done with its search
+            time.sleep(0.001)
+        batcher.submit([third])
+        assert third.future.result(60) == "third"
+    finally:
+        gate.set()
+        batcher.close()
+    torch_thread = TORCH.submit(lambda: threading.current_thread().name).result()
+    assert seen[0] == (torch_thread, "first", True) and seen[2] == (torch_thread, "third", True)
+    assert seen[1][0] != torch_thread and seen[1][1:] == ("second", False)
+
+
 # ------------------------------------------------------------------ limits of time and queue
 
 

@@ -59,6 +59,9 @@ class Ensemble:
     def reorder(self, states: list[Any], index: torch.Tensor) -> list[Any]:
         return [m.reorder(s, index) for m, s in zip(self.models, states)]
 
+    def merge(self, a: list[Any], b: list[Any]) -> list[Any]:
+        return [m.merge(x, y) for m, x, y in zip(self.models, a, b)]
+
 
 class _Shortlisted:
     """A model behind the search protocol over a batch's shortlist (nmt.decoding.shortlist): the search

@@ -20,17 +20,22 @@ maximum length, where `Hypothesis.unmet` counts the phrases it lacks. The search
 constraint moves through one object chosen per batch: the batch's `ConstraintTracker`, or
 `_Unconstrained`, whose moves do nothing, so that a batch without constraints runs exactly the
 plain search.
+
+`BeamSearch` is the search step by step, which sentences can join between steps (continuous
+batching, `nmt serve`): each sentence keeps its own step, and the model merges the states
+(`merge`, docs/architecture.md). `beam_search` runs one batch through it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.decoding.candidates import top_candidates
@@ -90,26 +95,29 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | 
     return out.clamp(min=0)
 
 
-def _block_(scores: Tensor, step: int, history: Tensor, at_max: Tensor | None,
+def _block_(scores: Tensor, step: int | Tensor, history: Tensor, at_max: Tensor | None,
             cfg: DecodeConfig, pad: int, unk: int, bos: int, eos: int) -> None:
     """Set to -inf, in place, the scores of the next tokens the search may not produce.
 
-    scores (N, V) of the next token of N hypotheses of `step` tokens each, history (N, step)
-    their tokens, at_max (N,) bool: rows at their maximum length (None: no row), where
-    only EOS is allowed, with its model score, whatever min_len says.
+    scores (N, V) of the next token of N hypotheses of `step` tokens each (or (N,) each row's
+    count), history (N, T) their tokens, the last `step` of each row (those before: `pad`),
+    at_max (N,) bool: rows at their maximum length (None: no row), where only EOS is allowed,
+    with its model score, whatever min_len says.
     """
     model_eos = scores[:, eos].clone()  # (N,)
     scores[:, pad] = -math.inf
     scores[:, bos] = -math.inf
     if not cfg.allow_unk:
         scores[:, unk] = -math.inf
-    if step < cfg.min_len:
+    if isinstance(step, Tensor):
+        scores[:, eos].masked_fill_(step < cfg.min_len, -math.inf)
+    elif step < cfg.min_len:
         scores[:, eos] = -math.inf
-    n = cfg.no_repeat_ngram_size
-    if n and step >= n:
-        grams = history.unfold(1, n, 1)  # (N, step - n + 1, n)
-        prefix = history[:, step - n + 1:].unsqueeze(1)  # (N, 1, n - 1): the n-gram to come
-        seen = (grams[:, :, :-1] == prefix).all(2)  # (N, step - n + 1)
+    n, width = cfg.no_repeat_ngram_size, history.size(1)
+    if n and width >= n:  # an n-gram through the pad before a row's tokens matches none of its own
+        grams = history.unfold(1, n, 1)  # (N, T - n + 1, n)
+        prefix = history[:, width - n + 1:].unsqueeze(1)  # (N, 1, n - 1): the n-gram to come
+        seen = (grams[:, :, :-1] == prefix).all(2)  # (N, T - n + 1)
         vocab = scores.size(1)
         banned = torch.where(seen, grams[:, :, -1], vocab)  # index V: a spare column
         mask = scores.new_zeros(scores.size(0), vocab + 1, dtype=torch.bool)
@@ -209,49 +217,60 @@ class _Candidates:
 
 
 class _Sentences:
-    """The beam search's books: each sentence's finished hypotheses (`lists`, best first, at
-    most `beam`) and, for each live sentence (Bn,), on the CPU: `ids` its index in the batch,
-    `max_out` the most tokens its outputs may have, `worst` (float64) its beam-th finished
-    score (-inf until there are `beam`)."""
+    """The beam search's books: each sentence's finished hypotheses (`lists`, by sentence tag, best
+    first, at most `beam`) and, for each live sentence (Bn,), on the CPU: `tags`, `steps` the
+    tokens its hypotheses have, `max_out` the most tokens its outputs may have, `worst` (float64)
+    its beam-th finished score (-inf until there are `beam`)."""
 
-    def __init__(self, cfg: DecodeConfig, max_out: Tensor) -> None:
-        self.cfg, self.max_out, self.ids = cfg, max_out, torch.arange(max_out.numel())
-        self.worst = torch.full((max_out.numel(),), -math.inf, dtype=torch.float64)
-        self.lists: list[list[Hypothesis]] = [[] for _ in range(max_out.numel())]
+    def __init__(self, cfg: DecodeConfig) -> None:
+        self.cfg = cfg
+        self.max_out, self.steps = torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+        self.worst = torch.empty(0, dtype=torch.float64)
+        self.tags: list[Hashable] = []
+        self.lists: dict[Hashable, list[Hypothesis]] = {}
+
+    def join(self, max_out: Tensor, tags: Sequence[Hashable]) -> None:
+        """New sentences, of no tokens yet, each its tag and `max_out`."""
+        self.tags += tags
+        self.lists.update((tag, []) for tag in tags)
+        self.max_out = torch.cat([self.max_out, max_out])
+        self.steps = torch.cat([self.steps, torch.zeros_like(max_out)])
+        self.worst = torch.cat([self.worst, torch.full((len(tags),), -math.inf, dtype=torch.float64)])
 
     def lenpen(self, length: int) -> float:
         return length_penalty(length, self.cfg.lenpen, self.cfg.lenpen_style)
 
     def add(self, ends: Tensor, cand: _Candidates, unmet: Tensor | None, tokens: Tensor, pos_scores: Tensor) -> None:
         """Move the candidates `ends` (Bn, beam; a CPU bool tensor) marks (EOS among a sentence's
-        top `beam`) of the rows `tokens` / `pos_scores` (N, step) to their sentences' lists, keep
-        each list's best `beam`, and update `worst`. The hypotheses come to the host in one copy
-        (tokens, token log-probs and score side by side in float64, exact for token ids below
-        2^53).
+        top `beam`) of the rows `tokens` / `pos_scores` (N, T; a row's last `steps` are its own)
+        to their sentences' lists, keep each list's best `beam`, and update `worst`. The
+        hypotheses come to the host in one copy (tokens, token log-probs and score side by side
+        in float64, exact for token ids below 2^53).
 
         With constraints, `unmet` (Bn, C) the positive phrases each candidate lacks: a list ranks
         the hypotheses that lack fewer first, and `worst` counts only hypotheses that lack none."""
         b, c = ends.nonzero(as_tuple=True)
         bd, cd = b.to(cand.rows.device), c.to(cand.rows.device)
-        rows, step, beam = cand.rows[bd, cd], tokens.size(1), self.cfg.beam
+        rows, width, beam = cand.rows[bd, cd], tokens.size(1), self.cfg.beam
         lacks = cand.lp.new_zeros(len(b)) if unmet is None else unmet[bd, cd]
         packed = torch.cat([tokens[rows].double(), pos_scores[rows].double(),
                             *(t.double().unsqueeze(1) for t in (cand.lp[bd, cd], cand.scores[bd, cd], lacks))],
-                           1).tolist()  # (k, 2 * step + 3)
-        ids, penalty = self.ids.tolist(), self.lenpen(step + 1)
+                           1).tolist()  # (k, 2 * T + 3)
+        steps = self.steps.tolist()
         for i, row in zip(b.tolist(), packed, strict=True):
-            toks, pos, logprob = [int(x) for x in row[:step]], row[step : 2 * step + 1], row[2 * step + 1]
-            self.lists[ids[i]].append(Hypothesis(toks, logprob / penalty, logprob, pos, int(row[-1])))
+            n = steps[i]
+            toks, pos, logprob = [int(x) for x in row[width - n : width]], row[2 * width - n : 2 * width + 1], row[-2]
+            self.lists[self.tags[i]].append(Hypothesis(toks, logprob / self.lenpen(n + 1), logprob, pos, int(row[-1])))
         for i in set(b.tolist()):
-            hyps = self.lists[ids[i]]
+            hyps = self.lists[self.tags[i]]
             hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
             hyps.sort(key=lambda h: h.unmet)  # those that lack fewer constraints first
             del hyps[beam:]
             if len(hyps) == beam and not hyps[-1].unmet:
                 self.worst[i] = hyps[-1].score
 
-    def done(self, step: int, best_live: Tensor) -> Tensor:
-        """(Bn,) bool, the sentences done after `step`, best_live (Bn,) float64 the best log-prob
+    def done(self, best_live: Tensor) -> Tensor:
+        """(Bn,) bool, the sentences done after this step, best_live (Bn,) float64 the best log-prob
         of each one's live rows (-inf when none is finite): those at their maximum length, and
         those with `beam` finished hypotheses (lacking no constraint) where
         - style "none" or alpha <= 0 (exact): no live hypothesis can beat the beam-th best
@@ -261,14 +280,125 @@ class _Sentences:
           overtake after normalisation, but its only bound (its log-prob over the penalty at
           maximum length) is so loose that the exact rule would decode every sentence to its
           maximum length."""
-        ending = self.max_out <= step
+        ending = self.max_out <= self.steps
         if self.cfg.lenpen_style == "none" or self.cfg.lenpen <= 0:
-            return ending | (best_live / self.lenpen(step + 2) <= self.worst)
+            bound = torch.tensor([self.lenpen(n + 2) for n in self.steps.tolist()], dtype=torch.float64)
+            return ending | (best_live / bound <= self.worst)
         return ending | (best_live <= self.worst) | (self.worst > -math.inf)
 
-    def keep(self, keep: Tensor) -> None:
-        """Only the live sentences `keep` (CPU indices) go on."""
-        self.ids, self.max_out, self.worst = self.ids[keep], self.max_out[keep], self.worst[keep]
+    def keep(self, done: Tensor, nbest: int) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """The sentences `done` (Bn,) leave: their tags and `nbest` best hypotheses; the others
+        go on, one token longer."""
+        out = [(tag, self.lists.pop(tag)[:nbest]) for tag, d in zip(self.tags, done.tolist()) if d]
+        keep = (~done).nonzero().view(-1)
+        self.tags = [self.tags[i] for i in keep.tolist()]
+        self.max_out, self.worst, self.steps = self.max_out[keep], self.worst[keep], self.steps[keep] + 1
+        return out
+
+
+class BeamSearch:
+    """A beam search that sentences can join between its steps (continuous batching: nmt serve);
+    `beam_search` runs one batch through it.
+
+    `add(src, tags)` encodes sentences: the first ones start the search, one row each until
+    its first step; later ones join it through the model's `merge(state, state)`, with `beam`
+    rows of which all but the first start at -inf (what the one row gives), each at its own
+    step. `step()` decodes one token of every live sentence and returns the sentences that
+    ended, each as (tag, its `nbest` best hypotheses). Sentences with constraints cannot join
+    a running search. Arguments as `beam_search`'s.
+    """
+
+    def __init__(self, model: SearchModel, cfg: DecodeConfig, *, nbest: int = 1, pad: int, unk: int, bos: int,
+                 eos: int, max_len: int | None = None, source_pad: int | None = None) -> None:
+        if not 1 <= nbest <= cfg.beam:
+            raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({cfg.beam})")
+        self.model, self.cfg, self.nbest, self.max_len = model, cfg, nbest, max_len
+        self.pad, self.unk, self.bos, self.eos = pad, unk, bos, eos
+        self.source_pad = pad if source_pad is None else source_pad
+        self.books, self.state = _Sentences(cfg), None
+        self.cons: _Unconstrained | ConstraintTracker = _Unconstrained()
+
+    def __len__(self) -> int:
+        """The live sentences."""
+        return len(self.books.tags)
+
+    def add(self, src: Tensor, tags: Sequence[Hashable],
+            constraints: Sequence[Constraints | None] | None = None) -> None:
+        """Sentences src (B, S) join the search, tagged `tags`, with their `constraints` (only into
+        an empty search)."""
+        bsz, device = src.size(0), src.device
+        if not bsz:
+            return
+        max_out = max_output_lengths(src, self.cfg, self.source_pad, self.max_len)
+        cons = ConstraintTracker.build(constraints, bsz, self.eos, device)
+        state, scores = self.model.encode(src), torch.zeros(bsz, 1, device=device)
+        if self.state is None:  # Step 0 runs on one row per sentence; the first reorder expands it to `beam`
+            self.state, self.cons, self.width = state, cons or _Unconstrained(), 1  # width: rows per sentence
+            self.scores = scores  # (Bn, width) log-probs of the live rows
+            self.tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (Bn*width, T)
+            self.pos_scores = torch.empty(bsz, 0, device=device)  # (Bn*width, T)
+            self.last = torch.full((bsz,), self.bos, dtype=torch.long, device=device)
+        else:
+            if cons is not None or not isinstance(self.cons, _Unconstrained):
+                raise ValueError("sentences with lexical constraints cannot join a running search")
+            rows, width = bsz * self.width, self.tokens.size(1)
+            if self.width > 1:
+                state = self.model.reorder(state, torch.arange(bsz, device=device).repeat_interleave(self.width))
+            self.state = self.model.merge(self.state, state)  # type: ignore[attr-defined]
+            self.scores = torch.cat([self.scores, F.pad(scores, (0, self.width - 1), value=-math.inf)])
+            self.tokens = torch.cat([self.tokens, self.tokens.new_full((rows, width), self.pad)])
+            self.pos_scores = torch.cat([self.pos_scores, self.pos_scores.new_zeros(rows, width)])
+            self.last = torch.cat([self.last, self.last.new_full((rows,), self.bos)])
+        self.books.join(max_out, tags)
+
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """Decode one token of every live sentence; the sentences that ended, with their hypotheses."""
+        books, cons, cfg, beam, width = self.books, self.cons, self.cfg, self.cfg.beam, self.width
+        lprobs, state = self.model.decode_step(self.last, self.state)
+        lprobs = lprobs.float().contiguous()  # (Bn*width, V), masked in place below
+        device, vocab = lprobs.device, lprobs.size(1)
+        if vocab <= beam:  # step 0 takes the beam from one row's candidates
+            raise ValueError(f"the beam ({beam}) must be smaller than the vocabulary ({vocab})")
+        if cons.max_token >= vocab:
+            raise ValueError(f"constraint token {cons.max_token} is outside the vocabulary ({vocab})")
+        ending = books.max_out <= books.steps
+        at_max = ending.repeat_interleave(width).to(device) if ending.any() else None
+        forced = cons.prefix_logprobs(lprobs, int(books.steps[0]))  # read before the token rules mask them
+        _block_(lprobs, books.steps.repeat_interleave(width).to(device), self.tokens, at_max, cfg, self.pad,
+                self.unk, self.bos, self.eos)
+        blocked = cons.block_(lprobs, at_max, forced)  # avoided phrases, EOS before the phrases to include
+
+        # continuations scores[row] + lprobs[row, token], best 2*beam (constraints: more, by bank)
+        top_scores, top_idx, picked = cons.candidates(lprobs, self.scores, min(2 * beam, width * vocab), blocked)
+        cand = _Candidates(top_scores, top_idx, lprobs, width, beam, self.eos)
+        ends, order = cand.ends, cand.order  # those that finish a hypothesis, and the new live beam
+        rows = cand.rows.gather(1, order)
+        scores, new_tok, new_lp = (t.gather(1, order) for t in (cand.scores, cand.tokens, cand.lp))
+        cons.choose(picked, order, rows, new_tok)
+
+        # the step's one copy to the host: which candidates end, each sentence's best live log-prob
+        host = torch.cat([ends.view(-1).float(), scores.max(1).values.float()]).cpu()
+        ends_host, best_live = host[: ends.numel()].view_as(ends).bool(), host[ends.numel() :].double()
+        if ends_host.any():
+            books.add(ends_host, cand, cons.unmet(picked), self.tokens, self.pos_scores)
+        done = books.done(best_live)
+        finished = books.keep(done, self.nbest) if done.any() else []
+        if done.all():
+            self.state = None
+            return finished
+        if done.any():
+            keep = (~done).nonzero().view(-1).to(device)
+            rows, scores, new_tok, new_lp = (t[keep] for t in (rows, scores, new_tok, new_lp))
+            cons.keep(keep)
+        else:
+            books.steps += 1
+        rows = rows.view(-1)  # (Bn'*beam,) rows of the old beam, sentence-major
+        width = int(books.steps.max())  # history columns still needed
+        self.tokens = torch.cat([self.tokens[rows], new_tok.view(-1, 1)], 1)[:, -width:]
+        self.pos_scores = torch.cat([self.pos_scores[rows], new_lp.view(-1, 1)], 1)[:, -width:]
+        self.state, self.scores = self.model.reorder(state, rows), scores
+        self.last, self.width = new_tok.view(-1), beam
+        return finished
 
 
 def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
@@ -289,61 +419,10 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     model's outputs (over a shortlist, columns): see the module docstring. Without any
     constraint (None, or every one empty) the search is exactly the plain one.
     """
-    beam = cfg.beam
-    if not 1 <= nbest <= beam:
-        raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({beam})")
-    bsz, device = src.size(0), src.device
-    if not bsz:
-        return []
-    books = _Sentences(cfg, max_output_lengths(src, cfg, pad if source_pad is None else source_pad, max_len))
-    cons = ConstraintTracker.build(constraints, bsz, eos, device) or _Unconstrained()  # the constraint moves
-
-    # Step 0 runs on one row per sentence (every hypothesis starts as BOS); the first
-    # reorder expands each sentence to `beam` rows.
-    state, width = model.encode(src), 1  # width: rows per sentence
-    scores = torch.zeros(bsz, 1, device=device)  # (Bn, width) log-probs of the live rows
-    tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (Bn*width, step)
-    pos_scores = torch.empty(bsz, 0, device=device)  # (Bn*width, step)
-    last = torch.full((bsz,), bos, dtype=torch.long, device=device)
-    for step in itertools.count():
-        lprobs, state = model.decode_step(last, state)
-        lprobs = lprobs.float().contiguous()  # (Bn*width, V), masked in place below
-        vocab = lprobs.size(1)
-        if vocab <= beam:  # step 0 takes the beam from one row's candidates
-            raise ValueError(f"the beam ({beam}) must be smaller than the vocabulary ({vocab})")
-        if cons.max_token >= vocab:
-            raise ValueError(f"constraint token {cons.max_token} is outside the vocabulary ({vocab})")
-        ending = books.max_out <= step
-        at_max = ending.repeat_interleave(width).to(device) if ending.any() else None
-        forced = cons.prefix_logprobs(lprobs, step)  # read before the token rules mask them
-        _block_(lprobs, step, tokens, at_max, cfg, pad, unk, bos, eos)
-        blocked = cons.block_(lprobs, at_max, forced)  # avoided phrases, EOS before the phrases to include
-
-        # continuations scores[row] + lprobs[row, token], best 2*beam (constraints: more, by bank)
-        top_scores, top_idx, picked = cons.candidates(lprobs, scores, min(2 * beam, width * vocab), blocked)
-        cand = _Candidates(top_scores, top_idx, lprobs, width, beam, eos)
-        ends, order = cand.ends, cand.order  # those that finish a hypothesis, and the new live beam
-        rows = cand.rows.gather(1, order)
-        scores, new_tok, new_lp = (t.gather(1, order) for t in (cand.scores, cand.tokens, cand.lp))
-        cons.choose(picked, order, rows, new_tok)
-
-        # the step's one copy to the host: which candidates end, each sentence's best live log-prob
-        host = torch.cat([ends.view(-1).float(), scores.max(1).values.float()]).cpu()
-        ends_host, best_live = host[: ends.numel()].view_as(ends).bool(), host[ends.numel() :].double()
-        if ends_host.any():
-            books.add(ends_host, cand, cons.unmet(picked), tokens, pos_scores)
-        done = books.done(step, best_live)
-        if done.all():
-            break
-        if done.any():
-            books.keep(keep := (~done).nonzero().view(-1))
-            keep = keep.to(device)
-            rows, scores, new_tok, new_lp = (t[keep] for t in (rows, scores, new_tok, new_lp))
-            cons.keep(keep)
-        rows = rows.view(-1)  # (Bn'*beam,) rows of the old beam, sentence-major
-        tokens = torch.cat([tokens[rows], new_tok.view(-1, 1)], 1)
-        pos_scores = torch.cat([pos_scores[rows], new_lp.view(-1, 1)], 1)
-        state = model.reorder(state, rows)
-        last = new_tok.view(-1)
-        width = beam
-    return [hyps[:nbest] for hyps in books.lists]
+    search = BeamSearch(model, cfg, nbest=nbest, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len,
+                        source_pad=source_pad)
+    search.add(src, range(src.size(0)), constraints)
+    done: dict[Hashable, list[Hypothesis]] = {}
+    while len(search):
+        done.update(search.step())
+    return [done[i] for i in range(src.size(0))]

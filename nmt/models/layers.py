@@ -120,32 +120,45 @@ class Embedding(nn.Module):
             self.register_buffer("sinusoids", table, persistent=False)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
-        """tokens (B, T) at positions start .. start+T-1 -> (B, T, D)."""
-        end = start + tokens.size(1)
+    def forward(self, tokens: Tensor, start: int | Tensor = 0) -> Tensor:
+        """tokens (B, T) at positions start .. start+T-1 -> (B, T, D); with `start` a (B,) CPU
+        tensor and T = 1, row b at position start[b] (rows that joined a search at different steps)."""
+        end = int(start.max()) + 1 if isinstance(start, Tensor) else start + tokens.size(1)
         if end > self.max_positions:
             raise ValueError(f"a sequence of {end} positions exceeds model.max_positions="
                              f"{self.max_positions}; truncate it first")
         table = self.positions.weight if self.learned else self.sinusoids
         x = self.tokens(tokens) * self.scale  # (B, T, D)
+        if isinstance(start, Tensor):
+            first = (start == 0).to(x.device).view(-1, 1, 1)
+            return self.dropout((x.masked_fill(first, 0.0) if self.zero_start else x) + table[start.to(x.device)].unsqueeze(1))
         if self.zero_start and start == 0:
             x = torch.cat([torch.zeros_like(x[:, :1]), x[:, 1:]], dim=1)
         return self.dropout(x + table[start:end])
 
 
-def append(cache: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
+def append(cache: Tensor, new: Tensor, rows: Tensor | None, slots: Tensor | None = None, width: int = 0) -> Tensor:
     """Rows `rows` (N,) of cache (N0, H, L, Dh) (all if None) followed by new (N, H, T, Dh).
 
     Returns (N, H, L+T, Dh) with one copy of the cache: on CPU 2-3x faster than
-    index_select followed by torch.cat.
+    index_select followed by torch.cat. With `slots` (N,) (rows at different positions, T = 1),
+    row i's new keys go to slot slots[i] of a (N, H, width, Dh) cache instead: each row's own
+    positions first, then zeros (which the caller masks); `rows` may then be fewer than N, the
+    rows after them having no cache yet (`Transformer.merge`).
     """
-    L = cache.size(2)
-    out = new.new_empty(new.size(0), new.size(1), L + new.size(2), new.size(3))
+    L = cache.size(2) if slots is None else min(cache.size(2), width)
+    out = new.new_empty(new.size(0), new.size(1), L + new.size(2) if slots is None else width, new.size(3))
+    n = cache.size(0) if rows is None else rows.numel()
     if rows is None:
-        out[:, :, :L] = cache
+        out[:n, :, :L] = cache[:, :, :L]
     else:
-        torch.index_select(cache, 0, rows, out=out[:, :, :L])
-    out[:, :, L:] = new
+        torch.index_select(cache[:, :, :L], 0, rows, out=out[:n, :, :L])
+    if slots is None:
+        out[:, :, L:] = new
+        return out
+    out[:n, :, L:] = 0
+    out[n:] = 0
+    out[torch.arange(out.size(0), device=out.device), :, slots] = new[:, :, 0]
     return out
 
 
@@ -160,17 +173,20 @@ class SelfAttention(nn.Module):
         self.out = linear(d_model, d_model)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                cache: KV | None = None, cache_rows: Tensor | None = None) -> tuple[Tensor, KV]:
+                cache: KV | None = None, cache_rows: Tensor | None = None,
+                slots: Tensor | None = None) -> tuple[Tensor, KV]:
         """x (B, T, D) -> (B, T, D), and keys/values (B, H, L, Dh) including the cached ones.
 
         mask (B, 1, 1, L) bool is True where a key may be attended. With a cache (rows
         `cache_rows` of it, see `append`), the T new positions attend to all L = cached + T keys
-        (search feeds T = 1, so no causal mask).
+        (search feeds T = 1, so no causal mask); with `slots`, row b's position (see `append`),
+        to the keys the mask allows.
         """
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
         if cache is not None:
-            k, v = append(cache[0], k, cache_rows), append(cache[1], v, cache_rows)  # (B, H, L, Dh)
+            width = 0 if mask is None else mask.size(-1)
+            k, v = (append(c, n, cache_rows, slots, width) for c, n in zip(cache, (k, v)))  # (B, H, L, Dh)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, D)), (k, v)  # (B, T, D)
@@ -277,16 +293,18 @@ class DecoderLayer(Layer):
         self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
 
     def forward(self, x: Tensor, memory_kv: KV, src_mask: Tensor, cache: KV | None = None,
-                cache_rows: Tensor | None = None, weights: list[Tensor] | None = None) -> tuple[Tensor, KV]:
+                cache_rows: Tensor | None = None, weights: list[Tensor] | None = None,
+                slots: Tensor | None = None, self_mask: Tensor | None = None) -> tuple[Tensor, KV]:
         """x (R, T, D) -> (R, T, D) and this layer's self-attention keys/values (R, H, L, Dh).
 
         Without `cache` the T positions attend causally (training, or search step 0); with it,
         the new position attends to every cached one. `memory_kv` / `src_mask` have B <= R rows:
         decoder rows r*g .. r*g+g-1 (g = R / B, e.g. the beams of a sentence) read source r.
         With a list `weights`, the cross-attention weights are appended to it (`CrossAttention`).
+        Rows at different positions: `slots` and `self_mask` (`SelfAttention`).
         """
-        h, cache = self.self_attn(self.pre(x, 0), causal=cache is None, cache=cache,
-                                  cache_rows=cache_rows)
+        h, cache = self.self_attn(self.pre(x, 0), self_mask, causal=cache is None, cache=cache,
+                                  cache_rows=cache_rows, slots=slots)
         x = self.add(x, h, 0)
         # the g rows sharing a source act as g*T query positions of one row: (B, g*T, D)
         B = src_mask.size(0)

@@ -53,7 +53,9 @@ class DecoderState:
     # reorders not yet applied to self_kv: row i is self_kv row self_kv_rows[i] (None: same rows).
     # decode_step applies them while appending, so the cache is copied once per step, not twice.
     self_kv_rows: Tensor | None = None  # (N,)
-    step: int = 0  # target position of the next token fed to decode_step
+    # target position of the next token fed to decode_step: of every row, or (N,) CPU each row's
+    # (rows that joined a search at different steps: `Transformer.merge`)
+    step: int | Tensor = 0
     # a shortlist (nmt.decoding.shortlist): output column j is token vocab[j], and the tokens fed back
     # are columns too; source row r's sentence may not produce the columns blocked[r]
     vocab: Tensor | None = None  # (K,) long
@@ -206,12 +208,16 @@ class Transformer(nn.Module):
         if state.vocab is not None:  # columns -> token ids
             tokens = state.vocab[tokens]
         x = self.tgt_embed(tokens.unsqueeze(1), start=state.step)  # (N, 1, D)
+        slots = self_mask = None
+        if isinstance(state.step, Tensor) and old:  # row i attends to its own positions 0 .. step[i]
+            slots = state.step.to(x.device)
+            self_mask = (torch.arange(int(state.step.max()) + 1, device=x.device) <= slots.unsqueeze(1))[:, None, None]
         self_kv: list[KV] = []
         for i, layer in enumerate(self.decoder):
             cache = None
             if old:  # taken out of the list, which no longer keeps it alive
                 cache, old[i] = old[i], None  # type: ignore[call-overload]
-            x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows)
+            x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows, slots=slots, self_mask=self_mask)
             cache = None  # freed here, before the next layer copies its own
             self_kv.append(kv)
         if state.project is None:
@@ -239,8 +245,38 @@ class Transformer(nn.Module):
             cross_kv = [(k.index_select(0, take), v.index_select(0, take)) for k, v in cross_kv]
             blocked = None if blocked is None else blocked.index_select(0, take)
         rows = index if state.self_kv_rows is None else state.self_kv_rows[index]
+        step = state.step[index.cpu()] if isinstance(state.step, Tensor) else state.step
         return replace(state, src_mask=src_mask, cross_kv=cross_kv, group=group,
-                       self_kv_rows=rows if state.self_kv else None, blocked=blocked)
+                       self_kv_rows=rows if state.self_kv else None, blocked=blocked, step=step)
+
+    @torch.no_grad()
+    def merge(self, a: DecoderState, b: DecoderState) -> DecoderState:
+        """The rows of `a`, then those of `b`, as one state: sentences joining a running search
+        (continuous batching, nmt serve). Both have the same group and no shortlist, and `b` was
+        not decoded yet. The source side is padded (masked) to the longer source; each row keeps its
+        position (`step` becomes per row), and the next `decode_step` copies a's cache with b's rows
+        (zeros) after it (`nmt.models.layers.append`)."""
+        if a.group != b.group or a.vocab is not None or b.vocab is not None or b.self_kv:
+            raise ValueError("only states of one group, without a shortlist, b not decoded yet, can merge")
+        S = max(a.src_mask.size(-1), b.src_mask.size(-1))
+        src_mask = torch.cat([F.pad(m, (0, S - m.size(-1)), value=False) for m in (a.src_mask, b.src_mask)])
+        cross_kv = [(_stack(ka[0], kb[0], S), _stack(ka[1], kb[1], S)) for ka, kb in zip(a.cross_kv, b.cross_kv, strict=True)]
+        steps = [s.step if isinstance(s.step, Tensor) else torch.full((s.src_mask.size(0) * s.group,), s.step)
+                 for s in (a, b)]
+        # b's rows have no cache yet: the next step's `append` gives them zeros after a's rows
+        rows = a.self_kv_rows
+        if a.self_kv and rows is None:
+            rows = torch.arange(steps[0].numel(), device=src_mask.device)
+        return DecoderState(src_mask, cross_kv, a.group, a.self_kv, rows, step=torch.cat(steps))
+
+
+def _stack(x: Tensor, y: Tensor, width: int) -> Tensor:
+    """x (Bx, H, Sx, Dh) above y (By, H, Sy, Dh), each with zeros after its positions up to `width`."""
+    out = x.new_empty(x.size(0) + y.size(0), x.size(1), width, x.size(3))
+    for part, t in zip(out.split([x.size(0), y.size(0)]), (x, y)):
+        part[:, :, : t.size(2)] = t
+        part[:, :, t.size(2) :] = 0
+    return out
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None) -> Transformer | RNN:

@@ -26,14 +26,17 @@ from importlib import resources
 from typing import Any, cast
 from urllib.parse import parse_qsl
 
+import torch
+
 from nmt.api import DECODE_OPTIONS, Translation, Translator
 from nmt.config import DecodeConfig
 from nmt.decoding.alignment import layer_count, resolve_layer
-from nmt.decoding.predict import decode_config
+from nmt.decoding.predict import decode_config, decode_workers
 from nmt.errors import NmtError, one_line
 from nmt.fields import coerce, coerce_option
 from nmt.options import ServeOptions
 from nmt.serve.batching import Batcher, Job
+from nmt.serve.stream import Stream, can_stream
 from nmt.terminology import JSON_KEYS, Request, terminology_from_pairs, with_terms
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,8 @@ class Model:
     source: str
     target: str
     batcher: Batcher | None = None
+    continuous: bool = True  # sentences join a running search where they can (--no-continuous: batches)
+    threads: tuple[int, int] = (1, 1)  # torch threads of a running search, with others and alone (nmt.serve.stream)
     variants: dict[Hashable, Translator] = field(default_factory=dict)
 
     @property
@@ -75,9 +80,17 @@ class Model:
             tr.decode = cfg
         return key, self.variants[key]
 
+    def stream(self, key: Any) -> Stream | None:
+        """The batcher's `stream` (continuous batching, nmt.serve.stream) for a key whose sentences can join one."""
+        kind, settings, nbest, attend, lang, plain = key
+        if kind != "translate" or not plain or not self.continuous:
+            return None
+        tr = self.variants.get((settings, nbest)) or self.variant(dict(settings), nbest)[1]
+        return Stream(tr, nbest, attend, lang, self.threads) if can_stream(tr) else None
+
     def decode(self, key: Any, jobs: list[Job]) -> list[Any]:
         """The worker's decode function (nmt.serve.batching): the results of a batch of one key."""
-        kind, settings, nbest, attend, lang = key
+        kind, settings, nbest, attend, lang, _ = key
         if kind == "score":
             return self.translator.score([j.item[0] for j in jobs], [j.item[1] for j in jobs], normalize=settings)
         tr = self.variants.get((settings, nbest)) or self.variant(dict(settings), nbest)[1]
@@ -139,17 +152,23 @@ class Service:
         self.requests = Counter("nmt_requests", "HTTP requests answered", ["endpoint", "status"], registry=reg)
         self.latency = Histogram("nmt_request_seconds", "Time to answer a request", ["endpoint"], registry=reg)
         self.sentences = Counter("nmt_sentences", "Sentences decoded", ["model"], registry=reg)
-        self.batches = Histogram("nmt_batch_sentences", "Sentences in a decoded batch", ["model"], registry=reg,
+        self.batches = Histogram("nmt_batch_sentences", "Sentences in a decoded batch (or step of a running search)",
+                                 ["model"], registry=reg,
                                  buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
         depth = Gauge("nmt_queue_sentences", "Sentences waiting to be decoded", ["model"], registry=reg)
-        for name, m in models.items():
+        for name, m in models.items():  # continuous batching: a running search per decode worker (--workers)
+            lanes = decode_workers(opts.workers, m.translator.device) if m.continuous else 1
+            threads = opts.threads or torch.get_num_threads()
+            m.threads = (max(1, threads // lanes), threads)
             m.batcher = Batcher(m.decode, batch_tokens=opts.batch_tokens, max_queue=opts.max_queue,
-                                max_wait=opts.max_wait_ms / 1000, on_batch=partial(self._counted, name), name=name)
+                                max_wait=opts.max_wait_ms / 1000, on_batch=partial(self._counted, name), name=name,
+                                stream=m.stream, lanes=lanes)
             depth.labels(name).set_function(m.batcher.depth)
 
-    def _counted(self, name: str, size: int, seconds: float) -> None:
-        """The batcher's `on_batch` of model `name` (with partial): a decoded batch of `size` sentences."""
-        self.sentences.labels(name).inc(size)
+    def _counted(self, name: str, decoded: int, size: int) -> None:
+        """The batcher's `on_batch` of model `name` (with partial): a batch (or a step) of `size`
+        sentences, of which `decoded` were finished."""
+        self.sentences.labels(name).inc(decoded)
         self.batches.labels(name).observe(size)
 
     def close(self) -> None:
@@ -257,10 +276,12 @@ class Service:
             raise ApiError(499, "the client went away")
         raise ApiError(504, f"the translation took longer than this server's limit of {self.opts.timeout:g} s")
 
-    def _jobs(self, model: Model, key: Hashable, items: list[Any], texts: list[str]) -> list[Job]:
+    def _jobs(self, model: Model, key: tuple[Any, ...], items: list[Any], texts: list[str]) -> list[Job]:
         encode = model.translator.loaded.tokenizer.encode
-        return [Job(key, item, tokens=len(encode(text)) + 1, index=i, where=f"texts[{i}]")
-                for i, (item, text) in enumerate(zip(items, texts, strict=True))]
+        # a sentence with lexical constraints never joins a running search (nmt.serve.stream)
+        return [Job((*key, not getattr(item, "constraints", ()) and not getattr(item, "avoid", ())
+                     and not getattr(item, "prefix", "")), item, tokens=len(encode(text)) + 1, index=i,
+                    where=f"texts[{i}]") for i, (item, text) in enumerate(zip(items, texts, strict=True))]
 
     # ------------------------------------------------------------------ nmt's API
 

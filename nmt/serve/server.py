@@ -51,7 +51,7 @@ def load_models(specs: list[tuple[str | None, list[str]]], opts: ServeOptions) -
         pair = name.split("-") if name and name.count("-") == 1 else [data.source_lang, data.target_lang]
         name = name or ("-".join(pair) if all(pair) else "default")
         tr.translate([WARM_UP])
-        models[name] = Model(name, tr, pair[0], pair[1])
+        models[name] = Model(name, tr, pair[0], pair[1], continuous=opts.continuous)
     return models
 
 
