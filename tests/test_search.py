@@ -256,8 +256,9 @@ def test_min_len_blocks_eos(min_len, expected):
     assert search(EARLY_EOS, cfg, nbest=1)[0].tokens == expected
 
 
-def test_max_length_wins_over_min_len():
-    cfg = replace(CFG, min_len=5, max_len_b=1)
+@pytest.mark.parametrize("min_len", [5, 10**30])  # 10**30: more than an int64 holds
+def test_max_length_wins_over_min_len(min_len):
+    cfg = replace(CFG, min_len=min_len, max_len_b=1)
     assert search(EARLY_EOS, cfg, nbest=1)[0].tokens == [A]
 
 

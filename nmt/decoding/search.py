@@ -109,8 +109,8 @@ def _block_(scores: Tensor, step: int | Tensor, history: Tensor, at_max: Tensor 
     scores[:, bos] = -math.inf
     if not cfg.allow_unk:
         scores[:, unk] = -math.inf
-    if isinstance(step, Tensor):
-        scores[:, eos].masked_fill_(step < cfg.min_len, -math.inf)
+    if isinstance(step, Tensor):  # --min-len 1e30 is more than int64 holds, and than any output's length
+        scores[:, eos].masked_fill_(step < min(cfg.min_len, 2**62), -math.inf)
     elif step < cfg.min_len:
         scores[:, eos] = -math.inf
     n, width = cfg.no_repeat_ngram_size, history.size(1)
