@@ -130,8 +130,9 @@ class Embedding(nn.Module):
         table = self.positions.weight if self.learned else self.sinusoids
         x = self.tokens(tokens) * self.scale  # (B, T, D)
         if isinstance(start, Tensor):
-            first = (start == 0).to(x.device).view(-1, 1, 1)
-            return self.dropout((x.masked_fill(first, 0.0) if self.zero_start else x) + table[start.to(x.device)].unsqueeze(1))
+            if self.zero_start:
+                x = x.masked_fill((start == 0).to(x.device).view(-1, 1, 1), 0.0)
+            return self.dropout(x + table[start.to(x.device)].unsqueeze(1))
         if self.zero_start and start == 0:
             x = torch.cat([torch.zeros_like(x[:, :1]), x[:, 1:]], dim=1)
         return self.dropout(x + table[start:end])

@@ -30,7 +30,8 @@ def can_stream(tr: Translator) -> bool:
 
 
 class Stream:
-    """One decode setting's running search; the batcher's worker calls `run` on the torch thread."""
+    """One decode setting's running search; the batcher's worker calls `run` on its lane's thread
+    (nmt.serve.batching.lane)."""
 
     def __init__(self, tr: Translator, nbest: int, attend: bool, lang: str | None, threads: tuple[int, int]):
         self.tr, self.attend, self.lang, self.threads = tr, attend, lang or tr.target_lang, threads
