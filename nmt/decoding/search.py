@@ -287,12 +287,11 @@ class _Sentences:
         return ending | (best_live <= self.worst) | (self.worst > -math.inf)
 
     def keep(self, done: Tensor, nbest: int) -> list[tuple[Hashable, list[Hypothesis]]]:
-        """The sentences `done` (Bn,) leave: their tags and `nbest` best hypotheses; the others
-        go on, one token longer."""
+        """The sentences `done` (Bn,) leave: their tags and `nbest` best hypotheses."""
         out = [(tag, self.lists.pop(tag)[:nbest]) for tag, d in zip(self.tags, done.tolist()) if d]
         keep = (~done).nonzero().view(-1)
         self.tags = [self.tags[i] for i in keep.tolist()]
-        self.max_out, self.worst, self.steps = self.max_out[keep], self.worst[keep], self.steps[keep] + 1
+        self.max_out, self.worst, self.steps = self.max_out[keep], self.worst[keep], self.steps[keep]
         return out
 
 
@@ -390,8 +389,7 @@ class BeamSearch:
             keep = (~done).nonzero().view(-1).to(device)
             rows, scores, new_tok, new_lp = (t[keep] for t in (rows, scores, new_tok, new_lp))
             cons.keep(keep)
-        else:
-            books.steps += 1
+        books.steps += 1  # the live sentences' hypotheses are one token longer
         rows = rows.view(-1)  # (Bn'*beam,) rows of the old beam, sentence-major
         width = int(books.steps.max())  # history columns still needed
         self.tokens = torch.cat([self.tokens[rows], new_tok.view(-1, 1)], 1)[:, -width:]

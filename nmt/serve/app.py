@@ -80,12 +80,16 @@ class Model:
             tr.decode = cfg
         return key, self.variants[key]
 
+    def translator_of(self, settings: tuple[Any, ...], nbest: int) -> Translator:
+        """The translator of a job key's settings (made again if `variant` dropped it from its 64)."""
+        return self.variants.get((settings, nbest)) or self.variant(dict(settings), nbest)[1]
+
     def stream(self, key: Any) -> Stream | None:
         """The batcher's `stream` (continuous batching, nmt.serve.stream) for a key whose sentences can join one."""
         kind, settings, nbest, attend, lang, plain = key
         if kind != "translate" or not plain or not self.continuous:
             return None
-        tr = self.variants.get((settings, nbest)) or self.variant(dict(settings), nbest)[1]
+        tr = self.translator_of(settings, nbest)
         return Stream(tr, nbest, attend, lang, self.threads) if can_stream(tr) else None
 
     def decode(self, key: Any, jobs: list[Job]) -> list[Any]:
@@ -93,7 +97,7 @@ class Model:
         kind, settings, nbest, attend, lang, _ = key
         if kind == "score":
             return self.translator.score([j.item[0] for j in jobs], [j.item[1] for j in jobs], normalize=settings)
-        tr = self.variants.get((settings, nbest)) or self.variant(dict(settings), nbest)[1]
+        tr = self.translator_of(settings, nbest)
         if tr.decode.sampling:  # a sentence's generator is its index in its request: one at a time
             return [tr.translate_nbest([j.item], nbest, where=[j.where].__getitem__, first_index=j.index,
                                        alignment=attend, attention=attend, target_lang=lang)[0] for j in jobs]
@@ -279,9 +283,8 @@ class Service:
     def _jobs(self, model: Model, key: tuple[Any, ...], items: list[Any], texts: list[str]) -> list[Job]:
         encode = model.translator.loaded.tokenizer.encode
         # a sentence with lexical constraints never joins a running search (nmt.serve.stream)
-        return [Job((*key, not getattr(item, "constraints", ()) and not getattr(item, "avoid", ())
-                     and not getattr(item, "prefix", "")), item, tokens=len(encode(text)) + 1, index=i,
-                    where=f"texts[{i}]") for i, (item, text) in enumerate(zip(items, texts, strict=True))]
+        return [Job((*key, not (isinstance(item, Request) and item.asks())), item, tokens=len(encode(text)) + 1,
+                    index=i, where=f"texts[{i}]") for i, (item, text) in enumerate(zip(items, texts, strict=True))]
 
     # ------------------------------------------------------------------ nmt's API
 
