@@ -8,13 +8,14 @@
 # In order of importance:
 # 1. training on the synthetic WMT workload (scripts/bench_train.py --workload wmt): base bf16 with
 #    the profiler's top operators (profile-base.txt); the CUDA tests (tests/test_gpu.py); base fp16;
-#    big bf16 (profile-big.txt); the configs' former batches (base 12,500 x 4, big 6,250 x 8);
-#    base without length padding (train.pad_to_multiple=1); the code before the GPU rebuild
-#    (BEFORE, default bench-trees/before: `git archive a370fbb nmt | tar -x -C bench-trees/before`);
+#    big bf16 (profile-big.txt);
 # 2. decoding: a base-size model trained on Multi30k for TRAIN_S seconds (bf16), averaged, then
 #    scripts/bench_translate.py --device cuda, beam 4, source lines joined in pairs (WMT
 #    lengths), batch 32, 128 and 512;
-# 3. base bf16 with torch.compile (train.compile=true).
+# 3. more training rows: the configs' former batches (base 12,500 x 4, big 6,250 x 8); base
+#    without length padding (train.pad_to_multiple=1); the code before the GPU rebuild
+#    (BEFORE, default bench-trees/before: `git archive a370fbb nmt | tar -x -C bench-trees/before`);
+# 4. base bf16 with torch.compile (train.compile=true).
 # Data, prepared here first and carried (bench-data/ and bench-trees/ are git-ignored):
 #   mkdir -p bench-data && cp -r ../shared/data/multi30k bench-data/
 #   python -c "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; \
@@ -67,10 +68,6 @@ run 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tai
 step "training, synthetic WMT (continued)"
 train_row 60 --config configs/base.yaml --precision fp16
 train_row 100 --config configs/big.yaml --precision bf16 --profile-table "$OUT/profile-big.txt"
-train_row 60 --config configs/base.yaml --precision bf16 --set train.max_tokens=12500 --set train.update_freq=4
-train_row 60 --config configs/big.yaml --precision bf16 --set train.max_tokens=6250 --set train.update_freq=8
-train_row 60 --config configs/base.yaml --precision bf16 --set train.pad_to_multiple=1
-[ -d "$BEFORE/nmt" ] && train_row 60 --config configs/base.yaml --precision bf16 --repo "$BEFORE"
 
 step "decoding a base-size model trained ${TRAIN_S}s on Multi30k"
 RUN=$WORK/m30k-base
@@ -83,6 +80,12 @@ for bs in 32 128 512; do
   run 60 $PY scripts/bench_translate.py --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --beam 4 \
     --join 2 --batch-size $bs --repeat 2 --no-command $([ $bs = 32 ] && echo --header) --json "$WORK/translate-$bs.json"
 done
+
+step "training, synthetic WMT: the configs' former batches, no padding, the code before the GPU rebuild"
+train_row 60 --config configs/base.yaml --precision bf16 --set train.max_tokens=12500 --set train.update_freq=4
+train_row 60 --config configs/big.yaml --precision bf16 --set train.max_tokens=6250 --set train.update_freq=8
+train_row 60 --config configs/base.yaml --precision bf16 --set train.pad_to_multiple=1
+[ -d "$BEFORE/nmt" ] && train_row 60 --config configs/base.yaml --precision bf16 --repo "$BEFORE"
 
 step "training with torch.compile"
 train_row 300 --config configs/base.yaml --precision bf16 --set train.compile=true --warmup 15

@@ -28,7 +28,7 @@ def smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, epsilon: 
     target is not `ignore_index`. The smoothed target puts 1 - epsilon on the gold token and
     epsilon / (V - 1) on every other token (as fairseq). `_ProjectedSmoothedLoss` computes
     the gradient from `lprobs` itself."""
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) fp32
+    lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V)
     keep = target != ignore_index
     gold = lprobs.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
     nll = -torch.where(keep, gold, 0.0).sum()
@@ -72,8 +72,8 @@ def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: 
 
 class _ProjectedSmoothedLoss(torch.autograd.Function):
     """The chunked loss with its gradients computed in the forward pass, chunk by chunk:
-    per row, loss = -(a * lp[gold] + b * sum_v lp[v]) (`smoothing_weights`), so
-    d loss / d logit_v = (a + b V) p_v - b - a [v = gold], computed in place in the chunk's
+    per row, loss = -(a * lp[gold] + b * sum_v lp[v]) (`smoothing_weights`, a + b V = 1), so
+    d loss / d logit_v = p_v - b - a [v = gold], computed in place in the chunk's fp32
     log-probabilities (autograd's chain would cost several (c, V) passes and buffers); then
     d states = g @ weight, d weight += g^T @ states and d bias += the column sums of g; only one
     chunk's g exists at a time."""
@@ -83,24 +83,34 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
                 rows: int, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         vocab = weight.size(0)
         a, b = smoothing_weights(epsilon, vocab)
+        half = False  # then the chunks' gradients leave out -b (see below)
         grad_states = torch.empty_like(states)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         total, low = torch.zeros(2, dtype=torch.float32, device=states.device), weight
         for start in range(0, states.size(0), rows):
-            h, gold = states[start : start + rows], target[start : start + rows]
+            h, gold = states[start : start + rows], target[start : start + rows].unsqueeze(1)
             logits = F.linear(h, weight, bias)  # (c, V) in the autocast dtype, if any
-            loss, nll, lprobs, _ = smoothed_cross_entropy(logits, gold, epsilon, -1)
+            loss, nll, lprobs, _ = smoothed_cross_entropy(logits, gold.squeeze(1), epsilon, -1)
             total += torch.stack([loss, nll])
-            grad = lprobs.exp_().mul_(a + b * vocab)  # (c, V) fp32: the chunk's only big buffer
-            if b:
-                grad.sub_(b)
-            grad.scatter_add_(1, gold.unsqueeze(1), torch.full_like(gold, -a, dtype=grad.dtype).unsqueeze(1))
-            g, low = grad.to(logits.dtype), low.to(logits.dtype)  # the weight cast once, not per chunk
-            grad_states[start : start + rows] = (g @ low).to(states.dtype)
-            grad_weight += (g.t() @ h.to(g.dtype)).float()
+            low, half = low.to(logits.dtype), logits.dtype != torch.float32  # the weight cast once, not per chunk
+            if half:  # p written once in the logits' dtype, the gold entries p - a from fp32; -b below
+                grad = torch.exp(lprobs, out=torch.empty_like(logits))
+                grad.scatter_(1, gold, lprobs.gather(1, gold).exp_().sub_(a).to(grad.dtype))
+            else:
+                grad = lprobs.exp_()  # (c, V) fp32: the chunk's only big buffer
+                if b:
+                    grad.sub_(b)
+                grad.scatter_add_(1, gold, torch.full_like(gold, -a, dtype=grad.dtype))
+            grad_states[start : start + rows] = (grad @ low).to(states.dtype)
+            grad_weight += (grad.t() @ h.to(grad.dtype)).float()
             if grad_bias is not None:
-                grad_bias += grad.sum(0)
+                grad_bias += grad.sum(0, dtype=torch.float32)
+        if half and b:  # the sums of -b over the vocabulary and over the rows
+            grad_states.sub_(b * low.sum(0, dtype=torch.float32))
+            grad_weight.sub_(b * states.sum(0, dtype=torch.float32))
+            if grad_bias is not None:
+                grad_bias.sub_(b * states.size(0))
         ctx.save_for_backward(grad_states, grad_weight, grad_bias)
         ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
         loss, nll = total[0].clone(), total[1].clone()
