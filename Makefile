@@ -16,7 +16,7 @@ help:
 	@echo "make distill    # after make demo: distill its model into a 6+1-layer student of width 160, score both"
 	@echo "make test       # install and run the test suite (about 5 minutes on 2 cores)"
 	@echo "make test-slow  # the long system tests (learning tasks, demo pipeline, fault injection)"
-	@echo "make test-gpu   # the CUDA tests (tests/test_gpu.py); fails without a GPU"
+	@echo "make test-gpu   # the CUDA tests (pytest -m gpu); they fail without a GPU"
 	@echo "make lint       # ruff + mypy"
 	@echo "make docs       # the documentation site, built offline with mkdocs --strict into site/"
 
@@ -35,7 +35,7 @@ test-slow: install
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 test-gpu: install
-	$(BIN)/python -m pytest -q -m gpu tests/test_gpu.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m gpu tests $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check nmt tests scripts

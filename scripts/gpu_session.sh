@@ -7,7 +7,7 @@
 #
 # In order of importance:
 # 1. training on the synthetic WMT workload (scripts/bench_train.py --workload wmt): base bf16 with
-#    the profiler's top operators (profile-base.txt); the CUDA tests (tests/test_gpu.py); base fp16;
+#    the profiler's top operators (profile-base.txt); the CUDA tests (pytest -m gpu); base fp16;
 #    big bf16 (profile-big.txt);
 # 2. decoding: a base-size model trained on Multi30k for TRAIN_S seconds (bf16), averaged, then
 #    scripts/bench_translate.py --device cuda, beam 4, source lines joined in pairs (WMT
@@ -63,7 +63,7 @@ $PY -c "import sys; sys.path.insert(0, 'scripts'); import bench_train; print(ben
 train_row 100 --config configs/base.yaml --precision bf16 --profile-table "$OUT/profile-base.txt"
 
 step "CUDA tests"
-run 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -25 | tee "$OUT/test-gpu.txt"
+run 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -25 | tee "$OUT/test-gpu.txt"
 
 step "training, synthetic WMT (continued)"
 train_row 60 --config configs/base.yaml --precision fp16

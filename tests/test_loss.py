@@ -1,7 +1,7 @@
 """The training objective: the chunked projection + label-smoothed loss equals the plain one
-(loss, NLL and both gradients), in fp32 and under bf16 autocast, for any chunking; the model's
-decoder states at host-made indices equal its masked forward; padding lengths to a multiple
-changes no loss or gradient."""
+(loss, NLL and both gradients), in fp32 and under bf16 and fp16 autocast (on CUDA too, with
+`make test-gpu`), for any chunking; the model's decoder states at host-made indices equal its
+masked forward; padding lengths to a multiple changes no loss or gradient."""
 
 from __future__ import annotations
 
@@ -46,17 +46,18 @@ def test_chunked_loss_and_gradients_equal_the_plain_loss(eps, chunk_rows, with_b
     assert not nll.requires_grad
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_chunked_loss_under_autocast_is_close_to_the_plain_loss(dtype, with_bias):
+def test_chunked_loss_under_autocast_is_close_to_the_plain_loss(dtype, with_bias, device):
     # under autocast the chunks keep p in half precision and add the -b terms after the matmuls: the
     # gradients are those of the fp64 loss within the half dtype's rounding (a wrong -b is ~10% off here)
     torch.manual_seed(1)
-    states = torch.randn(50, 32, requires_grad=True)
-    weight = torch.randn(40, 32, requires_grad=True)
-    bias = (0.1 * torch.randn(40)).requires_grad_() if with_bias else None
-    target = torch.randint(4, 40, (50,))
-    with torch.autocast("cpu", dtype=dtype):
+    states = torch.randn(50, 32).to(device).requires_grad_()
+    weight = torch.randn(40, 32).to(device).requires_grad_()
+    bias = (0.1 * torch.randn(40)).to(device).requires_grad_() if with_bias else None
+    target = torch.randint(4, 40, (50,)).to(device)
+    with torch.autocast(device, dtype=dtype):
         loss, _ = projected_smoothed_loss(states, weight, target, 0.1, 8, bias)
     loss.backward()
     leaves = [t.detach().double().requires_grad_() for t in (states, weight) + ((bias,) if with_bias else ())]

@@ -89,19 +89,21 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
         grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         total, low = torch.zeros(2, dtype=torch.float32, device=states.device), weight
         for start in range(0, states.size(0), rows):
-            h, gold = states[start : start + rows], target[start : start + rows].unsqueeze(1)
+            h, gold = states[start : start + rows], target[start : start + rows]
             logits = F.linear(h, weight, bias)  # (c, V) in the autocast dtype, if any
-            loss, nll, lprobs, _ = smoothed_cross_entropy(logits, gold.squeeze(1), epsilon, -1)
+            loss, nll, lprobs, _ = smoothed_cross_entropy(logits, gold, epsilon, -1)
             total += torch.stack([loss, nll])
             low, half = low.to(logits.dtype), logits.dtype != torch.float32  # the weight cast once, not per chunk
-            if half:  # p written once in the logits' dtype, the gold entries p - a from fp32; -b below
-                grad = torch.exp(lprobs, out=torch.empty_like(logits))
-                grad.scatter_(1, gold, lprobs.gather(1, gold).exp_().sub_(a).to(grad.dtype))
+            if half:  # p in the logits' dtype (on CUDA written once), the gold entries p - a from fp32; -b below
+                at_gold = (torch.arange(gold.size(0), device=gold.device), gold)
+                value = lprobs[at_gold].exp_().sub_(a).to(logits.dtype)
+                grad = torch.exp(lprobs, out=torch.empty_like(logits)) if lprobs.is_cuda else lprobs.exp_().to(logits.dtype)
+                grad[at_gold] = value
             else:
                 grad = lprobs.exp_()  # (c, V) fp32: the chunk's only big buffer
                 if b:
                     grad.sub_(b)
-                grad.scatter_add_(1, gold, torch.full_like(gold, -a, dtype=grad.dtype))
+                grad.scatter_add_(1, gold.unsqueeze(1), torch.full_like(gold, -a, dtype=grad.dtype).unsqueeze(1))
             grad_states[start : start + rows] = (grad @ low).to(states.dtype)
             grad_weight += (grad.t() @ h.to(grad.dtype)).float()
             if grad_bias is not None:
