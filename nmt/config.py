@@ -148,8 +148,8 @@ class TrainConfig:
     pad_to_multiple: int = opt(0, "Pad each batch's source and target lengths to a multiple of this, so that kernels "
                                   "and torch.compile see few distinct shapes (the batch's token budget counts the "
                                   "padding); 0 = 8 on CUDA, 1 (no padding) on the CPU.", at_least=0)
-    compile: bool = opt(False, "Compile the model and loss with torch.compile (needs a C++ compiler on "
-                        "the CPU; the first updates of each new shape are slow).")
+    compile: bool = opt(False, "Compile the model with torch.compile (needs a C++ compiler on the CPU; the "
+                        "loss runs eagerly; the first updates of the first few shapes are slow).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = opt(
         "default", "torch.compile mode; reduce-overhead records CUDA graphs (one per batch shape).")
     tensorboard: bool = opt(False, "Also write the metrics.jsonl records as TensorBoard scalars to "

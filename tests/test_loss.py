@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import label_smoothed_nll_loss
+from torch._dynamo.utils import counters
 
 from nmt import data as datamod
 from nmt.config import ModelConfig
@@ -124,7 +125,9 @@ def test_padding_to_a_multiple_of_8_changes_no_loss_or_gradient(prepared):
 def test_compiled_objective_gives_the_loss_and_gradients_of_the_eager_one(prepared):
     """train.compile: torch.compile of the model and loss (inductor, on the CPU here) changes
     the loss and gradients of a fixed batch by float rounding only; a second batch shape
-    (pad_to 8 keeps shapes few) runs too."""
+    (pad_to 8 keeps shapes few) runs too, and later batches, whose counts of real target tokens
+    all differ, compile nothing more (the loss's chunk loop runs eagerly: traced, it compiled
+    again for every count)."""
     data = datamod.ParallelData.load(prepared[0], "train")
     vocab = prepared[1]["vocab_size"]
     model = Transformer(small_model().cfg, vocab, pad_id=NMT_SPECIALS.pad)
@@ -143,3 +146,11 @@ def test_compiled_objective_gives_the_loss_and_gradients_of_the_eager_one(prepar
         torch.testing.assert_close(nll_c, nll_e, rtol=1e-5, atol=1e-4)
         for key, grad in grads_e.items():
             torch.testing.assert_close(grads_c[key], grad, rtol=1e-3, atol=1e-5, msg=key)
+
+    def graphs_after(first: int) -> int:
+        batch = datamod.collate(data, list(range(first, first + 16)), NMT_SPECIALS, pad_to=8)
+        compiled(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)[0].backward()
+        return counters["stats"]["unique_graphs"]
+
+    settled = graphs_after(150)  # a length that changes for the first time compiles once more (automatic dynamic)
+    assert [graphs_after(200), graphs_after(250)] == [settled, settled]  # 512 and 550 real target tokens

@@ -46,6 +46,7 @@ def smoothing_weights(epsilon: float, vocab: int) -> tuple[float, float]:
     return 1.0 - epsilon - b, b
 
 
+@torch.compiler.disable  # traced, its chunk loop compiled again for every count of real target tokens
 def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float,
                             chunk_rows: int | None = None, bias: torch.Tensor | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor]:
