@@ -35,7 +35,7 @@ test-slow: install
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 test-gpu: install
-	$(BIN)/python -m pytest -q -m gpu tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m gpu tests/test_gpu.py tests/test_loss.py $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check nmt tests scripts

@@ -7,15 +7,15 @@
 #
 # In order of importance:
 # 1. training on the synthetic WMT workload (scripts/bench_train.py --workload wmt): base bf16 with
-#    the profiler's top operators (profile-base.txt); the CUDA tests (pytest -m gpu); base fp16;
-#    big bf16 (profile-big.txt);
+#    the profiler's top operators (profile-base.txt); the CUDA tests (pytest -m gpu in
+#    tests/test_gpu.py and tests/test_loss.py); base bf16 with torch.compile (train.compile=true);
+#    base fp16; big bf16 (profile-big.txt);
 # 2. decoding: a base-size model trained on Multi30k for TRAIN_S seconds (bf16), averaged, then
 #    scripts/bench_translate.py --device cuda, beam 4, source lines joined in pairs (WMT
 #    lengths), batch 32, 128 and 512;
 # 3. more training rows: the configs' former batches (base 12,500 x 4, big 6,250 x 8); base
 #    without length padding (train.pad_to_multiple=1); the code before the GPU rebuild
-#    (BEFORE, default bench-trees/before: `git archive a370fbb nmt | tar -x -C bench-trees/before`);
-# 4. base bf16 with torch.compile (train.compile=true).
+#    (BEFORE, default bench-trees/before: `git archive a370fbb nmt | tar -x -C bench-trees/before`).
 # Data, prepared here first and carried (bench-data/ and bench-trees/ are git-ignored):
 #   mkdir -p bench-data && cp -r ../shared/data/multi30k bench-data/
 #   python -c "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; \
@@ -63,7 +63,10 @@ $PY -c "import sys; sys.path.insert(0, 'scripts'); import bench_train; print(ben
 train_row 100 --config configs/base.yaml --precision bf16 --profile-table "$OUT/profile-base.txt"
 
 step "CUDA tests"
-run 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -25 | tee "$OUT/test-gpu.txt"
+run 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_loss.py 2>&1 | tail -25 | tee "$OUT/test-gpu.txt"
+
+step "training with torch.compile"
+train_row 240 --config configs/base.yaml --precision bf16 --set train.compile=true --warmup 15
 
 step "training, synthetic WMT (continued)"
 train_row 60 --config configs/base.yaml --precision fp16
@@ -86,9 +89,6 @@ train_row 60 --config configs/base.yaml --precision bf16 --set train.max_tokens=
 train_row 60 --config configs/big.yaml --precision bf16 --set train.max_tokens=6250 --set train.update_freq=8
 train_row 60 --config configs/base.yaml --precision bf16 --set train.pad_to_multiple=1
 [ -d "$BEFORE/nmt" ] && train_row 60 --config configs/base.yaml --precision bf16 --repo "$BEFORE"
-
-step "training with torch.compile"
-train_row 300 --config configs/base.yaml --precision bf16 --set train.compile=true --warmup 15
 
 step "done at ${SECONDS}s"
 tar -czf "$OUT/results.tgz" -C "$WORK" $(cd "$WORK" && ls ./*.json 2>/dev/null)
