@@ -3,7 +3,7 @@ one sentence a request, next to offline translation of the same lines in the sam
 
     .venv/bin/python scripts/bench_serve.py --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
         [--data-dir ../shared/data/multi30k] [--test test_2016_flickr] [--threads 2] \\
-        [--clients 1,8,32,128] [--json FILE]
+        [--clients 1,8,32,128] [--device cpu|cuda] [--json FILE]
 
 In order, with nothing else running:
 1. offline: `nmt translate` of all the lines in a subprocess (the command as users run it,
@@ -48,12 +48,12 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def offline(ckpt: str, lines: list[str], threads: int) -> tuple[float, list[str]]:
+def offline(ckpt: str, lines: list[str], threads: int, device: str) -> tuple[float, list[str]]:
     """(seconds translating, the translations) of `nmt translate` on `lines`."""
     def run(text: str) -> tuple[float, str]:
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "--threads", str(threads)],
-                             input=text, capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "--threads", str(threads),
+                              "--device", device], input=text, capture_output=True, text=True, check=True)
         return time.perf_counter() - start, out.stdout
 
     idle, _ = run("")
@@ -61,10 +61,10 @@ def offline(ckpt: str, lines: list[str], threads: int) -> tuple[float, list[str]
     return total - idle, out.splitlines()
 
 
-def alone(ckpt: str, lines: list[str], threads: int) -> float:
+def alone(ckpt: str, lines: list[str], threads: int, device: str) -> float:
     from nmt import Translator
 
-    tr = Translator.load(ckpt, threads=threads, device="cpu")
+    tr = Translator.load(ckpt, threads=threads, device=device)
     tr.translate(lines[:2])
     times = []
     for line in lines:
@@ -91,9 +91,10 @@ def batches(server: Server) -> tuple[float, float]:
     return count, total
 
 
-def clients(port: int, lines: list[str], n: int, expected: list[str]) -> tuple[float, list[float], float]:
+def clients(port: int, lines: list[str], n: int, expected: list[str], exact: bool) -> tuple[float, list[float], float]:
     """(seconds for all lines, each request's latency, CPU seconds the clients used) with `n`
-    concurrent keep-alive clients (threads of this process)."""
+    concurrent keep-alive clients (threads of this process); unless `exact`, answers that differ
+    from the offline ones (a GPU's float results depend on the batch) are counted, not fatal."""
     todo, lock, latencies, wrong = list(enumerate(lines)), threading.Lock(), [], []
 
     def client() -> None:
@@ -118,8 +119,10 @@ def clients(port: int, lines: list[str], n: int, expected: list[str]) -> tuple[f
         t.start()
     for t in threads:
         t.join()
-    if wrong:
+    if wrong and exact:
         raise SystemExit(f"{len(wrong)} answers differ from the offline translation, e.g. line {wrong[0]}")
+    if wrong:
+        print(f"{n} clients: {len(wrong)} of {len(lines)} answers differ from the offline translation")
     return time.perf_counter() - start, latencies, time.process_time() - cpu
 
 
@@ -130,6 +133,7 @@ def main() -> None:
     p.add_argument("--test", default="test_2016_flickr")
     p.add_argument("--src", default="en")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (offline, alone and the server)")
     p.add_argument("--clients", default="1,8,32,128")
     p.add_argument("--alone", type=int, default=200, help="lines timed on their own (step 2)")
     p.add_argument("--lines", type=int, default=0, help="use only the first N lines (0: all)")
@@ -141,22 +145,24 @@ def main() -> None:
     with gzip.open(Path(args.data_dir) / f"{args.test}.{args.src}.gz", "rt", encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f][: args.lines or None]
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    seconds, expected = offline(args.checkpoint, lines, args.threads)
+    seconds, expected = offline(args.checkpoint, lines, args.threads, args.device)
     rows = {"offline": {"sent_s": len(lines) / seconds, "seconds": seconds},
-            "alone_p50_ms": 1000 * alone(args.checkpoint, lines[: args.alone], args.threads)}
-    with Server("-c", args.checkpoint, "--threads", str(args.threads), "--max-queue", "100000",
+            "alone_p50_ms": 1000 * alone(args.checkpoint, lines[: args.alone], args.threads, args.device)}
+    with Server("-c", args.checkpoint, "--threads", str(args.threads), "--max-queue", "100000", "--device", args.device,
                 "--max-wait-ms", str(args.max_wait_ms), "--workers", str(args.workers),
                 *(["--no-continuous"] if args.no_continuous else []),
-                env={"OMP_NUM_THREADS": str(args.threads)}) as server:
+                env={"OMP_NUM_THREADS": str(args.threads),  # and where the device's carried wheels are
+                     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}) as server:
         for n in [int(c) for c in args.clients.split(",")]:
             server_cpu, before = cpu_seconds(server.proc.pid), batches(server)
-            seconds, lat, client_cpu = clients(server.port, lines, n, expected)
+            seconds, lat, client_cpu = clients(server.port, lines, n, expected, args.device == "cpu")
             count, total = (b - a for a, b in zip(before, batches(server), strict=True))
             rows[f"clients_{n}"] = {"sent_s": len(lines) / seconds, "seconds": seconds, "client_cpu_s": client_cpu,
                                     "server_cpu_s": cpu_seconds(server.proc.pid) - server_cpu,
                                     "mean_batch": total / max(count, 1),
                                     **{f"p{q}_ms": 1000 * percentile(lat, q) for q in (50, 95, 99)}}
-    print(f"{len(lines)} lines of {args.test}.{args.src}, {args.threads} threads, --max-wait-ms {args.max_wait_ms:g}, "
+    print(f"{len(lines)} lines of {args.test}.{args.src}, {args.device}, {args.threads} threads, "
+          f"--max-wait-ms {args.max_wait_ms:g}, "
           f"--workers {args.workers}, {'--no-continuous' if args.no_continuous else 'continuous batching'}, "
           f"{args.checkpoint}\n")
     print("| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms | cores used: server, clients | mean batch |\n"

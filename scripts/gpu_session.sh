@@ -13,7 +13,9 @@
 # 2. decoding: a base-size model trained on Multi30k for TRAIN_S seconds (bf16), averaged, then
 #    scripts/bench_translate.py --device cuda, beam 4, source lines joined in pairs (WMT
 #    lengths), batch 32, 128 and 512;
-# 3. more training rows: the configs' former batches (base 12,500 x 4, big 6,250 x 8); base
+# 3. `nmt serve` on the GPU with that model (scripts/bench_serve.py --device cuda, 32 and 128
+#    clients), if starlette and uvicorn are importable or their wheels are carried in .whl;
+# 4. more training rows: the configs' former batches (base 12,500 x 4, big 6,250 x 8); base
 #    without length padding (train.pad_to_multiple=1); the code before the GPU rebuild
 #    (BEFORE, default bench-trees/before: `git archive a370fbb nmt | tar -x -C bench-trees/before`).
 # Data, prepared here first and carried (bench-data/ and bench-trees/ are git-ignored):
@@ -22,6 +24,8 @@
 #     from bench_train import synthetic_wmt; synthetic_wmt(Path('bench-data/wmt-data'))"
 #   python -m nmt prepare-bpe -s en -t de --trainpref bench-data/multi30k/train \
 #     --validpref bench-data/multi30k/val --vocab-size 8000 --destdir bench-data/m30k-data
+#   echo /.whl/ >> .git/info/exclude   # nmt serve's extra, which the device image lacks:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl starlette uvicorn
 # OUT_DIR receives at most 8 files: gpu.log (everything), test-gpu.txt, profile-base.txt,
 # profile-big.txt and results.tgz (every row's JSON).
 set -uo pipefail
@@ -38,6 +42,9 @@ WORK=$(mktemp -d)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NMT_MULTI30K=$MULTI30K
 PY=${PYTHON:-python3}
 exec > >(tee -a "$OUT/gpu.log") 2>&1
+if ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels (nmt serve's extra)
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 
 # run LIMIT CMD...: CMD, cut at LIMIT seconds or at the deadline, whichever comes first
 run() {
@@ -83,6 +90,14 @@ for bs in 32 128 512; do
   run 60 $PY scripts/bench_translate.py --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --beam 4 \
     --join 2 --batch-size $bs --repeat 2 --no-command $([ $bs = 32 ] && echo --header) --json "$WORK/translate-$bs.json"
 done
+
+step "nmt serve on the GPU, the same model"
+if $PY -c "import starlette, uvicorn" 2>/dev/null; then
+  run 150 $PY scripts/bench_serve.py --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --threads 4 \
+    --clients 32,128 --alone 50 --json "$WORK/serve.json"
+else
+  echo "skipped: starlette and uvicorn are not installed (carry their wheels in .whl)"
+fi
 
 step "training, synthetic WMT: the configs' former batches, no padding, the code before the GPU rebuild"
 train_row 60 --config configs/base.yaml --precision bf16 --set train.max_tokens=12500 --set train.update_freq=4
