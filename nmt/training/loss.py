@@ -95,8 +95,8 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
             loss, nll, lprobs, _ = smoothed_cross_entropy(logits, gold, epsilon, -1)
             total += torch.stack([loss, nll])
             low, half = low.to(logits.dtype), logits.dtype != torch.float32  # the weight cast once, not per chunk
+            at_gold = (torch.arange(gold.size(0), device=gold.device), gold)
             if half:  # p in the logits' dtype (on CUDA written once), the gold entries p - a from fp32; -b below
-                at_gold = (torch.arange(gold.size(0), device=gold.device), gold)
                 value = lprobs[at_gold].exp_().sub_(a).to(logits.dtype)
                 grad = torch.exp(lprobs, out=torch.empty_like(logits)) if lprobs.is_cuda else lprobs.exp_().to(logits.dtype)
                 grad[at_gold] = value
@@ -104,7 +104,7 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
                 grad = lprobs.exp_()  # (c, V) fp32: the chunk's only big buffer
                 if b:
                     grad.sub_(b)
-                grad.scatter_add_(1, gold.unsqueeze(1), torch.full_like(gold, -a, dtype=grad.dtype).unsqueeze(1))
+                grad[at_gold] -= a
             grad_states[start : start + rows] = (grad @ low).to(states.dtype)
             grad_weight += (grad.t() @ h.to(grad.dtype)).float()
             if grad_bias is not None:
