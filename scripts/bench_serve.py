@@ -126,13 +126,24 @@ def clients(port: int, lines: list[str], n: int, expected: list[str], exact: boo
     return time.perf_counter() - start, latencies, time.process_time() - cpu
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_and_test_set(p: argparse.ArgumentParser) -> None:
+    """The options of the model, the test set and the threads (this script's and profile_serve.py's)."""
     p.add_argument("--checkpoint", default=str(ROOT / "runs/m30k_en_de/checkpoint_avg.pt"))
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/multi30k"))
     p.add_argument("--test", default="test_2016_flickr")
     p.add_argument("--src", default="en")
     p.add_argument("--threads", type=int, default=2)
+
+
+def read_sources(args: argparse.Namespace) -> list[str]:
+    """The source lines of the test set `add_model_and_test_set` names."""
+    with gzip.open(Path(args.data_dir) / f"{args.test}.{args.src}.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_and_test_set(p)
     p.add_argument("--device", default="cpu", help="cpu or cuda (offline, alone and the server)")
     p.add_argument("--clients", default="1,8,32,128")
     p.add_argument("--alone", type=int, default=200, help="lines timed on their own (step 2)")
@@ -142,8 +153,7 @@ def main() -> None:
     p.add_argument("--no-continuous", action="store_true", help="nmt serve --no-continuous (decode whole batches)")
     p.add_argument("--json")
     args = p.parse_args()
-    with gzip.open(Path(args.data_dir) / f"{args.test}.{args.src}.gz", "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f][: args.lines or None]
+    lines = read_sources(args)[: args.lines or None]
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     seconds, expected = offline(args.checkpoint, lines, args.threads, args.device)
     rows = {"offline": {"sent_s": len(lines) / seconds, "seconds": seconds},

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import os
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
-from bench_serve import clients  # noqa: E402
+from bench_serve import add_model_and_test_set, clients, read_sources  # noqa: E402
 from serving import Server  # noqa: E402
 
 # a decode thread's py-spy stack -> what it was doing: the first of these frames it holds
@@ -105,16 +104,11 @@ def spy_shares(path: Path) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", default=str(ROOT / "runs/m30k_en_de/checkpoint_avg.pt"))
-    p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/multi30k"))
-    p.add_argument("--test", default="test_2016_flickr")
-    p.add_argument("--src", default="en")
-    p.add_argument("--threads", type=int, default=2)
+    add_model_and_test_set(p)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=int, default=10, help="py-spy's recording (step 3)")
     args = p.parse_args()
-    with gzip.open(Path(args.data_dir) / f"{args.test}.{args.src}.gz", "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f]
+    lines = read_sources(args)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
