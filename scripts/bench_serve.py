@@ -74,10 +74,12 @@ def alone(ckpt: str, lines: list[str], threads: int, device: str) -> float:
     return statistics.median(times)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far, all its threads (/proc; 0 elsewhere)."""
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of process `pid` so far, all its threads, or with `tid` of that
+    one thread (/proc; 0 elsewhere, or once the thread has ended)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
-from bench_serve import add_model_and_test_set, clients, read_sources  # noqa: E402
+from bench_serve import add_model_and_test_set, clients, cpu_seconds, read_sources  # noqa: E402
 from serving import Server  # noqa: E402
 
 # a decode thread's py-spy stack -> what it was doing: the first of these frames it holds
@@ -42,21 +42,16 @@ KINDS = [("search step", "BeamSearch.step"), ("sentences joining", "BeamSearch.a
 
 
 class ThreadCPU:
-    """Each thread of process `pid`: CPU seconds since `start()`, sampled from /proc every 0.1 s
-    (threads that end before `stop()` keep their last reading)."""
+    """Each thread of process `pid`: CPU seconds over the `with` block, sampled from /proc every
+    0.1 s (threads that end inside it keep their last reading)."""
 
     def __init__(self, pid: int):
         self.pid, self.first, self.last, self._stop = pid, {}, {}, threading.Event()
 
     def read(self) -> dict[int, float]:
-        out = {}
-        for tid in os.listdir(f"/proc/{self.pid}/task"):
-            try:
-                fields = Path(f"/proc/{self.pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # ended meanwhile
-                continue
-            out[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return out
+        """Each live thread's CPU seconds (0 from a thread that ended meanwhile: left out)."""
+        seconds = {int(tid): cpu_seconds(self.pid, int(tid)) for tid in os.listdir(f"/proc/{self.pid}/task")}
+        return {tid: s for tid, s in seconds.items() if s}
 
     def __enter__(self) -> ThreadCPU:
         self.first, self.start = self.read(), time.perf_counter()
@@ -81,7 +76,8 @@ class ThreadCPU:
 
 
 def split(busiest: dict[int, float], main: int, workers: int) -> str:
-    """'decode threads a, b; main c; others d' from a thread -> cores map."""
+    """A thread -> cores map as the table's cells: the `workers` busiest threads other than `main`
+    (the decode threads) each, `main`, the other threads together, the whole process."""
     rest = sorted(((c, t) for t, c in busiest.items() if t != main), reverse=True)
     decode, others = rest[:workers], rest[workers:]
     return (f"{', '.join(f'{c:.2f}' for c, _ in decode)} | {busiest.get(main, 0.0):.2f} | "
