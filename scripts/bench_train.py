@@ -237,6 +237,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile-table", default="", help="CUDA: write the profiler's top operators here")
     ap.add_argument("--no-header", action="store_true")
+    ap.add_argument("--show-stderr", action="store_true",
+                    help="pass each run's stderr through (e.g. with TORCH_LOGS=perf_hints,recompiles)")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
@@ -267,10 +269,10 @@ def main() -> None:
                     "updates": args.updates, "profile": profile, "peak_tflops": args.peak_tflops, "sets": args.sets,
                     "repo": str(args.repo or ""),
                     "table": str(Path(args.profile_table).resolve()) if args.profile_table else ""}
-            out = subprocess.run([sys.executable, __file__, "--_child", json.dumps(spec)], cwd=tmp,
-                                 capture_output=True, text=True, env=env)
+            out = subprocess.run([sys.executable, __file__, "--_child", json.dumps(spec)], cwd=tmp, text=True,
+                                 stdout=subprocess.PIPE, stderr=None if args.show_stderr else subprocess.PIPE, env=env)
             if out.returncode:
-                print(f"| {config.name} | {device} | {precision} | failed: {out.stderr.strip()[-300:]} |")
+                print(f"| {config.name} | {device} | {precision} | failed: {(out.stderr or 'above').strip()[-300:]} |")
                 continue
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(row(results[-1]), flush=True)

@@ -8,14 +8,16 @@
 # In order of importance:
 # 1. training on the synthetic WMT workload (scripts/bench_train.py --workload wmt): base bf16 with
 #    the profiler's top operators (profile-base.txt); the CUDA tests (pytest -m gpu in
-#    tests/test_gpu.py and tests/test_loss.py); base bf16 with torch.compile (train.compile=true);
-#    base fp16; big bf16 (profile-big.txt);
+#    tests/test_gpu.py and tests/test_loss.py); base fp16; big bf16 eager (profile-big.txt);
 # 2. decoding: a base-size model trained on Multi30k for TRAIN_S seconds (bf16), averaged, then
 #    scripts/bench_translate.py --device cuda, beam 4, source lines joined in pairs (WMT
 #    lengths), batch 32, 128 and 512;
 # 3. `nmt serve` on the GPU with that model (scripts/bench_serve.py --device cuda, 32 and 128
 #    clients), if starlette and uvicorn are importable or their wheels are carried in .whl;
-# 4. more training rows: the configs' former batches (base 12,500 x 4, big 6,250 x 8); base
+# 4. torch.compile: big bf16 compiled, its config's default (profile-big-compile.txt); base
+#    compiled, and with CUDA graphs (train.compile_mode=reduce-overhead; torch's perf hints in
+#    cudagraphs.txt);
+# 5. more training rows: the configs' former batches (base 12,500 x 4, big 6,250 x 8); base
 #    without length padding (train.pad_to_multiple=1); the code before the GPU rebuild
 #    (BEFORE, default bench-trees/before: `git archive a370fbb nmt | tar -x -C bench-trees/before`).
 # Data, prepared here first and carried (bench-data/ and bench-trees/ are git-ignored):
@@ -27,7 +29,7 @@
 #   echo /.whl/ >> .git/info/exclude   # nmt serve's extra, which the device image lacks:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl starlette uvicorn
 # OUT_DIR receives at most 8 files: gpu.log (everything), test-gpu.txt, profile-base.txt,
-# profile-big.txt and results.tgz (every row's JSON).
+# profile-big.txt, profile-big-compile.txt, cudagraphs.txt and results.tgz (every row's JSON).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/gpu}
@@ -72,12 +74,9 @@ train_row 100 --config configs/base.yaml --precision bf16 --profile-table "$OUT/
 step "CUDA tests"
 run 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_loss.py 2>&1 | tail -25 | tee "$OUT/test-gpu.txt"
 
-step "training with torch.compile"
-train_row 240 --config configs/base.yaml --precision bf16 --set train.compile=true --warmup 15
-
 step "training, synthetic WMT (continued)"
 train_row 60 --config configs/base.yaml --precision fp16
-train_row 100 --config configs/big.yaml --precision bf16 --profile-table "$OUT/profile-big.txt"
+train_row 60 --config configs/big.yaml --precision bf16 --set train.compile=false --profile-table "$OUT/profile-big.txt"
 
 step "decoding a base-size model trained ${TRAIN_S}s on Multi30k"
 RUN=$WORK/m30k-base
@@ -99,9 +98,16 @@ else
   echo "skipped: starlette and uvicorn are not installed (carry their wheels in .whl)"
 fi
 
+step "training with torch.compile"
+train_row 200 --config configs/big.yaml --precision bf16 --warmup 15 --profile-table "$OUT/profile-big-compile.txt"
+train_row 240 --config configs/base.yaml --precision bf16 --set train.compile=true --warmup 15
+# CUDA graphs: none were recorded on an H200 (2026-11-26); torch's perf hints say why
+TORCH_LOGS=perf_hints train_row 200 --config configs/base.yaml --precision bf16 --set train.compile=true \
+  --set train.compile_mode=reduce-overhead --warmup 25 --show-stderr 2> "$OUT/cudagraphs.txt"
+
 step "training, synthetic WMT: the configs' former batches, no padding, the code before the GPU rebuild"
 train_row 60 --config configs/base.yaml --precision bf16 --set train.max_tokens=12500 --set train.update_freq=4
-train_row 60 --config configs/big.yaml --precision bf16 --set train.max_tokens=6250 --set train.update_freq=8
+train_row 60 --config configs/big.yaml --precision bf16 --set train.compile=false --set train.max_tokens=6250 --set train.update_freq=8
 train_row 60 --config configs/base.yaml --precision bf16 --set train.pad_to_multiple=1
 [ -d "$BEFORE/nmt" ] && train_row 60 --config configs/base.yaml --precision bf16 --repo "$BEFORE"
 
