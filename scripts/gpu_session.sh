@@ -15,7 +15,7 @@
 # 3. `nmt serve` on the GPU with that model (scripts/bench_serve.py --device cuda, 32 and 128
 #    clients), if starlette and uvicorn are importable or their wheels are carried in .whl;
 # 4. torch.compile: big bf16 compiled, its config's default (profile-big-compile.txt); base
-#    compiled, and with CUDA graphs (train.compile_mode=reduce-overhead; torch's perf hints in
+#    compiled, and with CUDA graphs (train.compile_mode=reduce-overhead; torch's cudagraphs log in
 #    cudagraphs.txt);
 # 5. more training rows: the configs' former batches (base 12,500 x 4, big 6,250 x 8); base
 #    without length padding (train.pad_to_multiple=1); the code before the GPU rebuild
@@ -101,8 +101,8 @@ fi
 step "training with torch.compile"
 train_row 200 --config configs/big.yaml --precision bf16 --warmup 15 --profile-table "$OUT/profile-big-compile.txt"
 train_row 240 --config configs/base.yaml --precision bf16 --set train.compile=true --warmup 15
-# CUDA graphs: none were recorded on an H200 (2026-11-26); torch's perf hints say why
-TORCH_LOGS=perf_hints train_row 200 --config configs/base.yaml --precision bf16 --set train.compile=true \
+# CUDA graphs: none were recorded on an H200 (2026-11-26); torch's cudagraphs log says why
+TORCH_LOGS=cudagraphs,perf_hints train_row 200 --config configs/base.yaml --precision bf16 --set train.compile=true \
   --set train.compile_mode=reduce-overhead --warmup 25 --show-stderr 2> "$OUT/cudagraphs.txt"
 
 step "training, synthetic WMT: the configs' former batches, no padding, the code before the GPU rebuild"
