@@ -16,7 +16,9 @@ Workloads (each prepared once into a temporary directory, or --prepared DIR):
 Each measurement runs in a fresh subprocess (its peak memory is its own): --warmup updates,
 then --updates timed ones through `Trainer.train_update` (forward, backward, optimizer step,
 no validation or checkpoints), then on CUDA --profile updates under torch.profiler for the
-share of wall time the GPU is busy. Figures per row:
+share of wall time the GPU is busy: their kernel time per real target token times the timed
+updates' tokens/s (the profiler slows the host, so its own wall time would understate the share;
+the JSON also has kernel_ms_per_update). Figures per row:
 - real target tok/s: non-pad target tokens (EOS included) per second;
 - padding: the share of padded source+target positions that are padding;
 - shapes/epoch: distinct (batch size, source length, target length) of one epoch's batches;
@@ -110,17 +112,19 @@ def real_token_flops(model_cfg, vocab: int, src_lens, tgt_lens) -> float:
     return float(3.0 * forward.sum())
 
 
-def gpu_busy_share(trainer, groups, device, table: str = "") -> float:
-    """The share of wall time in which a CUDA kernel runs, over `groups` updates (profiler);
+def kernel_seconds(trainer, groups, table: str = "") -> tuple[float, float]:
+    """CUDA kernel seconds and real target tokens of `groups` updates run under the profiler;
     `table`: also write the profiler's top operators by GPU and by CPU time to this file."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
+    tokens = 0.0
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for group in groups:
-            trainer.train_update(group)
+            stats = trainer.train_update(group)
+            tokens += 0 if stats is None else stats["tokens"] if isinstance(stats, dict) else stats.tokens
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     if table:
@@ -132,7 +136,7 @@ def gpu_busy_share(trainer, groups, device, table: str = "") -> float:
     for event in prof.key_averages():
         if str(getattr(event, "device_type", "")).endswith("CUDA"):
             kernel_us += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
-    return min(1.0, kernel_us / 1e6 / wall)
+    return kernel_us / 1e6, tokens
 
 
 def measure(spec: dict) -> dict:
@@ -197,8 +201,10 @@ def measure(spec: dict) -> dict:
         peak = spec["peak_tflops"] or next((v for k, v in PEAK_TFLOPS.items() if k in result["gpu"]), 0.0)
         if peak and spec["precision"] != "fp32":
             result["mfu"] = result["model_tflops"] / peak
-        if spec["profile"]:
-            result["gpu_busy"] = gpu_busy_share(trainer, groups[-spec["profile"]:], device, spec["table"])
+        if spec["profile"]:  # the profiler slows the host: its kernel time per token, at the timed speed
+            kernel_s, kernel_tokens = kernel_seconds(trainer, groups[-spec["profile"]:], spec["table"])
+            result["kernel_ms_per_update"] = 1e3 * kernel_s / spec["profile"]
+            result["gpu_busy"] = min(1.0, kernel_s / max(kernel_tokens, 1.0) * result["tgt_tokens_per_s"])
     if hasattr(trainer, "close"):
         trainer.close()
     return result
