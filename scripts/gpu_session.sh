@@ -2,10 +2,10 @@
 # The GPU measurements of docs/benchmarks.md in one command that fits a 10-minute device call
 # (each step is cut at its own time limit and at DEADLINE seconds from the start, default 540):
 #
-#   scripts/gpu_session.sh [OUT_DIR]            (default bench-out/gpu; needs torch with CUDA,
-#                                                sentencepiece, sacrebleu, typer, pyyaml, pytest)
+#   [STEPS="1 2 3 4 5"] scripts/gpu_session.sh [OUT_DIR]   (default bench-out/gpu; needs torch with
+#                                            CUDA, sentencepiece, sacrebleu, typer, pyyaml, pytest)
 #
-# In order of importance:
+# In order of importance (STEPS picks some, e.g. "4 5" for a second call; 3 needs 2's model):
 # 1. training on the synthetic WMT workload (scripts/bench_train.py --workload wmt): base bf16 with
 #    the profiler's top operators (profile-base.txt); the CUDA tests (pytest -m gpu in
 #    tests/test_gpu.py and tests/test_loss.py); base fp16; big bf16 eager (profile-big.txt);
@@ -58,6 +58,7 @@ run() {
   return $rc
 }
 step() { echo; echo "== [${SECONDS}s] $*"; }
+part() { [[ " ${STEPS:-1 2 3 4 5} " == *" $1 "* ]]; }
 n=0
 train_row() { n=$((n + 1)); run "$1" $PY scripts/bench_train.py --workload wmt --prepared "$WMT" --no-header \
   --json "$WORK/train-$n.json" "${@:2}"; }
@@ -66,9 +67,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 git log -1 --format='commit %h %cI' 2>/dev/null || true
 date -u
-
-step "training, synthetic WMT"
 $PY -c "import sys; sys.path.insert(0, 'scripts'); import bench_train; print(bench_train.HEADER)"
+
+if part 1; then
+step "training, synthetic WMT"
 train_row 100 --config configs/base.yaml --precision bf16 --profile-table "$OUT/profile-base.txt"
 
 step "CUDA tests"
@@ -77,7 +79,9 @@ run 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test
 step "training, synthetic WMT (continued)"
 train_row 60 --config configs/base.yaml --precision fp16
 train_row 60 --config configs/big.yaml --precision bf16 --set train.compile=false --profile-table "$OUT/profile-big.txt"
+fi
 
+if part 2; then
 step "decoding a base-size model trained ${TRAIN_S}s on Multi30k"
 RUN=$WORK/m30k-base
 run $((TRAIN_S + 60)) $PY -m nmt train configs/base.yaml --set data.dir="$M30K" --run-dir "$RUN" \
@@ -89,7 +93,9 @@ for bs in 32 128 512; do
   run 60 $PY scripts/bench_translate.py --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --beam 4 \
     --join 2 --batch-size $bs --repeat 2 --no-command $([ $bs = 32 ] && echo --header) --json "$WORK/translate-$bs.json"
 done
+fi
 
+if part 3; then
 step "nmt serve on the GPU, the same model"
 if $PY -c "import starlette, uvicorn" 2>/dev/null; then
   run 150 $PY scripts/bench_serve.py --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --threads 4 \
@@ -97,19 +103,24 @@ if $PY -c "import starlette, uvicorn" 2>/dev/null; then
 else
   echo "skipped: starlette and uvicorn are not installed (carry their wheels in .whl)"
 fi
+fi
 
+if part 4; then
 step "training with torch.compile"
 train_row 200 --config configs/big.yaml --precision bf16 --warmup 15 --profile-table "$OUT/profile-big-compile.txt"
 train_row 240 --config configs/base.yaml --precision bf16 --set train.compile=true --warmup 15
 # CUDA graphs: none were recorded on an H200 (2026-11-26); torch's cudagraphs log says why
 TORCH_LOGS=cudagraphs,perf_hints train_row 200 --config configs/base.yaml --precision bf16 --set train.compile=true \
   --set train.compile_mode=reduce-overhead --warmup 25 --show-stderr 2> "$OUT/cudagraphs.txt"
+fi
 
+if part 5; then
 step "training, synthetic WMT: the configs' former batches, no padding, the code before the GPU rebuild"
 train_row 60 --config configs/base.yaml --precision bf16 --set train.max_tokens=12500 --set train.update_freq=4
 train_row 60 --config configs/big.yaml --precision bf16 --set train.compile=false --set train.max_tokens=6250 --set train.update_freq=8
 train_row 60 --config configs/base.yaml --precision bf16 --set train.pad_to_multiple=1
 [ -d "$BEFORE/nmt" ] && train_row 60 --config configs/base.yaml --precision bf16 --repo "$BEFORE"
+fi
 
 step "done at ${SECONDS}s"
 tar -czf "$OUT/results.tgz" -C "$WORK" $(cd "$WORK" && ls ./*.json 2>/dev/null)
