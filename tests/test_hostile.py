@@ -28,6 +28,7 @@ from helpers import (
     TINY,
     assert_one_line,
     dead_pid,
+    last_error_line,
     nmt,
     nmt_here,
     records,
@@ -169,6 +170,18 @@ def test_a_tensorboard_path_that_is_a_file_is_one_line_and_kept(prepared, tmp_pa
     code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.tensorboard": True}))
     assert_one_line(code, err, str(run_dir / "tensorboard"), "not a directory", "train.tensorboard")
     assert (run_dir / "tensorboard").read_text() == "notes\n"
+
+
+def test_train_compile_without_a_compiler_is_one_line_naming_the_key(prepared, tmp_path):
+    """train.compile (configs/big.yaml's default) on a machine with no C++ compiler: a line that
+    names the key before any update, not inductor's traceback from inside the first one."""
+    run_dir = tmp_path / "run"
+    r = nmt("train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.compile": True}), "--device", "cpu",
+            env={"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")},
+            stdin="", timeout=300)
+    assert r.returncode == 1, r.stderr
+    last_error_line(r.stderr, "train.compile", "no-such-g++", "train.compile=false")
+    assert not list(run_dir.glob("checkpoint_*.pt"))
 
 
 def test_a_copied_run_trains_the_copy_not_the_original(prepared, tmp_path, capfd):

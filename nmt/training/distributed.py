@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from nmt.config import Config
 from nmt.device import resolve_device
+from nmt.errors import ConfigError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,12 @@ def wrap_for_training(objective: torch.nn.Module, env: Env, compile: bool = Fals
         # of step with the others.
         net = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
     if compile:
+        try:  # a missing compiler (C++ on the CPU, C for Triton) fails here, not in the first update
+            torch.compile(lambda x: x * 2 + 1)(torch.ones(2, device=env.device))
+        except Exception as exc:
+            why = one_line(exc).split(" Set TORCHDYNAMO_VERBOSE")[0]  # torch's advice to developers goes
+            raise ConfigError(f"train.compile: torch.compile cannot run on {env.device} ({why}); "
+                              "install a C/C++ compiler or set train.compile=false") from None
         net = torch.compile(net, mode=None if compile_mode == "default" else compile_mode)  # type: ignore[assignment]
     return net
 
