@@ -244,7 +244,7 @@ def main() -> None:
     ap.add_argument("--profile-table", default="", help="CUDA: write the profiler's top operators here")
     ap.add_argument("--no-header", action="store_true")
     ap.add_argument("--show-stderr", action="store_true",
-                    help="pass each run's stderr through (e.g. with TORCH_LOGS=perf_hints,recompiles)")
+                    help="pass each run's stderr through (e.g. with TORCH_LOGS=cudagraphs,recompiles)")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
