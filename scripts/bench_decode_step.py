@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from profile_decode import read_source  # noqa: E402
 
 
 def step_ms(model, batch: int, vocab: int, reps: int = 5) -> float:  # type: ignore[no-untyped-def]
@@ -95,8 +96,7 @@ def main() -> None:
 
     torch._inductor.config.freezing = True
     torch._dynamo.config.recompile_limit = 64
-    with gzip.open(Path(args.data_dir) / f"{args.test}.{args.src}.gz", "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f][: args.sentences]
+    lines = read_source(args)  # the first --sentences lines
     print(f"\n{len(lines)} lines of {args.test}.{args.src}\n\n"
           "| batch | eager s (best of 3) | compiled: first call s | compiled s (best of 3) | same translations |\n"
           "| ---: | ---: | ---: | ---: | --- |")
