@@ -13,15 +13,19 @@ Workloads (each prepared once into a temporary directory, or --prepared DIR):
   default configs base.yaml and big.yaml. Token ids are uniform: speed does not depend on
   which tokens they are.
 
-Each measurement runs in a fresh subprocess (its peak memory is its own): --warmup updates,
-then --updates timed ones through `Trainer.train_update` (forward, backward, optimizer step,
+Each measurement runs in a fresh subprocess (its peak memory is its own): --warmup updates
+(plus --warmup-epochs whole epochs, in the order the timed updates then repeat), then --updates
+timed ones through `Trainer.train_update` (forward, backward, optimizer step,
 no validation or checkpoints), then on CUDA --profile updates under torch.profiler for the
 share of wall time the GPU is busy: their kernel time per real target token times the timed
 updates' tokens/s (the profiler slows the host, so its own wall time would understate the share;
 the JSON also has kernel_ms_per_update). Figures per row:
 - real target tok/s: non-pad target tokens (EOS included) per second;
 - padding: the share of padded source+target positions that are padding;
-- shapes/epoch: distinct (batch size, source length, target length) of one epoch's batches;
+- shapes/epoch: distinct (batch size, source length, target length) of one epoch's batches
+  (the JSON's timed_shapes_new / _seen_once / _seen_twice: the timed updates whose shapes came
+  never, once, or twice or more before; CUDA graphs, train.compile_mode=reduce-overhead, replay
+  only the last; --shapes-only prints these without training);
 - model TFLOP/s and MFU: `real_token_flops` (docs/benchmarks.md has the formula) over the
   timed updates' real tokens, divided by the time; MFU against --peak-tflops (by GPU name:
   H100/H200 989 dense bf16/fp16).
@@ -32,6 +36,7 @@ another checkout's nmt (PYTHONPATH), to compare commits in the same minutes.
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import os
@@ -159,19 +164,33 @@ def measure(spec: dict) -> dict:
     trainer = Trainer(cfg, Env(device), reset_optimizer=False, reset_data=False)
     # epoch_updates was _epoch_batches before (--repo may run an older checkout)
     epoch = (trainer.epoch_updates if hasattr(trainer, "epoch_updates") else trainer._epoch_batches)(1)
-    need = spec["warmup"] + spec["updates"] + spec["profile"]
+    warmup = spec["warmup"] + spec.get("warmup_epochs", 0) * len(epoch)
+    need = warmup + spec["updates"] + spec["profile"]
     groups = (epoch * (need // len(epoch) + 1))[:need]
     data, pad_to = trainer.train_data, getattr(trainer, "pad_to", 1)
 
     def padded(n):
         return -(-(n + 1) // pad_to) * pad_to
 
-    shapes = {(len(ids), padded(int(data.src_sizes[ids].max())), padded(int(data.tgt_sizes[ids].max())))
-              for group in epoch for ids in group}  # one process: no empty shards
+    def shape(group):  # an update's (batch, source, target) shapes; one process: no empty shards
+        return tuple((len(ids), padded(int(data.src_sizes[ids].max())), padded(int(data.tgt_sizes[ids].max())))
+                     for ids in group)
+
+    shapes = {s for group in epoch for s in shape(group)}
+    seen: collections.Counter = collections.Counter()  # CUDA graphs replay an update's shapes from their third time
+    times_seen = collections.Counter()  # timed updates by how often their shapes came before: 0, 1, 2 or more
+    for i, group in enumerate(groups[: warmup + spec["updates"]]):
+        if i >= warmup:
+            times_seen[min(seen[shape(group)], 2)] += 1
+        seen[shape(group)] += 1
+    if spec.get("shapes_only"):
+        return {"updates_per_epoch": len(epoch), "shapes_per_epoch": len(shapes), "warmup": warmup,
+                "timed_shapes_new": times_seen[0], "timed_shapes_seen_once": times_seen[1],
+                "timed_shapes_seen_twice": times_seen[2]}
     cuda = device.type == "cuda"
     flops = tokens = positions = real_positions = 0.0
-    for i, group in enumerate(groups[: spec["warmup"] + spec["updates"]]):
-        if i == spec["warmup"]:
+    for i, group in enumerate(groups[: warmup + spec["updates"]]):
+        if i == warmup:
             if cuda:
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -191,7 +210,8 @@ def measure(spec: dict) -> dict:
         "sets": spec["sets"], "repo": spec["repo"], "threads": torch.get_num_threads(),
         "max_tokens": cfg.train.max_tokens, "update_freq": cfg.train.update_freq, "updates": spec["updates"],
         "tgt_tokens_per_s": tokens / seconds, "seconds": seconds, "padding": 1 - real_positions / max(positions, 1),
-        "shapes_per_epoch": len(shapes), "batches_per_epoch": sum(len(g) for g in epoch),
+        "shapes_per_epoch": len(shapes), "batches_per_epoch": sum(len(g) for g in epoch), "warmup": warmup,
+        "timed_shapes_seen_twice": times_seen[2],
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "model_tflops": flops / seconds / 1e12,
     }
@@ -235,6 +255,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup-epochs", type=int, default=0,
+                    help="also warm up on N whole epochs, so that the timed updates' shapes were each seen N times "
+                         "(CUDA graphs replay a shape from its third time)")
     ap.add_argument("--updates", type=int, default=30)
     ap.add_argument("--profile", type=int, default=None, help="updates under the profiler (CUDA; default 5)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override, repeatable")
@@ -243,6 +266,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile-table", default="", help="CUDA: write the profiler's top operators here")
     ap.add_argument("--no-header", action="store_true")
+    ap.add_argument("--shapes-only", action="store_true",
+                    help="print each row's shape counts as JSON, without training (runs anywhere)")
     ap.add_argument("--show-stderr", action="store_true",
                     help="pass each run's stderr through (e.g. with TORCH_LOGS=cudagraphs,recompiles)")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
@@ -266,12 +291,13 @@ def main() -> None:
             synthetic_wmt(prepared)
         else:
             prepare_multi30k(args.data_dir, prepared, 8000)
-        if not args.no_header:
+        if not args.no_header and not args.shapes_only:
             print(HEADER)
         results = []
         for i, (config, precision) in enumerate((c, p) for c in configs for p in precisions):
             spec = {"config": str(config), "precision": precision, "threads": args.threads, "device": device,
                     "prepared": str(prepared.resolve()), "run_dir": str(Path(tmp) / f"run{i}"), "warmup": args.warmup,
+                    "warmup_epochs": args.warmup_epochs, "shapes_only": args.shapes_only,
                     "updates": args.updates, "profile": profile, "peak_tflops": args.peak_tflops, "sets": args.sets,
                     "repo": str(args.repo or ""),
                     "table": str(Path(args.profile_table).resolve()) if args.profile_table else ""}
@@ -281,7 +307,7 @@ def main() -> None:
                 print(f"| {config.name} | {device} | {precision} | failed: {(out.stderr or 'above').strip()[-300:]} |")
                 continue
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(row(results[-1]), flush=True)
+            print(json.dumps(results[-1]) if args.shapes_only else row(results[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
