@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from profile_decode import read_source  # noqa: E402
+from profile_decode import read_source, source_arguments  # noqa: E402
 
 
 def step_ms(model, batch: int, vocab: int, reps: int = 5) -> float:  # type: ignore[no-untyped-def]
@@ -59,13 +59,9 @@ def best_of_3(tr, lines: list[str]) -> tuple[float, list[str]]:  # type: ignore[
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/multi30k"))
-    p.add_argument("--test", default="test_2016_flickr")
-    p.add_argument("--src", default="en")
+    source_arguments(p, sentences=200)
     p.add_argument("--batch-sizes", default="1,14,32")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--sentences", type=int, default=200)
     p.add_argument("--compile", action="store_true")
     args = p.parse_args()
     import torch

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from profile_decode import read_source  # noqa: E402
+from profile_decode import read_source, source_arguments  # noqa: E402
 
 
 def preallocated_append(original, pairs: int):  # type: ignore[no-untyped-def]
@@ -91,11 +91,7 @@ def child(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/multi30k"))
-    p.add_argument("--test", default="test_2016_flickr")
-    p.add_argument("--src", default="en")
-    p.add_argument("--sentences", type=int, default=1000)
+    source_arguments(p, sentences=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--layouts", default="1x1,2x1", help="W x T: W workers of T threads each")
     p.add_argument("--cache", help=argparse.SUPPRESS)  # set in the child processes

@@ -51,6 +51,15 @@ def group_of(name: str) -> str:
     return "other ops"
 
 
+def source_arguments(p: argparse.ArgumentParser, sentences: int) -> None:
+    """The checkpoint and test-set options this script shares with the other decoding benchmarks."""
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    p.add_argument("--test", default="test_2016_flickr")
+    p.add_argument("--src", default="en")
+    p.add_argument("--sentences", type=int, default=sentences)
+
+
 def read_source(args: argparse.Namespace) -> list[str]:
     import gzip
 
@@ -119,11 +128,7 @@ def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, lenpen
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA))
-    p.add_argument("--test", default="test_2016_flickr")
-    p.add_argument("--src", default="en")
-    p.add_argument("--sentences", type=int, default=200)
+    source_arguments(p, sentences=200)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
