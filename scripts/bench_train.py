@@ -25,7 +25,7 @@ the JSON also has kernel_ms_per_update). Figures per row:
 - shapes/epoch: distinct (batch size, source length, target length) of one epoch's batches
   (the JSON's timed_shapes_new / _seen_once / _seen_twice: the timed updates whose shapes came
   never, once, or twice or more before; CUDA graphs, train.compile_mode=reduce-overhead, replay
-  only the last; --shapes-only prints these without training);
+  only the last; --shapes-only prints these, and the profiled updates' count, without training);
 - model TFLOP/s and MFU: `real_token_flops` (docs/benchmarks.md has the formula) over the
   timed updates' real tokens, divided by the time; MFU against --peak-tflops (by GPU name:
   H100/H200 989 dense bf16/fp16).
@@ -179,14 +179,17 @@ def measure(spec: dict) -> dict:
     shapes = {s for group in epoch for s in shape(group)}
     seen: collections.Counter = collections.Counter()  # CUDA graphs replay an update's shapes from their third time
     times_seen = collections.Counter()  # timed updates by how often their shapes came before: 0, 1, 2 or more
-    for i, group in enumerate(groups[: warmup + spec["updates"]]):
-        if i >= warmup:
+    profiled_replayable = 0  # profiled updates whose shapes came twice or more before
+    for i, group in enumerate(groups):
+        if warmup <= i < warmup + spec["updates"]:
             times_seen[min(seen[shape(group)], 2)] += 1
+        profiled_replayable += i >= warmup + spec["updates"] and seen[shape(group)] >= 2
         seen[shape(group)] += 1
     if spec.get("shapes_only"):
         return {"updates_per_epoch": len(epoch), "shapes_per_epoch": len(shapes), "warmup": warmup,
                 "timed_shapes_new": times_seen[0], "timed_shapes_seen_once": times_seen[1],
-                "timed_shapes_seen_twice": times_seen[2]}
+                "timed_shapes_seen_twice": times_seen[2], "profiled": spec["profile"],
+                "profiled_shapes_seen_twice": profiled_replayable}
     cuda = device.type == "cuda"
     flops = tokens = positions = real_positions = 0.0
     for i, group in enumerate(groups[: warmup + spec["updates"]]):
