@@ -38,6 +38,8 @@ def preallocated_append(original, pairs: int):  # type: ignore[no-untyped-def]
 
     Each thread keeps its last `pairs` buffer pairs (a search's layers times keys and values);
     a cache not in a buffer (step 0's) gets a new pair."""
+    import torch
+
     local = threading.local()
 
     def append(cache, new, rows, slots=None, width=0):  # type: ignore[no-untyped-def]
@@ -60,8 +62,6 @@ def preallocated_append(original, pairs: int):  # type: ignore[no-untyped-def]
         if rows is None:
             out[:, :, :old] = cache
         else:
-            import torch
-
             torch.index_select(cache, 0, rows, out=out[:, :, :old])
         out[:, :, old:] = new
         return out

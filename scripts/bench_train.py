@@ -177,19 +177,21 @@ def measure(spec: dict) -> dict:
                      for ids in group)
 
     shapes = {s for group in epoch for s in shape(group)}
-    seen: collections.Counter = collections.Counter()  # CUDA graphs replay an update's shapes from their third time
-    times_seen = collections.Counter()  # timed updates by how often their shapes came before: 0, 1, 2 or more
-    profiled_replayable = 0  # profiled updates whose shapes came twice or more before
+    # timed updates by how often their shapes came before (CUDA graphs replay a shape from its third
+    # call), and the profiled ones whose shapes came twice or more
+    timed = ("timed_shapes_new", "timed_shapes_seen_once", "timed_shapes_seen_twice")
+    counts = dict.fromkeys((*timed, "profiled_shapes_seen_twice"), 0)
+    seen: collections.Counter = collections.Counter()
     for i, group in enumerate(groups):
+        key = shape(group)
         if warmup <= i < warmup + spec["updates"]:
-            times_seen[min(seen[shape(group)], 2)] += 1
-        profiled_replayable += i >= warmup + spec["updates"] and seen[shape(group)] >= 2
-        seen[shape(group)] += 1
+            counts[timed[min(seen[key], 2)]] += 1
+        elif i >= warmup:
+            counts["profiled_shapes_seen_twice"] += seen[key] >= 2
+        seen[key] += 1
     if spec.get("shapes_only"):
         return {"updates_per_epoch": len(epoch), "shapes_per_epoch": len(shapes), "warmup": warmup,
-                "timed_shapes_new": times_seen[0], "timed_shapes_seen_once": times_seen[1],
-                "timed_shapes_seen_twice": times_seen[2], "profiled": spec["profile"],
-                "profiled_shapes_seen_twice": profiled_replayable}
+                "profiled": spec["profile"], **counts}
     cuda = device.type == "cuda"
     flops = tokens = positions = real_positions = 0.0
     for i, group in enumerate(groups[: warmup + spec["updates"]]):
@@ -214,7 +216,7 @@ def measure(spec: dict) -> dict:
         "max_tokens": cfg.train.max_tokens, "update_freq": cfg.train.update_freq, "updates": spec["updates"],
         "tgt_tokens_per_s": tokens / seconds, "seconds": seconds, "padding": 1 - real_positions / max(positions, 1),
         "shapes_per_epoch": len(shapes), "batches_per_epoch": sum(len(g) for g in epoch), "warmup": warmup,
-        "timed_shapes_seen_twice": times_seen[2],
+        **counts,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "model_tflops": flops / seconds / 1e12,
     }
