@@ -6,8 +6,10 @@ reading a config (`nmt train --dump-config`) stays free of torch.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import sys
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = "auto, cpu, cuda or cuda:N"
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
 def is_device_name(name: object) -> bool:
@@ -57,19 +60,48 @@ def memory_bytes(device: torch.device) -> int | None:
         return None
 
 
-def configure_cuda(device: torch.device) -> None:
-    """Before a model runs on `device`: on CUDA, turn off cuDNN's attention backend for
-    scaled_dot_product_attention (flash and memory-efficient attention remain).
+def configure_device(device: torch.device) -> None:
+    """Before a model trains or decodes on `device`.
 
-    cuDNN attention builds an execution plan for every new tensor shape, ~25 ms of CPU time
-    per call, and token-based batches and incremental decoding change shape at nearly every
-    call: on an H100 it made bf16/fp16 training of configs/multi30k.yaml ~16x slower (1.7
-    against 27 updates/s; docs/benchmarks.md).
+    On CUDA, turn off cuDNN's attention backend for scaled_dot_product_attention (flash and
+    memory-efficient attention remain): cuDNN attention builds an execution plan for every new
+    tensor shape, ~25 ms of CPU time per call, and token-based batches and incremental decoding
+    change shape at nearly every call: on an H100 it made bf16/fp16 training of
+    configs/multi30k.yaml ~16x slower (1.7 against 27 updates/s; docs/benchmarks.md).
+
+    On the CPU, `keep_freed_memory`.
     """
     import torch
 
     if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
+    if device.type == "cpu":
+        keep_freed_memory()
+
+
+def keep_freed_memory() -> int:
+    """Have glibc's malloc keep the memory the process frees for its next allocations: blocks of
+    any size come from its heaps (mmap threshold 1 GiB, or 32 MiB where glibc takes no more),
+    and the main heap is trimmed only when 1 GiB lies free at its top (trim threshold). Returns
+    the mmap threshold set: 0 where none was (off Linux, or where the C library is not glibc or
+    refuses).
+
+    By default glibc maps a block of more than its mmap threshold afresh and unmaps it when
+    freed, raising the threshold to the size of each block freed. A beam search allocates its
+    self-attention cache anew at each step, one position longer, and a training update
+    activations of a new shape, so nearly every such block is larger than the threshold:
+    each is mapped, page-faulted in (the kernel zeroing it) and unmapped again. Kept, an
+    OPUS-MT-sized model decoded 5-8% faster at batch 32 on 2 threads and CPU training of
+    configs/multi30k.yaml 3-4% faster (docs/benchmarks.md). The cost: a process's resident
+    memory stays near its peak instead of shrinking between batches, and two decode workers
+    keep more of it (their threads' heaps).
+    """
+    libc = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+    mallopt = getattr(libc, "mallopt", lambda param, value: 0)  # 1 where it took the value
+    # older glibc refuses an mmap threshold above 32 MiB; a trim threshold set alone would fix the
+    # mmap threshold at its 128 KiB default, worse than the dynamic one
+    size = next((s for s in (1 << 30, 1 << 25) if mallopt(_M_MMAP_THRESHOLD, s) == 1), 0)
+    return size if size and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 else 0
 
 
 def autocast(device: torch.device, precision: str) -> Any:

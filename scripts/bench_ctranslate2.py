@@ -24,7 +24,12 @@ asynchronously, so that the inter_threads decode batches in parallel. CTranslate
 limit (`max_decoding_length`) is one number per call, so each batch gets nmt's limit for its
 longest source, max_len_a * (tokens + 1) + max_len_b (+1 for the EOS step); where a shorter
 sentence of the batch reaches its own nmt limit (an under-trained model repeating itself),
-nmt stops it with EOS and CTranslate2 goes on, so such outputs differ.
+nmt stops it with EOS and CTranslate2 goes on, so such outputs differ. `--max-len-a 0
+--max-len-b N` gives every sentence the same limit, N tokens and the EOS (a randomly
+initialised model, e.g. `bench_import.py --workdir W`'s W/model.pt, runs every output to it):
+both engines then decode N + 1 steps per batch, and their outputs differ by the token
+CTranslate2 writes where nmt forces the EOS. An imported model's export tokenizes with its
+source.spm; CTranslate2's output pieces are joined as Marian joins them.
 Prints a markdown table (BLEU and chrF by sacreBLEU); `--json FILE` writes the figures.
 `measure()` is the same for other scripts (bench_distill.py: several checkpoints and test sets).
 """
@@ -53,6 +58,10 @@ def add_engine_args(p: argparse.ArgumentParser, precision: str = "fp32") -> None
     p.add_argument("--quantization", default="float32,int8", help="comma-separated export types")
     p.add_argument("--layouts", default="", help="CTranslate2 inter x intra threads besides Tx1, e.g. 1x2")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--max-len-a", type=float, help="both engines' length limit, a * source tokens + b "
+                   "(default: the checkpoint's decode.max_len_a and max_len_b); e.g. 0 and 30 for a "
+                   "randomly initialised model, whose outputs all run to the limit")
+    p.add_argument("--max-len-b", type=int)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,7 +84,8 @@ def _nmt_worker(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     translator = Translator.load(spec["checkpoint"], device="cpu", precision=spec["precision"], beam=spec["beam"],
-                                 batch_size=spec["batch_size"])
+                                 batch_size=spec["batch_size"], max_len_a=spec["max_len_a"],
+                                 max_len_b=spec["max_len_b"])
     texts = Path(spec["input"]).read_text(encoding="utf-8").split("\n")[:-1]
     best, out = float("inf"), []
     for _ in range(spec["repeat"]):
@@ -90,7 +100,13 @@ def _ct2_worker(spec: dict) -> dict:
     import ctranslate2
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=str(Path(spec["model_dir"]) / "spm.model"))
+    model_dir = Path(spec["model_dir"])
+    if (model_dir / "spm.model").is_file():
+        sp = spm.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
+        detokenize = sp.decode
+    else:  # an imported model's export: source.spm, and target pieces (a joint vocabulary's) joined as Marian does
+        sp = spm.SentencePieceProcessor(model_file=str(model_dir / "source.spm"))
+        detokenize = lambda pieces: "".join(pieces).replace("\u2581", " ").strip()  # noqa: E731
     translator = ctranslate2.Translator(spec["model_dir"], device="cpu", inter_threads=spec["inter"],
                                        intra_threads=spec["intra"])
     texts = Path(spec["input"]).read_text(encoding="utf-8").split("\n")[:-1]
@@ -109,7 +125,7 @@ def _ct2_worker(spec: dict) -> dict:
         out = [""] * len(texts)
         for ids, results in pending:  # asynchronous: the inter_threads decode batches in parallel
             for i, r in zip(ids, results, strict=True):
-                out[i] = sp.decode([p for p in r.result().hypotheses[0] if p != "</s>"])
+                out[i] = detokenize([p for p in r.result().hypotheses[0] if p != "</s>"])
         best = min(best, time.perf_counter() - start)
     Path(spec["output"]).write_text("".join(t + "\n" for t in out), encoding="utf-8")
     return {"translate_s": best}
@@ -152,6 +168,8 @@ def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
         sys.exit(f"decode.lenpen_style {decode.lenpen_style}: CTranslate2 normalises by length only")
     lenpen = decode.lenpen if decode.lenpen_style == "length" else 0.0
     batch = args.batch_size or decode.batch_size
+    max_len = {"max_len_a": decode.max_len_a if args.max_len_a is None else args.max_len_a,
+               "max_len_b": decode.max_len_b if args.max_len_b is None else args.max_len_b}
     prefix = Path(args.data_dir) / test
     src = list(read_lines(next(prefix.parent.glob(f"{prefix.name}.{args.src}*"))))
     ref = list(read_lines(next(prefix.parent.glob(f"{prefix.name}.{args.tgt}*"))))
@@ -159,7 +177,7 @@ def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         inp = Path(tmp) / "src.txt"
         inp.write_text("".join(s + "\n" for s in src), encoding="utf-8")
-        base = {"input": str(inp), "beam": args.beam, "batch_size": batch, "repeat": args.repeat}
+        base = {"input": str(inp), "beam": args.beam, "batch_size": batch, "repeat": args.repeat, **max_len}
         runs = [(f"nmt translate ({p})", "nmt", {"checkpoint": checkpoint, "threads": args.threads, "precision": p}, None)
                 for p in args.precision.split(",")]
         for q in args.quantization.split(","):
@@ -169,8 +187,7 @@ def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
             layouts = [(args.threads, 1)] + [tuple(map(int, x.split("x"))) for x in args.layouts.split(",") if x]
             for inter, intra in layouts:
                 runs.append((f"CTranslate2 {q} ({inter}×{intra})", "ct2",
-                             {"model_dir": str(model_dir), "inter": inter, "intra": intra, "lenpen": lenpen,
-                              "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b}, size))
+                             {"model_dir": str(model_dir), "inter": inter, "intra": intra, "lenpen": lenpen}, size))
         outputs: dict[str, list[str]] = {}
         for name, engine, spec, size in runs:
             out = Path(tmp) / f"{len(outputs)}.txt"

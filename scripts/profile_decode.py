@@ -97,7 +97,8 @@ def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, lenpen
     import ctranslate2
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
+    tokenizer = model_dir / "spm.model"  # an imported model's export has source.spm and target.spm instead
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer if tokenizer.is_file() else model_dir / "source.spm"))
     translator = ctranslate2.Translator(str(model_dir), device="cpu", inter_threads=1, intra_threads=args.threads)
     pieces = sp.encode(texts, out_type=str)
     order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(pieces[i]))

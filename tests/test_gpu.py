@@ -8,7 +8,7 @@ The default suite deselects them; without CUDA they fail rather than skip, so a 
 - resuming equals never stopping (fp32 and fp16, with the loss scaler's state);
 - `nmt translate --device cuda` keeps the I/O contract and agrees with the CPU; int8 decoding
   with --device auto runs on the CPU;
-- cuDNN's attention backend is off (it plans each new shape, see nmt.device.configure_cuda);
+- cuDNN's attention backend is off (it plans each new shape, see nmt.device.configure_device);
 - an fp32 or bf16 training update never makes the host wait for the GPU.
 """
 

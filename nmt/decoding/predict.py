@@ -26,7 +26,7 @@ from nmt.decoding.constraints import Constraints
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
-from nmt.device import PRECISIONS, autocast, configure_cuda
+from nmt.device import PRECISIONS, autocast, configure_device
 from nmt.errors import NmtError
 from nmt.models.kernels import PackedLinear, check_int8, packing_works, quantize_decoder
 from nmt.models.transformer import build_model
@@ -132,7 +132,7 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
     (nmt.models.kernels); bf16 and fp16 are applied by autocast while decoding."""
     if precision == "int8":
         check_int8(device)
-    configure_cuda(device)
+    configure_device(device)
     models, tokenizer, first_cfg = [], None, None
     for path in paths:
         ckpt = load_model_checkpoint(path, mmap=True)  # the weights are copied into the model once
@@ -193,9 +193,7 @@ def need_beam_search(cfg: DecodeConfig, where: str) -> None:
 
 def decode_workers(workers: int, device: torch.device) -> int:
     """Batches decoded at once: as asked on CPU (0 = one per torch thread), always 1 on GPU."""
-    if device.type != "cpu":
-        return 1
-    return workers or torch.get_num_threads()
+    return (workers or torch.get_num_threads()) if device.type == "cpu" else 1
 
 
 def translate_token_lists(

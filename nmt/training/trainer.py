@@ -26,7 +26,7 @@ import torch
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import Config
-from nmt.device import autocast, configure_cuda
+from nmt.device import autocast, configure_device
 from nmt.errors import NmtError, one_line
 from nmt.models.transformer import num_parameters, summary
 from nmt.tokenizer import NMT_SPECIALS
@@ -106,7 +106,7 @@ class Trainer:
         t = cfg.train
         if t.precision == "fp16" and env.device.type != "cuda":
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
-        configure_cuda(env.device)
+        configure_device(env.device)
         self.run_dir, data = RunDir(Path(t.run_dir), tensorboard=t.tensorboard), TrainingData.load(cfg)
         self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
         self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
