@@ -87,7 +87,7 @@ def keep_freed_memory() -> int:
     refuses).
 
     By default glibc maps a block of more than its mmap threshold afresh and unmaps it when
-    freed, raising the threshold to the size of each block freed. A beam search allocates its
+    freed, raising the threshold to the size of each block freed (up to 32 MiB). A beam search allocates its
     self-attention cache anew at each step, one position longer, and a training update
     activations of a new shape, so nearly every such block is larger than the threshold:
     each is mapped, page-faulted in (the kernel zeroing it) and unmapped again. Kept, an

@@ -28,8 +28,8 @@ nmt stops it with EOS and CTranslate2 goes on, so such outputs differ. `--max-le
 --max-len-b N` gives every sentence the same limit, N tokens and the EOS (a randomly
 initialised model, e.g. `bench_import.py --workdir W`'s W/model.pt, runs every output to it):
 both engines then decode N + 1 steps per batch, and their outputs differ by the token
-CTranslate2 writes where nmt forces the EOS. An imported model's export tokenizes with its
-source.spm; CTranslate2's output pieces are joined as Marian joins them.
+CTranslate2 writes where nmt forces the EOS. CTranslate2's pieces come from, and go back to
+text through, the checkpoint's own tokenizer (`ct2_tokens`), an imported model's too.
 Prints a markdown table (BLEU and chrF by sacreBLEU); `--json FILE` writes the figures.
 `measure()` is the same for other scripts (bench_distill.py: several checkpoints and test sets).
 """
@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,24 +97,44 @@ def _nmt_worker(spec: dict) -> dict:
     return {"translate_s": best}
 
 
+def ct2_tokens(tokenizer_file: str) -> tuple[Callable[[list[str]], list[list[str]]], Callable[[list[str]], str]]:
+    """A checkpoint's own tokenizer (nmt's, of either kind: one sentencepiece model, or an imported
+    model's source and target models over a vocabulary; `tokenizer_file` as `write_tokenizer`
+    wrote it) as CTranslate2 takes and gives tokens: texts -> their source pieces (no EOS:
+    `nmt export`'s config adds it), and an output's pieces -> the text nmt writes for them."""
+    from nmt.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_file)
+    source, target = tok.vocabularies()
+    ids = {piece: i for i, piece in enumerate(target)}
+
+    def encode(texts: list[str]) -> list[list[str]]:
+        return [[source[i] for i in seq] for seq in tok.encode_batch(texts)]
+
+    def decode(pieces: list[str]) -> str:
+        return tok.decode([ids.get(p, tok.specials.unk) for p in pieces if p != "</s>"])
+
+    return encode, decode
+
+
+def write_tokenizer(state: dict, path: Path) -> str:
+    """The tokenizer of a loaded checkpoint `state`, written to `path` for `ct2_tokens` (so that a
+    CTranslate2 process need not load the checkpoint's weights)."""
+    path.write_bytes(state["tokenizer"]["model"])
+    return str(path)
+
+
 def _ct2_worker(spec: dict) -> dict:
     import ctranslate2
-    import sentencepiece as spm
 
-    model_dir = Path(spec["model_dir"])
-    if (model_dir / "spm.model").is_file():
-        sp = spm.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
-        detokenize = sp.decode
-    else:  # an imported model's export: source.spm, and target pieces (a joint vocabulary's) joined as Marian does
-        sp = spm.SentencePieceProcessor(model_file=str(model_dir / "source.spm"))
-        detokenize = lambda pieces: "".join(pieces).replace("\u2581", " ").strip()  # noqa: E731
+    encode, decode = ct2_tokens(spec["tokenizer"])
     translator = ctranslate2.Translator(spec["model_dir"], device="cpu", inter_threads=spec["inter"],
                                        intra_threads=spec["intra"])
     texts = Path(spec["input"]).read_text(encoding="utf-8").split("\n")[:-1]
     best, out = float("inf"), []
     for _ in range(spec["repeat"]):
         start = time.perf_counter()
-        pieces = sp.encode(texts, out_type=str)
+        pieces = encode(texts)
         order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(pieces[i]))
         pending = []  # nmt's batching by length, and its length limit per batch (the longest source's)
         for b in range(0, len(order), spec["batch_size"]):
@@ -125,7 +146,7 @@ def _ct2_worker(spec: dict) -> dict:
         out = [""] * len(texts)
         for ids, results in pending:  # asynchronous: the inter_threads decode batches in parallel
             for i, r in zip(ids, results, strict=True):
-                out[i] = detokenize([p for p in r.result().hypotheses[0] if p != "</s>"])
+                out[i] = decode(r.result().hypotheses[0])
         best = min(best, time.perf_counter() - start)
     Path(spec["output"]).write_text("".join(t + "\n" for t in out), encoding="utf-8")
     return {"translate_s": best}
@@ -163,7 +184,8 @@ def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
     from nmt.evaluate import score_corpus
     from nmt.textio import read_lines
 
-    decode = config_from_dict(load_checkpoint(checkpoint)["config"]).decode
+    state = load_checkpoint(checkpoint)
+    decode = config_from_dict(state["config"]).decode
     if not (decode.lenpen_style == "length" or (decode.lenpen_style == "none" and decode.lenpen == 0)):
         sys.exit(f"decode.lenpen_style {decode.lenpen_style}: CTranslate2 normalises by length only")
     lenpen = decode.lenpen if decode.lenpen_style == "length" else 0.0
@@ -178,6 +200,7 @@ def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
         inp = Path(tmp) / "src.txt"
         inp.write_text("".join(s + "\n" for s in src), encoding="utf-8")
         base = {"input": str(inp), "beam": args.beam, "batch_size": batch, "repeat": args.repeat, **max_len}
+        tokenizer = write_tokenizer(state, Path(tmp) / "tokenizer")
         runs = [(f"nmt translate ({p})", "nmt", {"checkpoint": checkpoint, "threads": args.threads, "precision": p}, None)
                 for p in args.precision.split(",")]
         for q in args.quantization.split(","):
@@ -187,7 +210,8 @@ def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
             layouts = [(args.threads, 1)] + [tuple(map(int, x.split("x"))) for x in args.layouts.split(",") if x]
             for inter, intra in layouts:
                 runs.append((f"CTranslate2 {q} ({inter}×{intra})", "ct2",
-                             {"model_dir": str(model_dir), "inter": inter, "intra": intra, "lenpen": lenpen}, size))
+                             {"tokenizer": tokenizer, "model_dir": str(model_dir), "inter": inter, "intra": intra,
+                              "lenpen": lenpen}, size))
         outputs: dict[str, list[str]] = {}
         for name, engine, spec, size in runs:
             out = Path(tmp) / f"{len(outputs)}.txt"

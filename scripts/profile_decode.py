@@ -93,14 +93,13 @@ def profile_nmt(args: argparse.Namespace, texts: list[str]) -> tuple[float, dict
     return wall, dict(groups), sorted(ops, key=lambda o: -o[1])
 
 
-def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, lenpen: float, max_len: tuple[float, int]) -> float:
+def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, tokenizer: str, lenpen: float,
+             max_len: tuple[float, int]) -> float:
     import ctranslate2
-    import sentencepiece as spm
+    from bench_ctranslate2 import ct2_tokens
 
-    tokenizer = model_dir / "spm.model"  # an imported model's export has source.spm and target.spm instead
-    sp = spm.SentencePieceProcessor(model_file=str(tokenizer if tokenizer.is_file() else model_dir / "source.spm"))
     translator = ctranslate2.Translator(str(model_dir), device="cpu", inter_threads=1, intra_threads=args.threads)
-    pieces = sp.encode(texts, out_type=str)
+    pieces = ct2_tokens(tokenizer)[0](texts)
     order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(pieces[i]))
     batches = [order[b : b + args.batch_size] for b in range(0, len(order), args.batch_size)]
 
@@ -144,7 +143,8 @@ def main() -> None:
 
     from nmt.checkpoint import load_checkpoint
 
-    cfg = load_checkpoint(args.checkpoint, map_location="cpu")["config"]["decode"]
+    state = load_checkpoint(args.checkpoint, map_location="cpu")
+    cfg = state["config"]["decode"]
     wall, groups, ops = profile_nmt(args, texts)
     print(f"## nmt ({args.precision}), {len(texts)} sentences, batch {args.batch_size}, beam {args.beam}, "
           f"{args.threads} thread(s), torch {torch.__version__}: {wall:.2f} s, {len(texts) / wall:.1f} sent/s\n")
@@ -155,11 +155,14 @@ def main() -> None:
     for name, s, n in ops[: args.top]:
         print(f"| `{name}` | {s:.3f} | {n:,} |")
     with tempfile.TemporaryDirectory() as tmp:
+        from bench_ctranslate2 import write_tokenizer
+
+        tokenizer = write_tokenizer(state, Path(tmp) / "tokenizer")
         for quant in ("float32", "int8"):
             out = Path(tmp) / quant
             subprocess.run([sys.executable, "-m", "nmt", "export", args.checkpoint, str(out), "--quantization", quant],
                            check=True, stdout=subprocess.DEVNULL)
-            seconds = time_ct2(args, texts, out, cfg["lenpen"], (cfg["max_len_a"], cfg["max_len_b"]))
+            seconds = time_ct2(args, texts, out, tokenizer, cfg["lenpen"], (cfg["max_len_a"], cfg["max_len_b"]))
             print(f"\nCTranslate2 {quant}, the same batches, 1 x {args.threads} thread(s): {seconds:.2f} s, "
                   f"{len(texts) / seconds:.1f} sent/s ({wall / seconds:.2f}x nmt's {args.precision} time)")
 
