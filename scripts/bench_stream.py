@@ -58,6 +58,17 @@ class Loop:
             self.cond.notify_all()
 
 
+def timed_threads(target, n: int) -> float:
+    """The seconds `n` threads running `target` take to end."""
+    start = time.perf_counter()
+    threads = [threading.Thread(target=target) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
 def run_batcher(tr, texts: list[str], clients: int, threads: int) -> tuple[list[str], float, float]:
     from nmt.decoding.predict import decode_workers
     from nmt.serve.batching import Batcher, Job
@@ -81,13 +92,7 @@ def run_batcher(tr, texts: list[str], clients: int, threads: int) -> tuple[list[
             result = job.future.result()
             out[i] = result[0].text if result else ""
 
-    start = time.perf_counter()
-    workers = [threading.Thread(target=client) for _ in range(clients)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    seconds = time.perf_counter() - start
+    seconds = timed_threads(client, clients)
     batcher.close()
     return out, seconds, statistics.mean(sizes)
 
@@ -117,13 +122,7 @@ def run_even(tr, texts: list[str], clients: int, threads: int) -> tuple[list[str
             for job, result in stream.run(jobs):
                 loop.done(job.index, result[0].text if result else "")
 
-    start = time.perf_counter()
-    workers = [threading.Thread(target=lane) for _ in range(lanes)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return loop.out, time.perf_counter() - start, statistics.mean(sizes)
+    return loop.out, timed_threads(lane, lanes), statistics.mean(sizes)
 
 
 def main() -> None:

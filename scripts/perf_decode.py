@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-from profile_decode import read_source, source_arguments  # noqa: E402
+from profile_decode import decode_arguments, read_source  # noqa: E402
 
 # a sample's group: the first whose pattern matches "dso symbol"
 GROUPS = [
@@ -106,11 +106,7 @@ def sample(argv: list[str], out: Path) -> tuple[float, dict[str, float]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    source_arguments(p, sentences=200)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--precision", default="fp32", choices=("fp32", "int8"))
+    decode_arguments(p, sentences=200)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--engine", help=argparse.SUPPRESS)  # the child's options
     p.add_argument("--ct2-model", help=argparse.SUPPRESS)

@@ -60,6 +60,15 @@ def source_arguments(p: argparse.ArgumentParser, sentences: int) -> None:
     p.add_argument("--sentences", type=int, default=sentences)
 
 
+def decode_arguments(p: argparse.ArgumentParser, sentences: int) -> None:
+    """`source_arguments`, and the batches, beam, threads and precision of one engine's decoding."""
+    source_arguments(p, sentences)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--precision", default="fp32", choices=("fp32", "int8"), help="nmt's")
+
+
 def read_source(args: argparse.Namespace) -> list[str]:
     import gzip
 
@@ -128,11 +137,7 @@ def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, tokeni
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    source_arguments(p, sentences=200)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--precision", default="fp32", help="nmt's: fp32 or int8")
+    decode_arguments(p, sentences=200)
     p.add_argument("--top", type=int, default=15, help="ops listed")
     p.add_argument("--ct2-profile", action="store_true")
     args = p.parse_args()
