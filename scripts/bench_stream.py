@@ -71,13 +71,14 @@ def timed_threads(target, n: int) -> float:
 
 def run_batcher(tr, texts: list[str], clients: int, threads: int) -> tuple[list[str], float, float]:
     from nmt.decoding.predict import decode_workers
+    from nmt.options import ServeOptions
     from nmt.serve.batching import Batcher, Job
     from nmt.serve.stream import Stream
 
-    lanes = decode_workers(0, tr.device)
+    lanes, opts = decode_workers(0, tr.device), ServeOptions()  # the server's defaults
     sizes: list[int] = []
-    batcher = Batcher(lambda key, jobs: tr.translate_nbest([j.item for j in jobs]), batch_tokens=6000,
-                      max_queue=10_000, on_batch=lambda n, size: sizes.append(size), lanes=lanes,
+    batcher = Batcher(lambda key, jobs: tr.translate_nbest([j.item for j in jobs]), batch_tokens=opts.batch_tokens,
+                      max_queue=opts.max_queue, on_batch=lambda n, size: sizes.append(size), lanes=lanes,
                       stream=lambda key: Stream(tr, 1, False, None, (max(1, threads // lanes), threads)))
     encode, out, lines, lock = tr.loaded.tokenizer.encode, [""] * len(texts), iter(range(len(texts))), threading.Lock()
 
