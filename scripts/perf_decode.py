@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-from profile_decode import decode_arguments, read_source  # noqa: E402
+from profile_decode import ct2_decoder, decode_arguments, nmt_translator, read_source  # noqa: E402
 
 # a sample's group: the first whose pattern matches "dso symbol"
 GROUPS = [
@@ -46,29 +46,10 @@ def child(args: argparse.Namespace) -> None:
     """Load, warm up, say "ready", wait for a line, decode `--repeat` times, print the seconds of one."""
     texts = read_source(args)
     if args.engine == "nmt":
-        import torch
-
-        from nmt import Translator
-
-        torch.set_num_threads(args.threads)
-        tr = Translator.load(args.checkpoint, device="cpu", beam=args.beam, batch_size=args.batch_size,
-                             threads=args.threads, workers=1, precision=args.precision)
+        tr = nmt_translator(args)
         run = lambda: tr.translate(texts)  # noqa: E731
     else:
-        import ctranslate2
-        from bench_ctranslate2 import ct2_tokens
-
-        translator = ctranslate2.Translator(args.ct2_model, device="cpu", inter_threads=1, intra_threads=args.threads)
-        pieces = ct2_tokens(args.tokenizer)[0](texts)
-        order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(pieces[i]))
-        batches = [order[b : b + args.batch_size] for b in range(0, len(order), args.batch_size)]
-        a, b = args.max_len
-
-        def run() -> None:
-            for ids in batches:
-                limit = max(int(a * (len(pieces[i]) + 1) + b) for i in ids) + 1
-                translator.translate_batch([pieces[i] for i in ids], beam_size=args.beam, length_penalty=args.lenpen,
-                                           return_end_token=True, disable_unk=True, max_decoding_length=limit)
+        run = ct2_decoder(args, texts, Path(args.ct2_model), args.tokenizer, args.lenpen, tuple(args.max_len))
     run()
     print("ready", flush=True)
     sys.stdin.readline()

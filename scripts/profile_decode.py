@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,15 +79,21 @@ def read_source(args: argparse.Namespace) -> list[str]:
     return gzip.open(path, "rt", encoding="utf-8").read().split("\n")[: args.sentences]
 
 
-def profile_nmt(args: argparse.Namespace, texts: list[str]) -> tuple[float, dict[str, float], list[tuple[str, float, int]]]:
+def nmt_translator(args: argparse.Namespace):  # -> nmt.Translator (torch is imported here, not at the top)
+    """nmt's `Translator` of `decode_arguments`: one worker of `--threads` threads."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from nmt import Translator
 
     torch.set_num_threads(args.threads)
-    translator = Translator.load(args.checkpoint, device="cpu", beam=args.beam, batch_size=args.batch_size,
-                                 threads=args.threads, workers=1, precision=args.precision)
+    return Translator.load(args.checkpoint, device="cpu", beam=args.beam, batch_size=args.batch_size,
+                           threads=args.threads, workers=1, precision=args.precision)
+
+
+def profile_nmt(args: argparse.Namespace, texts: list[str]) -> tuple[float, dict[str, float], list[tuple[str, float, int]]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    translator = nmt_translator(args)
     translator.translate(texts)  # warm-up: allocator, kernels chosen
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
@@ -102,8 +109,11 @@ def profile_nmt(args: argparse.Namespace, texts: list[str]) -> tuple[float, dict
     return wall, dict(groups), sorted(ops, key=lambda o: -o[1])
 
 
-def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, tokenizer: str, lenpen: float,
-             max_len: tuple[float, int]) -> float:
+def ct2_decoder(args: argparse.Namespace, texts: list[str], model_dir: Path, tokenizer: str, lenpen: float,
+                max_len: tuple[float, float]) -> Callable[[], None]:
+    """A function that decodes `texts` once with CTranslate2 (1 x `--threads`) as nmt batches them:
+    `--batch-size` sentences sorted by length, each batch limited as nmt limits its longest source,
+    beam and length penalty as nmt's."""
     import ctranslate2
     from bench_ctranslate2 import ct2_tokens
 
@@ -112,12 +122,22 @@ def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, tokeni
     order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(pieces[i]))
     batches = [order[b : b + args.batch_size] for b in range(0, len(order), args.batch_size)]
 
-    def run() -> float:
-        start = time.perf_counter()
+    def decode() -> None:
         for ids in batches:
             limit = max(int(max_len[0] * (len(pieces[i]) + 1) + max_len[1]) for i in ids) + 1
             translator.translate_batch([pieces[i] for i in ids], beam_size=args.beam, length_penalty=lenpen,
                                        return_end_token=True, disable_unk=True, max_decoding_length=limit)
+
+    return decode
+
+
+def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, tokenizer: str, lenpen: float,
+             max_len: tuple[float, float]) -> float:
+    decode = ct2_decoder(args, texts, model_dir, tokenizer, lenpen, max_len)
+
+    def run() -> float:
+        start = time.perf_counter()
+        decode()
         return time.perf_counter() - start
 
     run()

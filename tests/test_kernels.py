@@ -178,8 +178,6 @@ def test_packed_fp32_output_decodes_as_the_plain_one(options):
         torch.testing.assert_close(packed.projection(vocab)(x), want, rtol=1e-5, atol=1e-5 * x.abs().max().item())
 
 
-
-
 KEPT = """
 import os, sys
 import torch
