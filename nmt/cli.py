@@ -150,13 +150,11 @@ def _train(opts: options.TrainOptions) -> None:
     if opts.dump_config:
         echo(cfgmod.dump_config(cfg))
         return
-    if opts.dry_run:
-        from nmt.training.trainer import dry_run
+    from nmt.training.trainer import dry_run, train
 
+    if opts.dry_run:
         echo(dry_run(cfg, opts.vocab_size))
         return
-    from nmt.training.trainer import train
-
     result = train(cfg, reset_optimizer=opts.reset_optimizer, reset_data=opts.reset_data)
     if result.interrupted_by is not None:
         print(f"nmt train: {result.reason}", file=sys.stderr)

@@ -145,8 +145,7 @@ class ParallelData:
         """Memory-map `split`; languages default to prepare.json's (either direction works)."""
         meta = read_meta(data_dir)
         if split not in meta["splits"]:
-            have = ", ".join(meta["splits"])
-            raise NmtError(f"{data_dir}: no split {split!r} (has {have})")
+            raise NmtError(f"{data_dir}: no split {split!r} (has {', '.join(meta['splits'])})")
         langs = (meta["source_lang"], meta["target_lang"])
         src_lang, tgt_lang = src_lang or langs[0], tgt_lang or langs[1]
         for lang in (src_lang, tgt_lang):
@@ -249,8 +248,7 @@ def collate(data: ParallelData, indices: Sequence[int] | np.ndarray, specials: S
         prev[row, 0] = specials.bos
         prev[row, 1 : m + 1] = target[row, :m] = data.tgt(i)
         target[row, m] = specials.eos
-    width = target.shape[1]
-    real = np.arange(width)[None, :] <= tgt_len[:, None]  # (B, T): tokens and the EOS
+    real = np.arange(target.shape[1])[None, :] <= tgt_len[:, None]  # (B, T): tokens and EOS
     target_index = np.flatnonzero(real)
     batch = Batch(torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(target), torch.from_numpy(ids),
                   int(src_len.sum()) + len(ids), int(tgt_len.sum()) + len(ids), torch.from_numpy(target_index),

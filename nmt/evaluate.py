@@ -69,8 +69,7 @@ def score_corpus(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Se
     metric_objects = [_metric(name, tokenize, lowercase) for name in metrics]
     if not refs:
         raise NmtError("scoring needs at least one reference stream")
-    if names is None:
-        names = [f"reference {i + 1}" for i in range(len(refs))]
+    names = [f"reference {i + 1}" for i in range(len(refs))] if names is None else names
     if len(names) != len(refs):
         raise ValueError(f"{len(names)} names for {len(refs)} reference streams")
     if not hyps:

@@ -106,8 +106,7 @@ def _attention_figure(plt: Any, index: int, weights: np.ndarray, src: list[str],
         ax.imshow(matrix, cmap="Greys", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
         ax.set_xticks(range(len(src)), src, rotation=90, fontsize=8)
         ax.set_yticks(range(len(tgt)), tgt, fontsize=8)
-        ax.set_xlabel("source")
-        ax.set_ylabel("target")
+        ax.set(xlabel="source", ylabel="target")
         ax.set_title(title, fontsize=9)
     fig.suptitle(f"sentence {index}", fontsize=10)
     return fig

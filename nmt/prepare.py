@@ -79,8 +79,8 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
         fingerprint = hashlib.sha256((tok.sha256 + train).encode()).hexdigest()
         report = {"format_version": 1, "nmt_version": __version__, "source_lang": opts.source_lang,
                   "target_lang": opts.target_lang, "vocab_size": tok.vocab_size,
-                  "source_vocab_size": tok.source_vocab_size,  # separate vocabularies; else None
-                  "dtype": dtype.name,
+                  # source_vocab_size: separate vocabularies; else None
+                  "source_vocab_size": tok.source_vocab_size, "dtype": dtype.name,
                   "spm": {"model": "spm.model", "sha256": tok.sha256,
                           "source": str(opts.spm_model or opts.tokenizer_from) if reused else "trained"},
                   "splits": reports, "sha256": hashes, "fingerprint": fingerprint, "options": dataclasses.asdict(opts),
@@ -207,8 +207,7 @@ def _binarize(split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOption
     def store(src: list[str], tgt: list[str], encoded: Future) -> None:
         ids = encoded.result()
         src_ids, tgt_ids = ids[: len(src)], ids[len(src) :]
-        src_len = np.fromiter(map(len, src_ids), np.int64, len(src))
-        tgt_len = np.fromiter(map(len, tgt_ids), np.int64, len(tgt))
+        src_len, tgt_len = (np.fromiter(map(len, side), np.int64, len(side)) for side in (src_ids, tgt_ids))
         if split.filtered:
             keep = _keep_mask(src, tgt, src_len, tgt_len, opts, dropped)
             src_ids, tgt_ids = list(compress(src_ids, keep)), list(compress(tgt_ids, keep))
@@ -239,7 +238,9 @@ def _binarize(split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOption
     report = {"prefix": split.prefix, "files": {lang: str(split.files[lang]) for lang in langs},
               "lines": split.lines, "filtered": split.filtered, "kept": kept, "dropped": dropped,
               "tokens": {lang: w.tokens for lang, w in zip(langs, writers, strict=True)},
-              "cleaned": {lang: _stats_report(stats[lang]) for lang in langs}}
+              "cleaned": {lang: {"invalid_utf8": s.invalid_utf8, "nul": s.nul, "line_breaks": s.line_breaks,
+                                 "lines": s.cleaned_lines, "first_lines": s.first_lines}
+                          for lang, s in stats.items()}}
     logger.info("%s: kept %d of %d pairs%s", split.name, kept, split.lines,
                 "".join(f", {n} {why}" for why, n in dropped.items() if n))
     for lang in langs:
@@ -278,8 +279,3 @@ def _keep_mask(src: list[str], tgt: list[str], src_len: np.ndarray, tgt_len: np.
         dropped[reason] += int((mask & ~drop).sum())
         drop |= mask
     return ~drop
-
-
-def _stats_report(stats: TextStats) -> dict:
-    return {"invalid_utf8": stats.invalid_utf8, "nul": stats.nul, "line_breaks": stats.line_breaks,
-            "lines": stats.cleaned_lines, "first_lines": stats.first_lines}

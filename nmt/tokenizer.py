@@ -61,10 +61,7 @@ def train_sentencepiece(texts_or_files: Iterable[str | os.PathLike], model_prefi
 
     def sentences() -> Iterator[str]:
         for item in texts_or_files:
-            if isinstance(item, os.PathLike):
-                yield from read_lines(item)
-            else:
-                yield item
+            yield from read_lines(item) if isinstance(item, os.PathLike) else [item]
 
     spm.set_random_generator_seed(seed)
     try:
@@ -231,9 +228,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Sentencepiece runs `num_threads` threads without the GIL."""
-        if not texts:
-            return []
-        return self._sp.encode(list(texts), num_threads=num_threads)
+        return self._sp.encode(list(texts), num_threads=num_threads) if texts else []
 
     encode_target_batch = encode_batch
 

@@ -188,9 +188,7 @@ def _marian_gelu(version: str) -> str:
     """Marian's gelu was x*sigmoid(1.702x) up to v1.12.2 (marian-dev d225c24d, March 2023, made it
     the erf GELU and bumped VERSION from v1.12.2 to v1.12.3)."""
     m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", version.strip())
-    if m and tuple(map(int, m.groups())) <= (1, 12, 2):
-        return "gelu_sigmoid"
-    return "gelu"
+    return "gelu_sigmoid" if m and tuple(map(int, m.groups())) <= (1, 12, 2) else "gelu"
 
 
 def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

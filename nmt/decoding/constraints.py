@@ -188,8 +188,7 @@ class _Table:
         width, starts = max(1, *map(len, sentences)), accumulate(map(len, phrases), initial=0)  # P
         offset = [[next(starts) for _ in ps] + [0] * (width - len(ps)) for ps in sentences]
         length = [[len(p) for p in ps] + [0] * (width - len(ps)) for ps in sentences]
-        self.offset = torch.tensor(offset, dtype=torch.long, device=device)
-        self.length = torch.tensor(length, dtype=torch.long, device=device)
+        self.offset, self.length = (torch.tensor(x, dtype=torch.long, device=device) for x in (offset, length))
 
     def step(self, offset: Tensor, state: Tensor, unit: Tensor) -> Tensor:
         """The states (..., P) of phrases at `offset` (..., P) after one more unit (broadcast)."""
@@ -278,11 +277,8 @@ class ConstraintTracker:
     """
 
     def __init__(self, constraints: Sequence[Constraints], eos: int, device: torch.device) -> None:
-        def tensor(data: list[Any], dtype: torch.dtype = torch.long) -> Tensor:
-            return torch.tensor(data, dtype=dtype, device=device)
-
         self.eos, self.include = eos, _Table([c.include for c in constraints], device)
-        self.ordered = tensor([c.ordered for c in constraints], torch.bool)
+        self.ordered = torch.tensor([c.ordered for c in constraints], dtype=torch.bool, device=device)
         self.total = int(self.lengths.sum(1).max())  # the highest bank
         self.avoided: list[_Avoided] = []
         if any(c.avoid for c in constraints):
@@ -295,7 +291,8 @@ class ConstraintTracker:
             self.avoided.append(_Avoided([c.avoid_text.texts if c.avoid_text else ()
                                           for c in constraints], texts[0].surfaces, texts[0].columns, device))
         self.prefix_len = max(len(c.prefix) for c in constraints)
-        self.prefix = tensor([c.prefix + (-1,) * (self.prefix_len - len(c.prefix)) for c in constraints])  # (Bn, F)
+        self.prefix = torch.tensor([c.prefix + (-1,) * (self.prefix_len - len(c.prefix)) for c in constraints],
+                                   dtype=torch.long, device=device)  # (Bn, F)
         self.max_token = max(max(c.tokens(), default=-1) for c in constraints)
 
         # step 0: one row per sentence (the search's first reorder makes `beam` of it)

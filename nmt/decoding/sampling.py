@@ -49,8 +49,8 @@ def sampler(cfg: DecodeConfig, indices: Sequence[int]) -> Pick:
         # scores (N, V) log-probs, -inf where the rules block a token. Sorted once, descending,
         # stable: equal scores keep the lower id first, as greedy's first maximum.
         ordered, order = scores.sort(dim=-1, descending=True, stable=True)  # (N, V)
-        logits = tempered(ordered, cfg.temperature)
-        probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # a fully blocked row: all 0
+        # a fully blocked row: all 0
+        probs = torch.softmax(tempered(ordered, cfg.temperature), dim=-1).nan_to_num_(0.0)
         keep = torch.ones_like(probs, dtype=torch.bool)
         if cfg.topk:
             keep[:, cfg.topk:] = False

@@ -105,8 +105,7 @@ def _block_(scores: Tensor, step: int | Tensor, history: Tensor, at_max: Tensor 
     with its model score, whatever min_len says.
     """
     model_eos = scores[:, eos].clone()  # (N,)
-    scores[:, pad] = -math.inf
-    scores[:, bos] = -math.inf
+    scores[:, [pad, bos]] = -math.inf
     if not cfg.allow_unk:
         scores[:, unk] = -math.inf
     if isinstance(step, Tensor):  # --min-len 1e30 is more than int64 holds, and than any output's length
@@ -399,9 +398,8 @@ class BeamSearch:
         return finished
 
 
-def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1,
-                pad: int, unk: int, bos: int, eos: int,
-                max_len: int | None = None, source_pad: int | None = None,
+def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1, pad: int, unk: int,
+                bos: int, eos: int, max_len: int | None = None, source_pad: int | None = None,
                 constraints: Sequence[Constraints | None] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first, distinct.
     pad, unk, bos, eos: the special ids of the model's vocabulary (`nmt.tokenizer.SpecialIds`),

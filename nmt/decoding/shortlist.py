@@ -54,8 +54,7 @@ class Shortlist:
     def allowed(self, src: Tensor, specials: SpecialIds) -> Tensor:
         """src (B, S) token ids -> (B, V) bool: the target tokens each sentence may produce,
         the special tokens (`specials`, the vocabulary's) always among them."""
-        src = src.cpu()
-        B, V, src = src.size(0), self.vocab_size, src.clamp(max=self.candidates.size(0) - 1)
+        B, V, src = src.size(0), self.vocab_size, src.cpu().clamp(max=self.candidates.size(0) - 1)
         allowed = torch.zeros(B, V + 1, dtype=torch.bool)  # column V collects the -1 entries
         allowed[:, specials.ids()] = True
         allowed[:, self.frequent] = True
@@ -150,8 +149,7 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
     top, frequent = min(top, int(meta["vocab_size"])), min(frequent, int(meta["vocab_size"]))  # more is all
     data = ParallelData.load(data_dir, "train")
     V, Vs = int(meta["vocab_size"]), meta.get("source_vocab_size") or int(meta["vocab_size"])
-    n = len(data)
-    ids = np.unique(np.linspace(0, n - 1, min(n, max_sentences)).round().astype(np.int64))
+    ids = np.unique(np.linspace(0, len(data) - 1, min(len(data), max_sentences)).round().astype(np.int64))
     ids = ids[(data.src_sizes[ids] > 0) & (data.tgt_sizes[ids] > 0)]
     if not len(ids):
         raise NmtError(f"{data_dir}: the train split has no non-empty sentence pair")
@@ -163,8 +161,7 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
     order = torch.sort(prob, descending=True, stable=True).indices
     order = order[torch.sort(key_src[order], stable=True).indices]
     src_of, tgt_of = key_src[order], keys[order] % V
-    first = torch.searchsorted(src_of, src_of, side="left")
-    rank = torch.arange(order.numel()) - first
+    rank = torch.arange(order.numel()) - torch.searchsorted(src_of, src_of, side="left")
     keep = (rank < top) & (src_of < Vs)
     candidates = torch.full((Vs, top), -1, dtype=torch.long)
     candidates[src_of[keep], rank[keep]] = tgt_of[keep]

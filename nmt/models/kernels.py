@@ -95,8 +95,7 @@ class Int8Linear(nn.Module):
         y = y.mul_(row_max) if self.bias is None else torch.addcmul(self.bias, y, row_max)
         return y.view(*shape[:-1], self.out_features)
 
-    def extra_repr(self) -> str:
-        return f"out_features={self.out_features}, bias={self.bias is not None}"
+    extra_repr = PackedLinear.extra_repr
 
 
 def check_int8(device: torch.device) -> None:

@@ -110,8 +110,7 @@ class Embedding(nn.Module):
     def __init__(self, tokens: nn.Embedding, cfg: ModelConfig, zero_start: bool = False):
         super().__init__()
         self.tokens, self.scale, self.zero_start = tokens, math.sqrt(cfg.d_model), zero_start
-        self.max_positions = cfg.max_positions
-        self.learned = cfg.learned_positions
+        self.max_positions, self.learned = cfg.max_positions, cfg.learned_positions
         if self.learned:
             self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
             nn.init.normal_(self.positions.weight, std=cfg.d_model**-0.5)
@@ -233,13 +232,9 @@ def gelu_sigmoid(x: Tensor) -> Tensor:
 
 
 # model.activation -> the function (see its help for which reference computes which)
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),
-    "gelu_sigmoid": gelu_sigmoid,
-    "swish": F.silu,
-}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu,
+                                                      "gelu_tanh": partial(F.gelu, approximate="tanh"),
+                                                      "gelu_sigmoid": gelu_sigmoid, "swish": F.silu}
 
 
 class FeedForward(nn.Module):

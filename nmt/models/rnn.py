@@ -111,10 +111,6 @@ class RNN(nn.Module):
         memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, 2H)
         return memory, mask, torch.cat([h_n[-2], h_n[-1]], -1)
 
-    def _initial(self, summary: Tensor) -> tuple[Tensor, Tensor | None]:
-        hidden = torch.tanh(self.init(summary))  # (B, H)
-        return hidden, (torch.zeros_like(hidden) if self.lstm else None)
-
     def _step(self, emb: Tensor, hidden: Tensor, cell: Tensor | None, state: RNNState
               ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """One decoder step for N = B * group rows: emb (N, D) of the previous token, the
@@ -144,8 +140,8 @@ class RNN(nn.Module):
     def _start(self, src: Tensor) -> RNNState:
         memory, mask, summary = self.run_encoder(src)
         keys = self.attn_key(memory) if self.has_attention else None  # (B, S, H)
-        hidden, cell = self._initial(summary)
-        return RNNState(memory, keys, mask, summary, hidden, cell)
+        hidden = torch.tanh(self.init(summary))  # (B, H)
+        return RNNState(memory, keys, mask, summary, hidden, torch.zeros_like(hidden) if self.lstm else None)
 
     # ------------------------------------------------------------------ training
 

@@ -161,19 +161,17 @@ class Transformer(nn.Module):
         of each decoder layer and head; row t is the attention while predicting target token t
         (what the search saw at that step, since cached decoding equals this full pass). Computed
         explicitly, only here: training and search keep the fused attention kernel."""
-        memory, mask = self.run_encoder(src)
-        x = self.tgt_embed(prev_output)
         weights: list[Tensor] = []
-        for layer, memory_kv in zip(self.decoder, self.cross_keys_values(memory), strict=True):
-            x, _ = layer(x, memory_kv, mask, weights=weights)
+        self._decode_all(src, prev_output, weights)
         return torch.stack(weights, 1)
 
-    def _decode_all(self, src: Tensor, prev_output: Tensor) -> Tensor:
-        """src (B, S), prev_output (B, T) -> decoder output (B, T, D) before the final norm."""
+    def _decode_all(self, src: Tensor, prev_output: Tensor, weights: list[Tensor] | None = None) -> Tensor:
+        """src (B, S), prev_output (B, T) -> decoder output (B, T, D) before the final norm; each
+        layer's cross-attention weights appended to `weights` if given (`CrossAttention`)."""
         memory, mask = self.run_encoder(src)
         x = self.tgt_embed(prev_output)
         for layer, memory_kv in zip(self.decoder, self.cross_keys_values(memory), strict=True):
-            x, _ = layer(x, memory_kv, mask)
+            x, _ = layer(x, memory_kv, mask, weights=weights)
         return x
 
     # ------------------------------------------------------------------ search protocol
@@ -264,9 +262,8 @@ class Transformer(nn.Module):
         steps = [s.step if isinstance(s.step, Tensor) else torch.full((s.src_mask.size(0) * s.group,), s.step)
                  for s in (a, b)]
         # b's rows have no cache yet: the next step's `append` gives them zeros after a's rows
-        rows = a.self_kv_rows
-        if a.self_kv and rows is None:
-            rows = torch.arange(steps[0].numel(), device=src_mask.device)
+        rows = (torch.arange(steps[0].numel(), device=src_mask.device) if a.self_kv and a.self_kv_rows is None
+                else a.self_kv_rows)
         return DecoderState(src_mask, cross_kv, a.group, a.self_kv, rows, step=torch.cat(steps))
 
 

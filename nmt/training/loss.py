@@ -67,8 +67,7 @@ def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: 
             loss, nll, _, _ = smoothed_cross_entropy(logits, target[start : start + rows], epsilon, -1)
             total += torch.stack([loss, nll])
         return total[0], total[1]
-    loss, nll = _ProjectedSmoothedLoss.apply(states, weight, target, epsilon, rows, bias)
-    return loss, nll
+    return _ProjectedSmoothedLoss.apply(states, weight, target, epsilon, rows, bias)
 
 
 class _ProjectedSmoothedLoss(torch.autograd.Function):
@@ -82,8 +81,7 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float,
                 rows: int, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        vocab = weight.size(0)
-        a, b = smoothing_weights(epsilon, vocab)
+        a, b = smoothing_weights(epsilon, weight.size(0))
         half = False  # then the chunks' gradients leave out -b (see below)
         grad_states = torch.empty_like(states)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)

@@ -136,8 +136,7 @@ class TrainMetrics:
                   "updates_logged": int(window["loss_updates"]), "tgt_tokens": window["loss_tokens"],
                   "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
                   "elapsed": p.elapsed, "oom_skipped": p.oom_skipped}
-        rss = _rss_mb()
-        if rss is not None:
+        if (rss := _rss_mb()) is not None:
             record["rss_mb"] = rss
         if scaler.enabled:  # fp16
             record["loss_scale"] = scaler.scale

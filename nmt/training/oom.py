@@ -37,8 +37,7 @@ class OomSkips:
     update on every rank, `reset` after an update that ran."""
 
     def __init__(self, env: Env, run_dir: Path):
-        self.env, self.run_dir = env, run_dir
-        self.consecutive = 0
+        self.env, self.run_dir, self.consecutive = env, run_dir, 0
 
     def forget(self, error: BaseException, optimizer: torch.optim.Optimizer, update: int) -> None:
         """After an out-of-memory error in `update`: drop its gradients and cached memory."""

@@ -23,8 +23,7 @@ def lr_at(update: int, cfg: TrainConfig, d_model: int) -> float:
     inverse_sqrt (fairseq): linear warm-up from warmup_init_lr to lr over warmup_updates,
     then lr * sqrt(warmup_updates / step).
     """
-    step = max(update, 1)
-    warmup = cfg.warmup_updates
+    step, warmup = max(update, 1), cfg.warmup_updates
     if cfg.lr_schedule == "noam":
         return cfg.lr * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
     if warmup > 0 and step < warmup:

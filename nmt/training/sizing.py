@@ -55,8 +55,7 @@ def model_elements(cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab:
         return (sum(p.numel() for p in model.parameters()), sum(b.numel() for b in model.buffers()))
 
     one = dict.fromkeys(LAYER_KEYS, 1)
-    base = count(**one)
-    params, buffers = base
+    params, buffers = base = count(**one)
     for key in LAYER_KEYS:
         two = count(**{**one, key: 2})
         params += (getattr(cfg, key) - 1) * (two[0] - base[0])

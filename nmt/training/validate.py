@@ -39,11 +39,10 @@ def validate(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, valid_da
     if t.valid_bleu:
         from dataclasses import replace as dc_replace
 
-        decode_cfg = dc_replace(cfg.decode, beam=t.valid_beam)
         sources = [valid_data.src(i).tolist() for i in range(len(valid_data))]
-        hyps = translate_token_lists(model, sources, decode_cfg, specials=tokenizer.specials, device=device,
-                                     precision=t.precision, max_positions=cfg.model.max_positions,
-                                     workers=0)  # as nmt translate
+        hyps = translate_token_lists(model, sources, dc_replace(cfg.decode, beam=t.valid_beam),
+                                     specials=tokenizer.specials, device=device, precision=t.precision,
+                                     max_positions=cfg.model.max_positions, workers=0)  # as nmt translate
         text = [tokenizer.decode(h[0].tokens) for h in hyps]
         refs = datamod.read_raw(cfg.data.dir, cfg.data.valid_split, tgt_lang)
         result["valid_bleu"] = corpus_bleu(text, [refs])
