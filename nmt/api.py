@@ -50,7 +50,7 @@ from nmt.decoding.predict import (
 )
 from nmt.decoding.search import Hypothesis, length_penalty
 from nmt.decoding.shortlist import Shortlist
-from nmt.device import resolve_device
+from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option, flag
 from nmt.options import TranslateOptions
@@ -218,6 +218,7 @@ class Translator:
             torch.set_num_threads(min(opts.threads, MAX_THREADS))
         # int8 decoding exists on the CPU only: there, auto means the CPU even where CUDA is present
         device = resolve_device("cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device)
+        autocast(device, "fp32" if opts.precision == "int8" else opts.precision)  # fp16 off CUDA: refused now
         loaded = load_models(resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision)
         source = str(opts.checkpoints[0]) if opts.checkpoints else "the checkpoint"
         cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest, source=source,
@@ -280,6 +281,8 @@ class Translator:
         alignment, attention = _arg(alignment, bool, "alignment", name), _arg(attention, bool, "attention", name)
         if first_index < 0:
             raise NmtError(f"{name}: first_index must be 0 or more, got {first_index}")
+        if not (where is None or callable(where)):
+            raise NmtError(f"{name}: where= must be a function of a text's index, or None")
         texts = _texts(texts, "texts", name, kinds=_TO_TRANSLATE)
         requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, name)
         return self._nbest(requests, nbest, where=where, first_index=first_index,

@@ -1,14 +1,11 @@
 """Files that are either old or whole: temporaries named after their writer, fsync, rename.
 
-Every file `nmt` writes in place of another (checkpoints, a run directory's config.yaml and
-spm.model, `translate -o`, a prepared data directory) is first written to a hidden sibling
-named `.{name}.tmp-{pid}-{random hex}`, then renamed over the target. A kill leaves the old
-file or the new one, never half of one; the temporary it may leave names its writer, so the
-next run can remove it once that process is gone (`clean_temporaries`). A directory (prepare-bpe's
-`--destdir`, an export) is replaced the same way, as a whole (`replacing_directory`).
-
-No command writes a file it reads: `check_outputs` compares every output of a command with
-its inputs (and with its other outputs) before anything is written.
+Every file `nmt` writes in place of another (checkpoints, a run's config.yaml, `translate -o`)
+is first written to a hidden sibling `.{name}.tmp-{pid}-{hex}`, then renamed over it: a kill
+leaves the old file or the new one, and a temporary naming its writer for a later run to remove
+once that process is gone (`clean_temporaries`). A directory (prepare-bpe's `--destdir`, an
+export) is replaced whole (`replacing_directory`). No command writes a file it reads
+(`check_outputs`, before anything is written).
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ import secrets
 import shutil
 import stat
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -85,10 +83,20 @@ def _through_link(path: str | Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
+def written_into(path: str | Path) -> bool:
+    """Whether `path` is a device, a FIFO, a socket or a descriptor's name (/dev/stdout): written into, never replaced."""
+    with contextlib.suppress(OSError):
+        if stat.S_IFMT(os.stat(path).st_mode) not in (stat.S_IFREG, stat.S_IFDIR):
+            return True
+    return os.path.abspath(path).startswith(("/dev/std", "/dev/fd/", "/proc/"))
+
+
 def target(path: str | Path, option: str = "") -> Path:
     """The file that writing `path` replaces: a symlink's target (written through, the link
-    stays), checked to be a possible file name: not a directory, in a directory that exists.
-    `option` (e.g. "-o") is named in the NmtError."""
+    stays), checked to be a possible file name: not a directory, in a directory that exists;
+    `path` itself if it is `written_into`. `option` (e.g. "-o") is named in the NmtError."""
+    if written_into(path):
+        return Path(path)
     name, path = _named(Path(path), option), _through_link(path)
     if path.is_dir() or not path.name or path.name in (".", ".."):
         raise NmtError(f"{name}: is a directory; give a file name")
@@ -127,17 +135,21 @@ def check_replaceable(dest: Path, force: bool, markers: tuple[str, ...], kind: s
 
 @contextlib.contextmanager
 def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
-    """Yield a temporary for the caller to fill, then rename it over `path` and fsync the
-    directory. On failure the temporary goes away and `path` keeps its previous content;
-    an OSError (disk full, directory gone) becomes an NmtError naming `path`.
-
-    A symlink is written through (its target is replaced, the link stays) and a replaced
-    file keeps its permission bits; its owner, extended attributes and other hard links
-    to the old content are not carried over (docs/reliability.md)."""
-    path = target(path)
-    tmp = temporary_name(path)
+    """Yield a temporary for the caller to fill (a killed writer's of `path` removed first), then
+    rename it over `path` and fsync the directory; on failure it goes away, `path` unchanged, and
+    an OSError (disk full) is an NmtError naming `path`. A symlink is written through (the link
+    stays), the permission bits kept; owner, extended attributes and other hard links are not
+    (docs/reliability.md). A device, a FIFO or a descriptor (`written_into`) is not replaced: the
+    temporary, in the system's temporary directory, is appended to it at the end."""
+    path, into = target(path), written_into(path)
+    clean_temporaries(path.parent, name=path.name)
+    tmp = temporary_name(Path(tempfile.gettempdir(), path.name) if into else path)
     try:
         yield tmp
+        if into:
+            with open(tmp, "rb") as src, open(path, "ab") as dst:
+                shutil.copyfileobj(src, dst)
+            return tmp.unlink()
         _keep_mode(path, tmp)
         os.replace(tmp, path)
         fsync_path(path.parent)
@@ -149,11 +161,12 @@ def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def replacing_directory(dest: Path, what: str, option: str = "") -> Iterator[Path]:
-    """Yield a new hidden sibling directory of `dest` (from `directory_target`) for the caller
-    to fill, then put it in place of `dest` as a whole. The leftovers of killed writers of
-    `dest` are removed first. On failure the sibling goes away and `dest` is unchanged; an
-    OSError (no permission, a read-only or full filesystem) becomes an NmtError naming `dest`."""
+def replacing_directory(dest: Path, what: str, option: str = "", *, own: bool = False) -> Iterator[Path]:
+    """Yield a new hidden sibling directory of `dest` (from `directory_target`; killed writers'
+    leftovers removed first) for the caller to fill, then put it in place of `dest` as a whole.
+    On failure it goes away, `dest` unchanged; an OSError (no permission, a full disk) is an
+    NmtError naming `dest`. With `own`, a `dest` holding names the new one lacks (a clone's .git,
+    a README) is refused, naming them, instead of being removed with it."""
     name = _named(dest, option)
     with os_errors_as(name, f"cannot write {what}"):
         clean_temporaries(dest.parent, name=dest.name, directories=True)
@@ -161,6 +174,9 @@ def replacing_directory(dest: Path, what: str, option: str = "") -> Iterator[Pat
         work.mkdir()
     try:
         yield work
+        others = sorted({p.name for p in dest.iterdir()} - {p.name for p in work.iterdir()}) if own and dest.is_dir() else []
+        if others:
+            raise NmtError(f"{name}: holds {', '.join(others[:5])}, which {what} does not write; move them away")
         _swap_directory(work, dest)
     except BaseException as exc:
         shutil.rmtree(work, ignore_errors=True)
@@ -169,18 +185,16 @@ def replacing_directory(dest: Path, what: str, option: str = "") -> Iterator[Pat
 
 
 def _raise_write_error(exc: BaseException, name: object, what: str) -> None:
-    """Raise the OSError behind the error `exc` of a write (a full disk, a directory gone) as the
-    NmtError "{name}: cannot write {what} (reason)". An NmtError, which names its own cause (an
-    input that cannot be read), and an interrupt (not an Exception) are left to the caller to raise."""
+    """Raise the OSError behind the error `exc` of a write (a full disk) as the NmtError "{name}:
+    cannot write {what} (reason)"; an NmtError (it names its cause) or an interrupt is left to the caller."""
     error = os_error(exc)
     if isinstance(exc, Exception) and not isinstance(exc, NmtError) and error is not None:
         raise NmtError(f"{name}: cannot write {what} ({error.strerror or error})") from exc
 
 
 def _swap_directory(work: Path, dest: Path) -> None:
-    """Rename `work` to `dest`; an existing `dest` is renamed aside first (and back if that
-    fails), then removed, and its permission bits stay. A kill in between leaves either the old
-    or the new directory at `dest` and a leftover that `clean_temporaries` recognises."""
+    """Rename `work` to `dest`; an existing `dest` is renamed aside first (and back if that fails),
+    then removed, its permission bits kept. A kill leaves the old or the new directory at `dest`."""
     if not dest.exists():
         work.rename(dest)
         return
@@ -202,9 +216,8 @@ def _keep_mode(old: Path, new: Path) -> None:
 
 
 def write_all(fd: int, data: bytes) -> None:
-    """Write every byte of `data` to `fd`, or raise the OSError. A short write (a file-size limit,
-    `ulimit -f`) is retried, so that its error surfaces: Python's buffered files have been seen
-    to report success after a short final write, leaving the rest unwritten."""
+    """Write every byte of `data` to `fd`, or raise the OSError. A short write (`ulimit -f`) is retried
+    so that its error surfaces: Python's buffered files have reported success after one."""
     view = memoryview(data).cast("B")
     while view:
         view = view[os.write(fd, view):]
@@ -227,10 +240,9 @@ class TextWriter:
 
 
 def write_stdout(write: Callable[[TextWriter], object], what: str = "") -> None:
-    """`write(out)`, then `out.flush()`, with `out` a TextWriter on standard output: a closed
-    stdout or a failed write (a full disk, a file-size limit) is one line, "standard output:
-    cannot write {what} (reason)". A broken pipe (the reader went away) is raised: the CLI
-    ends quietly."""
+    """`write(out)`, then `out.flush()`, `out` a TextWriter on standard output: a closed stdout or a
+    failed write (a full disk) is one line, "standard output: cannot write {what} (reason)"; a
+    broken pipe (the reader went away) is raised, and the CLI ends quietly."""
     if sys.stdout is None:
         raise NmtError("standard output is closed")
     try:
@@ -344,10 +356,9 @@ def _inside(file: str | os.PathLike | int, directory: tuple[object, object]) -> 
 def open_regular_file(path: Path, flags: int, what: str, *, create: bool = True) -> int:
     """A descriptor of `path` opened with `flags` (and O_CREAT if `create`), refused in one line
     unless it is a regular file. A symbolic link is not followed: one planted in a shared
-    directory (runs/, the working directory) would have training truncate whatever file it
-    names, or translation read a checkpoint path from anywhere (issue 25); a FIFO opens without
-    blocking (O_NONBLOCK) and is then refused like a device or a directory. A missing file
-    (without `create`) raises FileNotFoundError for the caller to word."""
+    directory (runs/) would have training truncate whatever file it names (issue 25); a FIFO
+    opens without blocking and is refused like a device or a directory. A missing file (without
+    `create`) raises FileNotFoundError for the caller to word."""
     flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
         fd = os.open(path, flags, 0o644)
@@ -375,9 +386,8 @@ READ_LIMIT = 1 << 30
 def open_for_reading(path: str | Path, what: str, limit: int | None = READ_LIMIT) -> BinaryIO:
     """`path` open for reading, refused in one line naming it unless it is a regular file of at
     most `limit` bytes (None: any size). Symbolic links are followed (a Hugging Face cache links
-    every file to a blob); what they reach must be a regular file. A FIFO or a device would block
-    or never end: they are opened without blocking (O_NONBLOCK), looked at with fstat, refused.
-    A missing file raises FileNotFoundError for the caller to word."""
+    each file to a blob); a FIFO or a device, which would block or never end, is opened without
+    blocking and refused. A missing file raises FileNotFoundError for the caller to word."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -409,9 +419,8 @@ def read_regular(path: str | Path, what: str, limit: int | None = READ_LIMIT) ->
 
 
 class DirectoryLock(contextlib.AbstractContextManager["DirectoryLock"]):
-    """An advisory lock (flock) on a file in a directory, which holds the holder's pid for the
-    message of the next comer. The kernel drops a flock when the process ends, however it ends
-    (`kill -9` included): no stale lock to clean up. The file itself stays. `with` releases it."""
+    """An advisory lock (flock) on a file in a directory holding the holder's pid, for the next
+    comer's message. The kernel drops it when the process ends, even by `kill -9`. `with` releases it."""
 
     def __init__(self, fd: int):
         self.fd: int | None = fd
@@ -426,10 +435,9 @@ class DirectoryLock(contextlib.AbstractContextManager["DirectoryLock"]):
 
 
 def lock_directory(path: Path, name: str, what: str, busy: str) -> DirectoryLock:
-    """Lock the directory `path` (which must exist) for this process through its file `name` (a
-    regular file, never followed through a symbolic link: `open_regular_file`, named as `what`),
-    or raise the NmtError `{path}: {busy}`, `busy` with `{pid}` for the holder's: `nmt train`'s
-    run directory (`train.lock`), `nmt distill`'s --out (`distill.lock`)."""
+    """Lock the directory `path` for this process through its file `name` (`open_regular_file`,
+    named as `what`), or raise the NmtError `{path}: {busy}`, `busy` with `{pid}` for the holder's:
+    `nmt train`'s run directory (`train.lock`), `nmt distill`'s --out (`distill.lock`)."""
     fd = open_regular_file(path / name, os.O_RDWR, what)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -119,6 +119,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     model, config = ckpt["model"], ckpt["config"]
     if not isinstance(model, dict) or not all(isinstance(t, torch.Tensor) for t in model.values()):
         raise NmtError(f"{path}: not an nmt checkpoint (its model is not a dict of tensors)")
+    if bad := next((k for k, t in model.items() if t.is_floating_point() and not t.isfinite().all()), None):
+        raise NmtError(f"{path}: weight {bad} holds NaN or infinite values; the checkpoint is damaged")
     if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
         raise NmtError(f"{path}: not an nmt checkpoint (its config is not a dict of sections)")
     if ckpt["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
@@ -171,12 +173,15 @@ def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
     checkpoint_last.pt, unless a checkpoint_<update>.pt is newer (a kill between writing it
     and linking checkpoint_last.pt to it); if checkpoint_last.pt is missing, truncated or
     corrupt, the newest checkpoint_<update>.pt that loads, with a warning naming each file
-    passed over. Where checkpoints exist but none loads, an NmtError names them.
+    passed over, and then checkpoint_best.pt (written first at a save; the one file a user
+    pruning the run keeps), never replaced by a fresh run. Where checkpoints exist but none
+    loads, an NmtError names them.
     """
     run_dir = Path(run_dir)
     if not has_checkpoints(run_dir):
         return None
-    last, numbered = run_dir / "checkpoint_last.pt", list(reversed(list_update_checkpoints(run_dir)))
+    last, best = run_dir / "checkpoint_last.pt", run_dir / "checkpoint_best.pt"
+    numbered = [*reversed(list_update_checkpoints(run_dir)), *([(-1, best)] if best.is_file() else [])]
     for path in [last, *(path for _, path in numbered)]:  # a run directory's files are its own (training.rundir)
         if path.is_symlink():
             raise NmtError(f"{path}: a checkpoint is a symbolic link, which nmt does not follow; remove it")
@@ -185,7 +190,7 @@ def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
     if last.is_file():
         state = _load_for_resume(last, failures)
     else:
-        log.warning("%s is missing; looking for the newest checkpoint_<update>.pt", last)
+        log.warning("%s is missing; looking for the newest checkpoint_<update>.pt, then checkpoint_best.pt", last)
     for number, path in numbered:  # newest first
         if state is not None and number <= state.get("update", -1):
             break
@@ -206,9 +211,10 @@ def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
 
 def has_checkpoints(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds a checkpoint that `nmt train` resumes (`load_latest`):
-    checkpoint_last.pt or a checkpoint_<update>.pt."""
+    checkpoint_last.pt, checkpoint_best.pt or a checkpoint_<update>.pt."""
     run_dir = Path(run_dir)
-    return run_dir.is_dir() and ((run_dir / "checkpoint_last.pt").is_file() or bool(list_update_checkpoints(run_dir)))
+    return run_dir.is_dir() and (any((run_dir / f"checkpoint_{name}.pt").is_file() for name in ("last", "best"))
+                                 or bool(list_update_checkpoints(run_dir)))
 
 
 def _load_for_resume(path: Path, failures: list[str]) -> dict[str, Any] | None:
@@ -323,12 +329,22 @@ def _check_same_model(reference: dict[str, Any], ckpt: dict[str, Any], first: Pa
     if ckpt.get("vocab_size") != reference["vocab_size"]:
         raise NmtError(f"average: vocab_size is {reference['vocab_size']} in {first} "
                        f"but {ckpt.get('vocab_size')} in {path}")
-    changed = changed_keys(config_from_dict(reference["config"], where=str(first)),
-                           config_from_dict(ckpt["config"], where=str(path)), "model")
+    cfg, other = config_from_dict(reference["config"], where=str(first)), config_from_dict(ckpt["config"], where=str(path))
+    check_direction(path, other, cfg.data, f"as {first} does; only checkpoints of one model can be averaged")
+    changed = changed_keys(cfg, other, "model")
     if changed:
         key, a, b = changed[0]
         raise NmtError(f"average: {key} is {a!r} in {first} but {b!r} in {path}; "
                        "only checkpoints of one model can be averaged")
+
+
+def check_direction(path: Path | str, cfg: Config, data: Any, other: str) -> None:
+    """Refuse the model of `path` unless it translates `data.source_lang` to `data.target_lang`
+    (any object with both), where both sides name their languages (an import may not); `other`
+    says what it must match."""
+    have, want = (cfg.data.source_lang, cfg.data.target_lang), (data.source_lang, data.target_lang)
+    if all(have + want) and have != want:
+        raise NmtError(f"{path}: translates {'->'.join(have)}, not {'->'.join(want)} ({other})")
 
 
 def _check_compatible(mean: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype], state: dict[str, torch.Tensor],

@@ -129,7 +129,7 @@ class TrainConfig:
     best_metric: Literal["bleu", "loss"] = opt("bleu", "Metric that picks checkpoint_best.pt.")
     valid_bleu: bool = opt(True, "Decode the valid set and compute BLEU at each validation.")
     valid_beam: int = opt(1, "Beam size for validation BLEU (1 = greedy).", at_least=1)
-    seed: int = opt(1, "Random seed (parameters, dropout, batch order).")
+    seed: int = opt(1, "Random seed (parameters, dropout, batch order).", at_least=0, below=2**62)
     precision: Literal["fp32", "bf16", "fp16"] = opt(
         "fp32", "Autocast precision; fp16 is CUDA only and uses dynamic loss scaling.")
     fp16_init_scale: float = opt(128.0, "Initial loss scale for fp16.", above=0)
@@ -143,7 +143,7 @@ class TrainConfig:
         "data.dir's spm.model (prepare the data with `nmt prepare-bpe --tokenizer-from CHECKPOINT`). "
         "Ignored once the run directory has checkpoints: the run resumes from them.")
     log_interval: int = opt(50, "Log training metrics every N updates: loss and nll per target token over those N updates, their mean gnorm.", at_least=1)
-    threads: int = opt(0, "CPU threads for torch; 0 = torch's default.", at_least=0)
+    threads: int = opt(0, "CPU threads for torch; 0 = torch's default.", at_least=0, at_most=4096)
     device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.")
     pad_to_multiple: int = opt(0, "Pad each batch's source and target lengths to a multiple of this, so that kernels "
                                   "and torch.compile see few distinct shapes (the batch's token budget counts the "
@@ -240,6 +240,16 @@ def _override_value(section: str, name: str, text: str) -> Any:
         return text
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """yaml.safe_load refusing a key written twice in one mapping (PyYAML keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [key for key, _ in node.value if isinstance(key, yaml.ScalarNode) and key.value != "<<"]
+        if again := next((key for i, key in enumerate(keys) if key.value in {k.value for k in keys[:i]}), None):
+            raise yaml.constructor.ConstructorError(None, None, f"key {again.value} given twice", again.start_mark)
+        return super().construct_mapping(node, deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -248,7 +258,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read config ({e})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         loc = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
@@ -293,12 +303,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def config_from_dict(raw: dict[str, Any], where: str = "checkpoint") -> Config:
-    """Rebuild a Config saved with `config_to_dict` (e.g. from a checkpoint)."""
+    """Rebuild a Config saved with `config_to_dict` (e.g. from a checkpoint), `validate`d."""
     w = {"_file": where}
     for section in raw:
         if section not in SECTIONS:
             raise _unknown(section, where)
-    return Config(**{name: _build_section(name, dict(raw.get(name, {})), w) for name in SECTIONS})
+    cfg = Config(**{name: _build_section(name, dict(raw.get(name, {})), w) for name in SECTIONS})
+    validate(cfg, w, decode=False)  # a stored decode setting may be overridden where it is used
+    return cfg
 
 
 def changed_keys(old: Config, new: Config, section: str) -> list[tuple[str, Any, Any]]:
@@ -318,9 +330,10 @@ def dump_config(cfg: Config) -> str:
 # ---------------------------------------------------------------- validation
 
 
-def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
+def validate(cfg: Config, where: dict[str, str] | None = None, decode: bool = True) -> None:
     """Reject impossible values, naming the key: each field's declared bounds (`opt(at_least=...)`,
-    checked by nmt.fields.check_bounds), then the rules between fields."""
+    checked by nmt.fields.check_bounds), then the rules between fields; the decode section's
+    with `decode`."""
     where = where or {"_file": "config"}
 
     def named(section: str) -> Callable[[str], str]:
@@ -340,6 +353,8 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
              "applies to model.arch transformer only")
     need(not (m.learned_positions and m.positions != "nmt"), "model.positions",
          f"{m.positions} is a sinusoid table; it cannot go with model.learned_positions")
+    need(t.pad_to_multiple <= m.max_positions, "train.pad_to_multiple",
+         f"({t.pad_to_multiple}) must not exceed model.max_positions ({m.max_positions})")
     need(t.lr_schedule != "noam" or t.warmup_updates > 0, "train.warmup_updates",
          "must be positive with lr_schedule noam")
     need(t.dropout_ramp_end == 0 or t.dropout_ramp_end > t.dropout_ramp_start, "train.dropout_ramp_end",
@@ -347,7 +362,8 @@ def validate(cfg: Config, where: dict[str, str] | None = None) -> None:
     need(is_device_name(t.device), "train.device", f"must be {DEVICES}")
     need(bool(t.run_dir), "train.run_dir", "must not be empty")
     need(bool(cfg.data.dir), "data.dir", "must not be empty")
-    check_decode(cfg.decode, named("decode"))
+    if decode:
+        check_decode(cfg.decode, named("decode"))
 
 
 def check_decode(d: DecodeConfig, name: Callable[[str], str], vocab_size: int | None = None) -> None:

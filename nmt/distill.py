@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from nmt import atomic
 from nmt.api import Translator
-from nmt.checkpoint import has_checkpoints, load_model_checkpoint
+from nmt.checkpoint import check_direction, has_checkpoints, load_model_checkpoint
 from nmt.config import Config
 from nmt.data import META_FILE
 from nmt.decoding.predict import decode_autocast
@@ -164,7 +164,9 @@ def _checked(opts: DistillOptions) -> Job:
     cfg = opts.student_config(out) if opts.config is not None else None
     for teacher in opts.teachers:
         try:
-            separate = load_model_checkpoint(teacher, mmap=True).tokenizer.source_vocab_size is not None
+            model = load_model_checkpoint(teacher, mmap=True)
+            check_direction(teacher, model.config, opts, "-s, -t")
+            separate = model.tokenizer.source_vocab_size is not None
         except NmtError as e:
             raise NmtError(f"--teacher {e}") from None
         if separate and cfg is not None and cfg.model.share_embeddings:  # the student has the teacher's vocabularies

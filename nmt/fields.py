@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import reprlib
 import typing
 from collections.abc import Callable
 from dataclasses import field
@@ -103,6 +104,9 @@ def flag(key: str) -> str:
     return f"--{key.replace('_', '-')}"
 
 
+_SHORT = reprlib.Repr()  # a rejected value as an error shows it: a YAML alias bomb's list stays a few lines
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring = 2, 4, 4, 80
+
 # the plain field types: the Python types of the values each takes (a bool only for bool), and what an error
 # says a value must be
 _PLAIN: dict[Any, tuple[tuple[type[Any], ...], str]] = {
@@ -117,7 +121,7 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
     if get_origin(tp) is Literal:
         choices = Bounds(choices=get_args(tp))
         if not choices.allows(value):
-            raise ConfigError(f"{where}: {key} {choices.rule()}, got {value!r}")
+            raise ConfigError(f"{where}: {key} {choices.rule()}, got {_SHORT.repr(value)}")
         return value
     if tp not in _PLAIN:
         raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
@@ -127,7 +131,7 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
     if tp is float and strings and isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
         with contextlib.suppress(ValueError):
             return float(value)
-    raise ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
+    raise ConfigError(f"{where}: {key} must be {expected}, got {_SHORT.repr(value)}")
 
 
 def coerce_option(cls: type, key: str, value: Any, where: str, name: str | None = None) -> Any:

@@ -88,8 +88,8 @@ class TranslateOptions:
 
     checkpoints: list[Path] = opt_list("Checkpoint(s); several decode as an ensemble.",
                                        flags=("--checkpoint", "-c"))
-    input: Path | None = opt(None, "Input file (default stdin).", flags=("--input", "-i"), io=True)
-    output: Path | None = opt(None, "Output file (default stdout).", flags=("--output", "-o"), io=True)
+    input: Path | None = opt(None, "Input file, plain or gzip (default or -: stdin).", flags=("--input", "-i"), io=True)
+    output: Path | None = opt(None, "Output file (default or -: stdout).", flags=("--output", "-o"), io=True)
     # the decode settings over the checkpoint's: DecodeConfig fields (--beam, --lenpen, ...)
     decode: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
     nbest: int = opt(1, "Hypotheses per input line (tab-separated with --scores).", io=True)

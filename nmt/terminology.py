@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError
-from nmt.textio import clean_text, read_lines
+from nmt.textio import TextStats, clean_text, read_lines
 
 JSON_KEYS = ("text", "constraints", "avoid", "prefix", "ordered")
 
@@ -218,11 +218,22 @@ def terminology_from_pairs(pairs: Sequence[tuple[str, str]]) -> Terminology:
     return Terminology(tuple(pairs), re.compile(rf"(?<!\w)(?:{body})(?!\w)"), targets)
 
 
+class _Strict(TextStats):
+    """A terminology file's reading: a term is typed on purpose, so bytes that are not UTF-8 are an
+    error naming FILE:LINE, not a guess."""
+
+    def _note(self, lineno: int, lossy: bool = False) -> None:
+        if lossy:
+            raise NmtError(f"{self.path}:{lineno}: not UTF-8; write the terminology file in UTF-8")
+        super()._note(lineno)
+
+
 def load_terminology(path: str | Path) -> Terminology:
     """Read a terminology file: `source<TAB>target` a line (blank lines skipped); a missing
-    column, an empty term or a line with more than one TAB is an NmtError naming FILE:LINE."""
+    column, an empty term, a line with more than one TAB or not UTF-8 is an NmtError naming
+    FILE:LINE."""
     pairs: list[tuple[str, str]] = []
-    for number, line in enumerate(read_lines(path), 1):
+    for number, line in enumerate(read_lines(path, _Strict(str(path))), 1):
         if not line.strip():
             continue
         cols, where = line.split("\t"), f"{path}:{number}"

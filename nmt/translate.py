@@ -38,7 +38,6 @@ from nmt.atomic import (
     FileArg,
     TextWriter,
     check_outputs,
-    clean_temporaries,
     replacing,
     target,
     write_stdout,
@@ -54,7 +53,7 @@ from nmt.decoding.predict import resolve_checkpoints
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
 from nmt.terminology import Request, parse_json_line
-from nmt.textio import TextStats, iter_line_blocks
+from nmt.textio import TextStats, iter_line_blocks, open_bytes
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 4096
@@ -147,6 +146,8 @@ def translate_main(opts: TranslateOptions) -> None:
     if opts.buffer_lines < 0:
         raise NmtError(f"--buffer-lines must be 0 (automatic) or more, got {opts.buffer_lines}")
     Translator.check_options(opts)  # before any file is touched
+    opts = dataclasses.replace(opts, input=None if str(opts.input) == "-" else opts.input,  # -: stdin, stdout
+                               output=None if str(opts.output) == "-" else opts.output)
     given = bool(opts.checkpoints)  # or the last run's
     opts = dataclasses.replace(opts, checkpoints=resolve_checkpoints([str(p) for p in opts.checkpoints]))
     output = target(opts.output, "-o") if opts.output else None  # before the models load
@@ -166,8 +167,7 @@ def translate_main(opts: TranslateOptions) -> None:
                           json_input=opts.json_input)
             if output is not None:
                 # written to a temporary next to it and renamed at the end: an error or an interrupt
-                # leaves no partial file (and an existing one unchanged); a killed run's is removed here
-                clean_temporaries(output.parent, name=output.name)
+                # leaves no partial file (and an existing one unchanged); a killed run's is removed first
                 with replacing(output, "the translations") as tmp, open(tmp, "xb", buffering=0) as f:
                     run(TextWriter(f.fileno()))
             else:
@@ -201,24 +201,19 @@ def _files(opts: TranslateOptions, given: bool) -> tuple[list[FileArg], list[Fil
 
 
 def _closed(fd: int) -> bool:
-    try:
+    with contextlib.suppress(OSError):
         os.fstat(fd)
-    except OSError:
-        return True
-    return False
+        return False
+    return True
 
 
 def _input(path: Path | None) -> tuple[BinaryIO, str]:
-    """The input stream and its name for messages: a file (or a named pipe, `<(...)`) or stdin."""
+    """The input stream and its name for messages: a file, plain or gzip (or a named pipe,
+    `<(...)`), or stdin."""
     if path is None:
         if sys.stdin is None or _closed(0):
             raise NmtError("standard input is closed; give --input FILE")
         return sys.stdin.buffer, "<stdin>"
     if Path(path).is_dir():
         raise NmtError(f"--input {path}: is a directory")
-    try:
-        return open(path, "rb"), str(path)
-    except FileNotFoundError:
-        raise NmtError(f"{path}: input file not found") from None
-    except OSError as e:
-        raise NmtError(f"--input {path}: cannot open ({e.strerror or e})") from None
+    return open_bytes(path), str(path)  # plain or gzip

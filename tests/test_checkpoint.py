@@ -32,7 +32,7 @@ def make_ckpt(model: dict[str, torch.Tensor], update: int = 1, **extra) -> dict:
     ckpt = {
         "format_version": 1,
         "model": model,
-        "config": {"model": {"d_model": 4}},
+        "config": {"model": {"d_model": 8}},
         "vocab_size": 8,
         "tokenizer": {"model": b"\x00spm bytes\xff", "sha256": "ab" * 32},
         "update": update,
@@ -299,7 +299,7 @@ def test_average_arithmetic_keeps_config_and_drops_train_state(tmp_path):
         assert torch.equal(ckpt["model"]["w"], torch.tensor([2.0, 3.0]))
         assert torch.equal(ckpt["model"]["steps"], torch.tensor([7]))  # integer buffer copied
         assert ckpt["update"] == 20
-        assert ckpt["config"] == {"model": {"d_model": 4}}
+        assert ckpt["config"] == {"model": {"d_model": 8}}
         assert ckpt["vocab_size"] == 8 and ckpt["tokenizer"]["model"] == b"\x00spm bytes\xff"
         assert ckpt["averaged_from"] == ["checkpoint_10.pt", "checkpoint_20.pt"]
         assert "train_state" not in ckpt
@@ -385,12 +385,12 @@ def test_average_needs_existing_inputs_and_the_same_tokenizer(tmp_path):
 @pytest.mark.parametrize(("key", "first", "second"), [("heads", 8, 4), ("max_positions", 256, 512),
                                                       ("norm_first", False, True)])
 def test_average_refuses_models_of_different_configs_whose_shapes_agree(tmp_path, key, first, second):
-    a = write(tmp_path / "a.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 4, key: first}})
-    b = write(tmp_path / "b.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 4, key: second}})
+    a = write(tmp_path / "a.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 8, key: first}})
+    b = write(tmp_path / "b.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 8, key: second}})
     with pytest.raises(NmtError, match=rf"model\.{key} is {first!r} in .*a\.pt but {second!r} in .*b\.pt"):
         average_checkpoints([a, b], tmp_path / "avg.pt")
     assert not (tmp_path / "avg.pt").exists()
-    same = write(tmp_path / "c.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 4, key: first}, "train": {"lr": 1.0}})
+    same = write(tmp_path / "c.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 8, key: first}, "train": {"lr": 1.0}})
     average_checkpoints([a, same], tmp_path / "avg.pt")  # other sections (train, decode) may differ
 
 

@@ -17,6 +17,7 @@ transformers itself (a dev dependency; the package never imports it).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,16 @@ def test_quantization_is_refused_with_hf(random_checkpoint, tmp_path, capfd):
     assert nmt_here("export", str(random_checkpoint), str(tmp_path / "hf"), "--format", "hf",
                     "--quantization", "int8") == 1
     assert "--quantization is for --format ctranslate2" in capfd.readouterr().err
+
+
+def test_every_file_of_the_folder_has_the_mode_the_umask_gives(prepared, tmp_path):
+    """safetensors' save_file creates its file 0600: another account (a server's) could read the
+    config but not the weights."""
+    path = save_random_model(tmp_path / "model.pt", Tokenizer.from_file(prepared[0] / "spm.model"), seed=1,
+                             model=MARIAN_SETTINGS)
+    old = os.umask(0o022)
+    try:
+        folder = export_hf(path, tmp_path / "hf")
+    finally:
+        os.umask(old)
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in folder.iterdir()} == {f.name: "0o644" for f in folder.iterdir()}

@@ -8,6 +8,7 @@ docs/reliability.md lists each case with the test here that proves it.
 from __future__ import annotations
 
 import ctypes
+import gzip
 import io
 import json
 import logging
@@ -15,8 +16,11 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +46,7 @@ from nmt.atomic import atomic_write_bytes, clean_temporaries
 from nmt.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from nmt.config import config_to_dict, load_config
 from nmt.device import resolve_device
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.models.transformer import build_model
 from nmt.textio import TextStats, iter_lines
 from nmt.training.rundir import RunDir, lock_run_dir
@@ -750,3 +754,186 @@ def test_best_checkpoint_is_its_own_file_and_survives_damage_to_the_last(tmp_pat
     with open(last, "r+b") as f:  # damage in place, as a careless copy or a bad disk would
         f.truncate(100)
     assert torch.equal(load_checkpoint(best)["model"]["w"], torch.ones(3))
+
+
+# ------------------------------------------------------------------ 12. found by probing every surface
+
+
+def test_an_output_onto_a_fifo_or_a_descriptor_is_written_into_never_replaced(random_checkpoint, tmp_path):
+    """A rename over /dev/null (as root) or a FIFO would unlink it; /dev/stdout >> log kept the log's head."""
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\nd e\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    r = run_process("translate", "-c", str(random_checkpoint), "-i", str(src), "-o", str(fifo), "--beam", "1",
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    reader.join(60)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and got[0].count(b"\n") == 2
+    log = tmp_path / "log.txt"
+    log.write_bytes(b"kept\n")
+    with open(log, "ab") as out:
+        r = run_process("translate", "-c", str(random_checkpoint), "-i", str(src), "-o", "/dev/stdout", "--beam", "1",
+                        stdout=out, stderr=subprocess.PIPE)
+    assert r.returncode == 0, r.stderr
+    assert log.read_bytes() == b"kept\n" + got[0]
+    assert not list(Path(tempfile.gettempdir()).glob(".stdout.tmp-*"))
+
+
+def test_dash_is_standard_input_and_output(random_checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\nd e\n")
+    with open(src, "rb") as stdin:
+        r = run_process("translate", "-c", str(random_checkpoint), "-i", "-", "-o", "-", "--beam", "1",
+                        stdin=stdin, capture_output=True)
+    assert r.returncode == 0 and r.stdout.count(b"\n") == 2 and not (tmp_path / "-").exists()
+
+
+def test_translate_reads_a_gzip_input_as_its_text(random_checkpoint, tmp_path, capfd):
+    plain, packed = tmp_path / "in.txt", tmp_path / "in.txt.gz"
+    plain.write_text("".join(f"a b {i}\n" for i in range(20)))
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    outputs = []
+    for path in (plain, packed):
+        code, out, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", str(path), "--beam", "1")
+        assert code == 0, err
+        outputs.append(out)
+    assert outputs[0] == outputs[1] and outputs[0].count("\n") == 20
+
+
+def _damaged(cfg: dict[str, Any], model: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    heads = {**cfg, "model": {**cfg["model"], "heads": 3}}  # 3 does not divide d_model 32
+    name = next(k for k, t in model.items() if t.is_floating_point())
+    return {"heads not dividing d_model": {"config": heads},
+            "a NaN weight": {"model": {**model, name: torch.full_like(model[name], float("nan"))}}}
+
+
+@pytest.mark.parametrize("case", ["heads not dividing d_model", "a NaN weight"])
+def test_a_checkpoint_with_an_impossible_config_or_a_nan_weight_is_refused_everywhere(
+        random_checkpoint, tmp_path, capfd, case):
+    """Either used to translate with a traceback, or to empty lines and exit 0, and to export a model
+    that CTranslate2 cannot load; averaging passed the NaN on."""
+    good = load_checkpoint(random_checkpoint)
+    bad = _save(tmp_path / "bad.pt", random_checkpoint, **_damaged(config_to_dict(load_config(TINY)), good["model"])[case])
+    needle = "model.heads (3) must divide" if case.startswith("heads") else "holds NaN or infinite values"
+    for args in (["translate", "-c", str(bad), "-i", os.devnull], ["export", str(bad), str(tmp_path / "ct2")],
+                 ["average-checkpoints", str(random_checkpoint), str(bad), "-o", str(tmp_path / "avg.pt")]):
+        code, _, err = run_here(capfd, *args)
+        assert_one_line(code, err, str(bad), needle)
+    assert not (tmp_path / "ct2").exists() and not (tmp_path / "avg.pt").exists()
+
+
+def test_a_model_of_the_other_direction_is_refused_in_an_ensemble_an_average_and_as_a_teacher(
+        random_checkpoint, raw_corpus, tmp_path, capfd):
+    cfg = config_to_dict(load_config(TINY))
+    cfg["data"].update(source_lang="de", target_lang="en")
+    ours = _save(tmp_path / "en-de.pt", random_checkpoint,
+                 config={**cfg, "data": {**cfg["data"], "source_lang": "en", "target_lang": "de"}})
+    other = _save(tmp_path / "de-en.pt", random_checkpoint, config=cfg)
+    for args in (["translate", "-c", str(ours), "-c", str(other), "-i", os.devnull],
+                 ["average-checkpoints", str(ours), str(other), "-o", str(tmp_path / "avg.pt")],
+                 ["distill", "--teacher", str(other), "-s", "en", "-t", "de", "--trainpref",
+                  raw_corpus.prefix("train"), "--out", str(tmp_path / "d")]):
+        code, _, err = run_here(capfd, *args)
+        assert_one_line(code, err, str(other), "translates de->en, not en->de")
+
+
+def test_a_terminology_file_that_is_not_utf8_is_one_line_naming_its_line(random_checkpoint, tmp_path, capfd):
+    terms = tmp_path / "terms.tsv"
+    terms.write_bytes(b"cat\tKatze\ndog\tSch\xe4ferhund\n")  # Latin-1
+    code, _, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, "--terminology",
+                            str(terms))
+    assert_one_line(code, err, f"{terms}:2: not UTF-8")
+
+
+def test_every_replaced_file_removes_a_killed_writers_temporary(random_checkpoint, tmp_path, capfd):
+    left = tmp_path / f".avg.pt.tmp-{dead_pid()}-0badf00d"
+    left.write_bytes(b"half a checkpoint")
+    code, _, err = run_here(capfd, "average-checkpoints", str(random_checkpoint), "-o", str(tmp_path / "avg.pt"))
+    assert code == 0, err
+    assert not left.exists() and (tmp_path / "avg.pt").is_file()
+
+
+def test_export_force_refuses_to_remove_what_it_did_not_write(random_checkpoint, tmp_path, capfd):
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "ct2"
+    assert run_here(capfd, "export", str(random_checkpoint), str(out))[0] == 0
+    (out / ".git").mkdir()
+    (out / "README.md").write_text("# card\n")
+    before = sorted(p.name for p in out.iterdir())
+    code, _, err = run_here(capfd, "export", str(random_checkpoint), str(out), "--force")
+    assert_one_line(code, err, f"OUT_DIR {out}: holds .git, README.md")
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_run_pruned_to_its_best_checkpoint_resumes_from_it_and_never_replaces_it(prepared, tmp_path, caplog):
+    data, run_dir = prepared[0], tmp_path / "run"
+    cfg = tiny(data, run_dir, max_updates=2, save_interval_updates=1, validate_interval_updates=1)
+    train(cfg)
+    best = load_checkpoint(run_dir / "checkpoint_best.pt")
+    for path in [run_dir / "checkpoint_last.pt", *run_dir.glob("checkpoint_[0-9]*.pt")]:
+        path.unlink()
+    with pytest.raises(NmtError, match="model.ffn_dim"):  # a new run here would have replaced it
+        train(with_overrides(cfg, model={"ffn_dim": 96}))
+    kept = load_checkpoint(run_dir / "checkpoint_best.pt")
+    assert kept["update"] == best["update"] and all(torch.equal(kept["model"][k], t) for k, t in best["model"].items())
+    caplog.set_level(logging.INFO, logger="nmt")
+    assert train(with_overrides(cfg, train={"max_updates": 3})).update == 3
+    assert f"resumed from update {best['update']}" in caplog.text
+
+
+def test_the_tokenizer_and_the_splits_of_the_data_are_checked_before_training(prepared, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(prepared[0], data)
+    meta = json.loads((data / "prepare.json").read_text())
+    cfg = tiny(data, tmp_path / "run", max_updates=1)
+    with pytest.raises(NmtError, match="no split 'vaild'"):
+        train(with_overrides(cfg, data={"valid_split": "vaild"}))
+    with pytest.raises(NmtError, match="decode.beam must be smaller than the vocabulary"):
+        train(with_overrides(cfg, decode={"beam": 10**6}))
+    meta["spm"]["sha256"] = "0" * 64  # as if spm.model had been swapped for another
+    (data / "prepare.json").write_text(json.dumps(meta))
+    with pytest.raises(NmtError, match="spm.model: not the tokenizer the data was prepared with"):
+        train(cfg)
+
+
+def test_a_finished_run_started_again_keeps_its_config(prepared, tmp_path):
+    cfg = tiny(prepared[0], tmp_path / "run", max_updates=1)
+    train(cfg)
+    written = (tmp_path / "run" / "config.yaml").read_bytes()
+    assert train(with_overrides(cfg, train={"lr": 0.5})).update == 1
+    assert (tmp_path / "run" / "config.yaml").read_bytes() == written
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("model:\n  d_model: 64\ntrain:\n  lr: 0.1\nmodel:\n  heads: 4\n", "c.yaml:5:1: malformed YAML: key model given twice"),
+    ("train:\n  seed: -1\n", "train.seed must be in [0, 2^62), got -1"),
+    ("train:\n  threads: 100000\n", "train.threads must be in [0, 4096], got 100000"),
+    ("train:\n  pad_to_multiple: 300\nmodel:\n  max_positions: 256\n",
+     "train.pad_to_multiple (300) must not exceed model.max_positions (256)"),
+], ids=["duplicate key", "seed", "threads", "pad_to_multiple"])
+def test_config_mistakes_that_used_to_reach_training_are_one_line(tmp_path, text, needle):
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "c.yaml")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_rejected_value_is_shown_short_even_from_a_yaml_alias_bomb(tmp_path):
+    levels = ['&b0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    levels += [f'&b{i} [' + ",".join([f"*b{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    (tmp_path / "c.yaml").write_text("train:\n  lr: [" + ", ".join(levels) + "]\n")
+    with pytest.raises(ConfigError, match="train.lr must be a number") as e:
+        load_config(tmp_path / "c.yaml")
+    assert len(str(e.value)) < 500
+
+
+def test_the_api_refuses_fp16_on_the_cpu_at_load_and_a_where_that_is_not_a_function(random_checkpoint):
+    with pytest.raises(NmtError, match="fp16 needs a CUDA device"):
+        Translator.load(random_checkpoint, precision="fp16", device="cpu")
+    translator = Translator.load(random_checkpoint, device="cpu", beam=1)
+    with pytest.raises(NmtError, match="where= must be a function"):
+        translator.translate_nbest(["a b"], where="x")

@@ -202,14 +202,16 @@ def test_resume_past_corrupt_checkpoints_or_stop_naming_them(prepared, tmp_path,
     else:
         last.write_bytes(b"PK\x03\x04 garbage")  # through the shared inode: checkpoint_4.pt too
         resumed_from, passed_over = 2, ["checkpoint_last.pt", "checkpoint_4.pt"]
-        if damage == "all":
-            (run_dir / "checkpoint_2.pt").write_bytes(b"")
+        if damage == "all":  # checkpoint_best.pt, the last resort, too
+            for name in ("checkpoint_2.pt", "checkpoint_best.pt"):
+                (run_dir / name).write_bytes(b"")
     capfd.readouterr()
     code = nmt_train_here({**sets, "train.max_updates": 6})
     err = capfd.readouterr().err
     if damage == "all":
         assert code == 1
-        last_error_line(err, "no checkpoint loads", "checkpoint_last.pt", "checkpoint_4.pt", "checkpoint_2.pt")
+        last_error_line(err, "no checkpoint loads", "checkpoint_last.pt", "checkpoint_4.pt", "checkpoint_2.pt",
+                        "checkpoint_best.pt")
         return
     assert code == 0, err
     assert all(f"{name}: corrupt or truncated" in err for name in passed_over), err

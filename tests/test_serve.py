@@ -251,6 +251,13 @@ BAD = [
     ("terminology not an object", "/v1/translate", b'{"texts": ["a"], "terminology": [["a", "b"]]}', {}, 400,
      '"terminology" must be an object'),
     ("score lengths", "/v1/score", b'{"sources": ["a"], "targets": ["a", "b"]}', {}, 400, '1 "sources" but 2 "targets"'),
+    ("JSON nested 2,000 deep", "/v1/translate", b"[" * 2000, {}, 400, "not valid JSON"),
+    ("alternatives 1e400", "/translate", b'{"q": "a", "source": "en", "target": "de", "alternatives": 1e400}', {},
+     400, "alternatives must be 0 to 10"),
+    ("a lone surrogate echoed", "/translate", b'{"q": "a", "source": "\\ud800", "target": "de"}', {}, 400,
+     "no model translates \\ud800 to de"),
+    ("model a list", "/v1/score", b'{"sources": ["a"], "targets": ["a"], "model": ["x"]}', {}, 400,
+     "unknown \"model\" ['x']"),
 ]
 
 

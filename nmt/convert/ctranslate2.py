@@ -84,7 +84,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
     model = Transformer(cfg, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
     ckpt.load_into(model)
     if format == "hf":
-        with replacing_directory(out, "the export", "OUT_DIR") as work:
+        with replacing_directory(out, "the export", "OUT_DIR", own=True) as work:
             write_hf_folder(ckpt, model.eval(), work)
         log.info("wrote %s (a Hugging Face MarianMT folder, vocabulary %d)", out, tokenizer.vocab_size)
         return out
@@ -95,7 +95,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         def _load(self) -> Any:
             return spec
 
-    with replacing_directory(out, "the export", "OUT_DIR") as work:
+    with replacing_directory(out, "the export", "OUT_DIR", own=True) as work:
         _Converter().convert(str(work), quantization=quantization, force=True)
         for name, data in tokenizer.files().items():  # spm.model, or an imported model's source/target.spm
             (work / name).write_bytes(data)

@@ -86,17 +86,13 @@ def _hf_beam(reader: Reader, folder: Path, cfg: Keys) -> dict[str, Any]:
     generation = reader.json(path) if os.path.lexists(path) else Keys({}, str(path))
     if generation.raw.get("num_beams") is None:
         generation = cfg
-    decode: dict[str, Any] = {"lenpen_style": "length"}
     beams = generation.raw.get("num_beams")
-    if beams is not None:
-        if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
-            raise NmtError(f"{generation.where}: num_beams {shown(beams)} is not a positive integer")
-        decode["beam"] = beams
+    if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
+        raise NmtError(f"{generation.where}: num_beams {shown(beams)} is not a positive integer")
     penalty = generation.number("length_penalty", 1.0)
     if not 0 <= penalty <= 10:
         raise NmtError(f"{generation.where}: length_penalty {penalty!r} is not a number between 0 and 10")
-    decode["lenpen"] = penalty
-    return decode
+    return {"lenpen_style": "length", **({} if beams is None else {"beam": beams}), "lenpen": penalty}
 
 
 def _hf_tokenizer(reader: Reader, folder: Path, sizes: tuple[int, int], share: bool, ids: SpecialIds) -> VocabTokenizer:
@@ -152,7 +148,7 @@ def _map_hf(reader: Reader, folder: Path, cfg: ModelConfig, tok: VocabTokenizer)
 def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path) -> None:
     """`nmt export --format hf`: the checkpoint as a MarianMT folder in `folder` (an empty
     directory), for `MarianMTModel.from_pretrained` and `MarianTokenizer`."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     cfg, tok, ids, decode = ckpt.config.model, ckpt.tokenizer, ckpt.tokenizer.specials, ckpt.config.decode
     source, pieces = tok.vocabularies()
@@ -164,7 +160,8 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
                for name, t in write(HF_MARIAN, cfg, model.state_dict()).items()
                if cfg.share_embeddings or name != "shared.weight"}  # MarianMT has `shared` only when it shares
     tensors["final_logits_bias"] = tensors.get("final_logits_bias", torch.zeros(tok.vocab_size)).view(1, -1)
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    # written as every other file is (safetensors' save_file makes it 0600: unreadable to a server's account)
+    (folder / "model.safetensors").write_bytes(save(tensors, metadata={"format": "pt"}))
     activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[cfg.activation]
     config = {"architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": len(sides[0]),
               "decoder_vocab_size": tok.vocab_size, "d_model": cfg.d_model, "encoder_layers": cfg.encoder_layers,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt.atomic import clean_temporaries, replacing, target
+from nmt.atomic import replacing, target
 from nmt.data import pad_rows
 from nmt.decoding.predict import decode_autocast
 from nmt.errors import NmtError, one_line
@@ -139,9 +139,7 @@ def writing_attention(path: str | Path) -> Iterator[AttentionWriter]:
     `source_<index>` (S,) and `target_<index>` (T,) pieces (each ending in `</s>`) per sentence
     in the order added, then `index`, the indices in that order. A killed run's temporary is
     removed first."""
-    real = target(path, "--attention")
-    clean_temporaries(real.parent, name=real.name)
-    with (replacing(real, "the attention") as tmp, open(tmp, "xb") as f,
+    with (replacing(target(path, "--attention"), "the attention") as tmp, open(tmp, "xb") as f,
           zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as archive):
         writer = AttentionWriter(archive)
         yield writer

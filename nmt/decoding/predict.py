@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from nmt.atomic import open_regular_file
-from nmt.checkpoint import LAST_RUN_FILE, load_model_checkpoint
+from nmt.checkpoint import LAST_RUN_FILE, check_direction, load_model_checkpoint
 from nmt.config import Config, DecodeConfig, check_decode, check_nbest
 from nmt.data import pad_rows
 from nmt.decoding.constraints import Constraints
@@ -141,6 +141,7 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
             tokenizer, first_cfg = ckpt.tokenizer, cfg
         elif ckpt.tokenizer.sha256 != tokenizer.sha256:
             raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
+        check_direction(path, cfg, (first_cfg or cfg).data, f"as {paths[0]} does; an ensemble needs one direction")
         if precision == "int8" and cfg.model.arch != "transformer":
             raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
         model: Any = build_model(cfg.model, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)

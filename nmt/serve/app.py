@@ -217,7 +217,7 @@ class Service:
                 data = json.loads(body)
         except UnicodeDecodeError:
             raise ApiError(400, "the request body is not valid UTF-8") from None
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
@@ -235,7 +235,7 @@ class Service:
     def _model(self, name: Any) -> Model:
         if name is None and len(self.models) == 1:
             return next(iter(self.models.values()))
-        if name not in self.models:
+        if not isinstance(name, str) or name not in self.models:
             raise ApiError(400, f'unknown "model" {name!r}: this server has {", ".join(map(repr, self.models))}')
         return self.models[name]
 
@@ -362,6 +362,8 @@ class Service:
                     status, body = (499, None) if isinstance(e, ClientDisconnect) else (500, {"error": "internal error"})
                     if status == 500:
                         log.exception("%s %s", request.method, request.url.path)
+                if status >= 400 and isinstance(body, dict):  # a lone surrogate the error echoes: escaped, never a 500
+                    body["error"] = body["error"].encode("utf-8", "backslashreplace").decode("utf-8")
                 self.requests.labels(name, str(status)).inc()
                 self.latency.labels(name).observe(time.perf_counter() - start)
                 return JSONResponse(body, status_code=status, headers=headers)

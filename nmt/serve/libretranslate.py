@@ -42,7 +42,7 @@ async def translate(service: Service, request: Any) -> Any:
     texts = service._texts(q, "q")
     try:
         alternatives = int(p.get("alternatives") or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400
         alternatives = -1
     if not 0 <= alternatives <= 10 or fmt not in ("text", "html"):
         raise ApiError(400, "Invalid request: alternatives must be 0 to 10 and format text or html")
@@ -71,9 +71,8 @@ class Markup(HTMLParser):
 
     def __init__(self, document: str):
         super().__init__(convert_charrefs=True)
-        self.parts: list[str | int] = []  # markup as str, a text run as its index in `texts`
-        self.texts: list[str] = []
-        self.is_html = True
+        # parts: markup as str, a text run as its index in `texts`
+        self.parts, self.texts, self.is_html = [], [], True  # type: list[str | int], list[str], bool
         self.feed(document)
         self.close()
 

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from nmt import data as datamod
-from nmt.config import Config, check_beam_fits
+from nmt.config import Config, DataConfig, check_beam_fits
+from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds, Tokenizer
 from nmt.training.distributed import Env
 from nmt.training.state import data_fingerprint
@@ -53,11 +54,15 @@ class TrainingData:
         meta = datamod.read_meta(d.dir)
         src, tgt = d.source_lang or meta["source_lang"], d.target_lang or meta["target_lang"]
         tokenizer = Tokenizer.from_file(Path(d.dir) / "spm.model")
-        if t.valid_bleu:
-            check_beam_fits(t.valid_beam, tokenizer.vocab_size, "train.valid_beam")
+        if tokenizer.sha256 != meta["spm"]["sha256"]:
+            raise NmtError(f"{Path(d.dir) / 'spm.model'}: not the tokenizer the data was prepared with "
+                           "(prepare.json's spm.sha256); run nmt prepare-bpe again")
+        for key, beam in (("decode.beam", cfg.decode.beam), ("train.valid_beam", t.valid_beam))[:1 + t.valid_bleu]:
+            check_beam_fits(beam, tokenizer.vocab_size, key)  # the checkpoints' decode settings must be usable
         train = datamod.ParallelData.load(d.dir, d.train_split, src, tgt)
-        valid = datamod.ParallelData.load(d.dir, d.valid_split, src, tgt) if d.valid_split in meta.get("splits", {}) \
-            else None
+        # no validation where the default split was not prepared; a split named otherwise must exist
+        has_valid = d.valid_split in meta.get("splits", {}) or d.valid_split != DataConfig.valid_split
+        valid = datamod.ParallelData.load(d.dir, d.valid_split, src, tgt) if has_valid else None
         return cls(src, tgt, data_fingerprint(meta, src, tgt), tokenizer, train, valid)
 
 

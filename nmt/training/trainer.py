@@ -379,6 +379,7 @@ class Trainer:
             if self.cfg.train.init_from:
                 log.info("train.init_from %s ignored: %s has checkpoints, the run resumes from them",
                          self.cfg.train.init_from, self.run_dir.path)
-            self.run_dir.write_config(self.cfg)
+            if not stop_reason(self.cfg, self.progress):  # a finished run changes nothing
+                self.run_dir.write_config(self.cfg)
             log.info("resumed from update %d in %s (epoch %d, %d updates into it)", self.progress.update,
                      self.run_dir.path, self.progress.epoch, self.progress.updates_in_epoch)
