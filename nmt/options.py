@@ -177,6 +177,7 @@ class ServeOptions:
     max_body_bytes: int = opt(1_000_000, "Largest request body (413 above).", at_least=1)
     max_chars: int = opt(5000, "Most characters in one text (400 above).", at_least=1)
     max_texts: int = opt(128, "Most texts in one request (400 above).", at_least=1)
+    max_beam: int = opt(16, 'Largest "beam" a request may ask for (400 above); the served beam is allowed.', at_least=1)
     api_keys: Path | None = opt(None, "A file of API keys, one a line: every translation request must carry one "
                                 "(api_key, or the header Authorization: Bearer KEY), else 403.")
     cors_origins: list[str] = opt_list("Allow browser pages of this origin (e.g. https://example.org, or *) to "

@@ -91,8 +91,7 @@ def parse_json_line(line: str, where: str) -> Request:
         raise NmtError(f"{where}: not a request (JSON nested too deeply)") from None
     if not isinstance(obj, dict):
         raise NmtError(f"{where}: not a JSON object (a JSON {type(obj).__name__})")
-    unknown = sorted(set(obj) - set(JSON_KEYS))
-    if unknown:
+    if unknown := sorted(set(obj) - set(JSON_KEYS)):
         raise NmtError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(JSON_KEYS)})")
     if "text" not in obj:
         raise NmtError(f'{where}: no "text"')

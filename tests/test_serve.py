@@ -251,6 +251,8 @@ BAD = [
     ("terminology not an object", "/v1/translate", b'{"texts": ["a"], "terminology": [["a", "b"]]}', {}, 400,
      '"terminology" must be an object'),
     ("score lengths", "/v1/score", b'{"sources": ["a"], "targets": ["a", "b"]}', {}, 400, '1 "sources" but 2 "targets"'),
+    ("beam over the limit", "/v1/translate", b'{"texts": ["a"], "beam": 17}', {}, 400,
+     "\"beam\" 17 is more than this server's limit of 16"),
     ("JSON nested 2,000 deep", "/v1/translate", b"[" * 2000, {}, 400, "not valid JSON"),
     ("alternatives 1e400", "/translate", b'{"q": "a", "source": "en", "target": "de", "alternatives": 1e400}', {},
      400, "alternatives must be 0 to 10"),

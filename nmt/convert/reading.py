@@ -217,8 +217,7 @@ class Weights:
         self.used.update(names)
 
     def check_all_used(self, why: str) -> None:
-        unused = sorted(set(self.keys) - self.used)
-        if unused:
+        if unused := sorted(set(self.keys) - self.used):
             more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
             raise NmtError(f"{self.path}: weight {self.keys[unused[0]]}{more} is not part of the model {why}; "
                            "nmt import refuses weights it would drop")

@@ -168,7 +168,6 @@ def write(layout: Layout, cfg: ModelConfig, weights: dict[str, torch.Tensor],
         for name, part in zip(row.parts, tensor.chunk(len(row.parts)), strict=True):
             out[name] = part.T if row.transposed else part
         used.add(row.nmt)
-    unused = [name for name in weights if name not in used]
-    if unused:
+    if unused := [name for name in weights if name not in used]:
         raise NmtError(f"the {layout.name} layout has no place for nmt's weights {', '.join(unused[:3])}")
     return out

@@ -291,8 +291,7 @@ class Service:
     async def translate(self, request: Any) -> Any:
         p = await self._payload(request)
         model = self._model(p.get("model"))
-        unknown = sorted(set(p) - V1_KEYS - set(DECODE_OPTIONS))
-        if unknown:
+        if unknown := sorted(set(p) - V1_KEYS - set(DECODE_OPTIONS)):
             raise ApiError(400, f"unknown field {unknown[0]!r}: fields are {', '.join(sorted(V1_KEYS | set(DECODE_OPTIONS)))}")
         texts = self._texts(p.get("texts"), "texts", (str, dict))
         nbest, align, attend = _typed(p, "nbest", int, 1), _typed(p, "alignment", bool, False), _typed(p, "attention", bool, False)
@@ -302,6 +301,8 @@ class Service:
             raise ApiError(400, '"terminology" must be an object of source term: target term strings')
         terminology = terminology_from_pairs(list(terms.items())) if terms else None
         overrides = {k: coerce_option(DecodeConfig, k, p[k], "the request", f'"{k}"') for k in DECODE_OPTIONS if k in p}
+        if overrides.get("beam", 0) > max(self.opts.max_beam, model.translator.decode.beam):  # its memory
+            raise ApiError(400, f'"beam" {overrides["beam"]} is more than this server\'s limit of {self.opts.max_beam}')
         settings, _ = model.variant(overrides, nbest)
         texts = [{"text": t} if isinstance(t, str) else t for t in texts]  # a str is a request of its text alone
         for i, t in enumerate(texts):
