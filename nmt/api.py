@@ -178,8 +178,7 @@ class Translator:
         paths = _paths(checkpoints)
         if not paths:
             raise NmtError("Translator.load needs at least one checkpoint")
-        unknown = sorted(set(options) - set(LOAD_OPTIONS) - set(DECODE_OPTIONS))
-        if unknown:
+        if unknown := sorted(set(options) - set(LOAD_OPTIONS) - set(DECODE_OPTIONS)):
             raise NmtError(f"Translator.load: unknown option {unknown[0]}= (options: "
                            f"{', '.join(LOAD_OPTIONS + DECODE_OPTIONS)})")
         decode = {k: coerce_option(DecodeConfig, k, options.pop(k), "Translator.load")

@@ -341,9 +341,7 @@ def _file_key(file: str | os.PathLike | int) -> tuple[object, object] | None:
         st = os.fstat(file) if isinstance(file, int) else os.stat(file)
     except OSError:
         return None if isinstance(file, int) else ("path", os.path.realpath(file))
-    if isinstance(file, int) and not stat.S_ISREG(st.st_mode):
-        return None
-    return st.st_dev, st.st_ino
+    return None if isinstance(file, int) and not stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
 
 
 def _inside(file: str | os.PathLike | int, directory: tuple[object, object]) -> bool:

@@ -53,9 +53,7 @@ def to_cpu(obj: Any) -> Any:
         return obj.detach().cpu()
     if isinstance(obj, dict):
         return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
+    return type(obj)(to_cpu(v) for v in obj) if isinstance(obj, (list, tuple)) else obj
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
@@ -113,8 +111,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         raise NmtError(f"{path}: corrupt or truncated checkpoint ({reason})") from exc
     if not isinstance(ckpt, dict):
         raise NmtError(f"{path}: corrupt or truncated checkpoint (not a dict)")
-    missing = [key for key in REQUIRED_KEYS if key not in ckpt]
-    if missing:
+    if missing := [key for key in REQUIRED_KEYS if key not in ckpt]:
         raise NmtError(f"{path}: corrupt or truncated checkpoint (missing {', '.join(missing)})")
     model, config = ckpt["model"], ckpt["config"]
     if not isinstance(model, dict) or not all(isinstance(t, torch.Tensor) for t in model.values()):
@@ -331,8 +328,7 @@ def _check_same_model(reference: dict[str, Any], ckpt: dict[str, Any], first: Pa
                        f"but {ckpt.get('vocab_size')} in {path}")
     cfg, other = config_from_dict(reference["config"], where=str(first)), config_from_dict(ckpt["config"], where=str(path))
     check_direction(path, other, cfg.data, f"as {first} does; only checkpoints of one model can be averaged")
-    changed = changed_keys(cfg, other, "model")
-    if changed:
+    if changed := changed_keys(cfg, other, "model"):
         key, a, b = changed[0]
         raise NmtError(f"average: {key} is {a!r} in {first} but {b!r} in {path}; "
                        "only checkpoints of one model can be averaged")

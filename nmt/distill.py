@@ -111,9 +111,7 @@ def degenerate(source: str, target: str) -> str | None:
     words = target.split()
     if words and words == source.split():
         return "copy"
-    if repeated_ngram(words):
-        return "repeat"
-    return None
+    return "repeat" if repeated_ngram(words) else None
 
 
 def select_hypothesis(hyps: Sequence[str], reference: str, metric: str = "chrf") -> int:
@@ -309,8 +307,7 @@ def _read_manifest(job: Job) -> dict[str, Any]:
         return {}
     except (ValueError, RecursionError) as e:
         raise NmtError(f"{job.manifest}: not JSON ({e}); move {job.out} away to start again") from None
-    problem = _manifest_problem(known, job.records)
-    if problem is not None:
+    if (problem := _manifest_problem(known, job.records)) is not None:
         raise NmtError(f"{job.manifest}: {problem}: not a manifest of this nmt distill; move {job.out} away "
                        "to start again")
     return known
@@ -326,8 +323,7 @@ def _manifest_problem(known: Any, records: dict[str, dict[str, Any]]) -> str | N
     for step in (step for step in STEPS if step in known):
         if not isinstance(known[step], dict):
             return f"{step} is {_KINDS[type(known[step])]} where an object belongs"
-        unknown = [key for key in known[step] if key not in records[step]]
-        if unknown:
+        if unknown := [key for key in known[step] if key not in records[step]]:
             return f"{step}.{unknown[0]} is not a key of it"
         for key, value in records[step].items():
             theirs = known[step].get(key)

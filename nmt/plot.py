@@ -139,8 +139,7 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
     try:
         with open_for_reading(path, "metrics", None) as f:
             for lineno, line in enumerate(f, 1):
-                rec = _record(line)
-                if rec is not None:
+                if (rec := _record(line)) is not None:
                     records[(rec.get("type", "train"), rec["update"])] = rec
                 elif line.strip():
                     bad, first_bad = bad + 1, first_bad or lineno

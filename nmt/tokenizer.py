@@ -291,8 +291,7 @@ class VocabTokenizer(Tokenizer):
         ids = {p: i for i, p in enumerate(pieces)}
         if len(ids) != len(pieces) or not all(isinstance(p, str) for p in pieces):
             raise NmtError(f"{self.name}: the {side * self.separate}vocabulary lists a piece twice or a non-string")
-        bad = [k for k, v in vars(self.specials).items() if not 0 <= v < len(pieces)]
-        if bad:
+        if bad := [k for k, v in vars(self.specials).items() if not 0 <= v < len(pieces)]:
             raise NmtError(f"{self.name}: special id {bad[0]}={getattr(self.specials, bad[0])} is outside the "
                            f"{side * self.separate}vocabulary of {len(pieces)}")
         return ids

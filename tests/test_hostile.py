@@ -937,3 +937,15 @@ def test_the_api_refuses_fp16_on_the_cpu_at_load_and_a_where_that_is_not_a_funct
     translator = Translator.load(random_checkpoint, device="cpu", beam=1)
     with pytest.raises(NmtError, match="where= must be a function"):
         translator.translate_nbest(["a b"], where="x")
+
+
+def test_a_best_metric_changed_on_resume_starts_a_new_best_and_patience(prepared, tmp_path, caplog):
+    """The best loss (9.4, lower is better) was compared with a BLEU, or the reverse: checkpoint_best.pt
+    was never replaced again and patience stopped a run that improved."""
+    caplog.set_level(logging.INFO, logger="nmt")
+    data, run_dir = prepared[0], tmp_path / "run"
+    cfg = tiny(data, run_dir, max_updates=2, validate_interval_updates=1, valid_bleu=False, best_metric="loss")
+    train(cfg)
+    assert train(with_overrides(cfg, train={"max_updates": 3, "valid_bleu": True, "best_metric": "bleu"})).update == 3
+    assert load_checkpoint(run_dir / "checkpoint_best.pt")["update"] == 3
+    assert "the best validation so far is a loss" in caplog.text

@@ -211,6 +211,28 @@ def test_libretranslate_requests_of_real_clients(server, reference, lines):
         400, {"error": "Invalid request: missing q parameter"})
 
 
+def test_libretranslate_reads_raw_utf8_forms_and_the_query_string(server, reference, lines):
+    """As LibreTranslate (Werkzeug's request.values): `curl -d 'q=Grüße...'` sends raw UTF-8, and
+    the parameters may come in the query string, alone or beside a form body."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    text = "A dog in Zürich."
+    want = reference.translate([text, lines[0]])
+    status, answer, _ = server.post("/translate", raw=f"q={text}&source=en&target=de".encode(), headers=form)
+    assert (status, answer) == (200, {"translatedText": want[0]})
+    status, answer, _ = server.post("/translate?" + urlencode({"q": lines[0], "source": "en", "target": "de"}),
+                                    raw=b"", headers={"Content-Type": ""})
+    assert (status, answer) == (200, {"translatedText": want[1]})
+    status, answer, _ = server.post("/translate?source=en&target=de", raw=urlencode({"q": text}).encode(), headers=form)
+    assert (status, answer) == (200, {"translatedText": want[0]})
+
+
+def test_a_request_the_queue_can_never_hold_is_400_not_retry_later(trained_checkpoint, lines):
+    with Server("--model", f"en-de={trained_checkpoint}", "--max-queue", "2") as s:
+        status, answer, headers = s.post("/v1/translate", {"texts": lines[:3]})
+        assert status == 400 and "3 sentences, more than this server's queue holds (2)" in answer["error"]
+        assert "Retry-After" not in headers and s.post("/v1/translate", {"texts": lines[:2]})[0] == 200
+
+
 def test_html_runs_are_translated_and_markup_kept():
     doc = Markup('<p class="x">Hello <b>big</b> &amp; <br/>world<!-- c --></p>\n')
     assert doc.texts == ["Hello ", "big", " & ", "world"]
@@ -253,6 +275,8 @@ BAD = [
     ("score lengths", "/v1/score", b'{"sources": ["a"], "targets": ["a", "b"]}', {}, 400, '1 "sources" but 2 "targets"'),
     ("beam over the limit", "/v1/translate", b'{"texts": ["a"], "beam": 17}', {}, 400,
      "\"beam\" 17 is more than this server's limit of 16"),
+    ("unknown score field", "/v1/score", b'{"sources": ["a"], "targets": ["a"], "beam": 3}', {}, 400,
+     "unknown field 'beam'"),
     ("JSON nested 2,000 deep", "/v1/translate", b"[" * 2000, {}, 400, "not valid JSON"),
     ("alternatives 1e400", "/translate", b'{"q": "a", "source": "en", "target": "de", "alternatives": 1e400}', {},
      400, "alternatives must be 0 to 10"),
@@ -480,18 +504,22 @@ def read_answer(sock: socket.socket) -> str:
 
 def test_slow_disconnecting_and_too_many_clients(trained_checkpoint):
     with Server("--model", f"en-de={trained_checkpoint}", "--read-timeout", "1", "--max-queue", "6",
-                "--max-wait-ms", "3000", "--timeout", "2") as s:
+                "--max-wait-ms", "8000", "--timeout", "5") as s:
         head = b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
         slow = raw_request(s.port, head, b'{"texts": [')  # then nothing more
         gone = raw_request(s.port, head, b'{"tex')
         gone.close()  # disconnects mid-request
-        assert s.post("/v1/translate", {"texts": ["A dog."] * 7})[:2] == (
+        held = threading.Thread(target=s.post, args=("/v1/translate", {"texts": ["A dog."] * 4}))
+        held.start()  # 4 of the queue's 6 places, held for company until its 5 s deadline
+        wait_for_queue(s, 4)
+        assert s.post("/v1/translate", {"texts": ["A dog."] * 3})[:2] == (
             503, {"error": "Slowdown: the translation queue is full; retry later"})
-        status, answer, headers = s.post("/translate", {"q": ["A dog."] * 7, "source": "en", "target": "de"})
+        status, answer, headers = s.post("/translate", {"q": ["A dog."] * 3, "source": "en", "target": "de"})
         assert status == 429 and headers["retry-after"] == "1"
-        # held 3 s for company, over the 2 s deadline
+        held.join()
+        # held 8 s for company, over the 5 s deadline
         assert s.post("/v1/translate", {"texts": ["A dog."]})[:2] == (
-            504, {"error": "the translation took longer than this server's limit of 2 s"})
+            504, {"error": "the translation took longer than this server's limit of 5 s"})
         answer = read_answer(slow)
         assert answer.startswith("HTTP/1.1 408") and '"error":"the request body did not arrive within 1 s"' in answer
         assert s.get("/health")[0] == 200

@@ -284,8 +284,7 @@ class ConstraintTracker:
         if any(c.avoid for c in constraints):
             size = 1 + max(t for c in constraints for p in c.avoid for t in p)
             self.avoided.append(_Avoided([c.avoid for c in constraints], _Tokens(size), None, device))
-        texts = [c.avoid_text for c in constraints if c.avoid_text is not None]
-        if texts:
+        if texts := [c.avoid_text for c in constraints if c.avoid_text is not None]:
             if any(a.surfaces is not texts[0].surfaces or a.columns != texts[0].columns for a in texts):
                 raise ValueError("avoided texts over different vocabularies in one batch")
             self.avoided.append(_Avoided([c.avoid_text.texts if c.avoid_text else ()

@@ -41,6 +41,7 @@ from nmt.terminology import JSON_KEYS, Request, terminology_from_pairs, with_ter
 
 log = logging.getLogger(__name__)
 V1_KEYS = {"model", "texts", "nbest", "alignment", "attention", "target_lang", "terminology", "api_key"}
+SCORE_KEYS = {"model", "sources", "targets", "normalize", "api_key"}
 
 
 class ApiError(Exception):
@@ -206,8 +207,8 @@ class Service:
         body, kind = b"".join(chunks), request.headers.get("content-type", "").split(";")[0].strip().lower()
         kind = kind if form else "application/json"
         try:
-            if kind == "application/x-www-form-urlencoded":
-                data = _fields(parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict"))
+            if kind == "application/x-www-form-urlencoded" or (form and not body):  # raw UTF-8 as Werkzeug takes it
+                data = _fields(parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict"))
             elif kind == "multipart/form-data":
                 head = f"Content-Type: {request.headers['content-type']}\r\n\r\n".encode("latin-1")
                 parts = email.message_from_bytes(head + body, policy=email.policy.HTTP).iter_parts()
@@ -221,6 +222,8 @@ class Service:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
+        if form and kind != "application/json":  # LibreTranslate reads the query string too (request.values)
+            data = {**_fields(parse_qsl(request.url.query, keep_blank_values=True)), **data}
         self._authorize(request, data)
         return data
 
@@ -262,6 +265,8 @@ class Service:
         """The jobs' results once decoded: 503 (`full`) when the queue is full, 504 past the
         deadline; a client that goes away has its jobs dropped."""
         assert model.batcher is not None
+        if len(jobs) > self.opts.max_queue:  # never accepted: not a "retry later"
+            raise ApiError(400, f"{len(jobs)} sentences, more than this server's queue holds ({self.opts.max_queue})")
         if not model.batcher.submit(jobs):
             raise ApiError(full, "Slowdown: the translation queue is full; retry later", {"Retry-After": "1"})
         results = asyncio.gather(*[asyncio.wrap_future(j.future) for j in jobs])
@@ -320,6 +325,8 @@ class Service:
     async def score(self, request: Any) -> Any:
         p = await self._payload(request)
         model = self._model(p.get("model"))
+        if unknown := sorted(set(p) - SCORE_KEYS):
+            raise ApiError(400, f"unknown field {unknown[0]!r}: fields are {', '.join(sorted(SCORE_KEYS))}")
         sources, targets = self._texts(p.get("sources"), "sources"), self._texts(p.get("targets"), "targets")
         if len(sources) != len(targets):
             raise ApiError(400, f'{len(sources)} "sources" but {len(targets)} "targets"')

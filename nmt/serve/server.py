@@ -81,8 +81,7 @@ def serve(opts: ServeOptions) -> None:
             lines = read_regular(opts.api_keys, "the API keys", 1 << 20).decode("utf-8", "replace").splitlines()
         except FileNotFoundError:
             raise NmtError(f"--api-keys {opts.api_keys}: no such file") from None
-        keys = [k.strip().encode() for k in lines if k.strip() and not k.startswith("#")]
-        if not keys:
+        if not (keys := [k.strip().encode() for k in lines if k.strip() and not k.startswith("#")]):
             raise NmtError(f"{opts.api_keys}: no API key in it (one a line)")
     if not keys and not _loopback(opts.host):
         log.warning("serving on %s without --api-keys: anyone who can reach it can use it", opts.host)

@@ -40,6 +40,7 @@ class Progress:
     updates_in_epoch: int = 0  # update groups of `epoch` already consumed
     elapsed: float = 0.0  # seconds of training, summed over resumes
     best: float | None = None
+    best_metric: str = ""  # what `best` is: "bleu" or "loss" ("": a checkpoint from before it was kept)
     bad_validations: int = 0
     schedule_offset: int = 0  # --reset-optimizer restarts the warm-up here
     skipped_overflow: int = 0
@@ -142,8 +143,7 @@ def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, f
     data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}" for k, v in new["data"].items()
                     if k not in ("dir", "valid_split") and old["data"].get(k) != v]
     old_fp = str(state["train_state"].get("fingerprint") or "")
-    direction = _direction_changed(old_fp, fingerprint)
-    if direction:
+    if direction := _direction_changed(old_fp, fingerprint):
         data_changed.append(direction)
     if old_fp.partition(":")[0] != fingerprint.partition(":")[0]:
         data_changed.append(f"the prepared data in {cfg.data.dir} (fingerprint)")

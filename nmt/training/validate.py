@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -14,6 +15,8 @@ from nmt.decoding.predict import translate_token_lists
 from nmt.evaluate import corpus_bleu
 from nmt.tokenizer import Tokenizer
 from nmt.training.state import Progress
+
+log = logging.getLogger(__name__)
 
 # batch -> label-smoothed loss and NLL summed over the batch's target tokens
 BatchLoss = Callable[[datamod.Batch], tuple[torch.Tensor, torch.Tensor]]
@@ -50,12 +53,17 @@ def validate(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, valid_da
 
 
 def track_best(p: Progress, result: dict[str, float], best_metric: str) -> bool:
-    """Track the best validation and patience in `p`; returns whether this one is the best so far."""
-    value = result["valid_bleu"] if best_metric == "bleu" and "valid_bleu" in result else result["valid_loss"]
-    higher = best_metric == "bleu" and "valid_bleu" in result
-    improved = p.best is None or (value > p.best if higher else value < p.best)
+    """Track the best validation and patience in `p`; returns whether this one is the best so far. A
+    best of another metric (train.best_metric or valid_bleu changed on resume) starts them anew."""
+    metric = "bleu" if best_metric == "bleu" and "valid_bleu" in result else "loss"
+    if p.best is not None and p.best_metric not in ("", metric):
+        log.info("the best validation so far is a %s (%.3f); tracking %s now, a new best and patience start",
+                 p.best_metric, p.best, metric)
+        p.best, p.bad_validations = None, 0
+    value = result[f"valid_{metric}"]
+    improved = p.best is None or (value > p.best if metric == "bleu" else value < p.best)
     if improved:
-        p.best, p.bad_validations = value, 0
+        p.best, p.bad_validations, p.best_metric = value, 0, metric
     else:
         p.bad_validations += 1
     return improved
