@@ -150,7 +150,8 @@ def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
             with open(tmp, "rb") as src, open(path, "ab") as dst:
                 shutil.copyfileobj(src, dst)
             return tmp.unlink()
-        _keep_mode(path, tmp)
+        with contextlib.suppress(FileNotFoundError):  # the replaced file's permission bits (none: a new file)
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
         os.replace(tmp, path)
         fsync_path(path.parent)
     except BaseException as exc:
@@ -187,8 +188,7 @@ def replacing_directory(dest: Path, what: str, option: str = "", *, own: bool = 
 def _raise_write_error(exc: BaseException, name: object, what: str) -> None:
     """Raise the OSError behind the error `exc` of a write (a full disk) as the NmtError "{name}:
     cannot write {what} (reason)"; an NmtError (it names its cause) or an interrupt is left to the caller."""
-    error = os_error(exc)
-    if isinstance(exc, Exception) and not isinstance(exc, NmtError) and error is not None:
+    if isinstance(exc, Exception) and not isinstance(exc, NmtError) and (error := os_error(exc)) is not None:
         raise NmtError(f"{name}: cannot write {what} ({error.strerror or error})") from exc
 
 
@@ -207,12 +207,6 @@ def _swap_directory(work: Path, dest: Path) -> None:
         old.rename(dest)
         raise
     shutil.rmtree(old, ignore_errors=True)  # what stays (unreadable) goes with the next run's cleaning
-
-
-def _keep_mode(old: Path, new: Path) -> None:
-    """Give `new` the permission bits of `old` (an existing file it is about to replace)."""
-    with contextlib.suppress(FileNotFoundError):  # no `old`: a new file keeps its own
-        os.chmod(new, stat.S_IMODE(old.stat().st_mode))
 
 
 def write_all(fd: int, data: bytes) -> None:

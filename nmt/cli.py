@@ -367,8 +367,7 @@ def main(argv: list[str] | None = None) -> None:
 
     The command runs under our own handlers rather than the CLI framework's: its handlers
     would exit 1 on a broken pipe and 130 on Ctrl-C without a word."""
-    args = sys.argv[1:] if argv is None else argv
-    command = typer.main.get_command(app)
+    args, command = sys.argv[1:] if argv is None else argv, typer.main.get_command(app)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         _run(command, list(args))

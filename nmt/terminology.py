@@ -202,14 +202,10 @@ class Terminology:
         return list(found)
 
 
-def _fold(term: str) -> str:
-    return " ".join(term.casefold().split())
-
-
 def terminology_from_pairs(pairs: Sequence[tuple[str, str]]) -> Terminology:
     targets: dict[str, str] = {}
     for source, tgt in pairs:
-        targets.setdefault(_fold(source), tgt)
+        targets.setdefault(" ".join(source.casefold().split()), tgt)  # folded as the source will be
     if not targets:
         return Terminology(tuple(pairs), None, targets)
     terms = sorted(targets, key=len, reverse=True)  # longer terms first: the regex takes the first alternative

@@ -75,8 +75,7 @@ class TextStats:
         (a line with several problems counts once as a line and once under each problem)."""
         kinds = [f"{n} {what}" for n, what in ((self.invalid_utf8, "invalid UTF-8 -> U+FFFD"), (self.nul, "NUL -> space"),
                                                (self.line_breaks, "CR/U+2028/... inside a line -> space")) if n]
-        first = ", ".join(map(str, self.first_lines))
-        n = self.cleaned_lines
+        first, n = ", ".join(map(str, self.first_lines)), self.cleaned_lines
         return f"{self.path}: cleaned {n} line{'' if n == 1 else 's'} ({'; '.join(kinds)}); first: {first}"
 
 

@@ -233,6 +233,28 @@ def test_a_request_the_queue_can_never_hold_is_400_not_retry_later(trained_check
         assert "Retry-After" not in headers and s.post("/v1/translate", {"texts": lines[:2]})[0] == 200
 
 
+@pytest.mark.parametrize(("document", "texts", "joined"), [
+    ("<![CDATA[A dog.]]><p>A cat.</p>", ["A cat."], "<![CDATA[A dog.]]><p>[A cat.]</p>"),
+    ("<?php echo 1; ?><p>A cat.</p>", ["A cat."], "<?php echo 1; ?><p>[A cat.]</p>"),
+    ("<style>p { color: red }</style><script>if (a < b && c) {}</script><p>A dog.</p>", ["A dog."],
+     "<style>p { color: red }</style><script>if (a < b && c) {}</script><p>[A dog.]</p>"),
+    ("<p>Run <code>ls &amp; x</code> now.</p>", ["Run ", " now."], "<p>[Run] <code>ls &amp; x</code> [now.]</p>"),
+    ('<p translate="no">Acme <b>Dog</b></p>A dog.', ["A dog."], '<p translate="no">Acme <b>Dog</b></p>[A dog.]'),
+    ("<pre><pre>a</pre>b</pre>c", ["c"], "<pre><pre>a</pre>b</pre>[c]"),
+    ('<br translate="no">A dog', ["A dog"], '<br translate="no">[A dog]'),
+    ("<p>A dog <b", ["A dog "], "<p>[A dog] <b"),
+    ("A dog runs. <", ["A dog runs. "], "[A dog runs.] <"),
+    ("Tom &Jerry", ["Tom &Jerry"], "[Tom &amp;Jerry]"),
+], ids=["CDATA", "processing instruction", "script and style", "code", "translate=no", "nested pre", "void translate=no",
+        "unfinished tag", "stray <", "bare ampersand"])
+def test_html_that_is_not_text_to_translate_is_kept_as_written(document, texts, joined):
+    """A CDATA section or a processing instruction used to vanish; script, style and code were
+    translated (LibreTranslate leaves them); an unfinished tag at the end became made-up words."""
+    doc = Markup(document)
+    assert doc.texts == texts
+    assert doc.join([f"[{t.strip()}]" for t in doc.texts]) == joined
+
+
 def test_html_runs_are_translated_and_markup_kept():
     doc = Markup('<p class="x">Hello <b>big</b> &amp; <br/>world<!-- c --></p>\n')
     assert doc.texts == ["Hello ", "big", " & ", "world"]

@@ -88,8 +88,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
             write_hf_folder(ckpt, model.eval(), work)
         log.info("wrote %s (a Hugging Face MarianMT folder, vocabulary %d)", out, tokenizer.vocab_size)
         return out
-    converters = _import_ctranslate2()
-    spec = transformer_spec(model.eval(), tokenizer)
+    converters, spec = _import_ctranslate2(), transformer_spec(model.eval(), tokenizer)
 
     class _Converter(converters.Converter):  # type: ignore[name-defined]
         def _load(self) -> Any:

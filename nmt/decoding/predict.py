@@ -238,8 +238,7 @@ def translate_token_lists(
     """
     if constraints is not None and any(c is not None for c in constraints):
         need_beam_search(cfg, "translate_token_lists: constraints")
-    device = torch.device(device)
-    limit = (max_positions - 1) if max_positions else None
+    device, limit = torch.device(device), (max_positions - 1) if max_positions else None
     seqs = [list(s[:limit]) if limit else list(s) for s in seqs]
     results: list[list[Hypothesis]] = [[] for _ in seqs]
     todo = [i for i, s in enumerate(seqs) if s]

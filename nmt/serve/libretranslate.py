@@ -65,15 +65,30 @@ async def translate(service: Service, request: Any) -> Any:
     return {k: v[0] if isinstance(q, str) else v for k, v in answer.items() if v is not None}
 
 
+_UNTRANSLATED = ("script", "style", "code", "pre")  # as LibreTranslate's HTML path leaves them (and translate="no")
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+def _keep(form: str) -> Any:
+    """A handler that keeps its construct as it was written (`form` with its data for {})."""
+    return lambda self, data: self.parts.append(form.format(data))
+
+
 class Markup(HTMLParser):
     """`texts`: the runs of text to translate, in order; `join(translations)` puts them back
-    between the markup (escaped). A run that is only whitespace is kept, not translated."""
+    between the markup (escaped). A run that is only whitespace is kept, not translated, and so
+    is the text of an element LibreTranslate leaves alone (script, style, code, translate="no")
+    and an unfinished tag at the end (`A dog <b`)."""
 
     def __init__(self, document: str):
         super().__init__(convert_charrefs=True)
-        # parts: markup as str, a text run as its index in `texts`
+        # parts: markup as str, a text run as its index in `texts`; kept: the open element whose text stays
         self.parts, self.texts, self.is_html = [], [], True  # type: list[str | int], list[str], bool
+        self.kept, self.depth = "", 0
         self.feed(document)
+        if self.rawdata.startswith("<"):  # a tag the document never finishes: kept as written
+            self.parts.append(self.rawdata)
+            self.rawdata = ""
         self.close()
 
     @classmethod
@@ -83,25 +98,30 @@ class Markup(HTMLParser):
         return doc
 
     def handle_data(self, data: str) -> None:
-        if data.strip():
+        if data.strip() and not self.kept:
             self.parts.append(len(self.texts))
             self.texts.append(data)
-        else:
-            self.parts.append(data)
+        else:  # script and style text is never unescaped (CDATA_CONTENT_ELEMENTS)
+            self.parts.append(data if self.kept in ("script", "style") else html.escape(data, quote=False))
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         self.parts.append(self.get_starttag_text() or f"<{tag}>")
+        if not self.kept and tag not in _VOID and (tag in _UNTRANSLATED or ("translate", "no") in attrs):
+            self.kept = tag
+        self.depth += tag == self.kept
 
-    handle_startendtag = handle_starttag
+    def handle_startendtag(self, tag: str, attrs: list) -> None:
+        self.parts.append(self.get_starttag_text() or f"<{tag}/>")
 
     def handle_endtag(self, tag: str) -> None:
         self.parts.append(f"</{tag}>")
+        self.depth -= tag == self.kept
+        self.kept = self.kept if self.depth else ""
 
-    def handle_comment(self, data: str) -> None:
-        self.parts.append(f"<!--{data}-->")
+    handle_comment, handle_decl, handle_pi = (_keep(f) for f in ("<!--{}-->", "<!{}>", "<?{}>"))
 
-    def handle_decl(self, decl: str) -> None:
-        self.parts.append(f"<!{decl}>")
+    def unknown_decl(self, data: str) -> None:  # <![CDATA[...]]>, <![if IE]>
+        self.parts.append(f"<![{data}]{']' if data.startswith('CDATA[') else ''}>")
 
     def join(self, translations: list[str]) -> str:
         if not self.is_html:

@@ -76,8 +76,7 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
     try:
         trainer = Trainer(cfg, env, reset_optimizer, reset_data)
         log.info("device %s, world size %d, parameters %d", env.device, env.world_size, num_parameters(trainer.model))
-        reason = trainer.run()
-        finished = True
+        reason, finished = trainer.run(), True
         return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
     finally:
         if trainer is not None:
