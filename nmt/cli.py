@@ -53,8 +53,7 @@ def _root(
 
 
 def setup_logging(level: int) -> None:
-    rank = os.environ.get("RANK", "0")
-    fmt = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
+    rank, fmt = os.environ.get("RANK", "0"), "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
     if rank != "0":
         fmt, level = f"[rank {rank}] " + fmt, max(level, logging.WARNING)
     logging.basicConfig(level=level, format=fmt, datefmt="%H:%M:%S", stream=sys.stderr, force=True)

@@ -292,8 +292,7 @@ def make_batches(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_tokens: int, 
         rng = np.random.default_rng([seed, epoch])
         order = rng.permutation(keep)
         mean_pair = float(src[keep].mean() + tgt[keep].mean()) + 2 if len(keep) else 1.0
-        pool = POOL_BATCHES * max(1, int(max_tokens // mean_pair))
-        batches = Batches()
+        pool, batches = POOL_BATCHES * max(1, int(max_tokens // mean_pair)), Batches()
         for start in range(0, len(order), pool):
             chunk = order[start : start + pool]
             batches.extend(_pack(chunk[_length_order(src[chunk], tgt[chunk], pad_to)], src, tgt, max_tokens, pad_to))

@@ -455,3 +455,20 @@ def test_search_with_two_stage_selection_equals_one_stage(cfg, monkeypatch):
     monkeypatch.setattr("nmt.decoding.candidates.CHUNK", 2)  # V = 10: 5 chunks of 2 columns
     assert beam_search(FakeModel(random_logprobs), src, cfg, nbest=nbest, **IDS) == one_stage
     assert greedy_search(FakeModel(random_logprobs), src, cfg) == greedy
+
+
+def test_an_expired_sentence_ends_at_the_next_step_and_the_others_decode_as_alone():
+    """nmt serve ends the sentences nobody waits for any more (a 504, a client gone): each ends at
+    the next step, as at its length limit, and leaves the others' hypotheses as they would be."""
+    cfg = DecodeConfig(beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=3)
+    search = BeamSearch(FakeModel(random_logprobs), cfg, nbest=2, **IDS, max_len=9)
+    search.add(src_batch(SOURCES[2], SOURCES[0]), ["kept", "gone"])
+    assert search.step() == []  # neither ends at step 0
+    search.expire(["gone"])
+    ended = search.step()
+    assert [tag for tag, _ in ended] == ["gone"] and all(len(h.tokens) <= 2 for h in ended[0][1])
+    rest = []
+    while len(search):
+        rest += search.step()
+    alone = beam_search(FakeModel(random_logprobs), src_batch(SOURCES[2]), cfg, nbest=2, **IDS, max_len=9)[0]
+    assert rest == [("kept", alone)]

@@ -26,6 +26,7 @@ from serving import ROOT, Server  # noqa: E402
 from nmt import Translator  # noqa: E402
 from nmt.serve.batching import TORCH, Batcher, Job  # noqa: E402
 from nmt.serve.libretranslate import Markup  # noqa: E402
+from nmt.serve.stream import Stream  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -467,6 +468,17 @@ def test_sentences_join_the_running_search_of_their_key_and_a_failed_step_fails_
     finally:
         gate.set()
         batcher.close()
+
+
+def test_a_sentence_nobody_waits_for_leaves_the_running_search_at_its_next_step(trained_checkpoint, lines):
+    """A 504 or a client gone marks its running sentences abandoned (Service._run): the search
+    ends them at its next step instead of decoding them to their end (two long ones held both
+    lanes past every other client's deadline)."""
+    stream = Stream(Translator.load(trained_checkpoint, device="cpu"), 1, False, None, (1, 1))
+    jobs = [Job("k", text, tokens=1) for text in (lines[0], "a dog and " * 100)]
+    assert stream.run(jobs) == [] and stream.run([]) == []
+    jobs[1].abandoned = True
+    assert [job for job, _ in stream.run([])] == [jobs[1]] and len(stream) == 1
 
 
 def test_lanes_fill_in_order_and_a_lone_search_takes_every_thread():

@@ -175,8 +175,7 @@ def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick,
             tokens, pos_scores, best, best_score = tokens[keep], pos_scores[keep], best[keep], best_score[keep]
             state = model.reorder(state, keep)
         tokens = torch.cat([tokens, best.unsqueeze(1)], 1)
-        pos_scores = torch.cat([pos_scores, best_score.unsqueeze(1)], 1)
-        last = best
+        pos_scores, last = torch.cat([pos_scores, best_score.unsqueeze(1)], 1), best
     return out
 
 
@@ -348,6 +347,11 @@ class BeamSearch:
             self.pos_scores = torch.cat([self.pos_scores, self.pos_scores.new_zeros(rows, width)])
             self.last = torch.cat([self.last, self.last.new_full((rows,), self.bos)])
         self.books.join(max_out, tags)
+
+    def expire(self, tags: Sequence[Hashable]) -> None:
+        """End the sentences `tags` at the next step, as at their length limit (nobody waits for them)."""
+        gone = torch.tensor([tag in tags for tag in self.books.tags], dtype=torch.bool)
+        self.books.max_out[gone] = self.books.steps[gone]
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """Decode one token of every live sentence; the sentences that ended, with their hypotheses."""

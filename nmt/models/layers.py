@@ -30,8 +30,7 @@ def sinusoids(length: int, dim: int, layout: str = "nmt") -> Tensor:
     hf_marian: transformers' MarianSinusoidalPositionalEmbedding, frequency 10000^(-2i/dim).
     """
     if layout == "marian":  # column c: frequency of c % h, sin for c < h (h = int(dim / 2))
-        h = dim // 2
-        cols = torch.arange(dim)
+        h, cols = dim // 2, torch.arange(dim)
         freqs = torch.exp((cols % h) * -(math.log(10000.0) / ((dim / 2 - 1) or 1.0)))
         args = torch.arange(length).unsqueeze(1) * freqs.unsqueeze(0)  # (length, dim)
         return torch.where(cols < h, torch.sin(args), torch.cos(args))

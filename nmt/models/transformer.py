@@ -302,8 +302,7 @@ def num_parameters(model: nn.Module) -> int:
 
 def summary(model: nn.Module) -> str:
     """A few lines: the architecture, parameters per top-level module, the total."""
-    c = cast(ModelConfig, model.cfg)
-    describe = getattr(model, "describe", None)
+    c, describe = cast(ModelConfig, model.cfg), getattr(model, "describe", None)
     lines = [describe()] if describe is not None else [
         f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, "
         f"{c.heads} heads, ffn {c.ffn_dim}, {'pre' if c.norm_first else 'post'}-norm, "

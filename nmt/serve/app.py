@@ -276,8 +276,8 @@ class Service:
             done, _ = await asyncio.wait(waiting, timeout=self.opts.timeout, return_when="FIRST_COMPLETED")
         finally:
             gone.cancel()
-            for j in jobs:
-                j.future.cancel()
+            for j in jobs:  # queued: dropped; in a running search: ended at its next step (nmt.serve.stream)
+                j.abandoned = not j.future.cancel()
         if results in done:
             return results.result()
         results.cancel()

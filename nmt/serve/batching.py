@@ -43,6 +43,7 @@ class Job:
     index: int = 0
     where: str = ""
     future: Future = field(default_factory=Future)
+    abandoned: bool = False  # running, but its request was answered otherwise (504) or its client went away
     queued: float = field(default_factory=time.monotonic)
 
 

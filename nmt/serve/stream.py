@@ -56,6 +56,8 @@ class Stream:
                 src = pad_rows([[*s, specials.eos] for _, s in new], specials.pad)
                 self.search.add(src.to(tr.device), [j for j, _ in new])
                 self.sources.update(new)
+            if gone := [j for j in self.search.books.tags if getattr(j, "abandoned", False)]:  # a 504, a client gone
+                self.search.expire(gone)
             done = self.search.step() if len(self.search) else []
         if done:
             seqs = [self.sources.pop(j) for j, _ in done]

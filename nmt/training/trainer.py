@@ -298,8 +298,7 @@ class Trainer:
             metrics.add(stats, p, self.scaler)
         if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
             p.epoch, p.updates_in_epoch = p.epoch + 1, 0  # epoch and its validation runs once
-        interrupted = self._agree_to_stop()
-        reason = stop_reason(cfg, p)
+        interrupted, reason = self._agree_to_stop(), stop_reason(cfg, p)
         fresh = stats is not None  # a skipped (fp16 overflow) update leaves p.update as it was
         at_valid = fresh and t.validate_interval_updates and p.update % t.validate_interval_updates == 0
         at_save = fresh and t.save_interval_updates and p.update % t.save_interval_updates == 0
