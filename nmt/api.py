@@ -40,6 +40,7 @@ from nmt.decoding.lexical import LexicalConstraints
 from nmt.decoding.predict import (
     DECODE_PRECISIONS,
     Loaded,
+    decode_autocast,
     decode_config,
     load_models,
     load_shortlist_for,
@@ -50,7 +51,7 @@ from nmt.decoding.predict import (
 )
 from nmt.decoding.search import Hypothesis, length_penalty
 from nmt.decoding.shortlist import Shortlist
-from nmt.device import autocast, resolve_device
+from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option, flag
 from nmt.options import TranslateOptions
@@ -217,7 +218,7 @@ class Translator:
             torch.set_num_threads(min(opts.threads, MAX_THREADS))
         # int8 decoding exists on the CPU only: there, auto means the CPU even where CUDA is present
         device = resolve_device("cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device)
-        autocast(device, "fp32" if opts.precision == "int8" else opts.precision)  # fp16 off CUDA: refused now
+        decode_autocast(device, opts.precision)  # fp16 off CUDA: refused before the models load
         loaded = load_models(resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision)
         source = str(opts.checkpoints[0]) if opts.checkpoints else "the checkpoint"
         cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest, source=source,

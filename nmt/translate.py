@@ -146,10 +146,10 @@ def translate_main(opts: TranslateOptions) -> None:
     if opts.buffer_lines < 0:
         raise NmtError(f"--buffer-lines must be 0 (automatic) or more, got {opts.buffer_lines}")
     Translator.check_options(opts)  # before any file is touched
-    opts = dataclasses.replace(opts, input=None if str(opts.input) == "-" else opts.input,  # -: stdin, stdout
-                               output=None if str(opts.output) == "-" else opts.output)
     given = bool(opts.checkpoints)  # or the last run's
-    opts = dataclasses.replace(opts, checkpoints=resolve_checkpoints([str(p) for p in opts.checkpoints]))
+    opts = dataclasses.replace(opts, checkpoints=resolve_checkpoints([str(p) for p in opts.checkpoints]),
+                               input=None if str(opts.input) == "-" else opts.input,  # -: stdin, stdout
+                               output=None if str(opts.output) == "-" else opts.output)
     output = target(opts.output, "-o") if opts.output else None  # before the models load
     if opts.attention:
         target(opts.attention, "--attention")

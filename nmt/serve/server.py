@@ -74,8 +74,7 @@ def serve(opts: ServeOptions) -> None:
     except ImportError:
         raise NmtError(INSTALL) from None
     check_bounds(opts, flag)
-    specs = model_specs(opts)
-    keys = []
+    specs, keys = model_specs(opts), []
     if opts.api_keys is not None:
         try:
             lines = read_regular(opts.api_keys, "the API keys", 1 << 20).decode("utf-8", "replace").splitlines()
