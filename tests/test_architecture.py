@@ -6,7 +6,9 @@ checked against MAY_IMPORT, so the map cannot drift from the code."""
 from __future__ import annotations
 
 import ast
+import io
 import shutil
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -139,40 +141,92 @@ def test_a_broken_rule_is_reported(tmp_path: Path, module: str, line: str, messa
     assert violations(copy) == [f"nmt/{module}:{lineno}: {message}"]
 
 
-# ------------------------------------------------------------------ rooms: module and function sizes
+# ------------------------------------------------------------------ rooms: sizes in code tokens
 
-MODULE_LINES, FUNCTION_LINES = 450, 80
-# a function may be longer only where the comment line right above it (or its decorators) says why
-LONG_REASON = "# longer than 80 lines:"
+# Size is counted in the tokens that carry code (no comments, docstrings, layout or a trailing
+# comma before a closing bracket), as ../shared/tools/code_size.py counts them: rewrapping a
+# call moves none, joining `a = x` and `b = y` into `a, b = x, y` adds one. Lines would reward
+# packing statements together.
+PACKAGE_TOKENS = 100_000
+MODULE_TOKENS = 5_000
+FUNCTION_TOKENS = 800
+LAYOUT = {
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENDMARKER,
+    tokenize.COMMENT,
+}
+STATEMENT_START = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
 
 
-def oversized(package: Path) -> list[str]:
-    """Modules over MODULE_LINES lines and functions over FUNCTION_LINES lines without a reason."""
+def code_token_lines(source: str) -> list[int]:
+    """The line of each code token of `source`: docstrings, comments, layout and trailing
+    commas left out."""
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    significant = [t for t in tokens if t.type not in (tokenize.NL, tokenize.COMMENT)]
+    trailing_commas = {
+        id(a) for a, b in zip(significant, significant[1:]) if a.string == "," and b.string in ")]}"
+    }
+    lines = []
+    previous = tokenize.NEWLINE
+    for tok in tokens:
+        is_docstring = tok.type == tokenize.STRING and previous in STATEMENT_START
+        if tok.type not in LAYOUT and not is_docstring and id(tok) not in trailing_commas:
+            lines.append(tok.start[0])
+        if tok.type not in (tokenize.NL, tokenize.COMMENT):
+            previous = tok.type
+    return lines
+
+
+def sizes(package: Path) -> tuple[int, list[str]]:
+    """The package's code tokens, and each module over MODULE_TOKENS and function over
+    FUNCTION_TOKENS (a nested function counts in its own and its parent's size)."""
+    total = 0
     found = []
     for path in sorted(package.rglob("*.py")):
-        lines = path.read_text(encoding="utf-8").splitlines()
+        source = path.read_text(encoding="utf-8")
         name = path.relative_to(package.parent)
-        if len(lines) > MODULE_LINES:
-            found.append(f"{name}: {len(lines)} lines (at most {MODULE_LINES})")
-        for node in ast.walk(ast.parse("\n".join(lines))):
+        lines = code_token_lines(source)
+        total += len(lines)
+        if len(lines) > MODULE_TOKENS:
+            found.append(f"{name}: {len(lines)} tokens (at most {MODULE_TOKENS})")
+        for node in ast.walk(ast.parse(source)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
-                if length > FUNCTION_LINES and not lines[start - 2].strip().startswith(LONG_REASON):
-                    found.append(f"{name}:{node.lineno}: {node.name} is {length} lines (at most {FUNCTION_LINES})")
-    return found
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                last = node.end_lineno or node.lineno
+                count = sum(1 for line in lines if first <= line <= last)
+                if count > FUNCTION_TOKENS:
+                    found.append(
+                        f"{name}:{node.lineno}: {node.name} is {count} tokens (at most {FUNCTION_TOKENS})"
+                    )
+    return total, found
 
 
-def test_every_module_and_function_keeps_within_its_bounds() -> None:
-    assert oversized(PACKAGE) == []
+def test_the_package_modules_and_functions_keep_within_their_token_budgets() -> None:
+    total, oversized = sizes(PACKAGE)
+    assert oversized == []
+    assert total <= PACKAGE_TOKENS
+
+
+def test_token_counts_ignore_layout_comments_and_docstrings() -> None:
+    wrapped = '"""Doc."""\n\n# a comment\nx = f(\n    1,\n    2,\n)\n'
+    assert len(code_token_lines(wrapped)) == len(code_token_lines("x = f(1, 2)\n")) == 8
+    # joining two assignments into one tuple assignment saves a line and costs a token
+    assert code_token_lines("a = 1\nb = 2\n") == [1, 1, 1, 2, 2, 2]
+    assert code_token_lines("a, b = 1, 2\n") == [1] * 7
 
 
 def test_an_oversized_module_or_function_is_reported(tmp_path: Path) -> None:
     package = tmp_path / "nmt"
     package.mkdir()
-    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_TOKENS // 3 + 1))
     (package / "long.py").write_text(f"def f():\n{body}\n")
-    (package / "why.py").write_text(f"{LONG_REASON} a table of cases\ndef g():\n{body}\n")
-    (package / "big.py").write_text("x = 1\n" * (MODULE_LINES + 1))
-    assert oversized(package) == [f"nmt/big.py: {MODULE_LINES + 1} lines (at most {MODULE_LINES})",
-                                  f"nmt/long.py:1: f is {FUNCTION_LINES + 1} lines (at most {FUNCTION_LINES})"]
+    (package / "big.py").write_text("x = 1\n" * (MODULE_TOKENS // 3 + 1))
+    function_tokens = 5 + 3 * (FUNCTION_TOKENS // 3 + 1)  # def f ( ) : and the assignments
+    module_tokens = 3 * (MODULE_TOKENS // 3 + 1)
+    assert sizes(package)[1] == [
+        f"nmt/big.py: {module_tokens} tokens (at most {MODULE_TOKENS})",
+        f"nmt/long.py:1: f is {function_tokens} tokens (at most {FUNCTION_TOKENS})",
+    ]
