@@ -52,10 +52,15 @@ demo: install
 distill: install
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/distill.sh
 
+# the CPU suites; translate, engines and startup time `make demo`'s model (every suite:
+# `python -m benchmarks`, docs/development.md)
+DEMO_MODEL ?= runs/m30k_en_de/checkpoint_avg.pt
 bench: install
-	$(BIN)/python scripts/bench_prepare.py
-	$(BIN)/python scripts/bench_train.py
-	$(BIN)/python scripts/bench_translate.py
+	$(BIN)/python -m benchmarks prepare
+	$(BIN)/python -m benchmarks train
+	$(BIN)/python -m benchmarks translate --checkpoint $(DEMO_MODEL)
+	$(BIN)/python -m benchmarks engines --checkpoint $(DEMO_MODEL) --precision fp32,int8
+	$(BIN)/python -m benchmarks startup --checkpoint $(DEMO_MODEL)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -6,13 +6,13 @@
 #                                            CUDA, sentencepiece, sacrebleu, typer, pyyaml, pytest)
 #
 # In order of importance (STEPS picks some, e.g. "4 5" for a second call; 3 needs 2's model):
-# 1. training on the synthetic WMT workload (scripts/bench_train.py --workload wmt): base bf16 with
+# 1. training on the synthetic WMT workload (python -m benchmarks train --workload wmt): base bf16 with
 #    the profiler's top operators (profile-base.txt); the CUDA tests (pytest -m gpu in
 #    tests/test_gpu.py and tests/test_loss.py); base fp16; big bf16 eager (profile-big.txt);
 # 2. decoding: a base-size model trained on Multi30k for TRAIN_S seconds (bf16), averaged, then
-#    scripts/bench_translate.py --device cuda, beam 4, source lines joined in pairs (WMT
+#    python -m benchmarks translate --device cuda, beam 4, source lines joined in pairs (WMT
 #    lengths), batch 32, 128 and 512;
-# 3. `nmt serve` on the GPU with that model (scripts/bench_serve.py --device cuda, 32 and 128
+# 3. `nmt serve` on the GPU with that model (python -m benchmarks serve --device cuda, 32 and 128
 #    clients), if starlette and uvicorn are importable or their wheels are carried in .whl;
 # 4. torch.compile: base with CUDA graphs (train.compile_mode=reduce-overhead, warmed up on two
 #    epochs so that every timed update's shapes were seen twice; torch's cudagraphs log in
@@ -22,8 +22,8 @@
 #    (BEFORE, default bench-trees/before: `git archive a370fbb nmt | tar -x -C bench-trees/before`).
 # Data, prepared here first and carried (bench-data/ and bench-trees/ are git-ignored):
 #   mkdir -p bench-data && cp -r ../shared/data/multi30k bench-data/
-#   python -c "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; \
-#     from bench_train import synthetic_wmt; synthetic_wmt(Path('bench-data/wmt-data'))"
+#   python -c "from pathlib import Path; from benchmarks.train import synthetic_wmt; \
+#     synthetic_wmt(Path('bench-data/wmt-data'))"
 #   python -m nmt prepare-bpe -s en -t de --trainpref bench-data/multi30k/train \
 #     --validpref bench-data/multi30k/val --vocab-size 8000 --destdir bench-data/m30k-data
 #   echo /.whl/ >> .git/info/exclude   # nmt serve's extra, which the device image lacks:
@@ -60,14 +60,14 @@ run() {
 step() { echo; echo "== [${SECONDS}s] $*"; }
 part() { [[ " ${STEPS:-1 2 3 4 5} " == *" $1 "* ]]; }
 n=0
-train_row() { n=$((n + 1)); run "$1" $PY scripts/bench_train.py --workload wmt --prepared "$WMT" --no-header \
+train_row() { n=$((n + 1)); run "$1" $PY -m benchmarks train --workload wmt --prepared "$WMT" --no-header \
   --json "$WORK/train-$n.json" "${@:2}"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 git log -1 --format='commit %h %cI' 2>/dev/null || true
 date -u
-$PY -c "import sys; sys.path.insert(0, 'scripts'); import bench_train; print(bench_train.HEADER)"
+$PY -c "from benchmarks.train import HEADER; print(HEADER)"
 
 if part 1; then
 step "training, synthetic WMT"
@@ -90,7 +90,7 @@ run $((TRAIN_S + 60)) $PY -m nmt train configs/base.yaml --set data.dir="$M30K" 
   --set train.max_tokens=25000 --set train.valid_bleu=false 2>&1 | tail -3
 run 30 $PY -m nmt average-checkpoints "$RUN" --last 3 -o "$RUN/avg.pt"
 for bs in 32 128 512; do
-  run 60 $PY scripts/bench_translate.py --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --beam 4 \
+  run 60 $PY -m benchmarks translate --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --beam 4 \
     --join 2 --batch-size $bs --repeat 2 --no-command $([ $bs = 32 ] && echo --header) --json "$WORK/translate-$bs.json"
 done
 fi
@@ -98,7 +98,7 @@ fi
 if part 3; then
 step "nmt serve on the GPU, the same model"
 if $PY -c "import starlette, uvicorn" 2>/dev/null; then
-  run 150 $PY scripts/bench_serve.py --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --threads 4 \
+  run 150 $PY -m benchmarks serve --checkpoint "$RUN/avg.pt" --data-dir "$MULTI30K" --device cuda --threads 4 \
     --clients 32,128 --alone 50 --json "$WORK/serve.json"
 else
   echo "skipped: starlette and uvicorn are not installed (carry their wheels in .whl)"

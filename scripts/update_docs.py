@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the nmt of this checkout
-    sys.path.insert(0, str(ROOT))
 
 CONFIG_DOC = ROOT / "docs/config.md"
 CLI_DOC = ROOT / "docs/cli.md"
@@ -261,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="change nothing; exit 1, naming them, if a generated file is not current")
     args = parser.parse_args(argv)
+    import nmt
+
+    checkout = Path(__file__).resolve().parents[1]
+    if Path(nmt.__file__).resolve().parents[1] != checkout:  # this checkout's docs, not another nmt's
+        sys.exit(f"the nmt imported is {Path(nmt.__file__).parent}, not this checkout's: pip install -e {checkout}")
     if args.check:
         paths = stale()
         if paths:

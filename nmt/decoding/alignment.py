@@ -50,7 +50,7 @@ def layer_count(model: Any) -> int:
 def default_layer(layers: int) -> int:
     """The layer whose argmax alignments are the default: the last decoder layer (fairseq's
     default too). On 500 Multi30k val pairs its links agreed best with IBM Model 1's, though
-    by a small margin over the penultimate (scripts/check_alignment_layer.py; docs/benchmarks.md,
+    by a small margin over the penultimate (docs/benchmarks-log.md,
     "Which layer aligns"); Garg et al. (2019) found the penultimate best for trained 6-layer
     models, so `--alignment-layer -2` is worth a look."""
     return layers - 1

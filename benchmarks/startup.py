@@ -1,6 +1,6 @@
 """How long `nmt translate` takes for one line, the whole command, and where that time goes.
 
-    .venv/bin/python scripts/bench_startup.py --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
+    python -m benchmarks startup --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
         [--rounds 7] [--line "A man is walking."]
 
 Each round runs, one after the other in fresh processes, with the same interpreter:
@@ -17,13 +17,11 @@ on a 2-core machine any other load shows in every row.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT, median, spread, write_json
 
 
 def wall(cmd: list[str], stdin: str = "") -> float:
@@ -36,34 +34,38 @@ def wall(cmd: list[str], stdin: str = "") -> float:
     return seconds
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks startup", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--line", default="A man is walking down the street.")
+    p.add_argument("--json", help="write each step's times here")
     args = p.parse_args(argv)
     py = sys.executable
+    imports = "the command's imports (`import nmt.cli, nmt.translate`)"
+    command = "`nmt translate` of one line, the whole command"
     steps = {
         "interpreter (`python -c pass`)": ([py, "-c", "pass"], ""),
         "`import torch`": ([py, "-c", "import torch"], ""),
-        "the command's imports (`import nmt.cli, nmt.translate`)": ([py, "-c", "import nmt.cli, nmt.translate"], ""),
-        "`nmt translate` of one line, the whole command": (
-            [py, "-m", "nmt", "translate", "-c", args.checkpoint], args.line + "\n"),
+        imports: ([py, "-c", "import nmt.cli, nmt.translate"], ""),
+        command: ([py, "-m", "nmt", "translate", "-c", args.checkpoint], args.line + "\n"),
     }
     times: dict[str, list[float]] = {name: [] for name in steps}
     wall(*steps["`import torch`"])  # a warm page cache for the first round too
     for _ in range(args.rounds):
         for name, (cmd, stdin) in steps.items():
             times[name].append(wall(cmd, stdin))
-    medians = {name: statistics.median(t) for name, t in times.items()}
+    medians = {name: median(t) for name, t in times.items()}
     print(f"{args.rounds} rounds, {args.checkpoint}\n")
     print("| step | median s | range s |\n| --- | ---: | ---: |")
     for name, t in times.items():
-        print(f"| {name} | {medians[name]:.2f} | {min(t):.2f}–{max(t):.2f} |")
-    names = list(steps)
-    print(f"| loading, translating, writing and exiting (the last row less the third) | "
-          f"{medians[names[3]] - medians[names[2]]:.2f} | |")
-
-
-if __name__ == "__main__":
-    main()
+        print(f"| {name} | {medians[name]:.2f} | {spread(t)} |")
+    print(
+        "| loading, translating, writing and exiting (the last row less the third) | "
+        f"{medians[command] - medians[imports]:.2f} | |"
+    )
+    result = {"checkpoint": args.checkpoint, "rounds": args.rounds, "seconds": times}
+    write_json(args.json, result)
+    return result

@@ -1,6 +1,6 @@
 """Draw the speed-against-other-engines plot of docs/benchmarks.md from its own table.
 
-    .venv/bin/python scripts/plot_benchmarks.py [--doc docs/benchmarks.md] [--out docs/img/speed.png]
+    python -m benchmarks plot [--doc docs/benchmarks.md] [--out docs/img/speed.png]
 
 The figures are written once, in the page: the table is the markdown table right after the line
 `<!-- speed-table: ... -->`. Its first column names the setting (one group of bars each, top to
@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT
+
 MARKER = "<!-- speed-table"
 SUFFIX = "sent/s"
 EMPTY = {"", "-", "–", "—"}
@@ -41,7 +43,9 @@ def read_table(doc: Path) -> tuple[list[str], list[tuple[str, list[float | None]
         rows.append(cells(lines[i]))
         i += 1
     if len(rows) < 3:
-        raise ValueError(f"{doc}: no markdown table right after the '{MARKER}' line (line {start + 1})")
+        raise ValueError(
+            f"{doc}: no markdown table right after the '{MARKER}' line (line {start + 1})"
+        )
     header, body = rows[0], rows[2:]  # rows[1] is the | --- | line
     columns = [k for k, name in enumerate(header) if name.endswith(SUFFIX)]
     if not columns:
@@ -50,7 +54,9 @@ def read_table(doc: Path) -> tuple[list[str], list[tuple[str, list[float | None]
     settings = []
     for row in body:
         if len(row) != len(header):
-            raise ValueError(f"{doc}: speed table row '{row[0]}' has {len(row)} cells, the header {len(header)}")
+            raise ValueError(
+                f"{doc}: speed table row '{row[0]}' has {len(row)} cells, the header {len(header)}"
+            )
         values: list[float | None] = []
         for k in columns:
             text = row[k].replace(",", "")
@@ -60,16 +66,21 @@ def read_table(doc: Path) -> tuple[list[str], list[tuple[str, list[float | None]
             try:
                 values.append(float(text))
             except ValueError:
-                raise ValueError(f"{doc}: speed table row '{row[0]}', column '{header[k]}': "
-                                 f"'{row[k]}' is not a number") from None
+                raise ValueError(
+                    f"{doc}: speed table row '{row[0]}', column '{header[k]}': "
+                    f"'{row[k]}' is not a number"
+                ) from None
         settings.append((row[0], values))
     if not settings:
         raise ValueError(f"{doc}: the speed table has no rows")
     return engines, settings
 
 
-def draw(engines: list[str], settings: list[tuple[str, list[float | None]]], out: Path, plt) -> None:
-    n, width = len(engines), 0.8 / len(engines)
+def draw(
+    engines: list[str], settings: list[tuple[str, list[float | None]]], out: Path, plt: Any
+) -> None:
+    n = len(engines)
+    width = 0.8 / n
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.42 * n * len(settings)))
     for e, engine in enumerate(engines):
         ys = [g + (e - (n - 1) / 2) * width for g in range(len(settings))]
@@ -94,24 +105,26 @@ def draw(engines: list[str], settings: list[tuple[str, list[float | None]]], out
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--doc", type=Path, default=REPO / "docs/benchmarks.md", help="the page holding the table")
-    p.add_argument("--out", type=Path, default=REPO / "docs/img/speed.png", help="the PNG to write")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks plot", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--doc", type=Path, default=ROOT / "docs/benchmarks.md", help="the page holding the table"
+    )
+    p.add_argument("--out", type=Path, default=ROOT / "docs/img/speed.png", help="the PNG to write")
     args = p.parse_args(argv)
     try:
         import matplotlib
     except ImportError:
-        sys.exit("plot_benchmarks.py needs matplotlib: pip install 'nmt[plot]' (or pip install matplotlib)")
+        sys.exit(
+            "the plot suite needs matplotlib: pip install 'nmt[plot]' (or pip install matplotlib)"
+        )
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     try:
         engines, settings = read_table(args.doc)
     except (OSError, ValueError) as e:
-        sys.exit(f"plot_benchmarks.py: {e}")
+        sys.exit(f"plot: {e}")
     draw(engines, settings, args.out, plt)
     print(f"{args.out}: {len(settings)} settings x {len(engines)} engines ({', '.join(engines)})")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,11 @@
 """What continuous batching can reach without HTTP: `nmt serve`'s decode machinery in one
 process, under a closed loop of clients, next to offline translation of the same lines.
 
-    .venv/bin/python scripts/bench_stream.py --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
+    python -m benchmarks stream --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
         [--data-dir ../shared/data/multi30k] [--clients 32] [--threads 2] [--rounds 3]
 
 `--clients` threads each send one line at a time and send the next when it is answered (as
-scripts/bench_serve.py's clients do over HTTP), until every line of the test set is translated.
+the serve suite's clients do over HTTP), until every line of the test set is translated.
 Three runs a round, in this order, each round in the same process:
 1. offline: `Translator.translate` of all the lines (what `nmt translate` runs: one worker per
    thread, batches of `decode.batch_size` sorted by length);
@@ -21,23 +21,15 @@ commit and CPU. Nothing else may run meanwhile.
 from __future__ import annotations
 
 import argparse
-import gzip
 import statistics
 import sys
 import threading
 import time
 from collections import deque
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def read_lines(args: argparse.Namespace) -> list[str]:
-    path = Path(args.data_dir) / f"{args.test}.{args.src}.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f]
-    return lines[: args.lines] if args.lines else lines
+from benchmarks.common import DEMO_CHECKPOINT, add_test_set_args, read_test_set, write_json
 
 
 class Loop:
@@ -45,20 +37,25 @@ class Loop:
     `done(i, text)` records line i's translation and sends its client's next line."""
 
     def __init__(self, texts: list[str], clients: int):
-        self.texts, self.out = texts, [None] * len(texts)
-        self.waiting, self.sent, self.left = deque(range(min(clients, len(texts)))), min(clients, len(texts)), len(texts)
+        first = min(clients, len(texts))
+        self.texts = texts
+        self.out = [""] * len(texts)
+        self.waiting = deque(range(first))
+        self.sent = first
+        self.left = len(texts)
         self.cond = threading.Condition()
 
     def done(self, i: int, text: str) -> None:
         with self.cond:
-            self.out[i], self.left = text, self.left - 1
+            self.out[i] = text
+            self.left -= 1
             if self.sent < len(self.texts):
                 self.waiting.append(self.sent)
                 self.sent += 1
             self.cond.notify_all()
 
 
-def timed_threads(target, n: int) -> float:
+def timed_threads(target: Callable[[], None], n: int) -> float:
     """The seconds `n` threads running `target` take to end."""
     start = time.perf_counter()
     threads = [threading.Thread(target=target) for _ in range(n)]
@@ -69,18 +66,29 @@ def timed_threads(target, n: int) -> float:
     return time.perf_counter() - start
 
 
-def run_batcher(tr, texts: list[str], clients: int, threads: int) -> tuple[list[str], float, float]:
+def run_batcher(
+    tr: Any, texts: list[str], clients: int, threads: int
+) -> tuple[list[str], float, float]:
     from nmt.decoding.predict import decode_workers
     from nmt.options import ServeOptions
     from nmt.serve.batching import Batcher, Job
     from nmt.serve.stream import Stream
 
-    lanes, opts = decode_workers(0, tr.device), ServeOptions()  # the server's defaults
+    lanes = decode_workers(0, tr.device)
+    opts = ServeOptions()  # the server's defaults
     sizes: list[int] = []
-    batcher = Batcher(lambda key, jobs: tr.translate_nbest([j.item for j in jobs]), batch_tokens=opts.batch_tokens,
-                      max_queue=opts.max_queue, on_batch=lambda n, size: sizes.append(size), lanes=lanes,
-                      stream=lambda key: Stream(tr, 1, False, None, (max(1, threads // lanes), threads)))
-    encode, out, lines, lock = tr.loaded.tokenizer.encode, [""] * len(texts), iter(range(len(texts))), threading.Lock()
+    batcher = Batcher(
+        lambda key, jobs: tr.translate_nbest([j.item for j in jobs]),
+        batch_tokens=opts.batch_tokens,
+        max_queue=opts.max_queue,
+        on_batch=lambda n, size: sizes.append(size),
+        lanes=lanes,
+        stream=lambda key: Stream(tr, 1, False, None, (max(1, threads // lanes), threads)),
+    )
+    encode = tr.loaded.tokenizer.encode
+    out = [""] * len(texts)
+    lines = iter(range(len(texts)))
+    lock = threading.Lock()
 
     def client() -> None:
         while True:
@@ -98,7 +106,9 @@ def run_batcher(tr, texts: list[str], clients: int, threads: int) -> tuple[list[
     return out, seconds, statistics.mean(sizes)
 
 
-def run_even(tr, texts: list[str], clients: int, threads: int) -> tuple[list[str], float, float]:
+def run_even(
+    tr: Any, texts: list[str], clients: int, threads: int
+) -> tuple[list[str], float, float]:
     import torch
 
     from nmt.decoding.predict import decode_workers
@@ -106,7 +116,9 @@ def run_even(tr, texts: list[str], clients: int, threads: int) -> tuple[list[str
     from nmt.serve.stream import Stream
 
     lanes = decode_workers(0, tr.device)
-    share, loop, sizes = -(-clients // lanes), Loop(texts, clients), []
+    share = -(-clients // lanes)
+    loop = Loop(texts, clients)
+    sizes: list[int] = []
 
     def lane() -> None:
         torch.set_num_threads(max(1, threads // lanes))
@@ -117,7 +129,10 @@ def run_even(tr, texts: list[str], clients: int, threads: int) -> tuple[list[str
                     loop.cond.wait()
                 if not loop.left:
                     return
-                take = [loop.waiting.popleft() for _ in range(min(len(loop.waiting), max(0, share - len(stream))))]
+                take = [
+                    loop.waiting.popleft()
+                    for _ in range(min(len(loop.waiting), max(0, share - len(stream))))
+                ]
             jobs = [Job("plain", texts[i], tokens=0, index=i) for i in take]
             sizes.append(len(stream) + len(jobs))
             for job, result in stream.run(jobs):
@@ -126,18 +141,18 @@ def run_even(tr, texts: list[str], clients: int, threads: int) -> tuple[list[str
     return loop.out, timed_threads(lane, lanes), statistics.mean(sizes)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", default=str(ROOT / "runs/m30k_en_de/checkpoint_avg.pt"))
-    p.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/multi30k"))
-    p.add_argument("--test", default="test_2016_flickr")
-    p.add_argument("--src", default="en")
-    p.add_argument("--lines", type=int, default=0, help="only the first N lines (0: all)")
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks stream", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--checkpoint", default=str(DEMO_CHECKPOINT))
+    add_test_set_args(p)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
-    texts = read_lines(args)
+    p.add_argument("--json", help="write each round's figures here")
+    args = p.parse_args(argv)
+    texts = read_test_set(args)
 
     import torch
 
@@ -146,23 +161,31 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tr = Translator.load(args.checkpoint, device="cpu", threads=args.threads)
     tr.translate(texts[:64])  # warm-up
-    print(f"{len(texts)} lines, {args.clients} clients, {args.threads} threads, torch {torch.__version__}\n")
-    print("| round | offline sent/s | batcher sent/s | x offline | mean sentences a step | even sent/s | x offline | mean sentences a step |")
+    print(
+        f"{len(texts)} lines, {args.clients} clients, {args.threads} threads, torch {torch.__version__}\n"
+    )
+    print(
+        "| round | offline sent/s | batcher sent/s | x offline | mean sentences a step | even sent/s | x offline | mean sentences a step |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rounds = []
     for r in range(1, args.rounds + 1):
         start = time.perf_counter()
         ref = tr.translate(texts)
         offline = len(texts) / (time.perf_counter() - start)
         cells = [f"{offline:.1f}"]
+        figures: dict[str, Any] = {"round": r, "offline_sent_per_s": offline}
         for name, run in (("batcher", run_batcher), ("even", run_even)):
             out, seconds, mean = run(tr, texts, args.clients, args.threads)
             if out != ref:
                 bad = next(i for i, (a, b) in enumerate(zip(out, ref)) if a != b)
-                sys.exit(f"{name}: line {bad + 1} differs from the offline translation: {out[bad]!r} != {ref[bad]!r}")
+                sys.exit(
+                    f"{name}: line {bad + 1} differs from the offline translation: {out[bad]!r} != {ref[bad]!r}"
+                )
             rate = len(texts) / seconds
             cells += [f"{rate:.1f}", f"{rate / offline:.2f}", f"{mean:.1f}"]
+            figures[name] = {"sent_per_s": rate, "mean_sentences_a_step": mean}
         print(f"| {r} | " + " | ".join(cells) + " |", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+        rounds.append(figures)
+    write_json(args.json, rounds)
+    return rounds

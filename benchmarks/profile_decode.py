@@ -1,6 +1,6 @@
 """Where `nmt translate`'s decoding time goes, next to CTranslate2 on the same weights.
 
-    .venv/bin/python scripts/profile_decode.py --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
+    python -m benchmarks profile-decode --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
         [--sentences 200] [--batch-size 32] [--beam 5] [--threads 1]
 
 One process, `--threads` intra-op threads (1 by default: one core, so that every
@@ -21,27 +21,37 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-DEFAULT_DATA = ROOT.parent / "shared/data/multi30k"
+from benchmarks import ct2
+from benchmarks.common import add_decode_args, add_test_set_args, read_test_set, write_json
 
 # what an op is, by the first pattern its name contains (aten::addmm, aten::mm, ...)
 GROUPS = [
-    ("matrix products", ("addmm", "aten::mm", "bmm", "linear", "matmul", "quantized", "fbgemm", "dynamic")),
+    (
+        "matrix products",
+        ("addmm", "aten::mm", "bmm", "linear", "matmul", "quantized", "fbgemm", "dynamic"),
+    ),
     ("attention", ("scaled_dot_product", "_softmax", "baddbmm", "flash")),
     ("output softmax", ("log_softmax",)),
-    ("search: top-k, sort, gather", ("topk", "sort", "gather", "argmax", "max", "scatter", "nonzero")),
-    ("cache: cat, index, copy", ("cat", "index", "copy_", "clone", "contiguous", "narrow", "select", "slice")),
+    (
+        "search: top-k, sort, gather",
+        ("topk", "sort", "gather", "argmax", "max", "scatter", "nonzero"),
+    ),
+    (
+        "cache: cat, index, copy",
+        ("cat", "index", "copy_", "clone", "contiguous", "narrow", "select", "slice"),
+    ),
     ("layer norm", ("layer_norm",)),
-    ("elementwise", ("add", "mul", "relu", "gelu", "div", "sub", "where", "masked_fill", "fill_", "eq", "ne")),
+    (
+        "elementwise",
+        ("add", "mul", "relu", "gelu", "div", "sub", "where", "masked_fill", "fill_", "eq", "ne"),
+    ),
 ]
 
 
@@ -52,45 +62,37 @@ def group_of(name: str) -> str:
     return "other ops"
 
 
-def source_arguments(p: argparse.ArgumentParser, sentences: int) -> None:
-    """The checkpoint and test-set options this script shares with the other decoding benchmarks."""
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA))
-    p.add_argument("--test", default="test_2016_flickr")
-    p.add_argument("--src", default="en")
-    p.add_argument("--sentences", type=int, default=sentences)
-
-
 def decode_arguments(p: argparse.ArgumentParser, sentences: int) -> None:
-    """`source_arguments`, and the batches, beam, threads and precision of one engine's decoding."""
-    source_arguments(p, sentences)
+    """The checkpoint, the test set, and the batches, beam, threads and precision of one engine's
+    decoding (this suite's and perf-decode's)."""
+    p.add_argument("--checkpoint", help="required")
+    add_test_set_args(p, sentences)
+    add_decode_args(p, threads=1)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--precision", default="fp32", choices=("fp32", "int8"), help="nmt's")
 
 
-def read_source(args: argparse.Namespace) -> list[str]:
-    import gzip
-
-    path = Path(args.data_dir) / f"{args.test}.{args.src}.gz"
-    if not path.is_file():
-        sys.exit(f"profile_decode: {path} not found (--data-dir)")
-    return gzip.open(path, "rt", encoding="utf-8").read().split("\n")[: args.sentences]
-
-
-def nmt_translator(args: argparse.Namespace):  # -> nmt.Translator (torch is imported here, not at the top)
+def nmt_translator(args: argparse.Namespace) -> Any:
     """nmt's `Translator` of `decode_arguments`: one worker of `--threads` threads."""
     import torch
 
     from nmt import Translator
 
     torch.set_num_threads(args.threads)
-    return Translator.load(args.checkpoint, device="cpu", beam=args.beam, batch_size=args.batch_size,
-                           threads=args.threads, workers=1, precision=args.precision)
+    return Translator.load(
+        args.checkpoint,
+        device="cpu",
+        beam=args.beam,
+        batch_size=args.batch_size,
+        threads=args.threads,
+        workers=1,
+        precision=args.precision,
+    )
 
 
-def profile_nmt(args: argparse.Namespace, texts: list[str]) -> tuple[float, dict[str, float], list[tuple[str, float, int]]]:
+def profile_nmt(
+    args: argparse.Namespace, texts: list[str]
+) -> tuple[float, dict[str, float], list[tuple[str, float, int]]]:
     from torch.profiler import ProfilerActivity, profile
 
     translator = nmt_translator(args)
@@ -109,30 +111,39 @@ def profile_nmt(args: argparse.Namespace, texts: list[str]) -> tuple[float, dict
     return wall, dict(groups), sorted(ops, key=lambda o: -o[1])
 
 
-def ct2_decoder(args: argparse.Namespace, texts: list[str], model_dir: Path, tokenizer: str, lenpen: float,
-                max_len: tuple[float, float]) -> Callable[[], None]:
+def ct2_decoder(
+    args: argparse.Namespace,
+    texts: list[str],
+    model_dir: Path,
+    tokenizer: str,
+    lenpen: float,
+    max_len: tuple[float, float],
+) -> Callable[[], None]:
     """A function that decodes `texts` once with CTranslate2 (1 x `--threads`) as nmt batches them:
     `--batch-size` sentences sorted by length, each batch limited as nmt limits its longest source,
     beam and length penalty as nmt's."""
     import ctranslate2
-    from bench_ctranslate2 import ct2_tokens
 
-    translator = ctranslate2.Translator(str(model_dir), device="cpu", inter_threads=1, intra_threads=args.threads)
-    pieces = ct2_tokens(tokenizer)[0](texts)
-    order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(pieces[i]))
-    batches = [order[b : b + args.batch_size] for b in range(0, len(order), args.batch_size)]
+    translator = ctranslate2.Translator(
+        str(model_dir), device="cpu", inter_threads=1, intra_threads=args.threads
+    )
+    pieces = ct2.tokens(tokenizer)[0](texts)
+    groups = ct2.batches(texts, pieces, args.batch_size)
 
     def decode() -> None:
-        for ids in batches:
-            limit = max(int(max_len[0] * (len(pieces[i]) + 1) + max_len[1]) for i in ids) + 1
-            translator.translate_batch([pieces[i] for i in ids], beam_size=args.beam, length_penalty=lenpen,
-                                       return_end_token=True, disable_unk=True, max_decoding_length=limit)
+        ct2.translate_batches(translator, pieces, groups, args.beam, lenpen, max_len)
 
     return decode
 
 
-def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, tokenizer: str, lenpen: float,
-             max_len: tuple[float, float]) -> float:
+def time_ct2(
+    args: argparse.Namespace,
+    texts: list[str],
+    model_dir: Path,
+    tokenizer: str,
+    lenpen: float,
+    max_len: tuple[float, float],
+) -> float:
     decode = ct2_decoder(args, texts, model_dir, tokenizer, lenpen, max_len)
 
     def run() -> float:
@@ -155,42 +166,51 @@ def time_ct2(args: argparse.Namespace, texts: list[str], model_dir: Path, tokeni
     return run()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks profile-decode", description=__doc__.split("\n\n")[0]
+    )
     decode_arguments(p, sentences=200)
     p.add_argument("--top", type=int, default=15, help="ops listed")
     p.add_argument("--ct2-profile", action="store_true")
-    args = p.parse_args()
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    if not args.checkpoint:
+        p.error("--checkpoint is required")
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    texts = read_source(args)
+    texts = read_test_set(args)
 
     import torch
 
     from nmt.checkpoint import load_checkpoint
+    from nmt.config import config_from_dict
 
     state = load_checkpoint(args.checkpoint, map_location="cpu")
-    cfg = state["config"]["decode"]
+    decode = config_from_dict(state["config"]).decode
     wall, groups, ops = profile_nmt(args, texts)
-    print(f"## nmt ({args.precision}), {len(texts)} sentences, batch {args.batch_size}, beam {args.beam}, "
-          f"{args.threads} thread(s), torch {torch.__version__}: {wall:.2f} s, {len(texts) / wall:.1f} sent/s\n")
+    print(
+        f"## nmt ({args.precision}), {len(texts)} sentences, batch {args.batch_size}, beam {args.beam}, "
+        f"{args.threads} thread(s), torch {torch.__version__}: {wall:.2f} s, {len(texts) / wall:.1f} sent/s\n"
+    )
     print("| what | self s | share |\n| --- | ---: | ---: |")
     for name, s in sorted(groups.items(), key=lambda g: -g[1]):
         print(f"| {name} | {s:.3f} | {s / wall:.1%} |")
     print("\n| op | self s | calls |\n| --- | ---: | ---: |")
     for name, s, n in ops[: args.top]:
         print(f"| `{name}` | {s:.3f} | {n:,} |")
+    figures: dict[str, Any] = {"nmt_s": wall, "groups": groups, "ct2_s": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        from bench_ctranslate2 import write_tokenizer
-
-        tokenizer = write_tokenizer(state, Path(tmp) / "tokenizer")
-        for quant in ("float32", "int8"):
-            out = Path(tmp) / quant
-            subprocess.run([sys.executable, "-m", "nmt", "export", args.checkpoint, str(out), "--quantization", quant],
-                           check=True, stdout=subprocess.DEVNULL)
-            seconds = time_ct2(args, texts, out, tokenizer, cfg["lenpen"], (cfg["max_len_a"], cfg["max_len_b"]))
-            print(f"\nCTranslate2 {quant}, the same batches, 1 x {args.threads} thread(s): {seconds:.2f} s, "
-                  f"{len(texts) / seconds:.1f} sent/s ({wall / seconds:.2f}x nmt's {args.precision} time)")
-
-
-if __name__ == "__main__":
-    main()
+        tokenizer = ct2.write_tokenizer(state, Path(tmp) / "tokenizer")
+        for quantization in ("float32", "int8"):
+            model_dir = Path(tmp) / quantization
+            ct2.export(args.checkpoint, model_dir, quantization)
+            max_len = (decode.max_len_a, decode.max_len_b)
+            seconds = time_ct2(args, texts, model_dir, tokenizer, ct2.lenpen(decode), max_len)
+            figures["ct2_s"][quantization] = seconds
+            print(
+                f"\nCTranslate2 {quantization}, the same batches, 1 x {args.threads} thread(s): "
+                f"{seconds:.2f} s, {len(texts) / seconds:.1f} sent/s "
+                f"({wall / seconds:.2f}x nmt's {args.precision} time)"
+            )
+    write_json(args.json, figures)
+    return figures
