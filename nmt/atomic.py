@@ -6,6 +6,13 @@ leaves the old file or the new one, and a temporary naming its writer for a late
 once that process is gone (`clean_temporaries`). A directory (prepare-bpe's `--destdir`, an
 export) is replaced whole (`replacing_directory`). No command writes a file it reads
 (`check_outputs`, before anything is written).
+
+The one rule for a file a command writes inside a folder it writes (a run directory, `nmt
+distill --out`; `own_file`): it is a regular file, never written through a symbolic link; one
+it appends to or rewrites in place has one link (`open_regular_file`), since a hard link would
+carry the writes to its other names; one replaced whole is renamed over, which breaks a hard
+link. A path the user names (`-o`) is the user's: a symlink is written through, a device or a
+FIFO written into.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -34,11 +42,23 @@ log = logging.getLogger(__name__)
 TEMPORARY = re.compile(r"\.(.+)\.(?:tmp|old)-(\d+)-[0-9a-f]+")
 
 
+# a name longer than this is shortened to its hash in its temporaries' names, so that a name the
+# file system accepts (up to 255 bytes) has a temporary it accepts too
+LONG_NAME = 200
+
+
 def temporary_name(path: str | Path, kind: str = "tmp") -> Path:
     """A hidden sibling of `path` for this process to fill: `.{name}.tmp-{pid}-{hex}` (kind
-    "old": where a replaced directory waits for its removal)."""
+    "old": where a replaced directory waits for its removal); `name` a hash if it is long."""
     path = Path(path)
-    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+    return path.with_name(f".{_temporary_stem(path.name)}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _temporary_stem(name: str) -> str:
+    """How the temporaries of the file `name` name it: as it is, or the start of its sha256 if long."""
+    if len(os.fsencode(name)) <= LONG_NAME:
+        return name
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
 
 
 def os_error(exc: BaseException) -> OSError | None:
@@ -77,10 +97,24 @@ def _named(path: str | Path, option: str) -> str:
     return f"{option} {path}" if option else str(path)
 
 
-def _through_link(path: str | Path) -> Path:
-    """`path`, or where it points if it is a symlink: what writing it replaces (the link stays)."""
+def _through_link(path: str | Path, name: str) -> Path:
+    """`path`, or where it points if it is a symlink: what writing it replaces (the link stays).
+    A name the system refuses (longer than 255 bytes) is an NmtError naming it (as `name`)."""
     path = Path(path)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    with os_errors_as(name, "cannot write there"):
+        return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _parent_problem(path: Path) -> str | None:
+    """Why no file can be made at `path` in its folder, or None: the nearest folder above it that
+    exists is a file ("not a directory"), or none up to that one exists ("no such directory")."""
+    parent = path.parent
+    if parent.is_dir():
+        return None
+    existing = next((p for p in parent.parents if p.exists()), None) if not parent.exists() else parent
+    if existing is not None and not existing.is_dir():
+        return f"{existing}: not a directory"
+    return f"{parent}: no such directory"
 
 
 def written_into(path: str | Path) -> bool:
@@ -97,21 +131,46 @@ def target(path: str | Path, option: str = "") -> Path:
     `path` itself if it is `written_into`. `option` (e.g. "-o") is named in the NmtError."""
     if written_into(path):
         return Path(path)
-    name, path = _named(Path(path), option), _through_link(path)
+    name = _named(Path(path), option)
+    path = _through_link(path, name)
     if path.is_dir() or not path.name or path.name in (".", ".."):
         raise NmtError(f"{name}: is a directory; give a file name")
-    if not path.parent.is_dir():
-        what = "not a directory" if path.parent.exists() else "no such directory"
-        raise NmtError(f"{name}: cannot write there ({path.parent}: {what})")
+    problem = _parent_problem(path)
+    if problem is not None:
+        raise NmtError(f"{name}: cannot write there ({problem})")
     return path
 
 
 def directory_target(path: str | Path, option: str = "") -> Path:
     """The directory that writing `path` as a whole replaces: a symlink's target (written
-    through, the link stays); never `.` or `..`, which cannot be renamed away."""
-    name, path = _named(path, option), _through_link(path)
+    through, the link stays); never `.` or `..`, which cannot be renamed away, nor a path under
+    a regular file ("not a directory")."""
+    name = _named(path, option)
+    path = _through_link(path, name)
     if not path.name or path.name in (".", ".."):
         raise NmtError(f"{name}: name a directory to create or replace, not {str(path)!r}")
+    problem = _parent_problem(path)
+    if problem is not None and "not a directory" in problem:  # a missing parent is made (prepare-bpe)
+        raise NmtError(f"{name}: cannot write there ({problem})")
+    return path
+
+
+def own_file(path: Path, what: str, *, directory: bool = False) -> Path:
+    """`path`, a file (or, with `directory`, a folder) inside a folder the command writes, about
+    to be written: refused in one line where a symbolic link stands there (writing would reach
+    whatever it names) or something that is not a regular file (a FIFO would block, a device
+    be written into) or not a folder. Missing, it passes: it is made."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as e:  # a name too long, a folder above it that is a file
+        raise NmtError(f"{path}: cannot write {what} ({e.strerror or e})") from None
+    kind = "directory" if directory else "regular file"
+    if stat.S_ISLNK(mode):
+        raise NmtError(f"{path}: {what} is a symbolic link, not a {kind}; nmt does not write through it: remove it")
+    if not (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)):
+        raise NmtError(f"{path}: {what} is not a {kind}; remove it")
     return path
 
 
@@ -134,21 +193,25 @@ def check_replaceable(dest: Path, force: bool, markers: tuple[str, ...], kind: s
 
 
 @contextlib.contextmanager
-def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
+def replacing(path: Path, what: str = "checkpoint", *, own: bool = False) -> Iterator[Path]:
     """Yield a temporary for the caller to fill (a killed writer's of `path` removed first), then
     rename it over `path` and fsync the directory; on failure it goes away, `path` unchanged, and
     an OSError (disk full) is an NmtError naming `path`. A symlink is written through (the link
     stays), the permission bits kept; owner, extended attributes and other hard links are not
-    (docs/reliability.md). A device, a FIFO or a descriptor (`written_into`) is not replaced: the
-    temporary, in the system's temporary directory, is appended to it at the end."""
-    path, into = target(path), written_into(path)
+    (docs/reliability.md). A device, a FIFO or a descriptor (`written_into`) is not replaced: it
+    is opened first (a FIFO nobody reads is refused, never waited for), and the temporary, in the
+    system's temporary directory, is appended to it at the end. With `own`, `path` is a file of a
+    folder the command writes (`own_file`): a link or a special file there is refused."""
+    path = own_file(Path(path), what) if own else target(path)
+    into = None if own or not written_into(path) else _open_into(path, what)
     clean_temporaries(path.parent, name=path.name)
-    tmp = temporary_name(Path(tempfile.gettempdir(), path.name) if into else path)
+    tmp = temporary_name(Path(tempfile.gettempdir(), path.name) if into is not None else path)
     try:
         yield tmp
-        if into:
-            with open(tmp, "rb") as src, open(path, "ab") as dst:
-                shutil.copyfileobj(src, dst)
+        if into is not None:
+            with open(tmp, "rb") as src:
+                while block := src.read(1 << 20):
+                    write_all(into, block)
             return tmp.unlink()
         with contextlib.suppress(FileNotFoundError):  # the replaced file's permission bits (none: a new file)
             os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
@@ -159,6 +222,38 @@ def replacing(path: Path, what: str = "checkpoint") -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
         _raise_write_error(exc, path, what)
         raise
+    finally:
+        if into is not None:
+            os.close(into)
+
+
+def _open_into(path: Path, what: str) -> int:
+    """A descriptor appending to `path`, a device, a FIFO or a descriptor's name (`written_into`),
+    opened before anything is written: a FIFO that no process reads is refused in one line (it
+    would block for ever), and so is a name that cannot be opened (/proc/x.yaml)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        if e.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(path).st_mode):
+            reason = "a FIFO that no process reads; start its reader first"
+        raise NmtError(f"{path}: cannot write {what} ({reason})") from None
+    os.set_blocking(fd, True)
+    return fd
+
+
+@contextlib.contextmanager
+def replacing_together(outputs: list[tuple[Path, str]]) -> Iterator[list[Path]]:
+    """`replacing` of each (path, what) of `outputs` at once: their temporaries, in that order, for
+    the caller to fill. Every output is opened or checked before any is written; those written
+    into (a device, a FIFO) are written first and the files renamed last, so that a failure (a
+    full /dev/full) leaves every file as it was: none is written unless all can be."""
+    with contextlib.ExitStack() as stack:
+        tmps: dict[int, Path] = {}
+        last_left_first = sorted(range(len(outputs)), key=lambda i: written_into(outputs[i][0]))
+        for i in last_left_first:
+            tmps[i] = stack.enter_context(replacing(*outputs[i]))
+        yield [tmps[i] for i in range(len(outputs))]
 
 
 @contextlib.contextmanager
@@ -251,10 +346,10 @@ def write_stdout(write: Callable[[TextWriter], object], what: str = "") -> None:
         raise NmtError(f"standard output: {action} ({e.strerror or e})") from None
 
 
-def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file") -> None:
+def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file", *, own: bool = False) -> None:
     """Write `data` to `path` so that a kill leaves the old file or the new one (fsync, rename,
-    fsync the directory), and a temporary that `clean_temporaries` recognises."""
-    with replacing(Path(path), what) as tmp, open(tmp, "xb", buffering=0) as f:
+    fsync the directory), and a temporary that `clean_temporaries` recognises (`own`: `replacing`'s)."""
+    with replacing(Path(path), what, own=own) as tmp, open(tmp, "xb", buffering=0) as f:
         write_all(f.fileno(), data)
         os.fsync(f.fileno())
 
@@ -271,7 +366,7 @@ def clean_temporaries(directory: str | Path, name: str | None = None, directorie
         entries = []
     for entry in entries:
         match = TEMPORARY.fullmatch(entry.name)
-        if match is None or (name is not None and match.group(1) != name):
+        if match is None or (name is not None and match.group(1) != _temporary_stem(name)):
             continue
         is_dir = entry.is_dir() and not entry.is_symlink()
         if (not directories if is_dir else not entry.is_file()) or process_alive(int(match.group(2))):
@@ -349,8 +444,11 @@ def open_regular_file(path: Path, flags: int, what: str, *, create: bool = True)
     """A descriptor of `path` opened with `flags` (and O_CREAT if `create`), refused in one line
     unless it is a regular file. A symbolic link is not followed: one planted in a shared
     directory (runs/) would have training truncate whatever file it names (issue 25); a FIFO
-    opens without blocking and is refused like a device or a directory. A missing file (without
-    `create`) raises FileNotFoundError for the caller to word."""
+    opens without blocking and is refused like a device or a directory. Opened for writing, it
+    must have one link: O_NOFOLLOW cannot see a hard link, through which the writes would change
+    its other names (`ln victim RUN/metrics.jsonl`, a run copied with `cp -al`; `unshare` first
+    where a copy of its own is the answer). A missing file (without `create`) raises
+    FileNotFoundError for the caller to word."""
     flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
         fd = os.open(path, flags, 0o644)
@@ -362,10 +460,34 @@ def open_regular_file(path: Path, flags: int, what: str, *, create: bool = True)
         if e.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a FIFO with no reader, opened for writing only
             raise NmtError(f"{path}: {what} is not a regular file; remove it") from None
         raise NmtError(f"{path}: cannot open {what} ({e.strerror or e})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise NmtError(f"{path}: {what} is not a regular file; remove it")
+    if flags & (os.O_WRONLY | os.O_RDWR) and st.st_nlink > 1:
+        os.close(fd)
+        raise NmtError(f"{path}: {what} has {st.st_nlink} links (a hard link: writing it would change its other "
+                       "names); remove it")
     return fd
+
+
+def unshare(path: Path, what: str) -> None:
+    """Give `path`, a regular file with other hard links (a run directory copied with `cp -al`, or
+    `ln victim RUN/train.log`), a copy of its own in their place, by rename, before it is appended
+    to: its other names keep their content. A missing file, or one with one link, stays as it is."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise NmtError(f"{path}: cannot write {what} ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink == 1:
+        return  # one link, or refused by open_regular_file
+    with replacing(path, what, own=True) as tmp:
+        shutil.copyfile(path, tmp)
+        fsync_path(tmp)
+    log.warning("%s: %s had %d links (a hard link); it is now a copy of its own, the other names keep "
+                "their content", path, what, st.st_nlink)
 
 
 # ------------------------------------------------------------------ reading: regular files only

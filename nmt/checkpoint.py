@@ -56,11 +56,12 @@ def to_cpu(obj: Any) -> Any:
     return type(obj)(to_cpu(v) for v in obj) if isinstance(obj, (list, tuple)) else obj
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
+def atomic_save(obj: Any, path: str | Path, *, own: bool = False) -> None:
     """torch.save `obj` so that `path` holds either its previous content or all of `obj`,
     even if the process is killed or the disk fills up (fsync, rename, fsync the directory).
+    `own`: a file of a run directory (`nmt.atomic.own_file`), no link followed.
     """
-    with replacing(Path(path)) as tmp, open(tmp, "xb") as f:
+    with replacing(Path(path), own=own) as tmp, open(tmp, "xb") as f:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
@@ -72,7 +73,7 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
     A hard link costs no space; where links are impossible, a copy. Later writes to either
     name go through `atomic_save`, which replaces the name, never the shared content.
     """
-    with replacing(Path(dst)) as tmp:
+    with replacing(Path(dst), own=True) as tmp:  # a run directory's file
         try:
             os.link(src, tmp)
         except OSError:  # filesystems without hard links

@@ -20,7 +20,9 @@ sha256 of the source, each teacher, the reference and the valid/test text. A rer
 shards of another teacher, text or setting are refused in one line naming it, never mixed;
 another --select, reference or valid/test text makes the later steps again from the same
 shards, but a student trained on other pairs is refused. All is checked before anything is
-written; then OUT is locked (distill.lock): a second distill there stops at once.
+written, each file and folder distill writes in OUT included (`nmt.atomic.own_file`: never a
+symbolic link, a FIFO or a device); then OUT is locked (distill.lock): a second distill there
+stops at once.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from nmt.checkpoint import check_direction, has_checkpoints, load_model_checkpoi
 from nmt.config import Config
 from nmt.data import META_FILE
 from nmt.decoding.predict import decode_autocast
+from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.evaluate import sentence_scores
 from nmt.options import DistillOptions, PrepareOptions
@@ -138,8 +141,11 @@ def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
     with atomic.lock_directory(job.out, LOCK, "the distillation's lock", _BUSY):
         atomic.clean_temporaries(job.out)
         manifest, todo = _plan(job)  # again under the lock: what another run did meanwhile counts
-        if todo:
+        if todo and manifest.get("translate") != job.records["translate"]:
+            # new shards: the later steps' records go with the old ones. Missing shards of the same
+            # record keep them (issue 57: a run killed then left a manifest every rerun refused)
             manifest = _save_manifest(job, manifest, "translate", job.records["translate"])
+        if todo:
             translate_shards(translator or Translator.from_options(opts.teacher_options()), job, set(todo), progress)
         else:
             log.info("all %d shards of %s are translated (reusing them)", len(job.paths), job.shards)
@@ -170,12 +176,48 @@ def _checked(opts: DistillOptions) -> Job:
         if separate and cfg is not None and cfg.model.share_embeddings:  # the student has the teacher's vocabularies
             raise NmtError(f"--config {opts.config}: model.share_embeddings must be false: the source and target "
                            f"vocabularies of {teacher} are separate")
+    if cfg is not None:
+        _check_student_device(cfg)
     atomic.check_outputs(_inputs(opts, originals, splits), [atomic.FileArg("--out", path, what, directory=True) for
                          path, what in ((shards, "the shards"), (distilled, "the distilled text"),
                                         (data, "the student's data"))])
     paths = [shards / f"{k:05d}.{opts.target_lang}" for k in range(-(-lines // opts.shard_lines))]
-    return Job(opts, out, shards, distilled, data, out / REPORT, out / MANIFEST, source, reference, lines, paths,
-               cfg, _records(opts, splits, lines))
+    job = Job(opts, out, shards, distilled, data, out / REPORT, out / MANIFEST, source, reference, lines, paths,
+              cfg, _records(opts, splits, lines))
+    _check_own_files(job)
+    return job
+
+
+def _check_student_device(cfg: Config) -> None:
+    """The student's device (and fp16's need of CUDA), which `nmt train` checks only once it starts:
+    after every shard is translated."""
+    try:
+        device = resolve_device(cfg.train.device)
+    except NmtError as e:
+        raise NmtError(f"the student's train.device: {e}") from None
+    if cfg.train.precision == "fp16" and device.type != "cuda":
+        raise NmtError("the student's train.precision fp16 needs a CUDA device; use bf16 on CPU")
+
+
+def _check_own_files(job: Job) -> None:
+    """Each file and folder distill writes in OUT, where it exists, is a regular file (a folder)
+    and no symbolic link (`nmt.atomic.own_file`): a linked manifest, report or shard would be
+    written through, onto the file it names; a FIFO shard would block for ever."""
+    if not job.out.is_dir():
+        return  # new, or not a folder (`_read_manifest` says so)
+    folders = {job.shards: "the shards' folder", job.distilled: "the distilled text's folder",
+               job.data: "the student's data"}
+    if job.cfg is not None and Path(job.cfg.train.run_dir) == job.out / "run":
+        folders[job.out / "run"] = "the student's run directory"
+    for folder, what in folders.items():
+        atomic.own_file(folder, what, directory=True)
+    files = {job.out / LOCK: "the distillation's lock", job.manifest: "the distillation's manifest",
+             job.report: "the distillation report"}
+    files.update({path: "a shard of translations" for path in job.paths})
+    files.update({job.distilled / f"train.{lang}": "the distilled text"
+                  for lang in (job.opts.source_lang, job.opts.target_lang)})
+    for path, what in files.items():
+        atomic.own_file(path, what)
 
 
 def _inputs(opts: DistillOptions, prepare: PrepareOptions, splits: list[Split]) -> list[atomic.FileArg]:
@@ -197,7 +239,8 @@ def _after_translation(job: Job, manifest: dict[str, Any], progress: bool) -> Tr
     outputs = [job.distilled / f"train.{lang}" for lang in (opts.source_lang, opts.target_lang)]
     if (manifest.get("select") != records["select"] or not isinstance(report.get("filter"), dict)
             or not all(p.is_file() for p in outputs)):
-        manifest = _save_manifest(job, manifest, "select", None)  # the student's data goes with the pairs
+        if manifest.get("select") != records["select"]:  # the student's data goes with the pairs
+            manifest = _save_manifest(job, manifest, "select", None)
         report = {"format_version": 1, "teachers": [str(t) for t in opts.teachers], "source": str(job.source),
                   "reference": str(job.reference), "lines": job.lines,
                   "shards": {"count": len(job.paths), "shard_lines": opts.shard_lines, "dir": str(job.shards)},
@@ -373,7 +416,7 @@ def translate_shards(translator: Translator, job: Job, todo: set[int], progress:
             hyps = translator.translate_nbest(chunk, job.opts.nbest, where=partial(_line_name, source, first + 1),
                                               first_index=first)
             text = "".join("\t".join(h.text for h in hs) + "\n" for hs in hyps)
-            atomic.atomic_write_bytes(text.encode("utf-8"), paths[k], "a shard of translations")
+            atomic.atomic_write_bytes(text.encode("utf-8"), paths[k], "a shard of translations", own=True)
             bar.update(len(chunk))
             say("%s: lines %d-%d of %d translated in %.1f s", paths[k], first + 1, first + len(chunk), lines,
                 time.time() - start)
@@ -392,8 +435,8 @@ def select_and_filter(source: Path, reference: Path, paths: list[Path], outputs:
     dropped = dict.fromkeys(FILTER_RULES, 0)
     changed = kept = 0
     sources, references = (_chunks(read_lines(f, TextStats(str(f))), opts.shard_lines) for f in (source, reference))
-    with atomic.replacing(outputs[0], "the distilled source") as tmp_src, \
-            atomic.replacing(outputs[1], "the distilled target") as tmp_tgt, \
+    with atomic.replacing(outputs[0], "the distilled source", own=True) as tmp_src, \
+            atomic.replacing(outputs[1], "the distilled target", own=True) as tmp_tgt, \
             open(tmp_src, "xb", buffering=0) as out_src, open(tmp_tgt, "xb", buffering=0) as out_tgt:
         for path, srcs, refs in zip(paths, sources, references, strict=True):
             shard = list(read_lines(path, TextStats(str(path))))
@@ -441,4 +484,5 @@ def _make_directory(path: Path) -> None:
 def _write_json(path: Path, obj: dict[str, Any], what: str) -> None:
     """`obj` in `path`, written whole; left as it is where it holds `obj` already (a rerun)."""
     if _json_of(path, what) != obj:
-        atomic.atomic_write_bytes((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), path, what)
+        atomic.atomic_write_bytes((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), path, what,
+                                  own=True)

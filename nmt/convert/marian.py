@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import yaml
 
-from nmt.atomic import FileArg, check_outputs, replacing, target, write_all
-from nmt.checkpoint import atomic_save, check_average_output, checkpoint_dict
+from nmt.atomic import FileArg, check_outputs, replacing_together, target, write_all
+from nmt.checkpoint import check_average_output, checkpoint_dict
 from nmt.config import Config, ModelConfig, dump_config
 from nmt.convert.hf import read_hf_folder
 from nmt.convert.reading import (
@@ -42,7 +42,9 @@ from nmt.convert.reading import (
     Keys,
     Npz,
     Reader,
+    check_computes,
     check_config,
+    decode_settings,
     load_yaml,
     pieces_in_id_order,
 )
@@ -62,8 +64,14 @@ _KEYS = {"encoder_layers": "enc-depth", "decoder_layers": "dec-depth", "d_model"
 
 
 def import_model(source: str | Path) -> Imported:
-    """Read a Hugging Face MarianMT folder or a Marian release (see the module docstring)."""
-    path = Path(source)
+    """Read a Hugging Face MarianMT folder or a Marian release (see the module docstring), and
+    refuse it unless it computes finite log-probabilities (`check_computes`)."""
+    imported = _read(Path(source))
+    check_computes(imported)
+    return imported
+
+
+def _read(path: Path) -> Imported:
     if path.is_dir() and os.path.lexists(path / "config.json"):
         return read_hf_folder(path)
     if path.is_dir() and os.path.lexists(path / "decoder.yml"):
@@ -78,9 +86,15 @@ def import_model(source: str | Path) -> Imported:
 
 def imported_checkpoint(imported: Imported, base: Config | None = None) -> dict[str, Any]:
     """The checkpoint dict of an imported model (nmt's format, `nmt.checkpoint`)."""
-    cfg = base or Config()
-    cfg = dataclasses.replace(cfg, model=imported.model, decode=dataclasses.replace(cfg.decode, **imported.decode))
+    cfg = _imported_config(base or Config(), imported)
     return checkpoint_dict(imported.weights, cfg, imported.tokenizer, imported_from=imported.source)
+
+
+def _imported_config(base: Config, imported: Imported) -> Config:
+    """`base` with the imported model section, its decode settings and the languages it names."""
+    decode = dataclasses.replace(base.decode, **imported.decode)
+    data = dataclasses.replace(base.data, **imported.languages)
+    return dataclasses.replace(base, model=imported.model, decode=decode, data=data)
 
 
 # ---------------------------------------------------------------- Marian
@@ -110,6 +124,8 @@ def read_marian(decoder_yml: Path) -> Imported:
     with contextlib.closing(reader.npz(npz)) as w:
         opts = _model_yml(w, npz)
         tok = _marian_tokenizer(reader, root / vocabs[0], root / vocabs[1], where)
+        names = {"beam": f"{where}: beam-size", "lenpen": f"{where}: normalize"}
+        decode_settings(decode, names, tok.vocab_size)
         model, weights = _map_marian(w, opts, tok)
     return Imported(model, weights, tok, decode, str(npz), reader.files)
 
@@ -252,17 +268,17 @@ def finetune_config(imported: Imported, checkpoint: Path) -> Config:
     set to it, conservative fine-tuning settings (`FINETUNE_TRAIN`), data.dir to fill in."""
     base = Config()
     train = dataclasses.replace(base.train, init_from=str(checkpoint), run_dir="runs/finetune", **FINETUNE_TRAIN)
-    decode = dataclasses.replace(base.decode, **imported.decode)
-    return dataclasses.replace(base, data=dataclasses.replace(base.data, dir="data-bin/finetune"),
-                               model=imported.model, train=train, decode=decode)
+    data = dataclasses.replace(base.data, dir="data-bin/finetune")
+    return _imported_config(dataclasses.replace(base, data=data, train=train), imported)
 
 
 def import_command(source: Path, output: Path, config: Path | None = None) -> Imported:
     """`nmt import SOURCE -o OUTPUT [--config YAML]`: read the model, write its checkpoint (and
     a fine-tuning config). Both outputs are checked before the model is read (a possible file,
     not a name `nmt train` owns in a run directory, not one another), and against every file
-    the import read before anything is written; the config's temporary is written before the
-    checkpoint, so that neither is written unless both can be."""
+    the import read before anything is written; both are made whole in temporaries, then a device
+    or a FIFO among them is written into (`replacing_together`) before a file is renamed, so that
+    neither is written unless both can be (`--config /dev/full` leaves no checkpoint)."""
     outputs = [FileArg("-o", output, "the checkpoint")]
     outputs += [FileArg("--config", config, "the config")] if config is not None else []
     check_outputs([], outputs)
@@ -273,11 +289,14 @@ def import_command(source: Path, output: Path, config: Path | None = None) -> Im
     folder = source if source.is_dir() else source.parent  # its other files too, read or not
     files = [*imported.files, *(p for p in sorted(folder.iterdir()) if p.is_file())]
     check_outputs([FileArg("SOURCE", p, "a file of the model being imported") for p in files], outputs)
-    with contextlib.ExitStack() as stack:
+    written = [(output, "the checkpoint")] + ([(config, "the config")] if config is not None else [])
+    with replacing_together(written) as temporaries:
+        with open(temporaries[0], "xb") as f:
+            torch.save(imported_checkpoint(imported), f)
+            f.flush()
+            os.fsync(f.fileno())
         if config is not None:
-            tmp = stack.enter_context(replacing(config, "the config"))
-            with open(tmp, "xb") as f:
+            with open(temporaries[1], "xb") as f:
                 write_all(f.fileno(), dump_config(finetune_config(imported, output)).encode())
                 os.fsync(f.fileno())
-        atomic_save(imported_checkpoint(imported), output)
     return imported

@@ -4,11 +4,13 @@ It holds `config.yaml` (resolved), `spm.model`, `train.log`, `metrics.jsonl` and
 checkpoints (`checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint_<update>.pt`). Only
 rank 0 opens it, and holds its lock (`train.lock`) while it is open: a second `nmt train`
 on the same directory stops with one line naming the directory and the holder's pid. The
-lock, `train.log`, `metrics.jsonl` and `.nmt-last-run` are opened only as regular files, never
-through a symbolic link (`open_regular_file`), and a file replaced whole (a checkpoint,
-`config.yaml`, `spm.model`) is refused when a link stands in its place: a link planted in a
-shared runs/ folder would otherwise have training cut or overwrite whatever file it names.
-Every write error on it is an NmtError naming the file.
+lock, `train.log`, `metrics.jsonl` and `.nmt-last-run` are opened only as regular files with
+one link, never through a symbolic link (`open_regular_file`; `train.log` and `metrics.jsonl`
+with other hard links, as after `cp -al`, get a copy of their own first), and a file replaced
+whole (a checkpoint, `config.yaml`, `spm.model`) or the `tensorboard` folder is refused when a
+link or a special file stands in its place (`own_file`), all before anything is written: a link
+planted in a shared runs/ folder would otherwise have training cut or overwrite whatever file it
+names. Every write error on it is an NmtError naming the file.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from nmt.atomic import (
     lock_directory,
     open_regular_file,
     os_errors_as,
+    own_file,
+    unshare,
     write_all,
 )
 from nmt.config import Config, dump_config
@@ -39,6 +43,10 @@ LOCK_FILE = "train.lock"
 CONFIG_FILE = "config.yaml"
 # a config.yaml next to one of these is the config of a run directory (`run_dir_of_config`)
 RUN_DIR_FILES = (LOCK_FILE, "checkpoint_last.pt")
+# the files of a run directory replaced whole, by their names, and those appended to
+REPLACED = {CONFIG_FILE: "the config", "spm.model": "the sentencepiece model", "checkpoint_last.pt": "a checkpoint",
+            "checkpoint_best.pt": "a checkpoint"}
+APPENDED = {"train.log": "the training log", "metrics.jsonl": "metrics"}
 
 
 def run_dir_of_config(config: Path, cfg: Config, run_dir_given: bool) -> Config:
@@ -80,7 +88,13 @@ class RunDir:
         with os_errors_as(self.path, "cannot write the run directory"):
             self.path.mkdir(parents=True, exist_ok=True)
         self._opened.callback(lock_run_dir(self.path).release)  # before anything in it is touched
+        for name, what in {**REPLACED, **APPENDED}.items():
+            own_file(self.path / name, what)
+        if self.tensorboard:  # a symlink would send the event files elsewhere
+            own_file(self.path / "tensorboard", "the folder of train.tensorboard", directory=True)
         clean_temporaries(self.path)
+        for name, what in APPENDED.items():
+            unshare(self.path / name, what)
         log_path, metrics_path = self.path / "train.log", self.path / "metrics.jsonl"
         handler = _RunLogHandler(log_path)
         handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
@@ -94,9 +108,9 @@ class RunDir:
         if self.tensorboard:
             self._board = _summary_writer(self.path / "tensorboard")
             self._opened.callback(_quietly, self._board.close)
-        spm = _own_file(self.path / "spm.model", "the sentencepiece model")
+        spm = self.path / "spm.model"
         if not spm.exists():
-            atomic_write_bytes(spm_model, spm, "the sentencepiece model")
+            atomic_write_bytes(spm_model, spm, "the sentencepiece model", own=True)
         _record_last_run(self.path)
 
     def close(self) -> None:
@@ -119,8 +133,7 @@ class RunDir:
             self._board.flush()
 
     def write_config(self, cfg: Config) -> None:
-        config = _own_file(self.path / CONFIG_FILE, "the config")
-        atomic_write_bytes(dump_config(cfg).encode("utf-8"), config, "the config")
+        atomic_write_bytes(dump_config(cfg).encode("utf-8"), self.path / CONFIG_FILE, "the config", own=True)
 
     def save_checkpoint(self, state: dict[str, Any], update: int, *, numbered: bool, best: bool,
                         keep_last: int) -> None:
@@ -135,11 +148,11 @@ class RunDir:
         numbered checkpoint (docs/reliability.md)."""
         names = ([f"checkpoint_{update}.pt"] if numbered else []) + ["checkpoint_last.pt"]
         for name in names + (["checkpoint_best.pt"] if best else []):
-            _own_file(self.path / name, "a checkpoint")
+            own_file(self.path / name, "a checkpoint")
         if best:
-            ckpt.atomic_save(state, self.path / "checkpoint_best.pt")
+            ckpt.atomic_save(state, self.path / "checkpoint_best.pt", own=True)
         first = self.path / names[0]
-        ckpt.atomic_save(state, first)
+        ckpt.atomic_save(state, first, own=True)
         for name in names[1:]:
             ckpt.link_or_copy(first, self.path / name)
         if numbered and keep_last:
@@ -154,7 +167,7 @@ class RunDir:
 def _record_last_run(run_dir: Path) -> None:
     """Write the run directory's path to .nmt-last-run in the working directory: `nmt translate`
     with no --checkpoint uses the last run started here. A convenience only, so a read-only
-    working directory, a symbolic link or a FIFO there is a warning, not a reason to stop."""
+    working directory, a symbolic link, a hard link or a FIFO there is a warning, not a reason to stop."""
     marker = Path(ckpt.LAST_RUN_FILE)
     try:
         fd = open_regular_file(marker, os.O_WRONLY, "the last-run marker")
@@ -172,9 +185,6 @@ def _record_last_run(run_dir: Path) -> None:
 
 def _summary_writer(path: Path) -> Any:
     """A TensorBoard writer to `path` (train.tensorboard), or a one-line error saying what to install."""
-    if path.exists() and not path.is_dir():
-        raise NmtError(f"{path}: not a directory, where train.tensorboard writes its logs; "
-                       "move it away or set train.tensorboard: false")
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -182,14 +192,6 @@ def _summary_writer(path: Path) -> Any:
                        "(or pip install 'nmt[tensorboard]')") from None
     with os_errors_as(path, "cannot write TensorBoard logs"):
         return SummaryWriter(log_dir=str(path))
-
-
-def _own_file(path: Path, what: str) -> Path:
-    """`path`, a file of the run directory about to be replaced whole, unless a symbolic link
-    stands there: replacing writes through a link, onto whatever file it names."""
-    if path.is_symlink():
-        raise NmtError(f"{path}: {what} is a symbolic link, which nmt does not follow; remove it")
-    return path
 
 
 def _quietly(close: Any, *args: Any) -> None:
