@@ -17,8 +17,9 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from nmt.atomic import read_regular
 from nmt.device import DEVICES, is_device_name
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, NmtError
 from nmt.fields import check_bounds, opt
 from nmt.fields import coerce as _coerce
 
@@ -238,6 +239,8 @@ def _override_value(section: str, name: str, text: str) -> Any:
         return yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
         return text
+    except RecursionError:  # PyYAML recurses once per level: `[[[...]]]` 5,000 deep
+        raise ConfigError(f"--set {section}.{name}: the value is nested too deep") from None
 
 
 class _UniqueKeys(yaml.SafeLoader):
@@ -250,13 +253,21 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+CONFIG_LIMIT = 1 << 24  # bytes: a config is a few kilobytes; more is a wrong file, refused before it is parsed
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping of a config file, read whole under nmt's one rule for such files
+    (`nmt.atomic.read_regular`: a FIFO or a link to /dev/zero is refused, never waited on or
+    read until memory runs out)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, "the config", CONFIG_LIMIT).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: cannot read config ({e})") from None
+    except NmtError as e:
+        raise ConfigError(str(e)) from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
@@ -264,6 +275,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         loc = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}{loc}: malformed YAML: {problem}") from None
+    except RecursionError:  # PyYAML recurses once per level: `[[[...]]]` 5,000 deep
+        raise ConfigError(f"{path}: malformed YAML: nested too deep") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -107,6 +107,12 @@ def flag(key: str) -> str:
 _SHORT = reprlib.Repr()  # a rejected value as an error shows it: a YAML alias bomb's list stays a few lines
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring = 2, 4, 4, 80
 
+
+def shown(value: Any) -> str:
+    """`value` as a message shows it: its repr cut short (a megabyte constraint, an alias bomb)."""
+    return _SHORT.repr(value)
+
+
 # the plain field types: the Python types of the values each takes (a bool only for bool), and what an error
 # says a value must be
 _PLAIN: dict[Any, tuple[tuple[type[Any], ...], str]] = {
@@ -127,7 +133,13 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
         raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
     kinds, expected = _PLAIN[tp]
     if isinstance(value, kinds) and (tp is bool or not isinstance(value, bool)):
-        return float(value) if tp is float else value
+        if tp is not float:
+            return value
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 400 digits: 1e400 written out
+            message = f"{where}: {key} must be a finite number, got {_SHORT.repr(value)}"
+            raise ConfigError(message) from None
     if tp is float and strings and isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
         with contextlib.suppress(ValueError):
             return float(value)

@@ -5,6 +5,7 @@ here (`pip install 'nmt[plot]'`); without it the commands say how to install it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -67,6 +68,8 @@ def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None =
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NmtError(f"-o {out}: exists and is not a directory; give a directory for attention_<line>.png")
+    with contextlib.suppress(FileNotFoundError):  # load_attention words a missing file
+        open_for_reading(path, "the attention file", None).close()  # never a FIFO or a device
     items = load_attention(path, sentences)
     check_outputs([FileArg("ATTENTION", path, "the attention file")],
                   [FileArg("-o", out / f"attention_{i}.png") for i, *_ in items])
@@ -183,6 +186,9 @@ def plot_curves(run_dirs: Sequence[str | Path], output: str | Path, *, labels: S
     plt = _pyplot()
     _format(out)  # before the work
     runs = [(labels[i] if labels else Path(d).name or str(d), *read_metrics(d)) for i, d in enumerate(run_dirs)]
+    empty = next((d for d, (_, train, valid) in zip(run_dirs, runs, strict=True) if not train and not valid), None)
+    if empty is not None:  # an empty figure is no picture of a run
+        raise NmtError(f"{Path(empty) / 'metrics.jsonl'}: no records to draw (a run that has not logged an update yet?)")
     fig, axes = plt.subplots(len(PANELS), 2, figsize=(11, 3.0 * len(PANELS)), squeeze=False)
     for run, (label, train, valid) in enumerate(runs):
         color = f"C{run % 10}"

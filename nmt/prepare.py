@@ -20,10 +20,11 @@ import hashlib
 import json
 import logging
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain, compress, islice
 from pathlib import Path
 from typing import BinaryIO
@@ -36,7 +37,7 @@ from nmt.checkpoint import load_model_checkpoint
 from nmt.data import META_FILE, bin_path, idx_path, raw_path, token_dtype
 from nmt.errors import NmtError
 from nmt.options import DEFAULT_VOCAB_SIZE, PrepareOptions
-from nmt.textio import TextStats, count_lines, find_text, read_lines
+from nmt.textio import TextStats, count_lines, find_text, is_pipe, open_stream, read_lines
 from nmt.tokenizer import NMT_SPECIALS, Tokenizer, VocabTokenizer, spm_pieces, train_sentencepiece
 
 logger = logging.getLogger(__name__)
@@ -51,9 +52,14 @@ class Split:
 
     name: str
     prefix: str
-    files: dict[str, Path]  # lang -> input file
+    files: dict[str, Path]  # lang -> input file (as messages and the report name it)
     lines: int
     filtered: bool
+    copies: dict[str, Path] = field(default_factory=dict)  # lang -> the copy of a named pipe, read in its place
+
+    def text(self, lang: str) -> Path:
+        """Where the text of `lang` is read: its file, or the copy of a named pipe."""
+        return self.copies.get(lang, self.files[lang])
 
 
 def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
@@ -64,7 +70,18 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     atomic.check_replaceable(dest, opts.force, (META_FILE,), f"an output of nmt prepare-bpe (no {META_FILE})",
                              "--destdir")
     reused = _reused_tokenizer(opts)
-    splits = find_splits(opts)  # reads every file once: after the cheap checks
+    with tempfile.TemporaryDirectory(prefix="nmt-prepare-") as pipes:
+        splits = find_splits(opts, Path(pipes))  # reads every file once: after the cheap checks
+        report = _prepare(opts, dest, splits, reused, progress, start)
+    logger.info("wrote %s in %.1f s (vocab %d, fingerprint %s)", dest, report["seconds"], report["vocab_size"],
+                report["fingerprint"][:12])
+    return report
+
+
+def _prepare(opts: PrepareOptions, dest: Path, splits: list[Split], reused: Tokenizer | None, progress: bool,
+             start: float) -> dict:
+    """The output of prepare-bpe (its report's seconds counted from `start`), made in a
+    temporary sibling that replaces `dest` at the end."""
     atomic.check_outputs(input_files(opts, splits), [atomic.FileArg("--destdir", opts.destdir, directory=True)])
     with atomic.os_errors_as(f"--destdir {dest}", "cannot create it"):
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -86,26 +103,48 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
                   "splits": reports, "sha256": hashes, "fingerprint": fingerprint, "options": dataclasses.asdict(opts),
                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.time() - start, 3)}
         (work / META_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    logger.info("wrote %s in %.1f s (vocab %d, fingerprint %s)", dest, report["seconds"], tok.vocab_size,
-                fingerprint[:12])
     return report
 
 
-def find_splits(opts: PrepareOptions) -> list[Split]:
-    """Locate every input file and check line counts, before any real work."""
+def find_splits(opts: PrepareOptions, pipes: Path | None = None) -> list[Split]:
+    """Locate every input file and check line counts, before any real work. A named pipe
+    (`mkfifo`, `<(zcat ...)`) carries its text once, and its text is read two or three times
+    (counted, learned from, binarized): it is read once into a copy in the directory `pipes`;
+    without `pipes` it is refused."""
     named = [("train", opts.trainpref, True)]
     if opts.validpref:
         named.append(("valid", opts.validpref, False))
     tests = [p.strip() for p in (opts.testpref or "").split(",") if p.strip()]
     named += [(f"test{i or ''}", prefix, False) for i, prefix in enumerate(tests)]
-    splits = []
+    splits: list[Split] = []
+    copied: dict[Path, Path] = {}  # a named pipe given twice (as two splits) is read once
     for name, prefix, filtered in named:
         files = {lang: find_text(prefix, lang) for lang in (opts.source_lang, opts.target_lang)}
-        (src, n_src), (tgt, n_tgt) = ((f, count_lines(f)) for f in files.values())
+        copies: dict[str, Path] = {}
+        for lang, path in files.items():
+            if is_pipe(path):
+                if path not in copied:
+                    copied[path] = _copy_pipe(path, pipes, f"{name}.{lang}")
+                copies[lang] = copied[path]
+        (src, n_src), (tgt, n_tgt) = ((files[lang], count_lines(copies.get(lang, files[lang]))) for lang in files)
         if n_src != n_tgt:
             raise NmtError(f"{src} has {n_src} lines but {tgt} has {n_tgt}; parallel files must align")
-        splits.append(Split(name, prefix, files, n_src, filtered))
+        splits.append(Split(name, prefix, files, n_src, filtered, copies))
     return splits
+
+
+def _copy_pipe(path: Path, pipes: Path | None, name: str) -> Path:
+    """The named pipe `path` read to its end into the file `pipes/name`; an NmtError naming
+    the pipe if it cannot be (no `pipes`: the command reads its text more than once)."""
+    if pipes is None:
+        raise NmtError(f"{path}: a named pipe can be read once, and this command reads its text several "
+                       "times; give a file")
+    copy = pipes / name
+    logger.info("reading the named pipe %s into a temporary copy (%s)", path, copy)
+    with atomic.os_errors_as(path, f"cannot copy the named pipe to {copy}"), open_stream(path) as src, \
+            open(copy, "xb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    return copy
 
 
 def input_files(opts: PrepareOptions, splits: list[Split]) -> list[atomic.FileArg]:
@@ -124,7 +163,14 @@ def _reused_tokenizer(opts: PrepareOptions) -> Tokenizer | None:
     """The sentencepiece model of --spm-model or of the checkpoint --tokenizer-from (loaded by the
     one checkpoint loader, with its checks); None where one is to be learned."""
     if opts.spm_model:
-        return Tokenizer.from_file(opts.spm_model)
+        try:
+            tok = Tokenizer.from_file(opts.spm_model)
+        except NmtError as e:
+            raise NmtError(f"--spm-model {e}") from None
+        if opts.vocab_size is not None and opts.vocab_size != tok.vocab_size:  # never ignored in silence
+            raise NmtError(f"--vocab-size {opts.vocab_size}: --spm-model {opts.spm_model} has a vocabulary of "
+                           f"{tok.vocab_size}; leave --vocab-size out")
+        return tok
     if opts.tokenizer_from:
         try:
             return load_model_checkpoint(opts.tokenizer_from, mmap=True).tokenizer
@@ -140,27 +186,38 @@ def _tokenizer(opts: PrepareOptions, train: Split, reused: Tokenizer | None, wor
         (work / "spm.model").write_bytes(reused.model_bytes)
         vocab = Path(opts.spm_model).with_suffix(".vocab") if opts.spm_model else None
         if vocab is not None and vocab.is_file():
-            shutil.copyfile(vocab, work / "spm.vocab")
+            (work / "spm.vocab").write_bytes(atomic.read_regular(vocab, "the sentencepiece vocabulary"))
         logger.info("reusing the sentencepiece model of %s (vocab %d)", opts.spm_model or opts.tokenizer_from,
                     reused.vocab_size)
         return reused
     start, vocab_size = time.time(), DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
     logger.info("learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
                 opts.model_type, vocab_size, " + ".join(map(str, train.files.values())), opts.input_sentence_size)
-    sides = [(f"spm.{lang}", [path], size) for (lang, path), size in zip(train.files.items(), (
-        vocab_size, opts.target_vocab_size or vocab_size), strict=True)] if opts.separate_vocab else \
-        [("spm", list(train.files.values()), vocab_size)]
-    models = [train_sentencepiece(files, work / prefix, size, model_type=opts.model_type,
-                                  character_coverage=opts.character_coverage, byte_fallback=opts.byte_fallback,
-                                  input_sentence_size=opts.input_sentence_size, seed=opts.seed,
-                                  num_threads=opts.workers) for prefix, files, size in sides]
+    models = [train_sentencepiece([train.text(lang) for lang in langs], work / prefix, size,
+                                  model_type=opts.model_type, character_coverage=opts.character_coverage,
+                                  byte_fallback=opts.byte_fallback, input_sentence_size=opts.input_sentence_size,
+                                  seed=opts.seed, num_threads=opts.workers,
+                                  source=" + ".join(str(train.files[lang]) for lang in langs), size_option=option)
+              for prefix, langs, size, option in _models_to_learn(opts, vocab_size)]
     logger.info("learned the sentencepiece model%s in %.1f s", "s" * opts.separate_vocab, time.time() - start)
     if not opts.separate_vocab:
         return Tokenizer.from_file(models[0])
-    src, tgt = (path.read_bytes() for path in models)  # nmt's ids on each side: spm.model bundles the two
+    # nmt's ids on each side: spm.model bundles the two
+    src, tgt = (atomic.read_regular(path, "the sentencepiece model") for path in models)
     tok = VocabTokenizer(src, tgt, spm_pieces(tgt, str(models[1])), NMT_SPECIALS, source_pieces=spm_pieces(src, str(models[0])))
     (work / "spm.model").write_bytes(tok.model_bytes)
     return tok
+
+
+def _models_to_learn(opts: PrepareOptions, vocab_size: int) -> list[tuple[str, list[str], int, str]]:
+    """(file prefix, the languages it learns from, its vocabulary size, the option that sets it)
+    of each sentencepiece model to learn: one joint model, or one per side (--separate-vocab)."""
+    source, target = opts.source_lang, opts.target_lang
+    if not opts.separate_vocab:
+        return [("spm", [source, target], vocab_size, "--vocab-size")]
+    target_option = "--vocab-size" if opts.target_vocab_size is None else "--target-vocab-size"
+    return [(f"spm.{source}", [source], vocab_size, "--vocab-size"),
+            (f"spm.{target}", [target], opts.target_vocab_size or vocab_size, target_option)]
 
 
 class _TokenWriter:
@@ -197,7 +254,7 @@ def _binarize(split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOption
     """Encode (and for train, filter) one split; returns its report and file hashes."""
     langs = (opts.source_lang, opts.target_lang)
     stats = {lang: TextStats(str(split.files[lang])) for lang in langs}
-    readers = [read_lines(split.files[lang], stats[lang]) for lang in langs]
+    readers = [read_lines(split.text(lang), stats[lang]) for lang in langs]
     writers = [_TokenWriter(work, split.name, lang, dtype) for lang in langs]
     raws = [] if split.filtered else [open(raw_path(work, split.name, lang), "w", encoding="utf-8", newline="\n")
                                       for lang in langs]
@@ -241,8 +298,11 @@ def _binarize(split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOption
               "cleaned": {lang: {"invalid_utf8": s.invalid_utf8, "nul": s.nul, "line_breaks": s.line_breaks,
                                  "lines": s.cleaned_lines, "first_lines": s.first_lines}
                           for lang, s in stats.items()}}
-    logger.info("%s: kept %d of %d pairs%s", split.name, kept, split.lines,
-                "".join(f", {n} {why}" for why, n in dropped.items() if n))
+    dropped_text = "".join(f", {n} {why}" for why, n in dropped.items() if n)
+    if split.filtered and kept == 0:  # a dataset nothing can be trained on is no success
+        raise NmtError(f"{' and '.join(map(str, split.files.values()))}: kept 0 of {split.lines} training pairs"
+                       f"{dropped_text}; nothing to train on (see --min-len, --max-len, --max-ratio)")
+    logger.info("%s: kept %d of %d pairs%s", split.name, kept, split.lines, dropped_text)
     for lang in langs:
         if stats[lang].cleaned:
             logger.warning("%s", stats[lang].summary())

@@ -38,12 +38,15 @@ from nmt.errors import NmtError
 
 log = logging.getLogger(__name__)
 BLOCK_SIZE = 1 << 20
+# a line longer than this (in bytes) is no sentence: a link to /dev/zero, a binary file; refused
+# instead of being gathered until memory runs out
+MAX_LINE_BYTES = 1 << 26
 MAX_REPORTED_LINES = 10
 _BOM = b"\xef\xbb\xbf"
 # Characters str.splitlines() breaks on, besides "\n" (which we split on).
 _BREAK_CHARS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _BREAKS = re.compile(f"[{_BREAK_CHARS}]")
-_SURROGATES = re.compile("[\ud800-\udfff]")
+SURROGATES = re.compile("[\ud800-\udfff]")  # lone surrogates: in no text, not encodable as UTF-8
 
 
 @dataclass
@@ -80,27 +83,88 @@ class TextStats:
 
 
 def find_text(prefix: str | Path, lang: str) -> Path:
-    """`PREFIX.LANG` or else `PREFIX.LANG.gz`; NmtError naming both when neither exists."""
+    """`PREFIX.LANG` or else `PREFIX.LANG.gz`, a file or a named pipe (a corpus is a stream);
+    NmtError naming both when neither exists, or naming the one that is neither (a directory, a
+    device such as a link to /dev/zero, which would never end)."""
     plain, gz = Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")
     for path in (plain, gz):
-        if path.is_file():
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue
+        if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
             return path
+        raise NmtError(f"{path}: not a text file or a named pipe (a directory, a device or a socket)")
     raise NmtError(f"{plain} not found (nor {gz.name})")
 
 
-def open_bytes(path: str | Path) -> BinaryIO:
-    """Open a plain or gzip (by content, not name) file for reading bytes."""
-    path = Path(path)
+def is_pipe(path: str | Path) -> bool:
+    """Whether `path` is a named pipe (`mkfifo`, `<(...)`): what it carries can be read once only."""
     try:
-        f = open(path, "rb")
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+class _GzipStream(gzip.GzipFile):
+    """A gzip stream over a file object that it closes with itself (gzip.GzipFile leaves a
+    given file object open)."""
+
+    def __init__(self, source: BinaryIO):
+        super().__init__(fileobj=source, mode="rb")
+        self.source = source
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.source.close()
+
+
+def gunzipped(stream: BinaryIO, own: bool = False) -> BinaryIO:
+    """`stream` itself, or a stream of its decompressed bytes if it starts as gzip does (by
+    content, not name). The stream is peeked at once and never reopened: a pipe or a FIFO
+    (`-i <(gzip -c f)`, `gzip -c f | nmt translate`) has no second reading, since its writer is
+    gone. With `own`, closing the gzip stream closes `stream` too."""
+    peek = getattr(stream, "peek", None)
+    if peek is None:
+        return stream
+    _wait_for_input(_pipe(stream))  # a pipe's first bytes are waited on as `_blocks` waits (signals)
+    if peek(2)[:2] != b"\x1f\x8b":
+        return stream
+    gz = _GzipStream(stream) if own else gzip.GzipFile(fileobj=stream, mode="rb")
+    return gz  # type: ignore[return-value]
+
+
+def open_stream(path: str | Path) -> BinaryIO:
+    """`path` open for reading its bytes as they come: a file, a named pipe or a device
+    (`/dev/stdin`). A named pipe is opened without blocking, then waited on until its writer
+    sends something or goes away, waking every 0.25 s as `_blocks` does, so that Ctrl-C stops
+    a command whose pipe has no writer yet. A missing file or a directory is an NmtError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise NmtError(f"{path}: file not found") from None
     except OSError as e:
-        raise NmtError(f"{path}: cannot open ({e.strerror})") from None
-    if f.peek(2)[:2] != b"\x1f\x8b":
-        return f
-    f.close()
-    return gzip.open(path, "rb")  # type: ignore[return-value]
+        raise NmtError(f"{path}: cannot open ({e.strerror or e})") from None
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        os.close(fd)
+        raise NmtError(f"{path}: is a directory, not a text file")
+    if stat.S_ISFIFO(mode):
+        _wait_for_input(fd)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def open_bytes(path: str | Path) -> BinaryIO:
+    """Open a plain or gzip (by content, not name) file or named pipe for reading bytes."""
+    f = open_stream(path)
+    try:
+        return gunzipped(f, own=True)
+    except OSError as e:
+        f.close()
+        raise NmtError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def _pipe(stream: BinaryIO) -> int | None:
@@ -111,6 +175,17 @@ def _pipe(stream: BinaryIO) -> int | None:
         return None if fd is None or stat.S_ISREG(os.fstat(fd).st_mode) else fd
     except (OSError, ValueError):
         return None
+
+
+class _LineTooLong(Exception):
+    """A line past MAX_LINE_BYTES (`_blocks`), reported by `iter_line_blocks` with its number."""
+
+
+def _wait_for_input(fd: int | None) -> None:
+    """Return once the descriptor `fd` (of `_pipe`; None: return at once) has input or its end,
+    waking every 0.25 s so that the main thread runs a signal's handler (see `_blocks`)."""
+    while fd is not None and not select.select([fd], [], [], 0.25)[0]:
+        pass
 
 
 def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
@@ -126,13 +201,15 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
     read, fd = getattr(stream, "read1", stream.read), _pipe(stream)
     rest, full = b"", True
     while True:
-        while fd is not None and not full and not select.select([fd], [], [], 0.25)[0]:
-            pass
+        if not full:
+            _wait_for_input(fd)
         if not (chunk := read(block_size)):
             break
         full, chunk = len(chunk) == block_size, rest + chunk
         cut = chunk.rfind(b"\n") + 1
         rest = chunk[cut:]
+        if len(rest) > MAX_LINE_BYTES:
+            raise _LineTooLong
         if cut:
             yield chunk[:cut]
     if rest:
@@ -175,6 +252,9 @@ def iter_line_blocks(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK
     """
     try:
         yield from _line_blocks(stream, stats, block_size)
+    except _LineTooLong:
+        raise NmtError(f"{stats.path}: line {stats.lines + 1} runs past {MAX_LINE_BYTES:,} bytes without a line "
+                       "break; not text (a device, a binary file?)") from None
     except (OSError, EOFError, zlib.error) as e:
         if isinstance(e, BrokenPipeError):
             raise
@@ -220,7 +300,7 @@ def clean_text(text: str) -> str:
     if text.endswith("\r"):
         text = text[:-1]
     text = _BREAKS.sub(" ", text.replace("\n", " ").replace("\x00", " "))
-    return _SURROGATES.sub("\ufffd", text)
+    return SURROGATES.sub("\ufffd", text)
 
 
 def on_one_line(text: str) -> str:

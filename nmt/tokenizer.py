@@ -23,8 +23,9 @@ from typing import Any
 
 import sentencepiece as spm
 
+from nmt.atomic import read_regular
 from nmt.errors import NmtError
-from nmt.textio import read_lines
+from nmt.textio import SURROGATES, read_lines
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,22 @@ NMT_SPECIALS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the ids of every vocabu
 logger = logging.getLogger(__name__)
 
 
+# where in its C++ sentencepiece raised an error, before the reason: "INTERNAL: src/x.cc(744) [(a) == (b)] "
+_SPM_SOURCE = re.compile(r"^[A-Z_]+: \S+\(\d+\) \[.*?\] ")
+
+
 def train_sentencepiece(texts_or_files: Iterable[str | os.PathLike], model_prefix: str | Path, vocab_size: int, *,
                         model_type: str = "bpe", character_coverage: float = 1.0, byte_fallback: bool = True,
-                        input_sentence_size: int = 2_000_000, seed: int = 1, num_threads: int = 1) -> Path:
+                        input_sentence_size: int = 2_000_000, seed: int = 1, num_threads: int = 1,
+                        source: str = "", size_option: str = "--vocab-size") -> Path:
     """Learn a sentencepiece model; writes `model_prefix.model` and `.vocab`, returns the former.
 
     `texts_or_files` yields sentences (`str`) and/or files to read them from (`os.PathLike`,
     e.g. `pathlib.Path`; plain or .gz, read with `nmt.textio.read_lines`). At most
     `input_sentence_size` sentences, sampled uniformly from all of them (0 = use all), are
-    used, which bounds memory and time on large corpora.
+    used, which bounds memory and time on large corpora. A failure is an NmtError naming
+    `source` (what the sentences are: "train.en + train.de") and `size_option`, the option
+    that chose `vocab_size`.
     """
 
     def sentences() -> Iterator[str]:
@@ -74,7 +82,9 @@ def train_sentencepiece(texts_or_files: Iterable[str | os.PathLike], model_prefi
     except RuntimeError as e:
         # e.g. "Vocabulary size too high (8000). Please set it to a value <= 5234."
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise NmtError(f"sentencepiece training failed (--vocab-size {vocab_size}): {reason}") from None
+        reason = _SPM_SOURCE.sub("", reason)  # "INTERNAL: src/trainer_interface.cc(744) [(...) == (...)] "
+        on = f" on {source}" if source else ""
+        raise NmtError(f"sentencepiece training{on} failed ({size_option} {vocab_size}): {reason}") from None
     return Path(f"{model_prefix}.model")
 
 
@@ -99,10 +109,12 @@ class Tokenizer:
 
     @staticmethod
     def from_file(path: str | os.PathLike) -> Tokenizer:
+        """The tokenizer in a file, read whole under nmt's one rule (`nmt.atomic.read_regular`:
+        a FIFO or a link to /dev/zero is refused, never waited on or read without end)."""
         try:
-            data = Path(path).read_bytes()
-        except OSError as e:
-            raise NmtError(f"{path}: cannot read sentencepiece model ({e.strerror})") from None
+            data = read_regular(Path(path), "the sentencepiece model")
+        except FileNotFoundError:
+            raise NmtError(f"{path}: sentencepiece model not found") from None
         return Tokenizer.from_bytes(data, str(path))
 
     @staticmethod
@@ -291,6 +303,11 @@ class VocabTokenizer(Tokenizer):
         ids = {p: i for i, p in enumerate(pieces)}
         if len(ids) != len(pieces) or not all(isinstance(p, str) for p in pieces):
             raise NmtError(f"{self.name}: the {side * self.separate}vocabulary lists a piece twice or a non-string")
+        surrogate = SURROGATES.search("".join(pieces))  # JSON can spell one (\ud800); UTF-8 cannot encode it
+        if surrogate is not None:
+            i = next(i for i, p in enumerate(pieces) if surrogate.group() in p)
+            raise NmtError(f"{self.name}: piece {i} of the {side * self.separate}vocabulary holds a lone "
+                           f"surrogate ({surrogate.group()!a}), which is not text")
         if bad := [k for k, v in vars(self.specials).items() if not 0 <= v < len(pieces)]:
             raise NmtError(f"{self.name}: special id {bad[0]}={getattr(self.specials, bad[0])} is outside the "
                            f"{side * self.separate}vocabulary of {len(pieces)}")

@@ -38,6 +38,7 @@ from nmt.atomic import (
     FileArg,
     TextWriter,
     check_outputs,
+    os_errors_as,
     replacing,
     target,
     write_stdout,
@@ -53,7 +54,7 @@ from nmt.decoding.predict import resolve_checkpoints
 from nmt.errors import NmtError
 from nmt.options import TranslateOptions
 from nmt.terminology import Request, parse_json_line
-from nmt.textio import TextStats, iter_line_blocks, open_bytes
+from nmt.textio import TextStats, gunzipped, iter_line_blocks, open_stream
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 4096
@@ -161,8 +162,9 @@ def translate_main(opts: TranslateOptions) -> None:
         translator = Translator.from_options(opts)
         if opts.alignment or opts.attention:  # a model without attention says so before any input is read
             resolve_layer(opts.alignment_layer, layer_count(translator.loaded.model))
+        text = _gunzipped(inp, name)  # once the model is loaded: a terminal or a pipe may wait for its first line
         with writing_attention(opts.attention) if opts.attention else contextlib.nullcontext() as attention:
-            run = partial(write_translations, translator, inp, name=name, nbest=opts.nbest, scores=opts.scores,
+            run = partial(write_translations, translator, text, name=name, nbest=opts.nbest, scores=opts.scores,
                           buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention,
                           json_input=opts.json_input)
             if output is not None:
@@ -208,12 +210,20 @@ def _closed(fd: int) -> bool:
 
 
 def _input(path: Path | None) -> tuple[BinaryIO, str]:
-    """The input stream and its name for messages: a file, plain or gzip (or a named pipe,
-    `<(...)`), or stdin."""
+    """The input stream and its name for messages: a file (or a named pipe, `<(...)`), or
+    stdin, as opened: `_gunzipped` tells plain from gzip."""
     if path is None:
         if sys.stdin is None or _closed(0):
             raise NmtError("standard input is closed; give --input FILE")
         return sys.stdin.buffer, "<stdin>"
-    if Path(path).is_dir():
-        raise NmtError(f"--input {path}: is a directory")
-    return open_bytes(path), str(path)  # plain or gzip
+    try:
+        return open_stream(path), str(path)
+    except NmtError as e:
+        raise NmtError(f"--input {e}") from None
+
+
+def _gunzipped(inp: BinaryIO, name: str) -> BinaryIO:
+    """The text of `inp`, plain or gzip (by content: a file, a pipe or standard input), the
+    stream peeked at once and never reopened (`nmt.textio.gunzipped`)."""
+    with os_errors_as(name, "cannot read"):
+        return gunzipped(inp)
