@@ -6,12 +6,15 @@ Everything here is text: the phrases are segmented with the model's target token
 they meet a model (`nmt.api`), exactly as an output would be.
 
 A terminology file has one pair a line, `source term<TAB>target term`. A source term matches a
-line where it occurs as whole words: in any case (the line's text and the term are equal once
-both are case-folded, `str.casefold`: "STRASSE" and "Straße" match "Straße", "İSTANBUL"
-matches "İstanbul"), not inside a longer word (the characters either side, if any, are not
-letters, digits or `_`), with the term's spaces matching any run of whitespace. Longer terms
+line where it occurs as whole words: the line's text and the term are equal once both are
+normalized and case-folded (`folded_units`: NFC, NFKC, `str.casefold`: "STRASSE" and "Straße"
+match "Straße", "İSTANBUL" matches "İstanbul", fullwidth "ｄｏｇ" matches "dog", "café" its
+NFD form), not inside a longer word (the match starts and ends between whole characters, each
+with its combining marks, and the characters either side, if any, are not letters, digits,
+`_` or combining marks), with the term's spaces matching any run of whitespace. Longer terms
 win where matches overlap; each distinct target term of a line becomes one positive
-constraint of that line.
+constraint of that line. A term that is empty, only spaces or nothing once normalized is
+refused (`check_pair`), from a file or as pairs (the API, a server request).
 
 An avoided phrase is matched as text (`avoided_text`): after NFKC normalization, with its
 whitespace runs as one space, none at its ends and no control or format characters (zero-width
@@ -21,8 +24,10 @@ also inside a longer word ("stand" rules out "understand"), case-sensitively.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import sys
 import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
@@ -32,8 +37,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from nmt.atomic import read_regular
 from nmt.errors import NmtError
-from nmt.textio import TextStats, clean_text, read_lines
+from nmt.fields import shown
+from nmt.textio import clean_text
 
 JSON_KEYS = ("text", "constraints", "avoid", "prefix", "ordered")
 
@@ -142,7 +149,6 @@ class Surfaces:
         self.order = sorted(range(self.size), key=self.pieces.__getitem__)  # by surface
         self._sorted = [self.pieces[i] for i in self.order]
         self._joined, self._ends = b"".join(self.pieces), list(accumulate(map(len, self.pieces)))
-        self._index: dict[bytes, tuple[list[int], list[int], list[int]]] = {}
         self.tensors: dict[Any, Any] = {}
 
     def text(self, ids: Sequence[int]) -> bytes:
@@ -151,13 +157,9 @@ class Surfaces:
     def index(self, phrase: bytes) -> tuple[list[int], list[int], list[int]]:
         """For each byte q of `phrase`, the range [lo, hi) of `order` whose surfaces start with
         the phrase's bytes from q; and the tokens whose surface holds the whole phrase further
-        in. Kept for the phrases of the last few thousand calls."""
-        found = self._index.get(phrase)
-        if found is None:
-            if len(self._index) >= 4096:
-                self._index.clear()
-            found = self._index[phrase] = self._find(phrase)
-        return found
+        in. Found again at each call, never kept: a phrase is a request's, and what a request
+        sends must not outlive its answer (4,096 kept phrases could hold gigabytes)."""
+        return self._find(phrase)
 
     def _find(self, phrase: bytes) -> tuple[list[int], list[int], list[int]]:
         n = len(phrase)
@@ -177,6 +179,34 @@ class Surfaces:
 
 # ------------------------------------------------------------------ terminology
 
+TERMINOLOGY_LIMIT = 64 << 20  # bytes of a terminology file: a million terms fit; /dev/zero or a runaway file does not
+MAX_TERM_CHARS = 1000  # a term is a word or a phrase; a longer one is a wrong file or a hostile request
+
+
+@functools.cache
+def _marks() -> str:
+    """The combining marks (Unicode categories Mn, Mc, Me), for a regex class: a mark belongs
+    to the character before it, so no term starts after one or ends before one: "stanbul" is
+    not a word of "İstanbul" (whose "İ" folds to "i" and a combining dot), nor "te" of an "été"
+    written with combining accents (issue 57)."""
+    return "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)).startswith("M"))
+
+
+def folded_units(text: str) -> list[str]:
+    """`text` as terms are matched in it: NFC, cut into its characters each with the combining
+    marks after it (a match starts and ends between two of them, never inside: not "s" in
+    "ß", whose folding is "ss"), each folded: NFKC (fullwidth "ｄｏｇ" is "dog", "ﬁ" is "fi")
+    and case-folded (`str.casefold`: "ß" is "ss")."""
+    if text.isascii():  # most lines: there the normalizations change nothing and the fold is lower()
+        return list(text.lower())
+    units: list[str] = []
+    for c in unicodedata.normalize("NFC", text):
+        if units and unicodedata.category(c).startswith("M"):
+            units[-1] += c
+        else:
+            units.append(c)
+    return [unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", u).casefold()) for u in units]
+
 
 @dataclass(frozen=True)
 class Terminology:
@@ -191,55 +221,80 @@ class Terminology:
         in order of first occurrence."""
         if self.pattern is None:
             return []
-        # folded character by character (casefold is), so a match is one unless it starts or
-        # ends inside a character's folding ("ß" -> "ss")
-        folds = [c.casefold() for c in text]
-        edges = set(accumulate(map(len, folds), initial=0))
+        units = folded_units(text)
+        edges = set(accumulate(map(len, units), initial=0))  # a match starts and ends at one
         found: dict[str, None] = {}
-        for m in self.pattern.finditer("".join(folds)):
+        for m in self.pattern.finditer("".join(units)):
             if m.start() in edges and m.end() in edges:
                 found.setdefault(self.targets[" ".join(m.group(0).split())], None)
         return list(found)
 
 
-def terminology_from_pairs(pairs: Sequence[tuple[str, str]]) -> Terminology:
+def check_pair(source: str, target: str, where: str) -> tuple[str, str]:
+    """A terminology pair, its terms stripped, or an NmtError naming `where` (FILE:LINE, or the
+    pair) and the term: empty or only spaces ("" would match everywhere and force its target
+    into every translation), nothing left once normalized (zero-width or control characters
+    alone: no token writes them, `avoided_text`), longer than MAX_TERM_CHARS."""
+    terms = {"source": source.strip(), "target": target.strip()}
+    for side, term in terms.items():
+        if len(term) > MAX_TERM_CHARS:
+            raise NmtError(f"{where}: the {side} term is {len(term):,} characters; a term has at most "
+                           f"{MAX_TERM_CHARS:,}")
+        if not term:
+            raise NmtError(f"{where}: the {side} term is empty")
+        if not avoided_text(term):
+            raise NmtError(f"{where}: the {side} term is empty once normalized (only invisible or control characters)")
+    return terms["source"], terms["target"]
+
+
+def terminology_from_pairs(pairs: Sequence[tuple[str, str]], where: str = "terminology") -> Terminology:
+    """The terminology of (source term, target term) pairs, each checked (`check_pair`, naming
+    it as `where[source term]`): the API's and a request's. The first pair of a source term wins."""
+    terminology = _compiled([check_pair(source, tgt, f"{where}[{shown(source)}]") for source, tgt in pairs])
+    # `re` keeps every pattern it compiles in a module-wide cache (512 of them) and has no call
+    # that compiles without caching: a server's requests would each leave their terms there
+    # (+157 MB after 30 requests). Dropping the cache costs the other patterns one recompile.
+    re.purge()
+    return terminology
+
+
+def _compiled(pairs: Sequence[tuple[str, str]]) -> Terminology:
     targets: dict[str, str] = {}
     for source, tgt in pairs:
-        targets.setdefault(" ".join(source.casefold().split()), tgt)  # folded as the source will be
+        targets.setdefault(" ".join("".join(folded_units(source)).split()), tgt)  # folded as the text will be
     if not targets:
         return Terminology(tuple(pairs), None, targets)
     terms = sorted(targets, key=len, reverse=True)  # longer terms first: the regex takes the first alternative
     body = "|".join(r"\s+".join(re.escape(w) for w in t.split()) for t in terms)
-    return Terminology(tuple(pairs), re.compile(rf"(?<!\w)(?:{body})(?!\w)"), targets)
-
-
-class _Strict(TextStats):
-    """A terminology file's reading: a term is typed on purpose, so bytes that are not UTF-8 are an
-    error naming FILE:LINE, not a guess."""
-
-    def _note(self, lineno: int, lossy: bool = False) -> None:
-        if lossy:
-            raise NmtError(f"{self.path}:{lineno}: not UTF-8; write the terminology file in UTF-8")
-        super()._note(lineno)
+    word = rf"[\w{_marks()}]"  # a letter, a digit, _ or a combining mark
+    return Terminology(tuple(pairs), re.compile(rf"(?<!{word})(?:{body})(?!{word})"), targets)
 
 
 def load_terminology(path: str | Path) -> Terminology:
-    """Read a terminology file: `source<TAB>target` a line (blank lines skipped); a missing
-    column, an empty term, a line with more than one TAB or not UTF-8 is an NmtError naming
-    FILE:LINE."""
+    """Read a terminology file: `source<TAB>target` a line (blank lines skipped), UTF-8, a
+    regular file of at most TERMINOLOGY_LIMIT bytes (`nmt.atomic.read_regular`: never a FIFO or
+    /dev/zero, which would never end). A missing column, a line with more than one TAB, a term
+    `check_pair` refuses, bytes that are not UTF-8 (a term is typed on purpose: no guess) are
+    an NmtError naming FILE:LINE."""
+    try:
+        data = read_regular(path, "the terminology file", TERMINOLOGY_LIMIT)
+    except FileNotFoundError:
+        raise NmtError(f"{path}: file not found") from None
     pairs: list[tuple[str, str]] = []
-    for number, line in enumerate(read_lines(path, _Strict(str(path))), 1):
+    for number, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
+        where = f"{path}:{number}"
+        try:
+            line = clean_text(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise NmtError(f"{where}: not UTF-8; write the terminology file in UTF-8") from None
         if not line.strip():
             continue
-        cols, where = line.split("\t"), f"{path}:{number}"
+        cols = line.split("\t")
         if len(cols) != 2:
             raise NmtError(f"{where}: expected 'source term<TAB>target term', found {len(cols)} column"
                            f"{'s' if len(cols) != 1 else ''}")
-        source, tgt = cols[0].strip(), cols[1].strip()
-        if not source or not tgt:
-            raise NmtError(f"{where}: the {'source' if not source else 'target'} term is empty")
-        pairs.append((source, tgt))
-    return terminology_from_pairs(pairs)
+        pairs.append(check_pair(cols[0], cols[1], where))
+    return _compiled(pairs)
 
 
 def with_terms(request: Request, terminology: Terminology | None) -> Request:

@@ -31,7 +31,7 @@ import contextlib
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
@@ -60,6 +60,7 @@ class Constraints:
         (their log-probs count in the score); they count toward `include`.
     avoid_text: texts that must never occur in the output's text, also inside a word or
         across tokens (see `AvoidText`).
+    texts: the text each `include` phrase was asked as, for messages (or ()).
     """
 
     include: Phrases = ()
@@ -67,6 +68,7 @@ class Constraints:
     avoid: Phrases = ()
     prefix: tuple[int, ...] = ()
     avoid_text: AvoidText | None = None
+    texts: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for name in ("include", "avoid"):  # lists are welcome: stored as tuples
@@ -103,7 +105,7 @@ class Constraints:
             return tuple(tuple(column(t) for t in p) for p in ps)
 
         return Constraints(phrases(self.include), self.ordered, phrases(self.avoid), tuple(column(t) for t in self.prefix),
-                           self.avoid_text and self.avoid_text.mapped(column))
+                           self.avoid_text and self.avoid_text.mapped(column), self.texts)
 
 
 @dataclass(frozen=True)

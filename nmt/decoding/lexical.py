@@ -19,6 +19,7 @@ from nmt.decoding.constraints import AvoidText, Constraints
 from nmt.decoding.predict import need_beam_search
 from nmt.decoding.search import Hypothesis, max_output_lengths
 from nmt.errors import NmtError
+from nmt.fields import shown
 from nmt.terminology import Request, Surfaces, avoided_text
 from nmt.textio import clean_text, on_one_line
 from nmt.tokenizer import Tokenizer
@@ -45,11 +46,13 @@ class LexicalConstraints:
         NmtError naming `where(i)`: constraints under sampling, what cannot fit in its sentence's
         length limit (one phrase, or all of them: `Constraints.min_length`), a phrase with
         nothing left once normalized, a prefix that holds an avoided phrase. A prefix with
-        pieces the vocabulary lacks is forced as `<unk>`, with a warning."""
+        pieces the vocabulary lacks is forced as `<unk>`, with a warning. A terminology's term
+        is not the line's own request: one the line cannot use (too long for it, nothing left
+        once normalized) is left unmet with a warning naming the line, and the line translated."""
         if not any(r.asks() for r in requests):
             return None
         need_beam_search(cfg, where(next(i for i, r in enumerate(requests) if r.asks())))
-        tok, specials = self.tokenizer, self.tokenizer.specials
+        specials = self.tokenizer.specials
         out: list[Constraints | None] = []
         for i, (request, seq) in enumerate(zip(requests, seqs, strict=True)):
             if not request.asks() or not seq:
@@ -57,33 +60,45 @@ class LexicalConstraints:
                 continue
             limit = int(max_output_lengths(pad_rows([[*seq, specials.eos]], specials.pad), cfg,
                                            specials.pad, self.max_positions)[0])
-
-            def encoded(kind: str, text: str, i: int = i, limit: int = limit) -> tuple[int, ...]:
-                ids = tuple(tok.encode_target(clean_text(text)))
-                if not ids or len(ids) > limit:
-                    raise NmtError(f"{where(i)}: the {kind} {text!r} " + (f"is {len(ids)} tokens, longer than the "
-                                   f"{limit} tokens this line's translation may have (decode.max_len_a/b)" if ids
-                                   else "is empty once normalized (only invisible or control characters)"))
-                return ids
-
-            include = tuple(encoded("constraint", p) for p in request.constraints)
-            prefix = encoded("prefix", request.prefix) if request.prefix.strip() else ()
+            own = request.constraints[: len(request.constraints) - len(request.terms)]
+            include = [self._encoded("constraint", p, limit, where(i)) for p in own]
+            texts = list(own)
+            for term in request.terms:
+                ids = self._encoded("term", term, limit, where(i), refuse=False)
+                if ids:
+                    include.append(ids)
+                    texts.append(term)
+            prefix = self._encoded("prefix", request.prefix, limit, where(i)) if request.prefix.strip() else ()
             avoid = tuple(avoided_text(p).encode() for p in request.avoid)
             for phrase, text in zip(request.avoid, avoid, strict=True):
                 if not text or text in self.surfaces.text(prefix):
-                    raise NmtError(f"{where(i)}: the avoided {phrase!r} is empty once normalized" if not text else
-                                   f"{where(i)}: the prefix {request.prefix!r} holds the avoided {phrase!r}")
-            c = Constraints(include, request.ordered, prefix=prefix,
+                    raise NmtError(f"{where(i)}: the avoided {shown(phrase)} is empty once normalized" if not text else
+                                   f"{where(i)}: the prefix {shown(request.prefix)} holds the avoided {shown(phrase)}")
+            c = Constraints(tuple(include), request.ordered, prefix=prefix, texts=tuple(texts),
                             avoid_text=AvoidText(avoid, self.surfaces) if avoid else None)
-            asked = Constraints(include[: len(include) - len(request.terms)], request.ordered)  # terms may go unmet
+            asked = Constraints(tuple(include[: len(own)]), request.ordered)  # terms may go unmet
             if asked.min_length() > limit:
                 raise NmtError(f"{where(i)}: the {len(asked.include)} constraints need at least {asked.min_length()} "
                                f"tokens, more than the {limit} this line's translation may have (decode.max_len_a/b)")
             if specials.unk in prefix:
-                log.warning("%s: the prefix %r has pieces the model's vocabulary lacks: forced as <unk>", where(i),
-                            request.prefix)
+                log.warning("%s: the prefix %s has pieces the model's vocabulary lacks: forced as <unk>", where(i),
+                            shown(request.prefix))
             out.append(c)
         return out
+
+    def _encoded(self, kind: str, text: str, limit: int, where: str, refuse: bool = True) -> tuple[int, ...]:
+        """`text` (a constraint, a term, a prefix) as target token ids, segmented as an output
+        would be; where it has none or more than `limit`, an NmtError naming `where`, or with
+        `refuse=False` a warning and () (a term left unmet)."""
+        ids = tuple(self.tokenizer.encode_target(clean_text(text)))
+        if ids and len(ids) <= limit:
+            return ids
+        why = (f"is {len(ids)} tokens, longer than the {limit} tokens this line's translation may have "
+               "(decode.max_len_a/b)") if ids else "is empty once normalized (only invisible or control characters)"
+        if refuse:
+            raise NmtError(f"{where}: the {kind} {shown(text)} {why}")
+        log.warning("%s: the %s %s %s: left unmet", where, kind, shown(text), why)
+        return ()
 
     def report(self, requests: Sequence[Request], cons: Sequence[Constraints | None],
                hyps: Sequence[Sequence[Hypothesis]], texts: Sequence[Sequence[str]], cfg: DecodeConfig,
@@ -99,18 +114,18 @@ class LexicalConstraints:
                 continue
             avoid = c.avoid_text.texts if c.avoid_text else ()
             if hs[0].unmet:
-                why = [f"{text!r} " + ("has pieces the model's vocabulary lacks (<unk>)" if unk in ids else
-                                      "holds an avoided phrase") for text, ids in zip(request.constraints, c.include)
+                why = [f"{shown(text)} " + ("has pieces the model's vocabulary lacks (<unk>)" if unk in ids else
+                                      "holds an avoided phrase") for text, ids in zip(c.texts, c.include, strict=True)
                        if unk in ids or any(a in self.surfaces.text(ids) for a in avoid)]
                 if hs[0].unmet > len(why):
                     why.append(f"{hs[0].unmet - len(why)} not within the length limit"
                                + (" or after one of those in the order" if why and c.ordered else ""))
-                log.warning("%s: %d of %d constraints not met: %s", where(i), hs[0].unmet, len(request.constraints),
+                log.warning("%s: %d of %d constraints not met: %s", where(i), hs[0].unmet, len(c.include),
                             "; ".join(why))
             seen = next((a.decode() for a in avoid for text in texts[i] if a.decode() in text), None)
             if seen is not None:
-                log.warning("%s: the avoided %r is in the translation all the same: its text has it where its "
-                            "tokens' bytes do not (an undecodable byte shows as U+FFFD)", where(i), seen)
+                log.warning("%s: the avoided %s is in the translation all the same: its text has it where its "
+                            "tokens' bytes do not (an undecodable byte shows as U+FFFD)", where(i), shown(seen))
             if request.terms:
                 term_stats["lines"] += 1
                 term_stats["terms"] += len(request.terms)

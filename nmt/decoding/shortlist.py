@@ -137,6 +137,37 @@ def model1(data: ParallelData, chunks: list[np.ndarray], V: int, iterations: int
     return keys, prob
 
 
+MAX_VOCAB = 1 << 22  # token ids: 16 times the largest vocabularies in use (~256k); the tables are V x top
+
+
+def _vocab_sizes(meta: dict, path: Path) -> tuple[int, int]:
+    """prepare.json's target and source vocabulary sizes (joint: both the same), checked: the
+    tables are allocated by them (a hand-edited `vocab_size: 10**12` asked for 8 TB), so each
+    is at least 1 and at most what the data's token type holds (uint16: 65,535, as prepare-bpe
+    chooses it) or MAX_VOCAB."""
+    most = 65535 if meta["dtype"] == "uint16" else MAX_VOCAB
+    V, Vs = meta["vocab_size"], meta.get("source_vocab_size") or meta["vocab_size"]
+    if not (1 <= V <= most and 1 <= Vs <= most):
+        raise NmtError(f"{path}: vocab_size {V:,} or source_vocab_size {Vs:,} is not a vocabulary of "
+                       f"{meta['dtype']} tokens (1 to {most:,}); re-run nmt prepare-bpe")
+    return V, Vs
+
+
+def _check_tokens(data_dir: str | Path, data: ParallelData, V: int, Vs: int) -> None:
+    """The train split's offsets go forward and its token ids are in the vocabulary, or an
+    NmtError naming the file: a sentence of negative length, or an id past a table, would
+    give a wrong shortlist or fail deep in the counting (IndexError)."""
+    for lang, tokens, size in ((data.src_lang, data.src_data, Vs), (data.tgt_lang, data.tgt_data, V)):
+        if (tokens.sizes < 0).any():
+            raise NmtError(f"{idx_path(data_dir, 'train', lang)}: offsets go backwards (not written by "
+                           "nmt prepare-bpe); re-run it")
+        if not len(tokens.tokens):
+            continue
+        if not 0 <= tokens.tokens.min() <= tokens.tokens.max() < size:
+            raise NmtError(f"{bin_path(data_dir, 'train', lang)}: token ids outside the vocabulary "
+                           f"(0 to {size - 1:,}, prepare.json); re-run nmt prepare-bpe")
+
+
 def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100, iterations: int = 5,
                     max_sentences: int = 1_000_000) -> Shortlist:
     """IBM Model 1 p(t|s) on the `train` split of a `nmt prepare-bpe` directory -> Shortlist.
@@ -146,9 +177,10 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
     """
     check_bounds(ShortlistOptions, flag, top=top, frequent=frequent, iterations=iterations, max_sentences=max_sentences)
     meta = read_meta(data_dir)
-    top, frequent = min(top, int(meta["vocab_size"])), min(frequent, int(meta["vocab_size"]))  # more is all
+    V, Vs = _vocab_sizes(meta, Path(data_dir) / META_FILE)
+    top, frequent = min(top, V), min(frequent, V)  # more is all
     data = ParallelData.load(data_dir, "train")
-    V, Vs = int(meta["vocab_size"]), meta.get("source_vocab_size") or int(meta["vocab_size"])
+    _check_tokens(data_dir, data, V, Vs)
     ids = np.unique(np.linspace(0, len(data) - 1, min(len(data), max_sentences)).round().astype(np.int64))
     ids = ids[(data.src_sizes[ids] > 0) & (data.tgt_sizes[ids] > 0)]
     if not len(ids):
@@ -200,9 +232,12 @@ def save_shortlist(shortlist: Shortlist, path: str | Path) -> None:
 
 
 def load_shortlist(path: str | Path, tokenizer: Tokenizer) -> Shortlist:
-    """Read a file written by `nmt shortlist` and check it belongs to the model's vocabulary."""
+    """Read a file written by `nmt shortlist` and check it belongs to the model's vocabulary:
+    anything else (another torch file, a hand-made one with a key missing, a table of another
+    shape or with ids outside the vocabulary) is an NmtError naming the file."""
     vocab_size, spm_sha256 = tokenizer.vocab_size, tokenizer.sha256
     path = Path(path)
+    expected = "a shortlist is the file `nmt shortlist DATA_DIR -o FILE` writes"
     try:
         with open_for_reading(path, "the shortlist", None) as f:
             obj = torch.load(f, map_location="cpu", weights_only=True)
@@ -210,19 +245,41 @@ def load_shortlist(path: str | Path, tokenizer: Tokenizer) -> Shortlist:
         raise NmtError(f"{path}: shortlist file not found") from None
     except NmtError:
         raise
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
-        raise NmtError(f"{path}: not a shortlist written by `nmt shortlist` ({type(e).__name__})") from None
+    except Exception:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise NmtError(f"{path}: not a shortlist ({expected}; this is not a torch file of tensors)") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise NmtError(f"{path}: not a shortlist written by `nmt shortlist`")
+        what = "a checkpoint" if isinstance(obj, dict) and "model" in obj else "another torch file"
+        raise NmtError(f"{path}: not a shortlist ({expected}; this is {what})")
     if obj.get("format_version") != FORMAT_VERSION:
         raise NmtError(f"{path}: shortlist format version {obj.get('format_version')}, this nmt reads {FORMAT_VERSION}")
+    missing = next((key for key in ("vocab_size", "spm_sha256", "candidates", "frequent") if key not in obj), None)
+    if missing is not None:
+        raise NmtError(f"{path}: not a shortlist (no {missing}); run nmt shortlist again")
     if obj["vocab_size"] != vocab_size or obj["spm_sha256"] != spm_sha256:
         raise NmtError(f"{path}: made for another vocabulary than the checkpoint's "
                        "(different sentencepiece model); run nmt shortlist on the model's data directory")
+    candidates = _ids(obj, "candidates", tokenizer.source_vocab_size or vocab_size, -1, vocab_size, path)
+    frequent = _ids(obj, "frequent", None, 0, vocab_size, path)
     copies = None
     if tokenizer.source_vocab_size is not None:  # separate: each source token's piece as a target id
         source, target = tokenizer.vocabularies()
         ids = {p: i for i, p in enumerate(target)}
         copies = torch.tensor([ids.get(p, -1) for p in source])
-    return Shortlist(obj["candidates"].long(), obj["frequent"].long(), vocab_size, spm_sha256,
-                     obj.get("source_lang", ""), obj.get("target_lang", ""), copies)
+    return Shortlist(candidates, frequent, vocab_size, spm_sha256, obj.get("source_lang", ""),
+                     obj.get("target_lang", ""), copies)
+
+
+def _ids(obj: dict, key: str, rows: int | None, lowest: int, vocab_size: int, path: Path) -> Tensor:
+    """A shortlist's table `obj[key]` as a long tensor, checked: integers, `rows` rows of ids
+    (None: one row), each from `lowest` (-1: none) to the vocabulary's last id; else an NmtError
+    naming the file (a hand-made table failed in the search with an IndexError)."""
+    table = obj[key]
+    shape = "one row" if rows is None else f"{rows} rows"
+    if not isinstance(table, Tensor) or table.dtype not in (torch.int16, torch.int32, torch.int64, torch.uint8) \
+            or table.dim() != (1 if rows is None else 2) or rows not in (None, len(table)):
+        raise NmtError(f"{path}: not a shortlist ({key} is not an integer table of {shape}); run nmt shortlist again")
+    table = table.long()
+    if table.numel() and not (lowest <= int(table.min()) and int(table.max()) < vocab_size):
+        raise NmtError(f"{path}: {key} holds token ids outside the vocabulary ({lowest} to {vocab_size - 1}); "
+                       "run nmt shortlist again")
+    return table
