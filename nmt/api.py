@@ -256,7 +256,8 @@ class Translator:
                         attention: bool = False, target_lang: str | None = None,
                         constraints: Sequence[Sequence[str]] | None = None,
                         avoid: Sequence[Sequence[str]] | None = None, prefix: Sequence[str] | None = None,
-                        ordered: bool | Sequence[bool] = False) -> list[list[Translation]]:
+                        ordered: bool | Sequence[bool] = False,
+                        abandoned: Callable[[int], bool] | None = None) -> list[list[Translation]]:
         """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
         [] for an empty or blank text. `where(i)` names input i in warnings (default
         "texts[i]"; the command passes FILE:LINE). With sampling, text i is input sentence
@@ -274,7 +275,10 @@ class Translator:
         the length limit are an NmtError naming the text; a translation whose constraints do
         not fit ends with them unmet, with a warning naming the text and why. With the
         translator's `terminology`, the target terms of each text's source terms are added to
-        its constraints."""
+        its constraints.
+
+        `abandoned(i)`: whether nobody waits for text i any more (nmt serve: a 504, a client
+        gone), asked before each decoding step; its translation then ends there, cut short."""
         name = "translate_nbest"
         lang = self.loaded.tokenizer.language_token(target_lang, f"{name}: target_lang")
         nbest, first_index = _arg(nbest, int, "nbest", name), _arg(first_index, int, "first_index", name)
@@ -283,14 +287,16 @@ class Translator:
             raise NmtError(f"{name}: first_index must be 0 or more, got {first_index}")
         if not (where is None or callable(where)):
             raise NmtError(f"{name}: where= must be a function of a text's index, or None")
+        if not (abandoned is None or callable(abandoned)):
+            raise NmtError(f"{name}: abandoned= must be a function of a text's index, or None")
         texts = _texts(texts, "texts", name, kinds=_TO_TRANSLATE)
         requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, name)
         return self._nbest(requests, nbest, where=where, first_index=first_index,
-                           alignment=alignment, attention=attention, lang=lang)
+                           alignment=alignment, attention=attention, lang=lang, abandoned=abandoned)
 
     def _nbest(self, requests: list[Request], nbest: int = 1, *, where: Callable[[int], str] | None = None,
                first_index: int = 0, alignment: bool = False, attention: bool = False,
-               lang: str | None = None) -> list[list[Translation]]:
+               lang: str | None = None, abandoned: Callable[[int], bool] | None = None) -> list[list[Translation]]:
         """`translate_nbest` of arguments already checked: the texts and what is asked of their
         translations (`requests`); `lang` a checked >>xxx<< token."""
         check_nbest(nbest, self.decode, "nbest")
@@ -305,7 +311,7 @@ class Translator:
                                      nbest=nbest, device=self.device,
                                      precision=self.precision, max_positions=self.loaded.max_positions,
                                      workers=self.workers, shortlist=self.shortlist, first_index=first_index,
-                                     constraints=cons)
+                                     constraints=cons, model_name=self.loaded.name, abandoned=abandoned)
         out = self.translations(seqs, hyps, alignment, attention)
         if cons is not None:
             self.lexical.report(requests, cons, hyps, [[t.text for t in ts] for ts in out], self.decode, where,
@@ -389,7 +395,7 @@ class Translator:
         todo = [i for i, s in enumerate(srcs) if s]
         lprobs = score_token_lists(self.loaded.model, [srcs[i] for i in todo], [tgts[i] for i in todo],
                                    self.decode, specials=self.loaded.tokenizer.specials, device=self.device,
-                                   precision=self.precision)
+                                   precision=self.precision, model_name=self.loaded.name)
         scores = [0.0 if not t else -math.inf for t in tgts]  # empty sources
         for i, lp in zip(todo, lprobs, strict=True):
             scores[i] = sum(lp)

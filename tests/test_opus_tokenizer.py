@@ -344,8 +344,15 @@ def test_translate_answers_every_line(imported: ModelCheckpoint, tmp_path: Path)
 
 
 @pytest.mark.usefixtures("isolated")
-@pytest.mark.parametrize("value", ["four", 0, True])
-def test_a_bad_num_beams_is_one_line(hf_folder: Path, tmp_path: Path, capsys, value) -> None:
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("four", "num_beams is 'four', not an integer"),
+        (0, "num_beams must be at least 1, got 0"),
+        (True, "num_beams is True, not an integer"),
+    ],
+)
+def test_a_bad_num_beams_is_one_line(hf_folder: Path, tmp_path: Path, capsys, value, reason) -> None:
     """generation_config.json's num_beams is the checkpoint's beam (checked above); a value that
     is not a positive integer is an error naming the file and the key, not a traceback."""
     folder = tmp_path / "folder"
@@ -356,7 +363,7 @@ def test_a_bad_num_beams_is_one_line(hf_folder: Path, tmp_path: Path, capsys, va
     (folder / "generation_config.json").write_text(json.dumps({"num_beams": value}), encoding="utf-8")
     assert nmt_here("import", str(folder), "-o", str(tmp_path / "out.pt")) == 1
     err = capsys.readouterr().err.strip()
-    assert err == f"nmt: error: {folder / 'generation_config.json'}: num_beams {value!r} is not a positive integer"
+    assert err == f"nmt: error: {folder / 'generation_config.json'}: {reason}"
     assert not (tmp_path / "out.pt").exists()
 
 

@@ -59,6 +59,14 @@ EXPORTED_FIELDS = frozenset({"encoder_layers", "decoder_layers", "d_model", "ffn
                              "arch", "cell", "attention", "rnn_hidden", "rnn_layers"})
 # an existing OUT_DIR is replaced (--force) only if it looks like an export of the format
 MARKERS = {"ctranslate2": ("config.json", "model.bin"), "hf": ("config.json", "model.safetensors")}
+# every name an export writes, in either vocabulary layout (one joint, or a source's and a target's)
+WRITES = {
+    "ctranslate2": frozenset({*MARKERS["ctranslate2"], "shared_vocabulary.json",
+                              "source_vocabulary.json", "target_vocabulary.json", "spm.model",
+                              "source.spm", "target.spm"}),
+    "hf": frozenset({*MARKERS["hf"], "generation_config.json", "tokenizer_config.json",
+                     "vocab.json", "target_vocab.json", "source.spm", "target.spm"}),
+}
 
 
 def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2",
@@ -83,8 +91,9 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
     _check_exportable(cfg, str(checkpoint), *(("a MarianMT", HF_ONLY) if format == "hf" else ("a CTranslate2", {})))
     model = Transformer(cfg, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
     ckpt.load_into(model)
+    own = _holds_others(out, format)
     if format == "hf":
-        with replacing_directory(out, "the export", "OUT_DIR", own=True) as work:
+        with replacing_directory(out, "the export", "OUT_DIR", own=own) as work:
             write_hf_folder(ckpt, model.eval(), work)
         log.info("wrote %s (a Hugging Face MarianMT folder, vocabulary %d)", out, tokenizer.vocab_size)
         return out
@@ -94,7 +103,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
         def _load(self) -> Any:
             return spec
 
-    with replacing_directory(out, "the export", "OUT_DIR", own=True) as work:
+    with replacing_directory(out, "the export", "OUT_DIR", own=own) as work:
         _Converter().convert(str(work), quantization=quantization, force=True)
         for name, data in tokenizer.files().items():  # spm.model, or an imported model's source/target.spm
             (work / name).write_bytes(data)
@@ -122,6 +131,13 @@ def _destination(checkpoint: Path, out_dir: Path, force: bool, format: str) -> P
     check_replaceable(out, force, MARKERS[format], "a CTranslate2 model" if format == "ctranslate2" else "a MarianMT folder",
                       "OUT_DIR")
     return out
+
+
+def _holds_others(out: Path, format: str) -> bool:
+    """Whether `out` holds a name no export of `format` writes (a clone's .git, a README), which
+    replacing it must refuse to remove; what an earlier export wrote, in the other vocabulary
+    layout too, is replaced with it."""
+    return out.is_dir() and not {p.name for p in out.iterdir()} <= WRITES[format]
 
 
 def _check_exportable(cfg: ModelConfig, where: str, model: str, only: dict[str, Any]) -> None:

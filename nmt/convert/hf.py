@@ -6,7 +6,10 @@ The mapping, as transformers computes the model: post-norm layers, embeddings sc
 sqrt(d_model), the sinusoid table of `MarianSinusoidalPositionalEmbedding` (`positions:
 hf_marian`), decoding starts from the embedding of `decoder_start_token_id` (the pad row),
 logits plus `final_logits_bias`; the pad row is part of the vocabulary, as it is there. Where
-each weight goes is the weight table's `HF_MARIAN` layout (`nmt.convert.table`). An export is
+each weight goes is the weight table's `HF_MARIAN` layout (`nmt.convert.table`); what transformers
+would read in place of what nmt computes or reads (a stored position table that is not the
+sinusoids, tied copies that differ) is refused. The decode settings of generation_config.json and
+the languages of tokenizer_config.json come with the model. An export is
 refused, naming the setting, where MarianMT would compute another model (`HF_ONLY`); it writes
 what transformers would otherwise default wrongly (the tying flags, the decoder start, the
 pieces never generated, the maximum length, the beam and its length penalty).
@@ -25,9 +28,20 @@ import torch
 
 from nmt.checkpoint import ModelCheckpoint
 from nmt.config import ModelConfig
-from nmt.convert.reading import Imported, Keys, Reader, check_config, pieces_in_id_order, shown
+from nmt.convert.reading import (
+    LANGUAGE_CODE,
+    Imported,
+    Keys,
+    Reader,
+    Weights,
+    check_config,
+    decode_settings,
+    pieces_in_id_order,
+    shown,
+)
 from nmt.convert.table import HF_MARIAN, read, write
 from nmt.errors import NmtError
+from nmt.models.layers import sinusoids
 from nmt.tokenizer import SpecialIds, VocabTokenizer
 
 log = logging.getLogger(__name__)
@@ -42,6 +56,11 @@ _KEYS = {"encoder_layers": "encoder_layers", "decoder_layers": "decoder_layers",
          "ffn_dim": "encoder_ffn_dim", "heads": "encoder_attention_heads", "dropout": "dropout",
          "attention_dropout": "attention_dropout", "activation_dropout": "activation_dropout",
          "max_positions": "max_position_embeddings"}
+POSITIONS_TOLERANCE = 1e-4  # rounding of transformers' table (computed in float64 or float32)
+# generation_config.json's keys (else config.json's) -> nmt's decode settings; max_length is mapped
+# to max_len_b by `_hf_decode`
+GENERATION = {"num_beams": "beam", "length_penalty": "lenpen", "min_new_tokens": "min_len",
+              "no_repeat_ngram_size": "no_repeat_ngram_size", "max_length": "max_len_b"}
 
 
 def read_hf_folder(folder: Path) -> Imported:
@@ -71,35 +90,67 @@ def read_hf_folder(folder: Path) -> Imported:
         tie_output=cfg.flag("tie_word_embeddings", True), output_bias=True, activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
         norm_eps=1e-5, positions="hf_marian", decoder_start="bos", max_positions=cfg.int("max_position_embeddings", 512))
     check_config(model, cfg.where, _KEYS)
-    tok = _hf_tokenizer(reader, folder, sizes, share, SpecialIds(pad, 0, cfg.int("decoder_start_token_id", pad), eos))
-    beam = _hf_beam(reader, folder, cfg)  # checked before the weights are read
+    tok_cfg = _optional_json(reader, folder / "tokenizer_config.json")
+    tok = _hf_tokenizer(reader, folder, tok_cfg, sizes, share,
+                        SpecialIds(pad, 0, cfg.int("decoder_start_token_id", pad), eos))
+    # checked before the weights are read
+    decode = _hf_decode(reader, folder, cfg, tok.vocab_size, model.max_positions)
     model, weights = _map_hf(reader, folder, model, tok)
-    return Imported(model, weights, tok, beam, str(folder), reader.files)
+    return Imported(model, weights, tok, decode, str(folder), reader.files, _hf_languages(tok_cfg))
 
 
-def _hf_beam(reader: Reader, folder: Path, cfg: Keys) -> dict[str, Any]:
-    """The decode settings of generation_config.json, which transformers' generate() prefers and
-    where recent transformers versions write them (5.x keeps them nowhere else), else of
-    config.json: num_beams -> beam, length_penalty -> lenpen (score / len^alpha, len counting
-    </s>: nmt's `length` style)."""
-    path = folder / "generation_config.json"
-    generation = reader.json(path) if os.path.lexists(path) else Keys({}, str(path))
-    if generation.raw.get("num_beams") is None:
-        generation = cfg
-    beams = generation.raw.get("num_beams")
-    if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
-        raise NmtError(f"{generation.where}: num_beams {shown(beams)} is not a positive integer")
-    penalty = generation.number("length_penalty", 1.0)
-    if not 0 <= penalty <= 10:
-        raise NmtError(f"{generation.where}: length_penalty {penalty!r} is not a number between 0 and 10")
-    return {"lenpen_style": "length", **({} if beams is None else {"beam": beams}), "lenpen": penalty}
+def _optional_json(reader: Reader, path: Path) -> Keys:
+    """A JSON file the folder may lack (then an empty mapping)."""
+    return reader.json(path) if os.path.lexists(path) else Keys({}, str(path))
 
 
-def _hf_tokenizer(reader: Reader, folder: Path, sizes: tuple[int, int], share: bool, ids: SpecialIds) -> VocabTokenizer:
+def _hf_decode(reader: Reader, folder: Path, cfg: Keys, vocab_size: int,
+               positions: int) -> dict[str, Any]:
+    """The decode settings (`GENERATION`) of generation_config.json, which transformers' generate()
+    prefers and where recent transformers versions write them (5.x keeps them nowhere else), else
+    of config.json, checked as any config's decode section is (`decode_settings`). length_penalty
+    is lenpen of nmt's `length` style (score / len^alpha, len counting </s>). max_length counts
+    generate()'s decoder start: below the model's positions (which bound nmt's outputs anyway)
+    its max_length - 1 tokens are nmt's length limit, whatever the source's length."""
+    generation = _optional_json(reader, folder / "generation_config.json")
+    settings: dict[str, Any] = {"lenpen_style": "length", "lenpen": 1.0}  # generate()'s default
+    names: dict[str, str] = {}
+    for key, ours in GENERATION.items():
+        keys = generation if generation.raw.get(key) is not None else cfg
+        if keys.raw.get(key) is None:
+            continue
+        settings[ours] = keys.number(key, 1.0) if key == "length_penalty" else keys.int(key)
+        names[ours] = f"{keys.where}: {key}"
+    if not 0 <= settings["lenpen"] <= 10:
+        raise NmtError(f"{names['lenpen']} {settings['lenpen']!r} is not a number between 0 and 10")
+    length = settings.pop("max_len_b", positions)
+    if length < 2:
+        raise NmtError(f"{names['max_len_b']} {length} leaves no token to generate (it counts the "
+                       "decoder start)")
+    if length < positions:
+        settings.update(max_len_a=0.0, max_len_b=length - 1)
+    return decode_settings(settings, names, vocab_size)
+
+
+def _hf_languages(tok_cfg: Keys) -> dict[str, str]:
+    """tokenizer_config.json's source_lang and target_lang, as data.source_lang / target_lang
+    (what `nmt serve` and the export name); one that is not a language code is left out, with a
+    warning."""
+    languages = {}
+    for key in ("source_lang", "target_lang"):
+        value = tok_cfg.raw.get(key)
+        if isinstance(value, str) and LANGUAGE_CODE.fullmatch(value):
+            languages[key] = value
+        elif value is not None:
+            log.warning("%s: %s %s is not a language code; the checkpoint does not name it",
+                        tok_cfg.where, key, shown(value))
+    return languages
+
+
+def _hf_tokenizer(reader: Reader, folder: Path, tok_cfg: Keys, sizes: tuple[int, int], share: bool,
+                  ids: SpecialIds) -> VocabTokenizer:
     """vocab.json, and with separate_vocabs the target's target_vocab.json (`sizes`: config.json's
-    vocab_size and decoder_vocab_size); the unk id is theirs."""
-    path = folder / "tokenizer_config.json"
-    tok_cfg = reader.json(path) if os.path.lexists(path) else Keys({}, str(path))
+    vocab_size and decoder_vocab_size; `tok_cfg`: tokenizer_config.json); the unk id is theirs."""
     separate = tok_cfg.flag("separate_vocabs", False)
     tok_cfg.need(not (separate and share), "separate_vocabs is true, but config.json shares the embeddings "
                  "(share_encoder_decoder_embeddings)")
@@ -138,11 +189,46 @@ def _map_hf(reader: Reader, folder: Path, cfg: ModelConfig, tok: VocabTokenizer)
     w = reader.weights(folder / names[0], prefix="model.")
     w.hint = f" (d_model {cfg.d_model}, encoder_ffn_dim {cfg.ffn_dim}, vocab_size {tok.source_vocab_size or tok.vocab_size})"
     weights = read(HF_MARIAN, w, cfg, tok.vocab_size, f"that {folder / 'config.json'} describes", tok.source_vocab_size)
+    _check_position_tables(w, cfg)
+    _check_tied_copies(w, cfg, weights)
     # transformers 5 ties the encoder's and decoder's tables to `shared` only while tie_word_embeddings
     # is true: a folder it wrote with share_encoder_decoder_embeddings true and tie_word_embeddings false
     # holds three different tables, and the model reads two of them
     share = cfg.share_embeddings and torch.equal(weights["src_embed.tokens.weight"], weights["tgt_embed.tokens.weight"])
     return dataclasses.replace(cfg, share_embeddings=share), weights
+
+
+def _check_position_tables(w: Weights, cfg: ModelConfig) -> None:
+    """A stored `embed_positions.weight` (older uploads' `.bin` hold them) is what transformers
+    runs, in place of the table it would compute: nmt computes its table (`positions:
+    hf_marian`), so a stored one must be that table."""
+    table = sinusoids(cfg.max_positions, cfg.d_model, "hf_marian")
+    for name in ("encoder.embed_positions.weight", "decoder.embed_positions.weight"):
+        if not w.has(name):
+            continue
+        error = float((w.take(name, *table.shape) - table).abs().max())
+        if error > POSITIONS_TOLERANCE:
+            raise NmtError(f"{w.path}: weight {w.keys[name]} is not MarianMT's sinusoid table "
+                           f"(it differs by up to {error:.3g}), which nmt computes; nmt import "
+                           "refuses a model it would run otherwise")
+
+
+def _check_tied_copies(w: Weights, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    """With tie_word_embeddings, transformers ties `lm_head` to the target's table, and with
+    share_encoder_decoder_embeddings too both sides' tables to `shared`: every copy a file holds
+    must be equal, or which one the model reads is not for nmt to guess (a `.bin` keeps them
+    all)."""
+    if not cfg.tie_output:
+        return
+    table = weights["tgt_embed.tokens.weight"]
+    copies = ["lm_head.weight"]
+    if cfg.share_embeddings:
+        copies += ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
+    for name in copies:
+        if w.has(name) and not torch.equal(w.take(name, *table.shape), table):
+            raise NmtError(f"{w.path}: weight {w.keys[name]} differs from its tied copies "
+                           "(tie_word_embeddings: transformers reads one of them); nmt import "
+                           "refuses a model it might run otherwise")
 
 
 def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path) -> None:
@@ -177,7 +263,12 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     # forced_eos_token_id, which would give </s> log-prob 0 at the length limit
     never = sorted({ids.pad, ids.bos} | (set() if decode.allow_unk else {ids.unk}))
     exact = decode.lenpen_style == "none" or decode.lenpen <= 0
-    generation = {"num_beams": decode.beam, "early_stopping": not exact, "max_length": cfg.max_positions,
+    # generate()'s max_length counts the decoder start: nmt's fixed limit of max_len_b tokens
+    # (max_len_a 0) is max_len_b + 1, the model's positions bound both (`_hf_decode` reads it back)
+    length = cfg.max_positions
+    if decode.max_len_a == 0:
+        length = min(length, decode.max_len_b + 1)
+    generation = {"num_beams": decode.beam, "early_stopping": not exact, "max_length": length,
                   "min_new_tokens": decode.min_len, "no_repeat_ngram_size": decode.no_repeat_ngram_size,
                   "suppress_tokens": never, "length_penalty": 0.0 if exact else decode.lenpen,
                   "pad_token_id": ids.pad, "eos_token_id": ids.eos, "decoder_start_token_id": ids.bos}

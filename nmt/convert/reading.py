@@ -11,8 +11,11 @@
   never decompressed. Nothing runs code from a file: `.bin` loads with
   `torch.load(weights_only=True)`, `.npz` members are parsed without pickles, safetensors is
   read by its library.
-- An imported config passes `nmt.config.validate`, as any nmt config does; where each weight
-  goes is `nmt.convert.table`'s.
+- An imported config passes `nmt.config.validate`, as any nmt config does, and its decode
+  settings `nmt.config.check_decode` (`decode_settings`); where each weight goes is
+  `nmt.convert.table`'s. The model read must compute finite log-probabilities of a probe
+  sentence (`check_computes`): finite weights may still overflow float32.
+- A weights file past the address-space limit is one line (safetensors maps it whole).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -32,13 +36,20 @@ import yaml
 from safetensors import SafetensorError, safe_open
 
 from nmt.atomic import READ_LIMIT, open_for_reading, os_errors_as
-from nmt.config import Config, ModelConfig, validate
+from nmt.config import Config, DecodeConfig, ModelConfig, check_decode, validate
 from nmt.errors import NmtError
+from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
 
 MAX_POSITIONS = 1 << 16  # Marian and OPUS-MT use 512 to 1024; a longer table is a broken config, not a model
 _FLOATS = {"F16", "BF16", "F32", "F64"}  # safetensors' names of the floating-point types
 _NPY_HEADER = 1 << 16  # more than numpy writes before a .npy member's data
+# a language of data.source_lang / target_lang: en, deu, zh_Hant, pt-BR
+LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}([_-][A-Za-z0-9]{2,8})*")
+TOO_LARGE = "too large for this process's memory (its address-space limit, ulimit -v)"
+# a sentence the model translates once at import: weights that overflow float32 (1e30 in a
+# layer, a LayerNorm scale of 3e38 from a flipped exponent bit) make its log-probabilities NaN
+PROBE = "A dog runs through the snow, 3 children watch it."
 
 
 @dataclasses.dataclass
@@ -52,6 +63,8 @@ class Imported:
     decode: dict[str, Any]
     source: str  # what it was read from, for the checkpoint's record
     files: list[Path]  # every file read: no output of the import may be one of them
+    # the data.source_lang / target_lang it names
+    languages: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def one_line(e: BaseException) -> str:
@@ -173,9 +186,44 @@ def check_config(cfg: ModelConfig, where: str, keys: dict[str, str]) -> None:
     """The imported model config under nmt's own validation; `keys` maps nmt's model keys to the
     source's, so that a refusal names the file, the source's key and nmt's."""
     validate(Config(model=cfg), {"_file": where, **{f"model.{k}": f"{where} ({v})" for k, v in keys.items()}})
+    key = keys.get("max_positions", "max_positions")
     if cfg.max_positions > MAX_POSITIONS:
-        raise NmtError(f"{where} ({keys.get('max_positions', 'max_positions')}): {cfg.max_positions} positions, "
-                       f"more than nmt imports ({MAX_POSITIONS:,})")
+        raise NmtError(f"{where} ({key}): {cfg.max_positions} positions, more than nmt imports "
+                       f"({MAX_POSITIONS:,})")
+    if cfg.max_positions < 2:  # a source token and </s>; a first target token after the start
+        raise NmtError(f"{where} ({key}): {cfg.max_positions} position, too few to translate "
+                       "anything (at least 2)")
+
+
+def decode_settings(settings: dict[str, Any], names: dict[str, str],
+                    vocab_size: int) -> dict[str, Any]:
+    """`settings` (DecodeConfig keys read from the model's files), checked as training checks a
+    config's decode section (`nmt.config.check_decode`, the beam below the vocabulary too): a
+    value nothing can decode with is refused naming its file and key (`names`: nmt's key ->
+    "file: key")."""
+    decode = dataclasses.replace(DecodeConfig(), **settings)
+    check_decode(decode, lambda key: names.get(key, f"decode.{key}"), vocab_size)
+    return settings
+
+
+def check_computes(imported: Imported) -> None:
+    """Refuse a model whose log-probabilities of `PROBE` (its translation forced, step by step
+    as the search decodes) are not all finite, naming its source: every weight finite, yet
+    their products overflow float32, and each translation would come out empty."""
+    tok, cfg = imported.tokenizer, imported.model
+    model = Transformer(cfg, tok.vocab_size, tok.specials.pad, tok.source_vocab_size).eval()
+    model.load_state_dict(imported.weights)
+    limit = cfg.max_positions - 1
+    src = torch.tensor([[*tok.encode(PROBE)[: limit - 1], tok.specials.eos]])  # (1, S)
+    feed = [tok.specials.bos, *tok.encode_target(PROBE)[: limit - 1]]
+    with torch.inference_mode():
+        state = model.encode(src)
+        for token in feed:
+            lprobs, state = model.decode_step(torch.tensor([token]), state)  # (1, V)
+            if not lprobs.isfinite().all():
+                raise NmtError(f"{imported.source}: the model computes NaN or infinite "
+                               "log-probabilities (on a probe sentence): its weights overflow "
+                               "float32; nmt import refuses it")
 
 
 # ---------------------------------------------------------------- weights
@@ -261,8 +309,10 @@ class _StateDict(Weights):
 class _Safetensors(Weights):
     def __init__(self, path: Path):
         try:
-            self.file = safe_open(str(path), framework="pt")
+            self.file = safe_open(str(path), framework="pt")  # maps the whole file into memory
             names = list(self.file.keys())
+        except MemoryError as e:  # a file past the address-space limit (ulimit -v)
+            raise NmtError(f"{path}: {TOO_LARGE} ({one_line(e)})") from None
         except (SafetensorError, OSError) as e:
             raise NmtError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
         super().__init__(path, names)
@@ -274,6 +324,8 @@ class _Safetensors(Weights):
     def _read(self, name: str, want: tuple[int, ...]) -> torch.Tensor:
         try:
             return self.file.get_tensor(name)
+        except MemoryError as e:
+            raise NmtError(f"{self.path}: weight {name}: {TOO_LARGE} ({one_line(e)})") from None
         except (SafetensorError, OSError) as e:
             raise NmtError(f"{self.path}: weight {name} cannot be read ({one_line(e)})") from None
 
@@ -315,6 +367,8 @@ class Npz(Weights):
                                    "it may hold")
                 size = math.prod(shape) * dtype.itemsize
                 raw = f.read(size)
+        except MemoryError as e:
+            raise NmtError(f"{self.path}: {name}: {TOO_LARGE} ({one_line(e)})") from None
         except (ValueError, OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile) as e:
             raise NmtError(f"{self.path}: {name} is not a readable array ({one_line(e)})") from None
         if len(raw) < size:

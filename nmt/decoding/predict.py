@@ -24,7 +24,7 @@ from nmt.config import Config, DecodeConfig, check_decode, check_nbest
 from nmt.data import pad_rows
 from nmt.decoding.constraints import Constraints
 from nmt.decoding.sampling import sampler
-from nmt.decoding.search import Hypothesis, beam_search, token_search
+from nmt.decoding.search import NAN_LOGPROBS, Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
 from nmt.device import PRECISIONS, autocast, configure_device
 from nmt.errors import NmtError
@@ -99,6 +99,7 @@ class Loaded:
     tokenizer: Tokenizer
     config: Config
     max_positions: int
+    name: str = "the model"  # its checkpoints, for messages
 
 
 def resolve_checkpoints(paths: list[str]) -> list[Path]:
@@ -155,7 +156,17 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
         del ckpt
     assert tokenizer is not None and first_cfg is not None
     max_pos = min(m.cfg.max_positions for m in models)
-    return Loaded(models[0] if len(models) == 1 else Ensemble(models), tokenizer, first_cfg, max_pos)
+    name = ", ".join(map(str, paths))
+    model = models[0] if len(models) == 1 else Ensemble(models)
+    return Loaded(model, tokenizer, first_cfg, max_pos, name)
+
+
+def nan_error(name: str, precision: str) -> NmtError:
+    """The error of a model (`name`: its checkpoints) that computed NaN log-probabilities at
+    `precision`, where its translations would otherwise come out empty, with no score."""
+    hint = "" if precision == "fp32" else f" at precision {precision} (try fp32)"
+    return NmtError(f"{name}: {NAN_LOGPROBS}{hint}; its weights overflow float32 or are damaged, "
+                    "it cannot translate")
 
 
 # ------------------------------------------------------------------ the prediction path
@@ -211,6 +222,8 @@ def translate_token_lists(
     shortlist: Shortlist | None = None,
     first_index: int = 0,
     constraints: Sequence[Constraints | None] | None = None,
+    model_name: str = "the model",
+    abandoned: Callable[[int], bool] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam-search every token sequence (without eos); results in input order. `specials` are
     the special ids of the model's vocabulary (`Tokenizer.specials`). With `cfg.sampling`, one
@@ -235,6 +248,11 @@ def translate_token_lists(
 
     `constraints[i]` (beam search only): the lexical constraints of sequence i
     (nmt.decoding.constraints), or None; their tokens join the sentence's shortlist.
+
+    A model that computes NaN is an NmtError naming `model_name` (`nan_error`).
+
+    `abandoned(i)`: whether nobody waits for sequence i any more (nmt serve); asked before each
+    step of its search, which then ends it as at its length limit (`beam_search`'s `gone`).
     """
     if constraints is not None and any(c is not None for c in constraints):
         need_beam_search(cfg, "translate_token_lists: constraints")
@@ -249,6 +267,7 @@ def translate_token_lists(
         src = pad_rows([[*seqs[i], specials.eos] for i in ids], specials.pad)  # (B, S)
         search_model, vocab, ids_out = model, None, asdict(specials)
         cons = None if constraints is None else [constraints[i] for i in ids]
+        gone = None if abandoned is None else lambda row: abandoned(ids[row])
         if shortlist is not None:  # the search numbers outputs by columns of the batch's vocabulary
             vocab, allowed = shortlist.batch_vocab(src, specials, [_asked(c) for c in cons or []])
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
@@ -259,16 +278,19 @@ def translate_token_lists(
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])
                 hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, **ids_out,
-                                                  max_len=max_positions, source_pad=specials.pad)]
+                                                  max_len=max_positions, source_pad=specials.pad, gone=gone)]
             else:
                 hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, **ids_out,
-                                   max_len=max_positions, source_pad=specials.pad, constraints=cons)
+                                   max_len=max_positions, source_pad=specials.pad, constraints=cons, gone=gone)
         for i, h in zip(ids, hyps):
             if vocab is not None:  # token columns -> token ids
                 h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]
             results[i] = h
 
-    _run_batches(run, batches, min(decode_workers(workers, device), len(batches)))
+    try:
+        _run_batches(run, batches, min(decode_workers(workers, device), len(batches)))
+    except FloatingPointError:  # the search's NAN_LOGPROBS
+        raise nan_error(model_name, precision) from None
     return results
 
 
@@ -298,6 +320,7 @@ def score_token_lists(
     specials: SpecialIds,
     device: torch.device | str = "cpu",
     precision: str = "fp32",
+    model_name: str = "the model",
 ) -> list[list[float]]:
     """Forced decoding: for each non-empty source (without eos, at most max_positions - 1
     tokens) the log-probability of each token of its target followed by eos (len + 1 values);
@@ -305,7 +328,8 @@ def score_token_lists(
 
     The targets are fed through the same `encode` / `decode_step` protocol as the search, so
     a hypothesis scores the log-probs the search found for it (up to batch-shape rounding),
-    for ensembles and int8 too. Batched by source length like `translate_token_lists`.
+    for ensembles and int8 too. Batched by source length like `translate_token_lists`. A model
+    that computes NaN is an NmtError naming `model_name` (`nan_error`).
     """
     device = torch.device(device)
     results: list[list[float]] = [[] for _ in sources]
@@ -323,6 +347,8 @@ def score_token_lists(
                 lprobs, state = model.decode_step(last, state)  # (B, V)
                 out[:, t] = lprobs.float().gather(1, feed[:, t : t + 1]).squeeze(1).cpu()
                 last = feed[:, t]
+        if out.isnan().any():
+            raise nan_error(model_name, precision)
         for row, i in enumerate(ids):
             results[i] = out[row, : len(gold[row])].tolist()
     return results

@@ -44,6 +44,10 @@ from nmt.decoding.constraints import Constraints, ConstraintTracker
 if TYPE_CHECKING:
     from nmt.config import DecodeConfig
 
+# what a search raises (as a FloatingPointError) where the model computes NaN: weights that
+# overflow the precision decoded in; a hypothesis would otherwise never end, and vanish
+NAN_LOGPROBS = "the model computes NaN log-probabilities"
+
 
 class SearchModel(Protocol):
     def encode(self, src: Tensor) -> Any: ...
@@ -88,8 +92,9 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | 
     EOS included); capped at max_len - 1 so that BOS + output fit in `max_len` positions.
     """
     src_len = (src != pad).sum(1).cpu().double()
-    # in doubles, capped below int64's limit: --max-len-b 1e30 or --max-len-a 1e308 mean "no limit"
-    out = (cfg.max_len_a * src_len + float(cfg.max_len_b)).clamp(max=2.0**62).long()  # truncates like int()
+    # in doubles, capped below int64's limit: --max-len-b 1e30 or --max-len-a 1e308 mean "no limit",
+    # and so does a max_len_b of 400 digits, too large for a double (it was an OverflowError)
+    out = (cfg.max_len_a * src_len + float(min(cfg.max_len_b, 2**62))).clamp(max=2.0**62).long()  # as int()
     if max_len is not None:
         out = out.clamp(max=max_len - 1)
     return out.clamp(min=0)
@@ -133,12 +138,12 @@ tokens' log-probs (N,) and the tokens (N,): a sample, or (the tests' greedy sear
 
 def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick, *, pad: int,
                  unk: int, bos: int, eos: int, max_len: int | None = None,
-                 source_pad: int | None = None) -> list[Hypothesis]:
+                 source_pad: int | None = None, gone: Callable[[int], bool] | None = None) -> list[Hypothesis]:
     """src (B, S) -> one hypothesis per sentence, one token per step chosen by `pick` (sampling:
     `nmt.decoding.sampling.sampler`; the tests' greedy search: the first maximum) among the
     tokens the rules allow.
 
-    Same length limits and token rules as `beam_search`. Scores are those of the model's
+    Same length limits and token rules as `beam_search`, `gone` too. Scores are those of the model's
     log-probs (normalised by the length penalty of `cfg`, as beam search ranks them).
     """
     bsz, device = src.size(0), src.device
@@ -154,12 +159,19 @@ def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick,
     for step in itertools.count():
         lprobs, state = model.decode_step(last, state)
         scores = lprobs.float().contiguous()  # (N, V), ours (see above): masked in place below
+        nan = scores.isnan().any().view(1)  # read with the step's one copy to the host
+        if gone is not None:  # as at their length limit (beam_search)
+            left = torch.tensor([gone(i) for i in sent_ids.tolist()], dtype=torch.bool)  # (N,)
+            max_out = max_out.masked_fill(left, step)
         ending = max_out <= step
         at_max = ending.to(device) if ending.any() else None
         _block_(scores, step, tokens, at_max, cfg, pad, unk, bos, eos)
         best_score, best = pick(scores, sent_ids)  # (N,)
         # a row ends with EOS, or when every token is blocked (no finite continuation)
-        done = ((best == eos) | best_score.isneginf()).cpu() | ending
+        flags = torch.cat([(best == eos) | best_score.isneginf(), nan]).cpu()  # one copy
+        if flags[-1]:
+            raise FloatingPointError(NAN_LOGPROBS)
+        done = flags[:-1] | ending
         if done.any():
             ended = done.to(device)
             finals = torch.cat([pos_scores[ended], best_score[ended].unsqueeze(1)], 1).tolist()
@@ -358,6 +370,7 @@ class BeamSearch:
         books, cons, cfg, beam, width = self.books, self.cons, self.cfg, self.cfg.beam, self.width
         lprobs, state = self.model.decode_step(self.last, self.state)
         lprobs = lprobs.float().contiguous()  # (Bn*width, V), masked in place below
+        nan = lprobs.isnan().any().view(1)  # read with the step's one copy to the host
         device, vocab = lprobs.device, lprobs.size(1)
         if vocab <= beam:  # step 0 takes the beam from one row's candidates
             raise ValueError(f"the beam ({beam}) must be smaller than the vocabulary ({vocab})")
@@ -379,8 +392,11 @@ class BeamSearch:
         cons.choose(picked, order, rows, new_tok)
 
         # the step's one copy to the host: which candidates end, each sentence's best live log-prob
-        host = torch.cat([ends.view(-1).float(), scores.max(1).values.float()]).cpu()
-        ends_host, best_live = host[: ends.numel()].view_as(ends).bool(), host[ends.numel() :].double()
+        host = torch.cat([ends.view(-1).float(), scores.max(1).values.float(), nan.float()]).cpu()
+        if host[-1]:  # NaN ranks below -inf (`_rank_keys`): the candidates alone need not show it
+            raise FloatingPointError(NAN_LOGPROBS)
+        ends_host = host[: ends.numel()].view_as(ends).bool()
+        best_live = host[ends.numel() : -1].double()
         if ends_host.any():
             books.add(ends_host, cand, cons.unmet(picked), self.tokens, self.pos_scores)
         done = books.done(best_live)
@@ -404,7 +420,8 @@ class BeamSearch:
 
 def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1, pad: int, unk: int,
                 bos: int, eos: int, max_len: int | None = None, source_pad: int | None = None,
-                constraints: Sequence[Constraints | None] | None = None) -> list[list[Hypothesis]]:
+                constraints: Sequence[Constraints | None] | None = None,
+                gone: Callable[[int], bool] | None = None) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first, distinct.
     pad, unk, bos, eos: the special ids of the model's vocabulary (`nmt.tokenizer.SpecialIds`),
     as the model's outputs number them: over a shortlist, their columns; `source_pad` is then
@@ -413,16 +430,22 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     An output has at most int(max_len_a * src_len + max_len_b) tokens before its EOS (EOS
     is forced there), at most `max_len` - 1 when the model has `max_len` positions, and at
     least `cfg.min_len`. Fewer than `nbest` come back only when the token rules leave no
-    finite-probability continuation. When a sentence stops: `_Sentences.done`.
+    finite-probability continuation. When a sentence stops: `_Sentences.done`. A model that
+    computes NaN log-probabilities raises FloatingPointError (`NAN_LOGPROBS`).
 
     `constraints`: one `Constraints` (or None) per sentence of `src`, as token ids of the
     model's outputs (over a shortlist, columns): see the module docstring. Without any
     constraint (None, or every one empty) the search is exactly the plain one.
+
+    `gone(i)`: whether nobody waits for sentence i any more (nmt serve: a 504, a client gone),
+    asked before each step; such a sentence ends at that step, as at its length limit.
     """
     search = BeamSearch(model, cfg, nbest=nbest, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len,
                         source_pad=source_pad)
     search.add(src, range(src.size(0)), constraints)
     done: dict[Hashable, list[Hypothesis]] = {}
     while len(search):
+        if gone is not None:
+            search.expire([i for i in range(src.size(0)) if gone(i)])
         done.update(search.step())
     return [done[i] for i in range(src.size(0))]

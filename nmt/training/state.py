@@ -140,8 +140,11 @@ def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, f
         return
     # data.dir may move and the valid split change: the fingerprint says whether the
     # training data is still the same.
+    # A run saved before its languages were resolved from prepare.json names none: its fingerprint
+    # still holds the direction.
+    unnamed = [k for k in ("source_lang", "target_lang") if not old["data"].get(k)]
     data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}" for k, v in new["data"].items()
-                    if k not in ("dir", "valid_split") and old["data"].get(k) != v]
+                    if k not in ("dir", "valid_split", *unnamed) and old["data"].get(k) != v]
     old_fp = str(state["train_state"].get("fingerprint") or "")
     if direction := _direction_changed(old_fp, fingerprint):
         data_changed.append(direction)

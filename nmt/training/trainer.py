@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,11 @@ class Trainer:
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
         configure_device(env.device)
         self.run_dir, data = RunDir(Path(t.run_dir), tensorboard=t.tensorboard), TrainingData.load(cfg)
+        # the direction read, prepare.json's where the config names none, is saved: its
+        # checkpoints say what they translate (nmt serve's languages, ensembles', averages' checks)
+        languages = replace(cfg.data, source_lang=data.src_lang, target_lang=data.tgt_lang)
+        cfg = replace(cfg, data=languages)
+        self.cfg = cfg
         self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
         self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
         torch.manual_seed(t.seed)
