@@ -60,6 +60,20 @@ def memory_bytes(device: torch.device) -> int | None:
         return None
 
 
+def wait_passively() -> None:
+    """Have OpenMP's idle threads sleep rather than spin (OMP_WAIT_POLICY=PASSIVE) unless the
+    environment chose a policy; it takes effect only before torch loads its OpenMP runtime,
+    which reads the policy once.
+
+    For `nmt serve`, whose lone request's search runs on every thread: beside busy processes,
+    its threads spun against their load, and 1 client got 0.17-0.62 sentences/s where 8 clients
+    (a thread per search) got 19-33; waiting passively it got 8.7-11.9. On an idle machine,
+    passive waiting costs a search on several threads some speed (docs/benchmarks.md).
+    """
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def configure_device(device: torch.device) -> None:
     """Before a model trains or decodes on `device`.
 

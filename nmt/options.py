@@ -174,10 +174,22 @@ class ServeOptions:
                          "(429 on /translate) with Retry-After.", at_least=1)
     timeout: float = opt(60.0, "Seconds a request may take, queue included; then 504.", above=0)
     read_timeout: float = opt(10.0, "Seconds a client may take to send its request body; then 408.", above=0)
+    head_timeout: float = opt(10.0, "Seconds a client may take to send a request's head (request line and "
+                              "headers) from its connection or the previous answer; then 408, and the "
+                              "connection is closed.", above=0)
+    max_head_bytes: int = opt(16384, "Largest request head: request line and headers (431 above).", at_least=256)
+    max_connections: int = opt(512, "Open connections at most; one more is answered 503 and closed.", at_least=1)
+    drain_timeout: int = opt(30, "On SIGTERM or Ctrl-C, seconds to answer the requests in flight; those still "
+                             "running then are answered 503.", at_least=0)
     max_body_bytes: int = opt(1_000_000, "Largest request body (413 above).", at_least=1)
-    max_chars: int = opt(5000, "Most characters in one text (400 above).", at_least=1)
+    max_chars: int = opt(5000, "Most characters in one text, and in each of its constraints, avoided "
+                         "phrases and prefix together, and in a request's terminology (400 above).",
+                         at_least=1)
     max_texts: int = opt(128, "Most texts in one request (400 above).", at_least=1)
     max_beam: int = opt(16, 'Largest "beam" a request may ask for (400 above); the served beam is allowed.', at_least=1)
+    max_attention: int = opt(1_000_000, 'Most attention weights a request with "alignment" or '
+                             '"attention" may ask for: target x source tokens of each hypothesis, its '
+                             "target at its length limit (400 above).", at_least=1)
     api_keys: Path | None = opt(None, "A file of API keys, one a line: every translation request must carry one "
                                 "(api_key, or the header Authorization: Bearer KEY), else 403.")
     cors_origins: list[str] = opt_list("Allow browser pages of this origin (e.g. https://example.org, or *) to "

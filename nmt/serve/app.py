@@ -19,29 +19,31 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from importlib import resources
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl
 
 import torch
 
 from nmt.api import DECODE_OPTIONS, Translation, Translator
 from nmt.config import DecodeConfig
-from nmt.decoding.alignment import layer_count, resolve_layer
 from nmt.decoding.predict import decode_config, decode_workers
+from nmt.decoding.search import max_output_lengths
 from nmt.errors import NmtError, one_line
 from nmt.fields import coerce, coerce_option
 from nmt.options import ServeOptions
-from nmt.serve.batching import Batcher, Job
+from nmt.serve.answers import Asked, answer, number
+from nmt.serve.batching import Batcher, Job, gathered
 from nmt.serve.stream import Stream, can_stream
-from nmt.terminology import JSON_KEYS, Request, terminology_from_pairs, with_terms
+from nmt.terminology import JSON_KEYS, Request, Terminology, terminology_from_pairs, with_terms
 
 log = logging.getLogger(__name__)
 V1_KEYS = {"model", "texts", "nbest", "alignment", "attention", "target_lang", "terminology", "api_key"}
 SCORE_KEYS = {"model", "sources", "targets", "normalize", "api_key"}
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -52,7 +54,9 @@ class ApiError(Exception):
 
 @dataclass(eq=False)
 class Model:
-    """A served checkpoint: its translator, languages, queue, and its translators of other decode settings."""
+    """A served checkpoint: its translator, languages and queue. A request's other decode settings
+    get a translator of their own (`variant`), made again wherever needed and never kept: what a
+    request sends stays in memory only while it is answered."""
 
     name: str
     translator: Translator
@@ -61,7 +65,6 @@ class Model:
     batcher: Batcher | None = None
     continuous: bool = True  # sentences join a running search where they can (--no-continuous: batches)
     threads: tuple[int, int] = (1, 1)  # torch threads of a running search, with others and alone (nmt.serve.stream)
-    variants: dict[Hashable, Translator] = field(default_factory=dict)
 
     @property
     def targets(self) -> list[str]:
@@ -69,21 +72,19 @@ class Model:
         return sorted({self.target, *tokens} - {""})
 
     def variant(self, overrides: dict[str, Any], nbest: int) -> tuple[tuple[Any, ...], Translator]:
-        """The translator of these decode settings over the served ones (checked; 400 if wrong)."""
-        key = (tuple(sorted(overrides.items())), nbest)
-        if key not in self.variants:
-            base = self.translator
-            cfg = decode_config(base.decode, overrides, nbest, vocab_size=base.loaded.tokenizer.vocab_size,
-                                option=lambda k: f'"{k}"')
-            if len(self.variants) >= 64:  # each request its own settings: keep the 64 latest
-                self.variants.pop(next(iter(self.variants)))
-            self.variants[key] = tr = copy.copy(base)  # the served one (model, options, terminology)
-            tr.decode = cfg
-        return key, self.variants[key]
+        """The settings key and the translator of these decode settings over the served ones
+        (checked; 400 if wrong): a shallow copy of the served one (model, options, terminology)."""
+        base = self.translator
+        if not overrides and nbest == 1:
+            return ((), nbest), base
+        tr = copy.copy(base)
+        tr.decode = decode_config(base.decode, overrides, nbest, vocab_size=base.loaded.tokenizer.vocab_size,
+                                  option=lambda k: f'"{k}"')
+        return (tuple(sorted(overrides.items())), nbest), tr
 
     def translator_of(self, settings: tuple[Any, ...], nbest: int) -> Translator:
-        """The translator of a job key's settings (made again if `variant` dropped it from its 64)."""
-        return self.variants.get((settings, nbest)) or self.variant(dict(settings), nbest)[1]
+        """The translator of a job key's settings (`variant`'s, made again: well under a millisecond)."""
+        return self.variant(dict(settings), nbest)[1]
 
     def stream(self, key: Any) -> Stream | None:
         """The batcher's `stream` (continuous batching, nmt.serve.stream) for a key whose sentences can join one."""
@@ -101,41 +102,22 @@ class Model:
         tr = self.translator_of(settings, nbest)
         if tr.decode.sampling:  # a sentence's generator is its index in its request: one at a time
             return [tr.translate_nbest([j.item], nbest, where=[j.where].__getitem__, first_index=j.index,
-                                       alignment=attend, attention=attend, target_lang=lang)[0] for j in jobs]
+                                       alignment=attend, attention=attend, target_lang=lang,
+                                       abandoned=j.gone)[0] for j in jobs]
         # cut into the command's batches (decode.batch_size), one per CPU worker: a batch of at
-        # most batch_size runs whole on every thread, faster than cut in halves (docs/benchmarks.md)
+        # most batch_size runs whole on every thread, faster than cut in halves (docs/benchmarks.md);
+        # a sentence nobody waits for any more (a 504, a client gone) ends at its search's next step
         return tr.translate_nbest([j.item for j in jobs], nbest, where=lambda i: jobs[i].where,
-                                  alignment=attend, attention=attend, target_lang=lang)
+                                  alignment=attend, attention=attend, target_lang=lang,
+                                  abandoned=lambda i: jobs[i].abandoned)
 
 
-def _spans(pieces: list[str], text: str) -> list[list[int] | None]:
-    """Where each sentencepiece piece is in `text`: [start, end) character offsets, None for a
-    piece not found in order (a language token, EOS, a character normalization changed)."""
-    out, pos = [], 0
-    for piece in pieces:
-        surface = piece.replace("\u2581", " ").strip()
-        start = text.find(surface, pos) if surface else -1
-        out.append([start, start + len(surface)] if start >= 0 else None)
-        pos = start + len(surface) if start >= 0 else pos
-    return out
+def _rendered(asked: Asked, results: list[list[Translation]]) -> Any:
+    """The answer of /v1/translate as a response, rendered: on a thread, within the request's
+    deadline (`Service.off_loop`), as its attention weights may be megabytes."""
+    from starlette.responses import JSONResponse
 
-
-def _number(x: float) -> float | None:
-    return round(x, 6) if x == x and abs(x) != float("inf") else None  # JSON has no infinity
-
-
-def _hypothesis(t: Translation, source: str, alignment: bool, attention: bool, layer: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"text": t.text, "score": _number(t.score), "logprob": _number(t.logprob)}
-    if t.attention is not None and (alignment or attention):
-        src, tgt = _spans(t.attention.source, source), _spans(t.attention.target, t.text)
-        if alignment:
-            out["alignment"] = [{"source": src[i], "target": tgt[j]} for i, j in t.alignment or []
-                                if src[i] and tgt[j]]
-        if attention:
-            weights = t.attention.weights[layer].mean(0)
-            out["attention"] = {"source": t.attention.source, "target": t.attention.target,
-                                "weights": [[round(float(w), 4) for w in row] for row in weights]}
-    return out
+    return JSONResponse(answer(asked, results))
 
 
 def _typed(payload: dict[str, Any], key: str, tp: type, default: Any) -> Any:
@@ -206,20 +188,7 @@ class Service:
             raise ApiError(408, f"the request body did not arrive within {self.opts.read_timeout:g} s") from None
         body, kind = b"".join(chunks), request.headers.get("content-type", "").split(";")[0].strip().lower()
         kind = kind if form else "application/json"
-        try:
-            if kind == "application/x-www-form-urlencoded" or (form and not body):  # raw UTF-8 as Werkzeug takes it
-                data = _fields(parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict"))
-            elif kind == "multipart/form-data":
-                head = f"Content-Type: {request.headers['content-type']}\r\n\r\n".encode("latin-1")
-                parts = email.message_from_bytes(head + body, policy=email.policy.HTTP).iter_parts()
-                data = _fields([(p.get_param("name", header="content-disposition"),
-                                 cast(bytes, p.get_payload(decode=True) or b"").decode("utf-8")) for p in parts])
-            else:
-                data = json.loads(body)
-        except UnicodeDecodeError:
-            raise ApiError(400, "the request body is not valid UTF-8") from None
-        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
-            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        data = await asyncio.to_thread(_parsed, body, kind, request.headers.get("content-type", ""), form)
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
         if form and kind != "application/json":  # LibreTranslate reads the query string too (request.values)
@@ -230,7 +199,10 @@ class Service:
     def _authorize(self, request: Any, payload: dict[str, Any]) -> None:
         if not self.keys:
             return
-        given = payload.get("api_key") or request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        # an auth scheme is case-insensitive (RFC 9110, section 11.1): "bearer KEY" is "Bearer KEY"
+        header = token.strip() if scheme.lower() == "bearer" else scheme
+        given = payload.get("api_key") or header
         given = given.encode("utf-8", "surrogatepass") if isinstance(given, str) else b""  # "\ud800": no key, 403
         if not any([hmac.compare_digest(given, key) for key in self.keys]):  # a list: every key compared
             raise ApiError(403, "Invalid API key")
@@ -254,14 +226,42 @@ class Service:
             text = t.get("text") if isinstance(t, dict) and dict in kinds else t
             if not isinstance(text, str):
                 raise ApiError(400, f"{key}[{i}] must be a string, got {type(text).__name__}")
-            if len(text) > self.opts.max_chars:
-                raise ApiError(400, f"{key}[{i}] has {len(text)} characters, more than this server's limit of "
-                               f"{self.opts.max_chars}")
-            if re.search("[\0\ud800-\udfff]", text):
-                raise ApiError(400, f"{key}[{i}] holds a NUL or a lone surrogate")
+            self._within(f"{key}[{i}]", [text])
         return texts
 
-    async def _run(self, request: Any, model: Model, jobs: list[Job], full: int = 503) -> list[Any]:
+    def _within(self, what: str, strings: Sequence[str]) -> None:
+        """400 naming `what` unless `strings` (a text, a text's phrases, a terminology's terms)
+        hold at most max_chars characters together, none a NUL or a lone surrogate: --max-chars
+        bounds everything a request carries, not its texts alone (a 900,000-character avoided
+        phrase took 16 MB to index)."""
+        size = sum(map(len, strings))
+        if size > self.opts.max_chars:
+            raise ApiError(400, f"{what} has {size} characters, more than this server's limit of "
+                                f"{self.opts.max_chars}")
+        if any(re.search("[\0\ud800-\udfff]", s) for s in strings):
+            raise ApiError(400, f"{what} holds a NUL or a lone surrogate")
+
+    def deadline(self) -> float:
+        """When a request read now must be answered (--timeout), in the event loop's time."""
+        return asyncio.get_running_loop().time() + self.opts.timeout
+
+    def late(self) -> ApiError:
+        limit = self.opts.timeout
+        return ApiError(504, f"the translation took longer than this server's limit of {limit:g} s")
+
+    async def off_loop(self, deadline: float, work: Callable[..., T], *args: Any) -> T:
+        """`work(*args)` on a thread of its own, 504 past `deadline`: what a request asks (its
+        terminology compiled and matched, its HTML parsed, its texts encoded, its answer built)
+        never holds up the event loop, which answers every other client (25,000 terms froze
+        them all, /health included, for 13.5 s)."""
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(work, *args), remaining)
+        except asyncio.TimeoutError:
+            raise self.late() from None
+
+    async def _run(self, request: Any, model: Model, jobs: list[Job], deadline: float,
+                   full: int = 503) -> list[Any]:
         """The jobs' results once decoded: 503 (`full`) when the queue is full, 504 past the
         deadline; a client that goes away has its jobs dropped."""
         assert model.batcher is not None
@@ -269,11 +269,12 @@ class Service:
             raise ApiError(400, f"{len(jobs)} sentences, more than this server's queue holds ({self.opts.max_queue})")
         if not model.batcher.submit(jobs):
             raise ApiError(full, "Slowdown: the translation queue is full; retry later", {"Retry-After": "1"})
-        results = asyncio.gather(*[asyncio.wrap_future(j.future) for j in jobs])
+        results = gathered(jobs)
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             waiting: list[asyncio.Future[Any]] = [results, gone]
-            done, _ = await asyncio.wait(waiting, timeout=self.opts.timeout, return_when="FIRST_COMPLETED")
+            timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+            done, _ = await asyncio.wait(waiting, timeout=timeout, return_when="FIRST_COMPLETED")
         finally:
             gone.cancel()
             for j in jobs:  # queued: dropped; in a running search: ended at its next step (nmt.serve.stream)
@@ -283,7 +284,7 @@ class Service:
         results.cancel()
         if gone in done:
             raise ApiError(499, "the client went away")
-        raise ApiError(504, f"the translation took longer than this server's limit of {self.opts.timeout:g} s")
+        raise self.late()
 
     def _jobs(self, model: Model, key: tuple[Any, ...], items: list[Any], texts: list[str]) -> list[Job]:
         encode = model.translator.loaded.tokenizer.encode
@@ -295,35 +296,77 @@ class Service:
 
     async def translate(self, request: Any) -> Any:
         p = await self._payload(request)
+        deadline = self.deadline()
+        asked = await self.off_loop(deadline, self._asked, p)
+        results = await self._run(request, asked.model, asked.jobs, deadline)
+        return await self.off_loop(deadline, _rendered, asked, results)
+
+    def _asked(self, p: dict[str, Any]) -> Asked:
+        """The request `p` of /v1/translate checked and cut into jobs (400 naming what is wrong)."""
         model = self._model(p.get("model"))
         if unknown := sorted(set(p) - V1_KEYS - set(DECODE_OPTIONS)):
             raise ApiError(400, f"unknown field {unknown[0]!r}: fields are {', '.join(sorted(V1_KEYS | set(DECODE_OPTIONS)))}")
         texts = self._texts(p.get("texts"), "texts", (str, dict))
         nbest, align, attend = _typed(p, "nbest", int, 1), _typed(p, "alignment", bool, False), _typed(p, "attention", bool, False)
         lang = model.translator.loaded.tokenizer.language_token(p.get("target_lang"), '"target_lang"')
-        terms = p.get("terminology")
-        if terms is not None and (not isinstance(terms, dict) or not all(isinstance(x, str) for kv in terms.items() for x in kv)):
-            raise ApiError(400, '"terminology" must be an object of source term: target term strings')
-        terminology = terminology_from_pairs(list(terms.items())) if terms else None
+        terminology = self._terminology(p.get("terminology"))
         overrides = {k: coerce_option(DecodeConfig, k, p[k], "the request", f'"{k}"') for k in DECODE_OPTIONS if k in p}
         if overrides.get("beam", 0) > max(self.opts.max_beam, model.translator.decode.beam):  # its memory
             raise ApiError(400, f'"beam" {overrides["beam"]} is more than this server\'s limit of {self.opts.max_beam}')
-        settings, _ = model.variant(overrides, nbest)
+        settings, tr = model.variant(overrides, nbest)
         texts = [{"text": t} if isinstance(t, str) else t for t in texts]  # a str is a request of its text alone
         for i, t in enumerate(texts):
             if set(t) - set(JSON_KEYS):
                 raise ApiError(400, f"texts[{i}]: unknown key {sorted(set(t) - set(JSON_KEYS))[0]!r}: keys are {', '.join(JSON_KEYS)}")
-        requests = [with_terms(Request(**t, where=f"texts[{i}]", json_keys=True), terminology) for i, t in enumerate(texts)]
+        requests = [self._request(t, f"texts[{i}]") for i, t in enumerate(texts)]
+        requests = [with_terms(r, terminology) for r in requests]
         key = ("translate", *settings, align or attend, lang)
-        results = await self._run(request, model, self._jobs(model, key, requests, [r.text for r in requests]))
-        layer = resolve_layer(model.translator.alignment_layer, layer_count(model.translator.loaded.model) or 1)
-        return {"model": model.name, "translations": [
-            {"text": hyps[0].text if hyps else "",
-             "nbest": [_hypothesis(h, r.text, align, attend, layer) for h in hyps]}
-            for r, hyps in zip(requests, results, strict=True)]}
+        jobs = self._jobs(model, key, requests, [r.text for r in requests])
+        if align or attend:
+            self._attention_within(jobs, tr, nbest, "attention" if attend else "alignment")
+        return Asked(model, requests, jobs, align, attend)
+
+    def _request(self, fields: dict[str, Any], where: str) -> Request:
+        """A text's request (nmt.terminology.Request checks its types), its phrases and its prefix
+        each within --max-chars."""
+        request = Request(**fields, where=where, json_keys=True)
+        for key, phrases in (("constraints", request.constraints), ("avoid", request.avoid),
+                             ("prefix", [request.prefix])):
+            self._within(f'{where}: "{key}"', phrases)
+        return request
+
+    def _terminology(self, terms: Any) -> Terminology | None:
+        """A request's "terminology" (source term: target term), its terms within --max-chars
+        together, each checked as a file's are (nmt.terminology.check_pair: an empty source
+        term would match every text); 400 naming the term."""
+        if terms is None:
+            return None
+        if not isinstance(terms, dict) or not all(isinstance(x, str) for kv in terms.items() for x in kv):
+            raise ApiError(400, '"terminology" must be an object of source term: target term strings')
+        self._within('"terminology"', [x for kv in terms.items() for x in kv])
+        return terminology_from_pairs(list(terms.items()), '"terminology"') if terms else None
+
+    def _attention_within(self, jobs: list[Job], tr: Translator, nbest: int, what: str) -> None:
+        """400 where the attention weights of the answer (target x source tokens of each
+        hypothesis, its target at its length limit) could be more than --max-attention: 4.9 KB of
+        request asked for a 133 MB answer and 2.3 GB of memory, past every deadline."""
+        limit, sources = self.opts.max_attention, torch.tensor([j.tokens for j in jobs])  # (B,)
+        src = (torch.arange(int(sources.max()))[None, :] < sources[:, None]).long()  # (B, S): 1 a token, 0 padding
+        targets = max_output_lengths(src, tr.decode, 0, tr.loaded.max_positions)  # (B,)
+        weights = nbest * int(((targets + 1) * sources).sum())  # rows and columns: the target's EOS, the source's
+        if weights > limit:
+            raise ApiError(400, f'"{what}" of these texts may need {weights:,} attention weights '
+                                "(target x source tokens of each hypothesis at its length limit), more "
+                                f"than this server's limit of {limit:,} (--max-attention)")
 
     async def score(self, request: Any) -> Any:
         p = await self._payload(request)
+        deadline = self.deadline()
+        model, jobs = await self.off_loop(deadline, self._score_jobs, p)
+        scores = await self._run(request, model, jobs, deadline)
+        return {"model": model.name, "scores": [number(s) for s in scores]}
+
+    def _score_jobs(self, p: dict[str, Any]) -> tuple[Model, list[Job]]:
         model = self._model(p.get("model"))
         if unknown := sorted(set(p) - SCORE_KEYS):
             raise ApiError(400, f"unknown field {unknown[0]!r}: fields are {', '.join(sorted(SCORE_KEYS))}")
@@ -331,8 +374,7 @@ class Service:
         if len(sources) != len(targets):
             raise ApiError(400, f'{len(sources)} "sources" but {len(targets)} "targets"')
         key = ("score", _typed(p, "normalize", bool, False), 0, False, None)
-        jobs = self._jobs(model, key, list(zip(sources, targets, strict=True)), sources)
-        return {"model": model.name, "scores": [_number(s) for s in await self._run(request, model, jobs)]}
+        return model, self._jobs(model, key, list(zip(sources, targets, strict=True)), sources)
 
     def models_info(self) -> list[dict[str, Any]]:
         return [{"name": m.name, "source": m.source, "target": m.target, "targets": m.targets,
@@ -346,7 +388,6 @@ class Service:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
         from starlette.middleware import Middleware
-        from starlette.middleware.cors import CORSMiddleware
         from starlette.responses import HTMLResponse, JSONResponse, Response
         from starlette.routing import Route
 
@@ -374,6 +415,8 @@ class Service:
                     body["error"] = body["error"].encode("utf-8", "backslashreplace").decode("utf-8")
                 self.requests.labels(name, str(status)).inc()
                 self.latency.labels(name).observe(time.perf_counter() - start)
+                if isinstance(body, Response):  # rendered off the event loop (`_rendered`)
+                    return body
                 return JSONResponse(body, status_code=status, headers=headers)
             return handle
 
@@ -382,7 +425,7 @@ class Service:
                 raise ApiError(503, "stopping")
             return {"status": "ready"}
 
-        routes = [Route("/", lambda _: HTMLResponse(page, headers={"Content-Security-Policy": CSP})),
+        routes = [Route("/", lambda _: HTMLResponse(page, headers=PAGE_HEADERS)),
                   Route("/openapi.json", lambda _: Response(spec, media_type="application/json")),
                   Route("/health", endpoint("health", lambda _: {"status": "ok"})),
                   Route("/ready", endpoint("ready", ready)),
@@ -393,16 +436,58 @@ class Service:
                   Route("/languages", endpoint("languages", lambda _: libretranslate.languages(self.models))),
                   Route("/translate", endpoint("libretranslate", partial(libretranslate.translate, self)),
                         methods=["POST"])]
-        middleware = [Middleware(CORSMiddleware, allow_origins=self.opts.cors_origins, allow_methods=["GET", "POST"],
+        middleware = [Middleware(_json_cors(), allow_origins=self.opts.cors_origins, allow_methods=["GET", "POST"],
                                  allow_headers=["*"])] if self.opts.cors_origins else []
 
         async def http_error(request: Any, exc: Any) -> Any:
             return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
-        return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})
+        app = Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})
+        app.router.redirect_slashes = False  # /health/ is 404, not a redirect to the Host the client named
+        return app
 
 
 CSP = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+# the page is never shown inside another site's frame (clickjacking): frame-ancestors, and
+# X-Frame-Options for browsers older than it
+PAGE_HEADERS = {"Content-Security-Policy": f"{CSP}; frame-ancestors 'none'", "X-Frame-Options": "DENY"}
+
+
+def _json_cors() -> Any:
+    """Starlette's CORS middleware, whose refused preflight (an origin, method or header not
+    allowed) is a JSON error like every other error of the server, not plain text."""
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.responses import JSONResponse
+
+    class JsonCors(CORSMiddleware):
+        def preflight_response(self, request_headers: Any) -> Any:
+            response = super().preflight_response(request_headers)
+            if response.status_code < 400:
+                return response
+            headers = {k: v for k, v in response.headers.items()
+                       if k not in ("content-length", "content-type")}
+            error = bytes(response.body).decode()  # "Disallowed CORS origin"
+            return JSONResponse({"error": error}, response.status_code, headers)
+
+    return JsonCors
+
+
+def _parsed(body: bytes, kind: str, content_type: str, form: bool) -> Any:
+    """A request body of content type `kind` (`content_type` in full) as Python values: on a
+    thread (`Service._payload`), as a megabyte of JSON takes the event loop's time otherwise."""
+    try:
+        if kind == "application/x-www-form-urlencoded" or (form and not body):  # raw UTF-8 as Werkzeug takes it
+            return _fields(parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict"))
+        if kind == "multipart/form-data":
+            head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1")
+            parts = email.message_from_bytes(head + body, policy=email.policy.HTTP).iter_parts()
+            return _fields([(p.get_param("name", header="content-disposition"),
+                             cast(bytes, p.get_payload(decode=True) or b"").decode("utf-8")) for p in parts])
+        return json.loads(body)
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not valid UTF-8") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
 
 
 def _fields(pairs: list[tuple[Any, str]]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ it has none left. If a step fails, its sentences are decoded again one at a time
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -45,6 +46,19 @@ class Job:
     future: Future = field(default_factory=Future)
     abandoned: bool = False  # running, but its request was answered otherwise (504) or its client went away
     queued: float = field(default_factory=time.monotonic)
+
+    def gone(self, _: int = 0) -> bool:
+        """`abandoned`, as `Translator.translate_nbest(abandoned=)` asks it of a request of this job alone."""
+        return self.abandoned
+
+
+def gathered(jobs: list[Job]) -> asyncio.Future[list[Any]]:
+    """The results of `jobs` on the running event loop (their futures gathered). Once their
+    futures are cancelled (a 504, a client gone, the server stopping) it holds a CancelledError,
+    read here: asyncio logged each as "_GatheringFuture exception was never retrieved"."""
+    results = asyncio.gather(*[asyncio.wrap_future(j.future) for j in jobs])
+    results.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return results
 
 
 # decode(key, jobs) -> one result per job, in order; raising fails the batch

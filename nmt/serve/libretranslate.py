@@ -5,10 +5,12 @@ the tags, comments and entities' markup are kept as they were."""
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
 
 from nmt.serve.app import ApiError, Model, Service
+from nmt.serve.batching import Job
 
 NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French",
          "it": "Italian", "ja": "Japanese", "mg": "Malagasy", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
@@ -32,14 +34,36 @@ def _pair(models: dict[str, Model], source: str, target: str) -> tuple[Model, st
     return found[0], (None if target == found[0].target else f">>{target}<<")
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """A /translate request as checked: its model, its texts as documents (HTML cut into runs of
+    text, or plain), the jobs of their runs, and what its answer holds."""
+
+    model: Model
+    docs: list[Markup]
+    jobs: list[Job]
+    alternatives: int
+    fmt: str
+
+
 async def translate(service: Service, request: Any) -> Any:
-    """POST /translate: JSON or form data, as LibreTranslate takes and answers it."""
+    """POST /translate: JSON or form data, as LibreTranslate takes and answers it; the request
+    checked, its HTML parsed and its answer made on a thread (`Service.off_loop`)."""
     p = await service._payload(request, form=True)  # and authorized
+    deadline = service.deadline()
+    asked = await service.off_loop(deadline, _asked, service, p)
+    results: list[Any] = []
+    if asked.jobs:
+        results = await service._run(request, asked.model, asked.jobs, deadline, full=429)
+    return await service.off_loop(deadline, _answer, asked, p, results)
+
+
+def _asked(service: Service, p: dict[str, Any]) -> _Asked:
     for key in ("q", "source", "target"):
         if p.get(key) in (None, "", []):
             raise ApiError(400, f"Invalid request: missing {key} parameter")
-    q, fmt = p["q"], p.get("format") or "text"
-    texts = service._texts(q, "q")
+    fmt = p.get("format") or "text"
+    texts = service._texts(p["q"], "q")
     try:
         alternatives = int(p.get("alternatives") or 0)
     except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400
@@ -51,18 +75,22 @@ async def translate(service: Service, request: Any) -> Any:
     settings, _ = model.variant({"beam": beam} if beam != model.translator.decode.beam else {}, alternatives + 1)
     docs = [Markup(t) if fmt == "html" else Markup.plain(t) for t in texts]
     segments = [s for d in docs for s in d.texts]
-    results = await service._run(request, model, service._jobs(model, ("translate", *settings, False, lang),
-                                                         segments, segments), full=429) if segments else []
+    jobs = service._jobs(model, ("translate", *settings, False, lang), segments, segments)
+    return _Asked(model, docs, jobs, alternatives, fmt)
+
+
+def _answer(asked: _Asked, p: dict[str, Any], results: list[Any]) -> dict[str, Any]:
+    """The answer, as LibreTranslate gives it: one text (q a str) is answered without lists."""
     out, alts = [], []
-    for d in docs:
+    for d in asked.docs:
         hyps, results = results[:len(d.texts)], results[len(d.texts):]
         out.append(d.join([h[0].text if h else "" for h in hyps]))
-        alts.append([h.text for h in hyps[0][1:]] if fmt == "text" and hyps and hyps[0] else [])
-    # nmt does not detect languages: the only model into `target` says; one text (q a str) is answered without lists
-    detected = {"confidence": 0.0, "language": model.source}
-    answer = {"translatedText": out, "alternatives": alts if alternatives else None,
+        alts.append([h.text for h in hyps[0][1:]] if asked.fmt == "text" and hyps and hyps[0] else [])
+    # nmt does not detect languages: the only model into `target` says
+    detected = {"confidence": 0.0, "language": asked.model.source}
+    answer = {"translatedText": out, "alternatives": alts if asked.alternatives else None,
               "detectedLanguage": [detected] * len(out) if p["source"] == "auto" else None}
-    return {k: v[0] if isinstance(q, str) else v for k, v in answer.items() if v is not None}
+    return {k: v[0] if isinstance(p["q"], str) else v for k, v in answer.items() if v is not None}
 
 
 _UNTRANSLATED = ("script", "style", "code", "pre")  # as LibreTranslate's HTML path leaves them (and translate="no")

@@ -1,5 +1,6 @@
 """The `nmt serve` command: load and warm up the models, bind, run uvicorn until SIGTERM or
-Ctrl-C (which stop accepting and answer what is in flight first)."""
+Ctrl-C (which stop accepting and answer what is in flight first, for at most --drain-timeout
+seconds; a second Ctrl-C stops at once)."""
 
 from __future__ import annotations
 
@@ -77,17 +78,24 @@ def serve(opts: ServeOptions) -> None:
     specs, keys = model_specs(opts), []
     if opts.api_keys is not None:
         try:
-            lines = read_regular(opts.api_keys, "the API keys", 1 << 20).decode("utf-8", "replace").splitlines()
+            lines = read_regular(opts.api_keys, "the API keys", 1 << 20).decode("utf-8-sig", "replace").splitlines()
         except FileNotFoundError:
             raise NmtError(f"--api-keys {opts.api_keys}: no such file") from None
-        if not (keys := [k.strip().encode() for k in lines if k.strip() and not k.startswith("#")]):
+        # a UTF-8 BOM is no part of the first key; an indented "# old-key" is a comment, not a key
+        if not (keys := [k.encode() for k in map(str.strip, lines) if k and not k.startswith("#")]):
             raise NmtError(f"{opts.api_keys}: no API key in it (one a line)")
     if not keys and not _loopback(opts.host):
         log.warning("serving on %s without --api-keys: anyone who can reach it can use it", opts.host)
+    from nmt.serve.connections import connection_class, guarded, open_files_for
+
+    open_files_for(opts)
     sock = _bind(opts.host, opts.port)
     service = Service(TORCH.submit(load_models, specs, opts).result(), opts, keys)
-    server = uvicorn.Server(uvicorn.Config(service.app(), log_level="warning", lifespan="off",
-                                           timeout_graceful_shutdown=None, access_log=False))
+    # h11, not httptools: h11 bounds the head it buffers (nmt.serve.connections)
+    config = uvicorn.Config(guarded(service.app(), opts), http=connection_class(opts), log_level="warning",
+                            lifespan="off", timeout_graceful_shutdown=opts.drain_timeout, access_log=False,
+                            h11_max_incomplete_event_size=opts.max_head_bytes)
+    server = uvicorn.Server(config)
     service.stopping = lambda: server.should_exit
     host, port = sock.getsockname()[:2]
     print(f"nmt serve: http://{f'[{host}]' if ':' in host else host}:{port}/ ({', '.join(service.models)})", flush=True)
