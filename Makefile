@@ -17,7 +17,7 @@ help:
 	@echo "make test       # install and run the test suite (about 5 minutes on 2 cores)"
 	@echo "make test-slow  # the long system tests (learning tasks, demo pipeline, fault injection)"
 	@echo "make test-gpu   # the CUDA tests (pytest -m gpu); they fail without a GPU"
-	@echo "make lint       # ruff + mypy"
+	@echo "make lint       # ruff check, ruff format --check, mypy"
 	@echo "make docs       # the documentation site, built offline with mkdocs --strict into site/"
 
 $(BIN)/.installed: pyproject.toml
@@ -38,7 +38,8 @@ test-gpu: install
 	$(BIN)/python -m pytest -q -m gpu tests/test_gpu.py tests/test_loss.py $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check nmt tests scripts
+	$(BIN)/ruff check nmt tests benchmarks scripts
+	$(BIN)/ruff format --check nmt tests benchmarks scripts
 	$(BIN)/mypy nmt
 
 # the site: every page in the navigation, every link and anchor checked (--strict); offline

@@ -23,7 +23,10 @@ SUITES = {
     "constraints": ("constraints", "lexically constrained decoding: speed, BLEU, term use"),
     "startup": ("startup", "`nmt translate` of one line: interpreter, imports, the whole command"),
     "serve": ("serve", "`nmt serve` under 1 to 128 clients: sent/s and latency against offline"),
-    "serve-busy": ("serve_busy", "`nmt serve`, one client beside busy processes, per OpenMP wait policy"),
+    "serve-busy": (
+        "serve_busy",
+        "`nmt serve`, one client beside busy processes, per OpenMP wait policy",
+    ),
     "stream": ("stream", "`nmt serve`'s searches without HTTP, under a closed loop of clients"),
     "loss": ("loss", "the chunked training loss alone: ms and error, against another checkout"),
     "three-models": (

@@ -116,19 +116,19 @@ def main(argv: list[str] | None = None) -> dict:
     for row in rows:
         row["speed_vs_none"] = round(row["sent_per_s"] / base, 3)
     print(
-        f"{args.checkpoint}, {args.test} ({len(src)} sentences), beam {args.beam}, "
-        f"{args.threads} threads, median of {args.rounds} alternating rounds; torch {torch.__version__}"
+        f"{args.checkpoint}, {args.test} ({len(src)} sentences), beam {args.beam}, {args.threads} "
+        f"threads, median of {args.rounds} alternating rounds; torch {torch.__version__}"
     )
     print(
-        "| constraints | words asked | BLEU | chrF | term use (words) | term use (anywhere) "
-        "| s | sent/s | vs none |"
+        "| constraints | words asked | BLEU | chrF | term use (words) | term use (anywhere) | s | "
+        "sent/s | vs none |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(
-            f"| {row['constraints']} | {row['asked']} | {row['bleu']} | {row['chrf']} "
-            f"| {row['term_use']:.1%} | {row['term_anywhere']:.1%} "
-            f"| {row['seconds']} | {row['sent_per_s']} | {row['speed_vs_none']} |"
+            f"| {row['constraints']} | {row['asked']} | {row['bleu']} | {row['chrf']} | "
+            f"{row['term_use']:.1%} | {row['term_anywhere']:.1%} | {row['seconds']} | "
+            f"{row['sent_per_s']} | {row['speed_vs_none']} |"
         )
     result = {
         "checkpoint": args.checkpoint,

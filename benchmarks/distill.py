@@ -5,7 +5,8 @@ engine: BLEU, chrF, sentences/s and peak memory.
         --model teacher=runs/m30k_en_de/checkpoint_avg.pt \\
         --model reference=runs/distill_en_de_reference/run/checkpoint_avg.pt \\
         --model distilled=runs/distill_en_de/run/checkpoint_avg.pt \\
-        [--tests test_2016_flickr,test_2017_flickr] [--data-dir ../shared/data/multi30k] [--threads 2]
+        [--tests test_2016_flickr,test_2017_flickr] [--data-dir ../shared/data/multi30k] [--threads
+        2]
 
 Each model runs through the engines suite's `measure()`: `nmt translate` at fp32 and int8
 (the Python API, model loaded, best of --repeat), then `nmt export` to CTranslate2 float32 and
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         base = {r["engine"]: r for r in here if r["model"] == first}
         print(f"\n{caption(here[0])} (the first model's lenpen)\n")
         print(
-            f"| model | engine | BLEU | Δ BLEU | chrF | sent/s | × {first} | peak RSS MB | model MB |"
+            f"| model | engine | BLEU | Δ BLEU | chrF | sent/s | × {first} | peak RSS MB | model "
+            "MB |"
         )
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in here:
@@ -80,8 +82,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             size = f"{r['model_mb']:.1f}" if r["model_mb"] else "-"
             print(
                 f"| {r['model']} | {r['engine']} | {r['bleu']:.2f} | {r['bleu'] - b['bleu']:+.2f} "
-                f"| {r['chrf']:.2f} | {r['sent_per_s']:.1f} | {r['sent_per_s'] / b['sent_per_s']:.2f} "
-                f"| {r['peak_rss_mb']:.0f} | {size} |"
+                f"| {r['chrf']:.2f} | {r['sent_per_s']:.1f} | "
+                f"{r['sent_per_s'] / b['sent_per_s']:.2f} | {r['peak_rss_mb']:.0f} | {size} |"
             )
     write_json(args.json, rows)
     return rows

@@ -223,20 +223,32 @@ def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
             first = first or hyps
             bleu, chrf = (s.score for s in score_corpus(hyps, [ref], metrics=("bleu", "chrf")))
             same = sum(a == b for a, b in zip(hyps, first, strict=True))
-            rows.append({
-                "checkpoint": checkpoint, "test": test, "engine": name, "model_mb": size,
-                "sentences": len(src), "beam": args.beam, "batch_size": batch, "lenpen": length_penalty,
-                "threads": args.threads, **figures, "sent_per_s": len(src) / figures["translate_s"],
-                "bleu": bleu, "chrf": chrf, "same_as_first": same,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "checkpoint": checkpoint,
+                    "test": test,
+                    "engine": name,
+                    "model_mb": size,
+                    "sentences": len(src),
+                    "beam": args.beam,
+                    "batch_size": batch,
+                    "lenpen": length_penalty,
+                    "threads": args.threads,
+                    **figures,
+                    "sent_per_s": len(src) / figures["translate_s"],
+                    "bleu": bleu,
+                    "chrf": chrf,
+                    "same_as_first": same,
+                }
+            )
     return rows
 
 
 def caption(row: dict) -> str:
     """What a row of measure() was measured on, in words."""
     return (
-        f"{row['test']}, {row['sentences']} sentences, beam {row['beam']}, batch {row['batch_size']}, "
-        f"lenpen {row['lenpen']}, {row['threads']} threads"
+        f"{row['test']}, {row['sentences']} sentences, beam {row['beam']}, batch "
+        f"{row['batch_size']}, lenpen {row['lenpen']}, {row['threads']} threads"
     )
 
 
@@ -249,15 +261,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     first = rows[0]
     print(caption(first) + "\n")
     print(
-        "| engine | translate s | sent/s | process s | peak RSS MB | BLEU | chrF "
-        f"| identical to {first['engine']} |"
+        "| engine | translate s | sent/s | process s | peak RSS MB | BLEU | chrF | identical to "
+        f"{first['engine']} |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
-            f"| {r['engine']} | {r['translate_s']:.2f} | {r['sent_per_s']:.1f} | {r['process_s']:.1f} | "
-            f"{r['peak_rss_mb']:.0f} | {r['bleu']:.2f} | {r['chrf']:.2f} "
-            f"| {r['same_as_first']} / {r['sentences']} |"
+            f"| {r['engine']} | {r['translate_s']:.2f} | {r['sent_per_s']:.1f} | "
+            f"{r['process_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['bleu']:.2f} | {r['chrf']:.2f} | "
+            f"{r['same_as_first']} / {r['sentences']} |"
         )
     write_json(args.json, rows)
     sys.stdout.flush()

@@ -197,5 +197,6 @@ def main(argv: list[str] | None = None) -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text)
     print(
-        f"{len(result['last'])} checkpoint entries; translations {result['translations_sha256'][:16]}"
+        f"{len(result['last'])} checkpoint entries; translations "
+        f"{result['translations_sha256'][:16]}"
     )

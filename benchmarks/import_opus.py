@@ -15,7 +15,8 @@ distribution. The pad row stays zero as in the published models (the decoder sta
 CTranslate2's converter starts from a zero embedding and drops that row) and its logit bias is
 -1e4, so that nmt's softmax over the whole vocabulary equals CTranslate2's without the pad row.
 transformers writes the folder; then
-- nmt: `nmt import FOLDER -o model.pt` (the command, timed with its process start), translated through the Python API
+- nmt: `nmt import FOLDER -o model.pt` (the command, timed with its process start), translated
+through the Python API
   that `nmt translate` reads and writes around (`Translator.load(..., threads=T)`,
   `translate(texts)`, its default workers: one per thread);
 - CTranslate2: its own converter, `TransformersConverter(FOLDER).convert(...)`, run with
@@ -75,8 +76,8 @@ TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.j
 PAD_LOGIT_BIAS = -1e4
 HEADER = (
     "| model | vocabulary | sentences | beam | max length | threads | import s | nmt sent/s | "
-    "CTranslate2 sent/s | nmt / CTranslate2 | identical outputs |\n"
-    "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    "CTranslate2 sent/s | nmt / CTranslate2 | identical outputs |\n| --- | ---: | ---: | ---: | "
+    "--- | --- | ---: | ---: | ---: | ---: | ---: |"
 )
 
 
@@ -108,7 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="added to the EOS logit bias, so that outputs end on their own before the limit "
-        "(opus-mt-en-mg, seed 26: +12 leaves most outputs at the limit, +14 ends them after ~3 words)",
+        "(opus-mt-en-mg, seed 26: +12 leaves most outputs at the limit, +14 ends them after ~3 "
+        "words)",
     )
     p.add_argument("--seed", type=int, default=26)
     p.add_argument(
@@ -222,9 +224,10 @@ def english(n: int, seed: int) -> tuple[list[str], str]:
             return lines, "Multi30k test_2016_flickr.en"
     rng = random.Random(seed)
     words = (
-        "a man woman dog child two people in on the with is are of street blue red shirt playing running "
-        "standing sitting water grass ball near front group young old small large white black green walks "
-        "looks at holding while wearing car bike beach snow city market building table bench"
+        "a man woman dog child two people in on the with is are of street blue red shirt playing "
+        "running standing sitting water grass ball near front group young old small large white "
+        "black green walks looks at holding while wearing car bike beach snow city market "
+        "building table bench"
     ).split()
     lines = [
         " ".join(rng.choices(words, k=rng.randint(5, 20))).capitalize() + "." for _ in range(n)
@@ -436,18 +439,20 @@ def print_result(r: dict) -> None:
     m, sps = r["machine"], r["sent_per_s"]
     eos = f", EOS bias +{r['eos_bias']:g}" if r["eos_bias"] else ""
     print(
-        f"\n{r['model']}{eos}; {r['sentences']} {r['sentences_from']}; median of {r['rounds']} alternating rounds; "
-        f"nmt: {r['nmt_layout']}; CTranslate2: {r['ct2_layout']}\n"
+        f"\n{r['model']}{eos}; {r['sentences']} {r['sentences_from']}; median of {r['rounds']} "
+        f"alternating rounds; nmt: {r['nmt_layout']}; CTranslate2: {r['ct2_layout']}\n"
     )
     print(HEADER)
     print(
-        f"| OPUS-MT 6+6 d512 | {r['vocabulary']} | {r['sentences']} | {r['beam']} "
-        f"| {r['max_len_a']:g}·src+{r['max_len_b']} | {r['threads']} | {r['import_s']:.1f} | {sps['nmt']:.1f} "
-        f"| {sps['ct2']:.1f} | {sps['nmt'] / sps['ct2']:.2f} | {r['identical']} / {r['sentences']} |"
+        f"| OPUS-MT 6+6 d512 | {r['vocabulary']} | {r['sentences']} | {r['beam']} | "
+        f"{r['max_len_a']:g}·src+{r['max_len_b']} | {r['threads']} | {r['import_s']:.1f} | "
+        f"{sps['nmt']:.1f} | {sps['ct2']:.1f} | {sps['nmt'] / sps['ct2']:.2f} | {r['identical']} / "
+        f"{r['sentences']} |"
     )
     print(
         f"\nmachine: {m['cpu']} ({m['cpus']} CPUs), Python {m['python']}, torch {m['torch']}, "
         f"ctranslate2 {m['ctranslate2']}, transformers {m['transformers']}; peak RSS MB nmt "
-        f"{r['peak_rss_mb']['nmt']:.0f}, CTranslate2 {r['peak_rss_mb']['ct2']:.0f}; mean output words nmt "
-        f"{r['mean_output_words']['nmt']:.1f}, CTranslate2 {r['mean_output_words']['ct2']:.1f}"
+        f"{r['peak_rss_mb']['nmt']:.0f}, CTranslate2 {r['peak_rss_mb']['ct2']:.0f}; mean output "
+        f"words nmt {r['mean_output_words']['nmt']:.1f}, CTranslate2 "
+        f"{r['mean_output_words']['ct2']:.1f}"
     )

@@ -2,7 +2,8 @@
 so nothing is slowed): nmt next to CTranslate2 on the same weights and batches.
 
     python -m benchmarks perf-decode --checkpoint runs/m30k_en_de/checkpoint_avg.pt \\
-        [--sentences 200] [--batch-size 32] [--beam 5] [--threads 1] [--precision fp32|int8] [--repeat 5]
+        [--sentences 200] [--batch-size 32] [--beam 5] [--threads 1] [--precision fp32|int8]
+        [--repeat 5]
 
 Each engine runs in a process of its own: it loads, decodes the first `--sentences` lines of the
 test set once (warm-up), then `perf record -F 999 -p PID` attaches and the process decodes them
@@ -86,10 +87,24 @@ def sample(spec: dict, out: Path) -> tuple[float, dict[str, float]]:
     worker.close()
     perf.wait()
     report = subprocess.run(
-        ["perf", "report", "-i", str(out), "--no-children", "--sort", "dso,sym", "-g", "none",
-         "--stdio", "--percent-limit", "0"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            "perf",
+            "report",
+            "-i",
+            str(out),
+            "--no-children",
+            "--sort",
+            "dso,sym",
+            "-g",
+            "none",
+            "--stdio",
+            "--percent-limit",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     shares: dict[str, float] = defaultdict(float)
     for line in report.splitlines():
         m = re.match(r"\s*([\d.]+)%\s+(\S.*)$", line)
@@ -142,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
     n = len(read_test_set(args))
     print(
         f"{n} sentences, batch {args.batch_size}, beam {args.beam}, {args.threads} thread(s), "
-        f"{args.precision}; seconds of one decode (mean of {args.repeat}), split by perf's samples\n"
+        f"{args.precision}; seconds of one decode (mean of {args.repeat}), split by perf's "
+        "samples\n"
     )
     names = list(runs)
     print(

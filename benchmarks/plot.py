@@ -67,8 +67,8 @@ def read_table(doc: Path) -> tuple[list[str], list[tuple[str, list[float | None]
                 values.append(float(text))
             except ValueError:
                 raise ValueError(
-                    f"{doc}: speed table row '{row[0]}', column '{header[k]}': "
-                    f"'{row[k]}' is not a number"
+                    f"{doc}: speed table row '{row[0]}', column '{header[k]}': '{row[k]}' is not a "
+                    "number"
                 ) from None
         settings.append((row[0], values))
     if not settings:

@@ -189,8 +189,9 @@ def main(argv: list[str] | None = None) -> dict:
     decode = config_from_dict(state["config"]).decode
     wall, groups, ops = profile_nmt(args, texts)
     print(
-        f"## nmt ({args.precision}), {len(texts)} sentences, batch {args.batch_size}, beam {args.beam}, "
-        f"{args.threads} thread(s), torch {torch.__version__}: {wall:.2f} s, {len(texts) / wall:.1f} sent/s\n"
+        f"## nmt ({args.precision}), {len(texts)} sentences, batch {args.batch_size}, beam "
+        f"{args.beam}, {args.threads} thread(s), torch {torch.__version__}: {wall:.2f} s, "
+        f"{len(texts) / wall:.1f} sent/s\n"
     )
     print("| what | self s | share |\n| --- | ---: | ---: |")
     for name, s in sorted(groups.items(), key=lambda g: -g[1]):
@@ -209,8 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
             figures["ct2_s"][quantization] = seconds
             print(
                 f"\nCTranslate2 {quantization}, the same batches, 1 x {args.threads} thread(s): "
-                f"{seconds:.2f} s, {len(texts) / seconds:.1f} sent/s "
-                f"({wall / seconds:.2f}x nmt's {args.precision} time)"
+                f"{seconds:.2f} s, {len(texts) / seconds:.1f} sent/s ({wall / seconds:.2f}x nmt's "
+                f"{args.precision} time)"
             )
     write_json(args.json, figures)
     return figures

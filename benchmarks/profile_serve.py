@@ -132,12 +132,12 @@ def main(argv: list[str] | None = None) -> dict:
     with ThreadCPU(os.getpid()) as offline:
         tr.translate(lines)
     print(
-        f"{len(lines)} lines of {args.test}.{args.src}, {args.threads} threads, torch {torch.__version__}, "
-        f"{args.checkpoint}\n"
+        f"{len(lines)} lines of {args.test}.{args.src}, {args.threads} threads, torch "
+        f"{torch.__version__}, {args.checkpoint}\n"
     )
     print(
-        "| run | sentences/s | decode threads: cores each | main thread | other threads | process |\n"
-        "| --- | ---: | --- | ---: | ---: | ---: |"
+        "| run | sentences/s | decode threads: cores each | main thread | other threads | process "
+        "|\n| --- | ---: | --- | ---: | ---: | ---: |"
     )
     print(
         f"| offline (`Translator.translate`) | {len(lines) / offline.wall:.1f} | "
@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
                 )
             shares = spy_shares(out)
     print(
-        f"\nThe decode threads' py-spy samples ({args.clients} clients, {args.seconds:g} s at 250 Hz):\n\n"
-        "| what | share |\n| --- | ---: |"
+        f"\nThe decode threads' py-spy samples ({args.clients} clients, {args.seconds:g} s at 250 "
+        "Hz):\n\n| what | share |\n| --- | ---: |"
     )
     for kind, share in shares.items():
         print(f"| {kind} | {100 * share:.1f}% |")

@@ -238,9 +238,19 @@ def main(argv: list[str] | None = None) -> dict:
         * alone(args.checkpoint, lines[: args.alone], args.threads, args.device),
     }
     options = [
-        "-c", args.checkpoint, "--threads", str(args.threads), "--max-queue", "100000",
-        "--device", args.device, "--max-wait-ms", str(args.max_wait_ms), "--workers", str(args.workers),
-    ]  # fmt: skip
+        "-c",
+        args.checkpoint,
+        "--threads",
+        str(args.threads),
+        "--max-queue",
+        "100000",
+        "--device",
+        args.device,
+        "--max-wait-ms",
+        str(args.max_wait_ms),
+        "--workers",
+        str(args.workers),
+    ]
     if args.no_continuous:
         options.append("--no-continuous")
     with Server(*options, threads=args.threads) as server:
@@ -260,34 +270,36 @@ def main(argv: list[str] | None = None) -> dict:
             }
     print(
         f"{len(lines)} lines of {args.test}.{args.src}, {args.device}, {args.threads} threads, "
-        f"--max-wait-ms {args.max_wait_ms:g}, "
-        f"--workers {args.workers}, {'--no-continuous' if args.no_continuous else 'continuous batching'}, "
-        f"{args.checkpoint}\n"
+        f"--max-wait-ms {args.max_wait_ms:g}, --workers {args.workers}, "
+        f"{'--no-continuous' if args.no_continuous else 'continuous batching'}, {args.checkpoint}\n"
     )
     print(
-        "| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms | cores used: server, clients | mean batch |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| run | sentences/s | x offline | p50 ms | p95 ms | p99 ms | cores used: server, clients "
+        "| mean batch |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     off = rows["offline"]["sent_s"]
     print(f"| offline `nmt translate` | {off:.1f} | 1.00 | | | | | |")
     print(
-        f"| one line alone (API, p50 of {min(args.alone, len(lines))}) | | | {rows['alone_p50_ms']:.1f} | | | | |"
+        f"| one line alone (API, p50 of {min(args.alone, len(lines))}) | | | "
+        f"{rows['alone_p50_ms']:.1f} | | | | |"
     )
     for key, r in rows.items():
         if key.startswith("clients_"):
             print(
-                f"| serve, {key[8:]} clients | {r['sent_s']:.1f} | {r['sent_s'] / off:.2f} | {r['p50_ms']:.1f} "
-                f"| {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_s'] / r['seconds']:.2f}, "
-                f"{r['client_cpu_s'] / r['seconds']:.2f} | {r['mean_batch']:.1f} |"
+                f"| serve, {key[8:]} clients | {r['sent_s']:.1f} | {r['sent_s'] / off:.2f} | "
+                f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | "
+                f"{r['server_cpu_s'] / r['seconds']:.2f}, {r['client_cpu_s'] / r['seconds']:.2f} | "
+                f"{r['mean_batch']:.1f} |"
             )
     if "clients_32" in rows:
         print(
-            f"\nbar 1: 32 clients at {rows['clients_32']['sent_s'] / off:.2f}x offline (at least 0.8)"
+            f"\nbar 1: 32 clients at {rows['clients_32']['sent_s'] / off:.2f}x offline (at least "
+            "0.8)"
         )
     if "clients_1" in rows:
         print(
-            f"bar 2: 1 client p50 at {rows['clients_1']['p50_ms'] / rows['alone_p50_ms']:.2f}x one line alone "
-            "(at most 1.5)"
+            f"bar 2: 1 client p50 at {rows['clients_1']['p50_ms'] / rows['alone_p50_ms']:.2f}x one "
+            "line alone (at most 1.5)"
         )
     write_json(args.json, rows)
     return rows

@@ -69,7 +69,9 @@ def measure(args: argparse.Namespace, lines: list[str], policy: str) -> list[dic
         os.environ.pop(name, None)
     os.environ.update(POLICIES[policy])
     rows = []
-    with Server("-c", args.checkpoint, "--threads", str(args.threads), threads=args.threads) as server:
+    with Server(
+        "-c", args.checkpoint, "--threads", str(args.threads), threads=args.threads
+    ) as server:
         lone_client(server.port, lines, 1.0)  # warm
         for busy in args.busy:
             others = busy_processes(busy)
@@ -102,13 +104,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.set_defaults(sentences=500)
     p.add_argument("--busy", default="0,2", help="comma-separated counts of busy processes")
     p.add_argument("--seconds", type=float, default=30.0, help="the client's time at each count")
-    p.add_argument("--policies", default="default,spin", help=f"comma-separated, of {', '.join(POLICIES)}")
+    p.add_argument(
+        "--policies", default="default,spin", help=f"comma-separated, of {', '.join(POLICIES)}"
+    )
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     args.busy = [int(b) for b in args.busy.split(",")]
     lines = read_test_set(args)
     rows = [row for policy in args.policies.split(",") for row in measure(args, lines, policy)]
-    print(f"\n{args.threads} server threads, {os.cpu_count()} cores, one client {args.seconds:g} s each\n")
+    print(
+        f"\n{args.threads} server threads, {os.cpu_count()} cores, one client {args.seconds:g} s "
+        "each\n"
+    )
     print("| OpenMP wait policy | busy processes | requests | sentences/s | p50 ms | p90 ms |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:

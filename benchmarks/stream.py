@@ -162,10 +162,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tr = Translator.load(args.checkpoint, device="cpu", threads=args.threads)
     tr.translate(texts[:64])  # warm-up
     print(
-        f"{len(texts)} lines, {args.clients} clients, {args.threads} threads, torch {torch.__version__}\n"
+        f"{len(texts)} lines, {args.clients} clients, {args.threads} threads, torch "
+        f"{torch.__version__}\n"
     )
     print(
-        "| round | offline sent/s | batcher sent/s | x offline | mean sentences a step | even sent/s | x offline | mean sentences a step |"
+        "| round | offline sent/s | batcher sent/s | x offline | mean sentences a step | even "
+        "sent/s | x offline | mean sentences a step |"
     )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rounds = []
@@ -180,7 +182,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if out != ref:
                 bad = next(i for i, (a, b) in enumerate(zip(out, ref)) if a != b)
                 sys.exit(
-                    f"{name}: line {bad + 1} differs from the offline translation: {out[bad]!r} != {ref[bad]!r}"
+                    f"{name}: line {bad + 1} differs from the offline translation: {out[bad]!r} != "
+                    f"{ref[bad]!r}"
                 )
             rate = len(texts) / seconds
             cells += [f"{rate:.1f}", f"{rate / offline:.2f}", f"{mean:.1f}"]

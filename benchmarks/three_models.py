@@ -71,10 +71,22 @@ def main(argv: list[str] | None = None) -> dict:
     prepared = args.prepared
     if not (ROOT / prepared / "prepare.json").is_file():
         nmt(
-            "prepare-bpe", "-s", "en", "-t", "de", "--trainpref", str(raw / "train"),
-            "--validpref", str(raw / "val"), "--testpref", f"{raw}/test_2016_flickr,{raw}/test_2017_flickr",
-            "--vocab-size", "8000", "--destdir", prepared,
-        )  # fmt: skip
+            "prepare-bpe",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            str(raw / "val"),
+            "--testpref",
+            f"{raw}/test_2016_flickr,{raw}/test_2017_flickr",
+            "--vocab-size",
+            "8000",
+            "--destdir",
+            prepared,
+        )
     common = [
         "--set",
         f"data.dir={prepared}",
@@ -126,8 +138,17 @@ def main(argv: list[str] | None = None) -> dict:
         for reading in ("last", "avg3"):
             hyp = out / f"hyp_{run}_{reading}.de"
             start = time.perf_counter()
-            nmt("translate", "-c", f"{run_dir}/checkpoint_{reading}.pt", "--beam", "5", "-i", str(out / "test.en"),
-                "-o", str(hyp))  # fmt: skip
+            nmt(
+                "translate",
+                "-c",
+                f"{run_dir}/checkpoint_{reading}.pt",
+                "--beam",
+                "5",
+                "-i",
+                str(out / "test.en"),
+                "-o",
+                str(hyp),
+            )
             seconds = time.perf_counter() - start
             score = nmt(
                 "score", "--ref", str(out / "test.de"), "--hyp", str(hyp), "--metrics", "bleu,chrf"
@@ -137,8 +158,18 @@ def main(argv: list[str] | None = None) -> dict:
             results[f"{run}_{reading}"] = {"translate_s": seconds, "score": score.strip()}
         if run != "rnn_none":
             attention = out / f"att_{run}_last.npz"
-            text = nmt("translate", "-c", f"{run_dir}/checkpoint_last.pt", "--beam", "5", "-i",
-                       str(out / "attention.en"), "--alignment", "--attention", str(attention))  # fmt: skip
+            text = nmt(
+                "translate",
+                "-c",
+                f"{run_dir}/checkpoint_last.pt",
+                "--beam",
+                "5",
+                "-i",
+                str(out / "attention.en"),
+                "--alignment",
+                "--attention",
+                str(attention),
+            )
             (out / f"att_{run}_last.de").write_text(text, encoding="utf-8")
             nmt(
                 "plot", "attention", str(attention), "-o", str(out / f"maps_{run}"), "--layer", "-1"

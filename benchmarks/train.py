@@ -325,9 +325,9 @@ def measure(spec: dict) -> dict:
 
 
 HEADER = (
-    "| config | device | precision | options | max_tokens × freq | real tgt tok/s | padding | shapes/epoch "
-    "| peak memory | model TFLOP/s | MFU | GPU busy |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| config | device | precision | options | max_tokens × freq | real tgt tok/s | padding | "
+    "shapes/epoch | peak memory | model TFLOP/s | MFU | GPU busy |\n| --- | --- | --- | --- | --- "
+    "| --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -370,7 +370,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--warmup-epochs",
         type=int,
         default=0,
-        help="also warm up on N whole epochs, so that the timed updates' shapes were each seen N times "
+        help="also warm up on N whole epochs, so that the timed updates' shapes were each seen N "
+        "times "
         "(CUDA graphs replay a shape from its third time)",
     )
     ap.add_argument("--updates", type=int, default=30)

@@ -43,8 +43,8 @@ from benchmarks.common import (
 
 HEADER = (
     "| checkpoint | device | threads × workers | beam | batch | sentences | translate s | sent/s "
-    "| tok/s | command s | command sent/s | peak RSS MB | BLEU |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| tok/s | command s | command sent/s | peak RSS MB | BLEU |\n| --- | --- | --- | --- | --- | "
+    "--- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -209,10 +209,26 @@ def run_command(
         out = Path(tmp) / "out.txt"
         inp.write_text("".join(s + "\n" for s in src), encoding="utf-8")
         cmd = [
-            sys.executable, "-m", "nmt", "translate", "-c", str(checkpoint), "-i", str(inp), "-o", str(out),
-            "--threads", str(args.threads), "--workers", str(args.workers), "--device", args.device,
-            "--precision", args.precision, *cli_args(decode_options(args)),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "nmt",
+            "translate",
+            "-c",
+            str(checkpoint),
+            "-i",
+            str(inp),
+            "-o",
+            str(out),
+            "--threads",
+            str(args.threads),
+            "--workers",
+            str(args.workers),
+            "--device",
+            args.device,
+            "--precision",
+            args.precision,
+            *cli_args(decode_options(args)),
+        ]
         if args.shortlist:
             cmd += ["--shortlist", args.shortlist]
         start = time.perf_counter()
@@ -248,7 +264,7 @@ def print_row(r: dict, header: bool) -> None:
     if r.get("shortlist"):
         name += f" + {Path(r['shortlist']).name}"
     print(
-        f"| {name} | {r['device']} {r['precision']} | {r['threads']} × {r['workers']} | {r['beam']} "
-        f"| {batch} | {r['sentences']} | {r['translate_s']:.2f} | {r['sent_per_s']:.1f} "
-        f"| {r['tok_per_s']:.0f} | {command} | {r['bleu']:.2f} |"
+        f"| {name} | {r['device']} {r['precision']} | {r['threads']} × {r['workers']} | "
+        f"{r['beam']} | {batch} | {r['sentences']} | {r['translate_s']:.2f} | "
+        f"{r['sent_per_s']:.1f} | {r['tok_per_s']:.0f} | {command} | {r['bleu']:.2f} |"
     )

@@ -62,8 +62,11 @@ from nmt.tokenizer import leading_language_token
 log = logging.getLogger(__name__)
 #: `Translator.load`'s keyword arguments besides the decode settings: the options of
 #: `nmt translate` that are not its stream I/O
-LOAD_OPTIONS = tuple(f.name for f in fields(TranslateOptions)
-                     if f.metadata.get("cli", True) and not f.metadata.get("io") and f.name != "checkpoints")
+LOAD_OPTIONS = tuple(
+    f.name
+    for f in fields(TranslateOptions)
+    if f.metadata.get("cli", True) and not f.metadata.get("io") and f.name != "checkpoints"
+)
 DECODE_OPTIONS = tuple(f.name for f in fields(DecodeConfig) if f.metadata.get("cli", True))
 
 
@@ -117,18 +120,25 @@ def _iterable(texts: Any, name: str, where: str) -> Iterable[Any]:
     return texts
 
 
-def _texts(texts: Any, name: str, where: str, first: int = 0, kinds: tuple[type, ...] = (str,)) -> list[Any]:
+def _texts(
+    texts: Any, name: str, where: str, first: int = 0, kinds: tuple[type, ...] = (str,)
+) -> list[Any]:
     """`texts` (see `_iterable`) as a list of `kinds` (str; to translate, str or Request), or an
     NmtError naming a bad item (`name[first + i]`)."""
     texts = list(_iterable(texts, name, where))
     for i, text in enumerate(texts):
         if not isinstance(text, kinds):
-            raise NmtError(f"{where}: {name}[{first + i}] is {type(text).__name__}, not "
-                           + " or ".join(k.__name__ for k in kinds))
+            raise NmtError(
+                f"{where}: {name}[{first + i}] is {type(text).__name__}, not "
+                + " or ".join(k.__name__ for k in kinds)
+            )
     return texts
 
 
-_TO_TRANSLATE = (str, Request)  # what a text to translate may be: a str, or a Request (a text and what is asked)
+_TO_TRANSLATE = (
+    str,
+    Request,
+)  # what a text to translate may be: a str, or a Request (a text and what is asked)
 
 
 def _paths(checkpoints: Any) -> list[Path]:
@@ -137,12 +147,16 @@ def _paths(checkpoints: Any) -> list[Path]:
     if isinstance(checkpoints, (str, os.PathLike)):
         return [Path(checkpoints)]
     if isinstance(checkpoints, (bytes, bytearray)) or not isinstance(checkpoints, Iterable):
-        raise NmtError(f"{where} must be a path (str or os.PathLike) or a list of paths, "
-                       f"got {type(checkpoints).__name__}")
+        raise NmtError(
+            f"{where} must be a path (str or os.PathLike) or a list of paths, got "
+            f"{type(checkpoints).__name__}"
+        )
     paths = list(checkpoints)
     for i, path in enumerate(paths):
         if not isinstance(path, (str, os.PathLike)):
-            raise NmtError(f"{where}[{i}] is {type(path).__name__}, not a path (str or os.PathLike)")
+            raise NmtError(
+                f"{where}[{i}] is {type(path).__name__}, not a path (str or os.PathLike)"
+            )
     return [Path(path) for path in paths]
 
 
@@ -154,19 +168,44 @@ class Translator:
     at once (CPU `workers` already decode several batches in parallel).
     """
 
-    def __init__(self, loaded: Loaded, decode: DecodeConfig, *, device: torch.device, precision: str = "fp32",
-                 workers: int = 0, shortlist: Shortlist | None = None, alignment_layer: int | None = None):
-        self.loaded, self.decode, self.device = loaded, decode, device
-        self.precision, self.workers, self.shortlist = precision, workers, shortlist
+    def __init__(
+        self,
+        loaded: Loaded,
+        decode: DecodeConfig,
+        *,
+        device: torch.device,
+        precision: str = "fp32",
+        workers: int = 0,
+        shortlist: Shortlist | None = None,
+        alignment_layer: int | None = None,
+    ):
+        self.loaded = loaded
+        self.decode = decode
+        self.device = device
+        self.precision = precision
+        self.workers = workers
+        self.shortlist = shortlist
         self.alignment_layer = alignment_layer  # as given: checked against the model when used
-        self.target_lang: str | None = None  # the >>xxx<< token every source gets (from_options sets it)
-        self.terminology: Terminology | None = None  # source term -> target term constraints (from_options)
-        self.term_stats = {"lines": 0, "terms": 0, "met": 0}  # lines with terms, their terms, terms in the output
-        self.lexical = LexicalConstraints(loaded.tokenizer, loaded.max_positions)  # requests -> Constraints
+        self.target_lang: str | None = (
+            None  # the >>xxx<< token every source gets (from_options sets it)
+        )
+        self.terminology: Terminology | None = (
+            None  # source term -> target term constraints (from_options)
+        )
+        self.term_stats = {
+            "lines": 0,
+            "terms": 0,
+            "met": 0,
+        }  # lines with terms, their terms, terms in the output
+        self.lexical = LexicalConstraints(
+            loaded.tokenizer, loaded.max_positions
+        )  # requests -> Constraints
         self._warned: set[str] = set()  # unknown >>xxx<< tokens warned about
 
     @classmethod
-    def load(cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], **options: Any) -> Translator:
+    def load(
+        cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], **options: Any
+    ) -> Translator:
         """Load one checkpoint, or several as an ensemble (mean of log-probabilities).
 
         options: device ("auto", "cpu", "cuda", "cuda:N"), precision ("fp32", "bf16", "fp16",
@@ -180,11 +219,18 @@ class Translator:
         if not paths:
             raise NmtError("Translator.load needs at least one checkpoint")
         if unknown := sorted(set(options) - set(LOAD_OPTIONS) - set(DECODE_OPTIONS)):
-            raise NmtError(f"Translator.load: unknown option {unknown[0]}= (options: "
-                           f"{', '.join(LOAD_OPTIONS + DECODE_OPTIONS)})")
-        decode = {k: coerce_option(DecodeConfig, k, options.pop(k), "Translator.load")
-                  for k in DECODE_OPTIONS if k in options}
-        options = {k: coerce_option(TranslateOptions, k, v, "Translator.load") for k, v in options.items()}
+            raise NmtError(
+                f"Translator.load: unknown option {unknown[0]}= (options: "
+                f"{', '.join(LOAD_OPTIONS + DECODE_OPTIONS)})"
+            )
+        decode = {
+            k: coerce_option(DecodeConfig, k, options.pop(k), "Translator.load")
+            for k in DECODE_OPTIONS
+            if k in options
+        }
+        options = {
+            k: coerce_option(TranslateOptions, k, v, "Translator.load") for k, v in options.items()
+        }
         opts = TranslateOptions(checkpoints=paths, decode=decode, **options)
         return cls.from_options(opts, name=lambda key: f"{key}=")
 
@@ -195,21 +241,32 @@ class Translator:
         for the command (the default), `threads=` for the API."""
         name = name or flag
         if opts.precision not in DECODE_PRECISIONS:
-            raise NmtError(f"{name('precision')} must be one of {', '.join(DECODE_PRECISIONS)}, "
-                           f"got {opts.precision!r}")
+            raise NmtError(
+                f"{name('precision')} must be one of {', '.join(DECODE_PRECISIONS)}, got "
+                f"{opts.precision!r}"
+            )
         if opts.threads < 0:
-            raise NmtError(f"{name('threads')} must be 0 (torch's default) or more, got {opts.threads}")
+            raise NmtError(
+                f"{name('threads')} must be 0 (torch's default) or more, got {opts.threads}"
+            )
         if opts.workers < 0:
-            raise NmtError(f"{name('workers')} must be 0 (one per CPU thread) or more, got {opts.workers}")
+            raise NmtError(
+                f"{name('workers')} must be 0 (one per CPU thread) or more, got {opts.workers}"
+            )
         layer = opts.alignment_layer
         if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
             raise NmtError(f"{name('alignment_layer')} must be an integer or None, got {layer!r}")
         for key in ("shortlist", "terminology"):
             if not isinstance(getattr(opts, key), (str, os.PathLike, type(None))):
-                raise NmtError(f"{name(key)} must be a path (str or os.PathLike), got {type(getattr(opts, key)).__name__}")
+                raise NmtError(
+                    f"{name(key)} must be a path (str or os.PathLike), got "
+                    f"{type(getattr(opts, key)).__name__}"
+                )
 
     @classmethod
-    def from_options(cls, opts: TranslateOptions, name: Callable[[str], str] | None = None) -> Translator:
+    def from_options(
+        cls, opts: TranslateOptions, name: Callable[[str], str] | None = None
+    ) -> Translator:
         """The translator `opts` describe (their I/O fields aside), options named in errors by
         `name` (see `check_options`)."""
         name = name or flag
@@ -217,29 +274,59 @@ class Translator:
         if opts.threads > 0:
             torch.set_num_threads(min(opts.threads, MAX_THREADS))
         # int8 decoding exists on the CPU only: there, auto means the CPU even where CUDA is present
-        device = resolve_device("cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device)
+        device = resolve_device(
+            "cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device
+        )
         decode_autocast(device, opts.precision)  # fp16 off CUDA: refused before the models load
-        loaded = load_models(resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision)
+        loaded = load_models(
+            resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision
+        )
         source = str(opts.checkpoints[0]) if opts.checkpoints else "the checkpoint"
-        cfg = decode_config(loaded.config.decode, opts.decode, opts.nbest, source=source,
-                            vocab_size=loaded.tokenizer.vocab_size, option=name)
-        shortlist = load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
-        translator = cls(loaded, cfg, device=device, precision=opts.precision, workers=opts.workers,
-                         shortlist=shortlist, alignment_layer=opts.alignment_layer)
-        translator.target_lang = loaded.tokenizer.language_token(opts.target_lang, name("target_lang"))
+        cfg = decode_config(
+            loaded.config.decode,
+            opts.decode,
+            opts.nbest,
+            source=source,
+            vocab_size=loaded.tokenizer.vocab_size,
+            option=name,
+        )
+        shortlist = (
+            load_shortlist_for(str(opts.shortlist), loaded, cfg.beam) if opts.shortlist else None
+        )
+        translator = cls(
+            loaded,
+            cfg,
+            device=device,
+            precision=opts.precision,
+            workers=opts.workers,
+            shortlist=shortlist,
+            alignment_layer=opts.alignment_layer,
+        )
+        translator.target_lang = loaded.tokenizer.language_token(
+            opts.target_lang, name("target_lang")
+        )
         if opts.terminology is not None:
             need_beam_search(cfg, name("terminology"))
             translator.terminology = terms.load_terminology(opts.terminology)
         layers = layer_count(loaded.model)
-        if opts.alignment_layer is not None and layers:  # checked against the model now, not at the first line
+        if (
+            opts.alignment_layer is not None and layers
+        ):  # checked against the model now, not at the first line
             resolve_layer(opts.alignment_layer, layers, name("alignment_layer"))
         return translator
 
     # ------------------------------------------------------------------ translation
 
-    def translate(self, texts: Iterable[str | Request], *, target_lang: str | None = None,
-                  constraints: Sequence[Sequence[str]] | None = None, avoid: Sequence[Sequence[str]] | None = None,
-                  prefix: Sequence[str] | None = None, ordered: bool = False) -> list[str]:
+    def translate(
+        self,
+        texts: Iterable[str | Request],
+        *,
+        target_lang: str | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+        avoid: Sequence[Sequence[str]] | None = None,
+        prefix: Sequence[str] | None = None,
+        ordered: bool = False,
+    ) -> list[str]:
         """The best translation of each text, in order; "" for an empty or blank text.
         `target_lang` (a multilingual model's >>xxx<< language, e.g. "fra") overrides the one
         the translator was loaded with, for this call. Lexical constraints, one entry per text
@@ -251,13 +338,22 @@ class Translator:
         requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, "translate")
         return [hyps[0].text if hyps else "" for hyps in self._nbest(requests, lang=lang)]
 
-    def translate_nbest(self, texts: Iterable[str | Request], nbest: int = 1, *, where: Callable[[int], str] | None = None,
-                        first_index: int = 0, alignment: bool = False,
-                        attention: bool = False, target_lang: str | None = None,
-                        constraints: Sequence[Sequence[str]] | None = None,
-                        avoid: Sequence[Sequence[str]] | None = None, prefix: Sequence[str] | None = None,
-                        ordered: bool | Sequence[bool] = False,
-                        abandoned: Callable[[int], bool] | None = None) -> list[list[Translation]]:
+    def translate_nbest(
+        self,
+        texts: Iterable[str | Request],
+        nbest: int = 1,
+        *,
+        where: Callable[[int], str] | None = None,
+        first_index: int = 0,
+        alignment: bool = False,
+        attention: bool = False,
+        target_lang: str | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+        avoid: Sequence[Sequence[str]] | None = None,
+        prefix: Sequence[str] | None = None,
+        ordered: bool | Sequence[bool] = False,
+        abandoned: Callable[[int], bool] | None = None,
+    ) -> list[list[Translation]]:
         """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
         [] for an empty or blank text. `where(i)` names input i in warnings (default
         "texts[i]"; the command passes FILE:LINE). With sampling, text i is input sentence
@@ -270,9 +366,9 @@ class Translator:
         `constraints[i]`, target phrases that must all appear in translation i (in the given
         order with `ordered`; segmented as an output would be); `avoid[i]`, texts it must never
         hold (`nmt.terminology.avoided_text`); `prefix[i]`, the text it must start with ("" for
-        none); `ordered` (for all texts, or one per text). Or a text is a `Request` (nmt.terminology),
-        its text and these (checked when it was made). Constraints that can never fit in
-        the length limit are an NmtError naming the text; a translation whose constraints do
+        none); `ordered` (for all texts, or one per text). Or a text is a `Request`
+        (nmt.terminology), its text and these (checked when it was made). Constraints that can never
+        fit in the length limit are an NmtError naming the text; a translation whose constraints do
         not fit ends with them unmet, with a warning naming the text and why. With the
         translator's `terminology`, the target terms of each text's source terms are added to
         its constraints.
@@ -281,8 +377,10 @@ class Translator:
         gone), asked before each decoding step; its translation then ends there, cut short."""
         name = "translate_nbest"
         lang = self.loaded.tokenizer.language_token(target_lang, f"{name}: target_lang")
-        nbest, first_index = _arg(nbest, int, "nbest", name), _arg(first_index, int, "first_index", name)
-        alignment, attention = _arg(alignment, bool, "alignment", name), _arg(attention, bool, "attention", name)
+        nbest = _arg(nbest, int, "nbest", name)
+        first_index = _arg(first_index, int, "first_index", name)
+        alignment = _arg(alignment, bool, "alignment", name)
+        attention = _arg(attention, bool, "attention", name)
         if first_index < 0:
             raise NmtError(f"{name}: first_index must be 0 or more, got {first_index}")
         if not (where is None or callable(where)):
@@ -291,12 +389,29 @@ class Translator:
             raise NmtError(f"{name}: abandoned= must be a function of a text's index, or None")
         texts = _texts(texts, "texts", name, kinds=_TO_TRANSLATE)
         requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, name)
-        return self._nbest(requests, nbest, where=where, first_index=first_index,
-                           alignment=alignment, attention=attention, lang=lang, abandoned=abandoned)
+        return self._nbest(
+            requests,
+            nbest,
+            where=where,
+            first_index=first_index,
+            alignment=alignment,
+            attention=attention,
+            lang=lang,
+            abandoned=abandoned,
+        )
 
-    def _nbest(self, requests: list[Request], nbest: int = 1, *, where: Callable[[int], str] | None = None,
-               first_index: int = 0, alignment: bool = False, attention: bool = False,
-               lang: str | None = None, abandoned: Callable[[int], bool] | None = None) -> list[list[Translation]]:
+    def _nbest(
+        self,
+        requests: list[Request],
+        nbest: int = 1,
+        *,
+        where: Callable[[int], str] | None = None,
+        first_index: int = 0,
+        alignment: bool = False,
+        attention: bool = False,
+        lang: str | None = None,
+        abandoned: Callable[[int], bool] | None = None,
+    ) -> list[list[Translation]]:
         """`translate_nbest` of arguments already checked: the texts and what is asked of their
         translations (`requests`); `lang` a checked >>xxx<< token."""
         check_nbest(nbest, self.decode, "nbest")
@@ -307,44 +422,91 @@ class Translator:
         if self.terminology is not None:
             requests = [terms.with_terms(r, self.terminology) for r in requests]
         cons = self.lexical.constraints(requests, seqs, self.decode, where)
-        hyps = translate_token_lists(self.loaded.model, seqs, self.decode, specials=self.loaded.tokenizer.specials,
-                                     nbest=nbest, device=self.device,
-                                     precision=self.precision, max_positions=self.loaded.max_positions,
-                                     workers=self.workers, shortlist=self.shortlist, first_index=first_index,
-                                     constraints=cons, model_name=self.loaded.name, abandoned=abandoned)
+        hyps = translate_token_lists(
+            self.loaded.model,
+            seqs,
+            self.decode,
+            specials=self.loaded.tokenizer.specials,
+            nbest=nbest,
+            device=self.device,
+            precision=self.precision,
+            max_positions=self.loaded.max_positions,
+            workers=self.workers,
+            shortlist=self.shortlist,
+            first_index=first_index,
+            constraints=cons,
+            model_name=self.loaded.name,
+            abandoned=abandoned,
+        )
         out = self.translations(seqs, hyps, alignment, attention)
         if cons is not None:
-            self.lexical.report(requests, cons, hyps, [[t.text for t in ts] for ts in out], self.decode, where,
-                                self.term_stats)
+            self.lexical.report(
+                requests,
+                cons,
+                hyps,
+                [[t.text for t in ts] for ts in out],
+                self.decode,
+                where,
+                self.term_stats,
+            )
         return out
 
-    def translations(self, seqs: list[list[int]], hyps: list[list[Hypothesis]], alignment: bool = False,
-                     attention: bool = False) -> list[list[Translation]]:
+    def translations(
+        self,
+        seqs: list[list[int]],
+        hyps: list[list[Hypothesis]],
+        alignment: bool = False,
+        attention: bool = False,
+    ) -> list[list[Translation]]:
         """The hypotheses of the sources `seqs` (token ids) as texts, with their alignment and / or
         attention if asked (`translate_nbest`)."""
         decode = self.loaded.tokenizer.decode
-        out = [[Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs] for hs in hyps]
+        out = [
+            [Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs]
+            for hs in hyps
+        ]
         if alignment or attention:
             layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model))
             self._attach_attention(seqs, hyps, out, layer, alignment, attention)
         return out
 
-    def _attach_attention(self, seqs: list[list[int]], hyps: list[list[Hypothesis]], out: list[list[Translation]],
-                          layer: int, alignment: bool, attention: bool) -> None:
-        """Fill in each translation's alignment and/or attention (nmt.decoding.alignment), in place."""
+    def _attach_attention(
+        self,
+        seqs: list[list[int]],
+        hyps: list[list[Hypothesis]],
+        out: list[list[Translation]],
+        layer: int,
+        alignment: bool,
+        attention: bool,
+    ) -> None:
+        """Fill in each translation's alignment and/or attention (nmt.decoding.alignment), in
+        place."""
         pairs = [(i, k) for i, hs in enumerate(hyps) for k in range(len(hs))]
-        weights = attention_matrices(self.loaded.model, [seqs[i] for i, _ in pairs],
-                                     [hyps[i][k].tokens for i, k in pairs], specials=self.loaded.tokenizer.specials,
-                                     device=self.device, precision=self.precision)
-        (source, target), eos = self.loaded.tokenizer.vocabularies(), self.loaded.tokenizer.specials.eos
+        weights = attention_matrices(
+            self.loaded.model,
+            [seqs[i] for i, _ in pairs],
+            [hyps[i][k].tokens for i, k in pairs],
+            specials=self.loaded.tokenizer.specials,
+            device=self.device,
+            precision=self.precision,
+        )
+        (source, target) = self.loaded.tokenizer.vocabularies()
+        eos = self.loaded.tokenizer.specials.eos
         for (i, k), w in zip(pairs, weights, strict=True):
             att = None
             if attention:
-                att = Attention(w, [source[t] for t in [*seqs[i], eos]], [target[t] for t in [*hyps[i][k].tokens, eos]])
-            out[i][k] = replace(out[i][k], alignment=hard_alignment(w, layer) if alignment else None, attention=att)
+                att = Attention(
+                    w,
+                    [source[t] for t in [*seqs[i], eos]],
+                    [target[t] for t in [*hyps[i][k].tokens, eos]],
+                )
+            out[i][k] = replace(
+                out[i][k], alignment=hard_alignment(w, layer) if alignment else None, attention=att
+            )
 
     def translate_stream(self, lines: Iterable[str], *, buffer_lines: int = 1) -> Iterator[str]:
-        """Translate an iterable of lines (str, or `Request`s) lazily, yielding one result per line in order.
+        """Translate an iterable of lines (str, or `Request`s) lazily, yielding one result per line
+        in order.
 
         At most `buffer_lines` lines are read ahead and translated together. The default, 1,
         answers each line before the next is read (fairseq-interactive's default), for a
@@ -356,19 +518,27 @@ class Translator:
         lines = _iterable(lines, "lines", where)
         buffer_lines = _arg(buffer_lines, int, "buffer_lines", where)
         if not 1 <= buffer_lines <= sys.maxsize:
-            raise NmtError(f"{where}: buffer_lines must be between 1 and {sys.maxsize}, got {buffer_lines}")
+            raise NmtError(
+                f"{where}: buffer_lines must be between 1 and {sys.maxsize}, got {buffer_lines}"
+            )
         return self._stream(iter(lines), buffer_lines)
 
     def _stream(self, lines: Iterator[Any], buffer_lines: int) -> Iterator[str]:
         first = 0
-        while chunk := _texts(islice(lines, buffer_lines), "lines", "translate_stream", first, _TO_TRANSLATE):
+        while chunk := _texts(
+            islice(lines, buffer_lines), "lines", "translate_stream", first, _TO_TRANSLATE
+        ):
             requests = terms.requests_from(chunk, None, None, None, False, "translate_stream")
-            yield from (hyps[0].text if hyps else "" for hyps in self._nbest(requests, first_index=first))
+            yield from (
+                hyps[0].text if hyps else "" for hyps in self._nbest(requests, first_index=first)
+            )
             first += len(chunk)
 
     # ------------------------------------------------------------------ forced decoding
 
-    def score(self, sources: Iterable[str], targets: Iterable[str], *, normalize: bool = False) -> list[float]:
+    def score(
+        self, sources: Iterable[str], targets: Iterable[str], *, normalize: bool = False
+    ) -> list[float]:
         """The model's log-probability (natural log) of each target given its source.
 
         It is the sum of the log-probs of the target's tokens (as the checkpoint's
@@ -382,7 +552,8 @@ class Translator:
         it: "" for certain). A target too long for the model is an error. Always decodes over
         the whole vocabulary (no shortlist).
         """
-        sources, targets = _texts(sources, "sources", "score"), _texts(targets, "targets", "score")
+        sources = _texts(sources, "sources", "score")
+        targets = _texts(targets, "targets", "score")
         normalize = _arg(normalize, bool, "normalize", "score")
         if len(sources) != len(targets):
             raise NmtError(f"score: {len(sources)} sources but {len(targets)} targets")
@@ -391,11 +562,20 @@ class Translator:
         limit = self.loaded.max_positions - 1
         for i, t in enumerate(tgts):
             if len(t) > limit:
-                raise NmtError(f"targets[{i}]: {len(t)} tokens, more than the model's maximum of {limit}")
+                raise NmtError(
+                    f"targets[{i}]: {len(t)} tokens, more than the model's maximum of {limit}"
+                )
         todo = [i for i, s in enumerate(srcs) if s]
-        lprobs = score_token_lists(self.loaded.model, [srcs[i] for i in todo], [tgts[i] for i in todo],
-                                   self.decode, specials=self.loaded.tokenizer.specials, device=self.device,
-                                   precision=self.precision, model_name=self.loaded.name)
+        lprobs = score_token_lists(
+            self.loaded.model,
+            [srcs[i] for i in todo],
+            [tgts[i] for i in todo],
+            self.decode,
+            specials=self.loaded.tokenizer.specials,
+            device=self.device,
+            precision=self.precision,
+            model_name=self.loaded.name,
+        )
         scores = [0.0 if not t else -math.inf for t in tgts]  # empty sources
         for i, lp in zip(todo, lprobs, strict=True):
             scores[i] = sum(lp)
@@ -410,14 +590,26 @@ class Translator:
         has language tokens (a typo would steer the translation to no language; `target_lang`
         refuses it too), else read as `<unk>` (as Marian does) with a warning, once a token."""
         if self.loaded.tokenizer.language_tokens():
-            self.loaded.tokenizer.language_token(token, where)  # raises, naming the line and the close matches
+            self.loaded.tokenizer.language_token(
+                token, where
+            )  # raises, naming the line and the close matches
         if token not in self._warned:
             self._warned.add(token)
-            log.warning("%s: %s is not a token of this model (it has no target-language tokens); read as <unk>",
-                        where, token)
+            log.warning(
+                "%s: %s is not a token of this model (it has no target-language tokens); read as "
+                "<unk>",
+                where,
+                token,
+            )
 
-    def _encode(self, texts: Sequence[str], where: Callable[[int], str] | None, *,
-                target: bool = False, lang: str | None = None) -> list[list[int]]:
+    def _encode(
+        self,
+        texts: Sequence[str],
+        where: Callable[[int], str] | None,
+        *,
+        target: bool = False,
+        lang: str | None = None,
+    ) -> list[list[int]]:
         """Token ids of each text (cleaned, a str: see `_texts`), as a source or with `target` as a
         target; [] for blank ones. A source text not starting with a language token gets `lang`
         (">>fra<<") first. With `where`, a text longer than the model's maximum is truncated,
@@ -429,11 +621,20 @@ class Translator:
             text = clean_text(text)
             if lang and text.strip() and not leading_language_token(text):
                 text = f"{lang} {text}"
-            if where is not None and not target and (unknown := self.loaded.tokenizer.unknown_language(text)):
+            if (
+                where is not None
+                and not target
+                and (unknown := self.loaded.tokenizer.unknown_language(text))
+            ):
                 self._unknown_language(unknown, where(i))
             seq = encode(text) if text.strip() else []
             if where is not None and len(seq) > limit:
-                log.warning("%s: %d tokens, truncated to the model's maximum of %d", where(i), len(seq), limit)
+                log.warning(
+                    "%s: %d tokens, truncated to the model's maximum of %d",
+                    where(i),
+                    len(seq),
+                    limit,
+                )
                 seq = seq[:limit]
             seqs.append(seq)
         return seqs

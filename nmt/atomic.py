@@ -51,11 +51,14 @@ def temporary_name(path: str | Path, kind: str = "tmp") -> Path:
     """A hidden sibling of `path` for this process to fill: `.{name}.tmp-{pid}-{hex}` (kind
     "old": where a replaced directory waits for its removal); `name` a hash if it is long."""
     path = Path(path)
-    return path.with_name(f".{_temporary_stem(path.name)}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+    return path.with_name(
+        f".{_temporary_stem(path.name)}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+    )
 
 
 def _temporary_stem(name: str) -> str:
-    """How the temporaries of the file `name` name it: as it is, or the start of its sha256 if long."""
+    """How the temporaries of the file `name` name it: as it is, or the start of its sha256 if
+    long."""
     if len(os.fsencode(name)) <= LONG_NAME:
         return name
     return hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
@@ -74,7 +77,8 @@ def os_error(exc: BaseException) -> OSError | None:
 
 @contextlib.contextmanager
 def os_errors_as(subject: object, action: str) -> Iterator[None]:
-    """An OSError raised in the block becomes the one-line NmtError "{subject}: {action} (reason)"."""
+    """An OSError raised in the block becomes the one-line NmtError "{subject}: {action}
+    (reason)"."""
     try:
         yield
     except OSError as e:
@@ -111,14 +115,17 @@ def _parent_problem(path: Path) -> str | None:
     parent = path.parent
     if parent.is_dir():
         return None
-    existing = next((p for p in parent.parents if p.exists()), None) if not parent.exists() else parent
+    existing = (
+        next((p for p in parent.parents if p.exists()), None) if not parent.exists() else parent
+    )
     if existing is not None and not existing.is_dir():
         return f"{existing}: not a directory"
     return f"{parent}: no such directory"
 
 
 def written_into(path: str | Path) -> bool:
-    """Whether `path` is a device, a FIFO, a socket or a descriptor's name (/dev/stdout): written into, never replaced."""
+    """Whether `path` is a device, a FIFO, a socket or a descriptor's name (/dev/stdout): written
+    into, never replaced."""
     with contextlib.suppress(OSError):
         if stat.S_IFMT(os.stat(path).st_mode) not in (stat.S_IFREG, stat.S_IFDIR):
             return True
@@ -150,7 +157,9 @@ def directory_target(path: str | Path, option: str = "") -> Path:
     if not path.name or path.name in (".", ".."):
         raise NmtError(f"{name}: name a directory to create or replace, not {str(path)!r}")
     problem = _parent_problem(path)
-    if problem is not None and "not a directory" in problem:  # a missing parent is made (prepare-bpe)
+    if (
+        problem is not None and "not a directory" in problem
+    ):  # a missing parent is made (prepare-bpe)
         raise NmtError(f"{name}: cannot write there ({problem})")
     return path
 
@@ -168,13 +177,18 @@ def own_file(path: Path, what: str, *, directory: bool = False) -> Path:
         raise NmtError(f"{path}: cannot write {what} ({e.strerror or e})") from None
     kind = "directory" if directory else "regular file"
     if stat.S_ISLNK(mode):
-        raise NmtError(f"{path}: {what} is a symbolic link, not a {kind}; nmt does not write through it: remove it")
+        raise NmtError(
+            f"{path}: {what} is a symbolic link, not a {kind}; nmt does not write through it: "
+            "remove it"
+        )
     if not (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)):
         raise NmtError(f"{path}: {what} is not a {kind}; remove it")
     return path
 
 
-def check_replaceable(dest: Path, force: bool, markers: tuple[str, ...], kind: str, option: str = "") -> None:
+def check_replaceable(
+    dest: Path, force: bool, markers: tuple[str, ...], kind: str, option: str = ""
+) -> None:
     """Refuse to replace an existing `dest` unless it is an empty directory or, with `force`, a
     directory holding all of `markers` (an earlier output of the command: `kind`)."""
     name = _named(dest, option)
@@ -188,8 +202,10 @@ def check_replaceable(dest: Path, force: bool, markers: tuple[str, ...], kind: s
     if not force:
         raise NmtError(f"{name} exists and is not empty; use --force to replace it")
     if not all((dest / marker).is_file() for marker in markers):
-        raise NmtError(f"{name} is not empty and is not {kind}; refusing to replace it even with --force "
-                       "(choose a new or empty directory)")
+        raise NmtError(
+            f"{name} is not empty and is not {kind}; refusing to replace it even with --force "
+            "(choose a new or empty directory)"
+        )
 
 
 @contextlib.contextmanager
@@ -213,7 +229,9 @@ def replacing(path: Path, what: str = "checkpoint", *, own: bool = False) -> Ite
                 while block := src.read(1 << 20):
                     write_all(into, block)
             return tmp.unlink()
-        with contextlib.suppress(FileNotFoundError):  # the replaced file's permission bits (none: a new file)
+        with contextlib.suppress(
+            FileNotFoundError
+        ):  # the replaced file's permission bits (none: a new file)
             os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
         os.replace(tmp, path)
         fsync_path(path.parent)
@@ -257,7 +275,9 @@ def replacing_together(outputs: list[tuple[Path, str]]) -> Iterator[list[Path]]:
 
 
 @contextlib.contextmanager
-def replacing_directory(dest: Path, what: str, option: str = "", *, own: bool = False) -> Iterator[Path]:
+def replacing_directory(
+    dest: Path, what: str, option: str = "", *, own: bool = False
+) -> Iterator[Path]:
     """Yield a new hidden sibling directory of `dest` (from `directory_target`; killed writers'
     leftovers removed first) for the caller to fill, then put it in place of `dest` as a whole.
     On failure it goes away, `dest` unchanged; an OSError (no permission, a full disk) is an
@@ -270,9 +290,16 @@ def replacing_directory(dest: Path, what: str, option: str = "", *, own: bool = 
         work.mkdir()
     try:
         yield work
-        others = sorted({p.name for p in dest.iterdir()} - {p.name for p in work.iterdir()}) if own and dest.is_dir() else []
+        others = (
+            sorted({p.name for p in dest.iterdir()} - {p.name for p in work.iterdir()})
+            if own and dest.is_dir()
+            else []
+        )
         if others:
-            raise NmtError(f"{name}: holds {', '.join(others[:5])}, which {what} does not write; move them away")
+            raise NmtError(
+                f"{name}: holds {', '.join(others[:5])}, which {what} does not write; move them "
+                "away"
+            )
         _swap_directory(work, dest)
     except BaseException as exc:
         shutil.rmtree(work, ignore_errors=True)
@@ -282,8 +309,13 @@ def replacing_directory(dest: Path, what: str, option: str = "", *, own: bool = 
 
 def _raise_write_error(exc: BaseException, name: object, what: str) -> None:
     """Raise the OSError behind the error `exc` of a write (a full disk) as the NmtError "{name}:
-    cannot write {what} (reason)"; an NmtError (it names its cause) or an interrupt is left to the caller."""
-    if isinstance(exc, Exception) and not isinstance(exc, NmtError) and (error := os_error(exc)) is not None:
+    cannot write {what} (reason)"; an NmtError (it names its cause) or an interrupt is left to the
+    caller."""
+    if (
+        isinstance(exc, Exception)
+        and not isinstance(exc, NmtError)
+        and (error := os_error(exc)) is not None
+    ):
         raise NmtError(f"{name}: cannot write {what} ({error.strerror or error})") from exc
 
 
@@ -301,15 +333,17 @@ def _swap_directory(work: Path, dest: Path) -> None:
     except BaseException:
         old.rename(dest)
         raise
-    shutil.rmtree(old, ignore_errors=True)  # what stays (unreadable) goes with the next run's cleaning
+    shutil.rmtree(
+        old, ignore_errors=True
+    )  # what stays (unreadable) goes with the next run's cleaning
 
 
 def write_all(fd: int, data: bytes) -> None:
-    """Write every byte of `data` to `fd`, or raise the OSError. A short write (`ulimit -f`) is retried
-    so that its error surfaces: Python's buffered files have reported success after one."""
+    """Write every byte of `data` to `fd`, or raise the OSError. A short write (`ulimit -f`) is
+    retried so that its error surfaces: Python's buffered files have reported success after one."""
     view = memoryview(data).cast("B")
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class TextWriter:
@@ -317,14 +351,16 @@ class TextWriter:
     outputs whose every byte counts (translations, `nmt score`, the resolved config)."""
 
     def __init__(self, fd: int):
-        self.fd, self.parts = fd, []  # type: tuple[int, list[str]]
+        self.fd = fd
+        self.parts: list[str] = []
 
     def write(self, text: str) -> int:
         self.parts.append(text)
         return len(text)
 
     def flush(self) -> None:
-        data, self.parts = "".join(self.parts).encode("utf-8"), []
+        data = "".join(self.parts).encode("utf-8")
+        self.parts = []
         write_all(self.fd, data)
 
 
@@ -346,15 +382,20 @@ def write_stdout(write: Callable[[TextWriter], object], what: str = "") -> None:
         raise NmtError(f"standard output: {action} ({e.strerror or e})") from None
 
 
-def atomic_write_bytes(data: bytes, path: str | Path, what: str = "file", *, own: bool = False) -> None:
+def atomic_write_bytes(
+    data: bytes, path: str | Path, what: str = "file", *, own: bool = False
+) -> None:
     """Write `data` to `path` so that a kill leaves the old file or the new one (fsync, rename,
-    fsync the directory), and a temporary that `clean_temporaries` recognises (`own`: `replacing`'s)."""
+    fsync the directory), and a temporary that `clean_temporaries` recognises (`own`:
+    `replacing`'s)."""
     with replacing(Path(path), what, own=own) as tmp, open(tmp, "xb", buffering=0) as f:
         write_all(f.fileno(), data)
         os.fsync(f.fileno())
 
 
-def clean_temporaries(directory: str | Path, name: str | None = None, directories: bool = False) -> int:
+def clean_temporaries(
+    directory: str | Path, name: str | None = None, directories: bool = False
+) -> int:
     """Remove temporaries left by killed writers in `directory` (only those of the file
     `name`, if given; also whole directories, prepare-bpe's, with `directories`); return how
     many. A temporary whose writer process is still alive on this machine is left alone.
@@ -369,7 +410,9 @@ def clean_temporaries(directory: str | Path, name: str | None = None, directorie
         if match is None or (name is not None and match.group(1) != _temporary_stem(name)):
             continue
         is_dir = entry.is_dir() and not entry.is_symlink()
-        if (not directories if is_dir else not entry.is_file()) or process_alive(int(match.group(2))):
+        if (not directories if is_dir else not entry.is_file()) or process_alive(
+            int(match.group(2))
+        ):
             continue
         with contextlib.suppress(OSError):
             shutil.rmtree(entry) if is_dir else entry.unlink(missing_ok=True)
@@ -389,7 +432,7 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-# ------------------------------------------------------------------ no command writes a file it reads
+# --------------------------------------------------------------- no command writes a file it reads
 
 
 class FileArg(NamedTuple):
@@ -398,7 +441,9 @@ class FileArg(NamedTuple):
     option: str  # "-o", "--checkpoint", "CHECKPOINT", "standard input"
     file: str | os.PathLike | int  # a path, or an open file descriptor (0 or 1)
     what: str = ""  # what it holds: "the checkpoint"
-    directory: bool = False  # an output directory replaced as a whole: nothing it reads may be in it
+    directory: bool = (
+        False  # an output directory replaced as a whole: nothing it reads may be in it
+    )
 
 
 def check_outputs(inputs: Iterable[FileArg], outputs: Iterable[FileArg]) -> None:
@@ -415,7 +460,9 @@ def check_outputs(inputs: Iterable[FileArg], outputs: Iterable[FileArg]) -> None
         for arg, other in seen:
             if other == key or (out.directory and _inside(arg.file, key)):
                 verb = "is" if other == key else "contains"
-                raise NmtError(f"{_label(out)} {verb} {arg.what} ({_label(arg)}); choose another output")
+                raise NmtError(
+                    f"{_label(out)} {verb} {arg.what} ({_label(arg)}); choose another output"
+                )
         seen.append((out, key))
 
 
@@ -430,7 +477,9 @@ def _file_key(file: str | os.PathLike | int) -> tuple[object, object] | None:
         st = os.fstat(file) if isinstance(file, int) else os.stat(file)
     except OSError:
         return None if isinstance(file, int) else ("path", os.path.realpath(file))
-    return None if isinstance(file, int) and not stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
+    return (
+        None if isinstance(file, int) and not stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
+    )
 
 
 def _inside(file: str | os.PathLike | int, directory: tuple[object, object]) -> bool:
@@ -449,15 +498,22 @@ def open_regular_file(path: Path, flags: int, what: str, *, create: bool = True)
     its other names (`ln victim RUN/metrics.jsonl`, a run copied with `cp -al`; `unshare` first
     where a copy of its own is the answer). A missing file (without `create`) raises
     FileNotFoundError for the caller to word."""
-    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    flags |= (
+        os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    )
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as e:
         if e.errno == errno.ENOENT and not create:
             raise
         if e.errno == errno.ELOOP:
-            raise NmtError(f"{path}: {what} is a symbolic link, which nmt does not follow; remove it") from None
-        if e.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a FIFO with no reader, opened for writing only
+            raise NmtError(
+                f"{path}: {what} is a symbolic link, which nmt does not follow; remove it"
+            ) from None
+        if e.errno in (
+            errno.EISDIR,
+            errno.ENXIO,
+        ):  # ENXIO: a FIFO with no reader, opened for writing only
             raise NmtError(f"{path}: {what} is not a regular file; remove it") from None
         raise NmtError(f"{path}: cannot open {what} ({e.strerror or e})") from None
     st = os.fstat(fd)
@@ -466,8 +522,10 @@ def open_regular_file(path: Path, flags: int, what: str, *, create: bool = True)
         raise NmtError(f"{path}: {what} is not a regular file; remove it")
     if flags & (os.O_WRONLY | os.O_RDWR) and st.st_nlink > 1:
         os.close(fd)
-        raise NmtError(f"{path}: {what} has {st.st_nlink} links (a hard link: writing it would change its other "
-                       "names); remove it")
+        raise NmtError(
+            f"{path}: {what} has {st.st_nlink} links (a hard link: writing it would change its "
+            "other names); remove it"
+        )
     return fd
 
 
@@ -486,8 +544,13 @@ def unshare(path: Path, what: str) -> None:
     with replacing(path, what, own=True) as tmp:
         shutil.copyfile(path, tmp)
         fsync_path(tmp)
-    log.warning("%s: %s had %d links (a hard link); it is now a copy of its own, the other names keep "
-                "their content", path, what, st.st_nlink)
+    log.warning(
+        "%s: %s had %d links (a hard link); it is now a copy of its own, the other names keep "
+        "their content",
+        path,
+        what,
+        st.st_nlink,
+    )
 
 
 # ------------------------------------------------------------------ reading: regular files only
@@ -534,7 +597,8 @@ def read_regular(path: str | Path, what: str, limit: int | None = READ_LIMIT) ->
 
 class DirectoryLock(contextlib.AbstractContextManager["DirectoryLock"]):
     """An advisory lock (flock) on a file in a directory holding the holder's pid, for the next
-    comer's message. The kernel drops it when the process ends, even by `kill -9`. `with` releases it."""
+    comer's message. The kernel drops it when the process ends, even by `kill -9`. `with` releases
+    it."""
 
     def __init__(self, fd: int):
         self.fd: int | None = fd

@@ -81,23 +81,40 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
             fsync_path(tmp)
 
 
-def checkpoint_dict(weights: dict[str, torch.Tensor], cfg: Config, tokenizer: Tokenizer, *, update: int = 0,
-                    epoch: int = 0, **extra: Any) -> dict[str, Any]:
+def checkpoint_dict(
+    weights: dict[str, torch.Tensor],
+    cfg: Config,
+    tokenizer: Tokenizer,
+    *,
+    update: int = 0,
+    epoch: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
     """The dict of a checkpoint in nmt's format (`FORMAT_VERSION`): the weights, the config, the
     tokenizer, the counters, then `extra` entries (`train_state`, `imported_from`). The one builder:
     training, import and averaging (which keeps these keys of its first input) all write it."""
-    return {"format_version": FORMAT_VERSION, "model": weights, "config": config_to_dict(cfg),
-            "vocab_size": tokenizer.vocab_size, "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
-            "update": update, "epoch": epoch, **extra}
+    return {
+        "format_version": FORMAT_VERSION,
+        "model": weights,
+        "config": config_to_dict(cfg),
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
+        "update": update,
+        "epoch": epoch,
+        **extra,
+    }
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *,
-                    mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False
+) -> dict[str, Any]:
     """Load and check a checkpoint. `mmap=True` pages tensors in lazily (cheap for
     averaging when `train_state` is large)."""
     path = Path(path)
     try:
-        open_for_reading(path, "the checkpoint", None).close()  # a regular file: never a FIFO or a device
+        open_for_reading(
+            path, "the checkpoint", None
+        ).close()  # a regular file: never a FIFO or a device
     except FileNotFoundError:
         raise NmtError(f"{path}: checkpoint not found") from None
     try:
@@ -105,25 +122,36 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     except Exception as exc:
         reason = one_line(exc)
         if "Weights only load failed" in reason and zipfile.is_zipfile(path):
-            raise NmtError(f"{path}: checkpoint holds objects that safe loading (weights_only) refuses; "
-                           f"it was not written by nmt ({reason[:120]})") from exc
-        if not zipfile.is_zipfile(path):  # torch's words for it depend on mmap: "invalid load key", ...
+            raise NmtError(
+                f"{path}: checkpoint holds objects that safe loading (weights_only) refuses; it "
+                f"was not written by nmt ({reason[:120]})"
+            ) from exc
+        if not zipfile.is_zipfile(
+            path
+        ):  # torch's words for it depend on mmap: "invalid load key", ...
             reason = "not the zip archive that torch.save writes"
         raise NmtError(f"{path}: corrupt or truncated checkpoint ({reason})") from exc
     if not isinstance(ckpt, dict):
         raise NmtError(f"{path}: corrupt or truncated checkpoint (not a dict)")
     if missing := [key for key in REQUIRED_KEYS if key not in ckpt]:
         raise NmtError(f"{path}: corrupt or truncated checkpoint (missing {', '.join(missing)})")
-    model, config = ckpt["model"], ckpt["config"]
+    model = ckpt["model"]
+    config = ckpt["config"]
     if not isinstance(model, dict) or not all(isinstance(t, torch.Tensor) for t in model.values()):
         raise NmtError(f"{path}: not an nmt checkpoint (its model is not a dict of tensors)")
-    if bad := next((k for k, t in model.items() if t.is_floating_point() and not t.isfinite().all()), None):
-        raise NmtError(f"{path}: weight {bad} holds NaN or infinite values; the checkpoint is damaged")
+    if bad := next(
+        (k for k, t in model.items() if t.is_floating_point() and not t.isfinite().all()), None
+    ):
+        raise NmtError(
+            f"{path}: weight {bad} holds NaN or infinite values; the checkpoint is damaged"
+        )
     if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
         raise NmtError(f"{path}: not an nmt checkpoint (its config is not a dict of sections)")
     if ckpt["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
-        raise NmtError(f"{path}: unsupported checkpoint format_version {ckpt['format_version']!r} "
-                       f"(this nmt reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})")
+        raise NmtError(
+            f"{path}: unsupported checkpoint format_version {ckpt['format_version']!r} (this nmt "
+            f"reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
+        )
     return ckpt
 
 
@@ -138,11 +166,14 @@ class ModelCheckpoint:
 
     def load_into(self, model: torch.nn.Module) -> None:
         """Copy the weights into `model`, built from this checkpoint's model config; an NmtError
-        naming the checkpoint where they do not fit it (missing or unexpected keys, other shapes)."""
+        naming the checkpoint where they do not fit it (missing or unexpected keys, other
+        shapes)."""
         try:
             model.load_state_dict(self.weights)
         except RuntimeError as e:
-            raise NmtError(f"{self.path}: its weights do not match its model config ({one_line(e, 300)})") from None
+            raise NmtError(
+                f"{self.path}: its weights do not match its model config ({one_line(e, 300)})"
+            ) from None
 
 
 def load_model_checkpoint(path: str | Path, *, mmap: bool = False) -> ModelCheckpoint:
@@ -152,16 +183,24 @@ def load_model_checkpoint(path: str | Path, *, mmap: bool = False) -> ModelCheck
     path = Path(path)
     state = load_checkpoint(path, mmap=mmap)
     config = config_from_dict(state["config"], where=str(path))
-    entry, vocab_size = state.get("tokenizer"), state.get("vocab_size")
-    if not isinstance(entry, dict) or not isinstance(entry.get("model"), bytes) \
-            or not isinstance(entry.get("sha256"), str):
-        raise NmtError(f"{path}: the checkpoint holds no sentencepiece model (tokenizer); it cannot translate")
+    entry = state.get("tokenizer")
+    vocab_size = state.get("vocab_size")
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("model"), bytes)
+        or not isinstance(entry.get("sha256"), str)
+    ):
+        raise NmtError(
+            f"{path}: the checkpoint holds no sentencepiece model (tokenizer); it cannot translate"
+        )
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
         raise NmtError(f"{path}: the checkpoint's vocab_size is missing or not a positive integer")
     tokenizer = Tokenizer.from_bytes(entry["model"], name=f"{path}: its sentencepiece model")
     if tokenizer.vocab_size != vocab_size:
-        raise NmtError(f"{path}: vocab_size {vocab_size} differs from its sentencepiece model's "
-                       f"{tokenizer.vocab_size}; the checkpoint is inconsistent")
+        raise NmtError(
+            f"{path}: vocab_size {vocab_size} differs from its sentencepiece model's "
+            f"{tokenizer.vocab_size}; the checkpoint is inconsistent"
+        )
     return ModelCheckpoint(path, config, tokenizer, state["model"])
 
 
@@ -178,30 +217,50 @@ def load_latest(run_dir: str | Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     if not has_checkpoints(run_dir):
         return None
-    last, best = run_dir / "checkpoint_last.pt", run_dir / "checkpoint_best.pt"
-    numbered = [*reversed(list_update_checkpoints(run_dir)), *([(-1, best)] if best.is_file() else [])]
-    for path in [last, *(path for _, path in numbered)]:  # a run directory's files are its own (training.rundir)
+    last = run_dir / "checkpoint_last.pt"
+    best = run_dir / "checkpoint_best.pt"
+    numbered = [
+        *reversed(list_update_checkpoints(run_dir)),
+        *([(-1, best)] if best.is_file() else []),
+    ]
+    for path in [
+        last,
+        *(path for _, path in numbered),
+    ]:  # a run directory's files are its own (training.rundir)
         if path.is_symlink():
-            raise NmtError(f"{path}: a checkpoint is a symbolic link, which nmt does not follow; remove it")
+            raise NmtError(
+                f"{path}: a checkpoint is a symbolic link, which nmt does not follow; remove it"
+            )
     failures: list[str] = []
-    state, source = None, last
+    state = None
+    source = last
     if last.is_file():
         state = _load_for_resume(last, failures)
     else:
-        log.warning("%s is missing; looking for the newest checkpoint_<update>.pt, then checkpoint_best.pt", last)
+        log.warning(
+            "%s is missing; looking for the newest checkpoint_<update>.pt, then checkpoint_best.pt",
+            last,
+        )
     for number, path in numbered:  # newest first
         if state is not None and number <= state.get("update", -1):
             break
         newer = _load_for_resume(path, failures)
         if newer is not None:
             if state is not None:
-                log.warning("%s is newer than %s (update %s); resuming from it", path.name, last.name,
-                            state.get("update"))
-            state, source = newer, path
+                log.warning(
+                    "%s is newer than %s (update %s); resuming from it",
+                    path.name,
+                    last.name,
+                    state.get("update"),
+                )
+            state = newer
+            source = path
             break
     if state is None:
-        raise NmtError(f"{run_dir}: no checkpoint loads ({', '.join(failures)} are corrupt or truncated); "
-                       "move them away to start afresh")
+        raise NmtError(
+            f"{run_dir}: no checkpoint loads ({', '.join(failures)} are corrupt or truncated); "
+            "move them away to start afresh"
+        )
     if failures:
         log.warning("resuming from %s (passed over: %s)", source, ", ".join(failures))
     return state
@@ -211,8 +270,10 @@ def has_checkpoints(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds a checkpoint that `nmt train` resumes (`load_latest`):
     checkpoint_last.pt, checkpoint_best.pt or a checkpoint_<update>.pt."""
     run_dir = Path(run_dir)
-    return run_dir.is_dir() and (any((run_dir / f"checkpoint_{name}.pt").is_file() for name in ("last", "best"))
-                                 or bool(list_update_checkpoints(run_dir)))
+    return run_dir.is_dir() and (
+        any((run_dir / f"checkpoint_{name}.pt").is_file() for name in ("last", "best"))
+        or bool(list_update_checkpoints(run_dir))
+    )
 
 
 def _load_for_resume(path: Path, failures: list[str]) -> dict[str, Any] | None:
@@ -233,7 +294,11 @@ def list_update_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     if not run_dir.is_dir():
         raise NmtError(f"{run_dir}: run directory not found")
     matches = ((_UPDATE_CHECKPOINT.fullmatch(entry.name), entry) for entry in run_dir.iterdir())
-    return sorted((int(match.group(1)), entry) for match, entry in matches if match is not None and entry.is_file())
+    return sorted(
+        (int(match.group(1)), entry)
+        for match, entry in matches
+        if match is not None and entry.is_file()
+    )
 
 
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
@@ -256,8 +321,10 @@ def select_for_average(run_dir: str | Path, last: int) -> list[Path]:
         raise NmtError(f"number of checkpoints to average must be at least 1, not {last}")
     found = list_update_checkpoints(run_dir)
     if len(found) < last:
-        raise NmtError(f"{run_dir}: asked to average the last {last} checkpoints but only "
-                       f"{len(found)} checkpoint_<update>.pt file(s) exist")
+        raise NmtError(
+            f"{run_dir}: asked to average the last {last} checkpoints but only {len(found)} "
+            "checkpoint_<update>.pt file(s) exist"
+        )
     return [path for _, path in found[-last:]]
 
 
@@ -268,9 +335,9 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
     (at least) fp32 and stored back in their own dtype. Integer and bool buffers (counters,
     masks) have no meaningful mean, so they must be identical in every input and are copied.
     The mean is a running one (m += (x - m) / k): equal to sum / N up to rounding, it avoids
-    the overflow of a large sum, and averaging copies of one checkpoint returns it bit for bit. Metadata comes
-    from the newest (last) input; `train_state` is dropped and `averaged_from` records the
-    input file names. Only one input is in memory at a time (loaded with mmap).
+    the overflow of a large sum, and averaging copies of one checkpoint returns it bit for bit.
+    Metadata comes from the newest (last) input; `train_state` is dropped and `averaged_from`
+    records the input file names. Only one input is in memory at a time (loaded with mmap).
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -284,8 +351,12 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
     ckpt = load_checkpoint(first, mmap=True)
     reference = {key: ckpt.get(key) for key in ("config", "vocab_size", "tokenizer")}
     dtypes = {key: tensor.dtype for key, tensor in ckpt["model"].items()}
-    mean = {key: tensor.to(torch.promote_types(tensor.dtype, torch.float32), copy=True)  # fp32 at least
-            if tensor.is_floating_point() else tensor.clone() for key, tensor in ckpt["model"].items()}
+    mean = {
+        key: tensor.to(torch.promote_types(tensor.dtype, torch.float32), copy=True)  # fp32 at least
+        if tensor.is_floating_point()
+        else tensor.clone()
+        for key, tensor in ckpt["model"].items()
+    }
     for k, path in enumerate(paths[1:], start=2):
         ckpt = load_checkpoint(path, mmap=True)
         state = ckpt["model"]
@@ -295,14 +366,18 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
             if tensor.is_floating_point():
                 mean[key] += (tensor.to(mean[key].dtype) - mean[key]) / k
             elif not torch.equal(tensor, mean[key]):
-                raise NmtError(f"{path}: integer buffer {key} differs from {first}; "
-                               "integer and bool buffers cannot be averaged and must be identical")
+                raise NmtError(
+                    f"{path}: integer buffer {key} differs from {first}; integer and bool buffers "
+                    "cannot be averaged and must be identical"
+                )
 
     result = {key: ckpt[key] for key in KEPT_KEYS if key in ckpt}
     result["model"] = {key: mean[key].to(dtypes[key]) for key in mean}
     result["averaged_from"] = [path.name for path in paths]
     atomic_save(result, out)
-    log.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(p.name for p in paths), out)
+    log.info(
+        "averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(p.name for p in paths), out
+    )
     return result
 
 
@@ -310,51 +385,78 @@ def check_average_output(inputs: list[Path], out: Path) -> None:
     """Refuse an output that is one of the inputs (by any name: hard links, symlinks) or a name
     that `nmt train` owns in a run directory: overwriting them loses a training checkpoint that
     resuming needs (an average has no training state)."""
-    check_outputs([FileArg("CHECKPOINTS", p, "one of the checkpoints being averaged") for p in inputs],
-                   [FileArg("-o", out)])
+    check_outputs(
+        [FileArg("CHECKPOINTS", p, "one of the checkpoints being averaged") for p in inputs],
+        [FileArg("-o", out)],
+    )
     out = target(out, "-o")
-    owned = out.name in ("checkpoint_last.pt", "checkpoint_best.pt") or _UPDATE_CHECKPOINT.fullmatch(out.name)
+    owned = out.name in (
+        "checkpoint_last.pt",
+        "checkpoint_best.pt",
+    ) or _UPDATE_CHECKPOINT.fullmatch(out.name)
     if owned and any((out.parent / marker).exists() for marker in RUN_DIR_MARKERS):
-        raise NmtError(f"-o {out}: {out.name} is a name `nmt train` owns in the run directory "
-                       f"{out.parent}; write the average as e.g. {out.parent / 'checkpoint_avg.pt'}")
+        raise NmtError(
+            f"-o {out}: {out.name} is a name `nmt train` owns in the run directory {out.parent}; "
+            f"write the average as e.g. {out.parent / 'checkpoint_avg.pt'}"
+        )
 
 
-def _check_same_model(reference: dict[str, Any], ckpt: dict[str, Any], first: Path, path: Path) -> None:
+def _check_same_model(
+    reference: dict[str, Any], ckpt: dict[str, Any], first: Path, path: Path
+) -> None:
     """Checkpoints to average must be of one model: the same tokenizer, vocabulary and model
     config (weights of equal shapes may belong to models that compute otherwise: 8 heads or 4)."""
     if (ckpt.get("tokenizer") or {}).get("sha256") != (reference["tokenizer"] or {}).get("sha256"):
         raise NmtError(f"average: {path} and {first} use different tokenizers")
     if ckpt.get("vocab_size") != reference["vocab_size"]:
-        raise NmtError(f"average: vocab_size is {reference['vocab_size']} in {first} "
-                       f"but {ckpt.get('vocab_size')} in {path}")
-    cfg, other = config_from_dict(reference["config"], where=str(first)), config_from_dict(ckpt["config"], where=str(path))
-    check_direction(path, other, cfg.data, f"as {first} does; only checkpoints of one model can be averaged")
+        raise NmtError(
+            f"average: vocab_size is {reference['vocab_size']} in {first} but "
+            f"{ckpt.get('vocab_size')} in {path}"
+        )
+    cfg = config_from_dict(reference["config"], where=str(first))
+    other = config_from_dict(ckpt["config"], where=str(path))
+    check_direction(
+        path, other, cfg.data, f"as {first} does; only checkpoints of one model can be averaged"
+    )
     if changed := changed_keys(cfg, other, "model"):
         key, a, b = changed[0]
-        raise NmtError(f"average: {key} is {a!r} in {first} but {b!r} in {path}; "
-                       "only checkpoints of one model can be averaged")
+        raise NmtError(
+            f"average: {key} is {a!r} in {first} but {b!r} in {path}; only checkpoints of one "
+            "model can be averaged"
+        )
 
 
 def check_direction(path: Path | str, cfg: Config, data: Any, other: str) -> None:
     """Refuse the model of `path` unless it translates `data.source_lang` to `data.target_lang`
     (any object with both), where both sides name their languages (an import may not); `other`
     says what it must match."""
-    have, want = (cfg.data.source_lang, cfg.data.target_lang), (data.source_lang, data.target_lang)
+    have = (cfg.data.source_lang, cfg.data.target_lang)
+    want = (data.source_lang, data.target_lang)
     if all(have + want) and have != want:
         raise NmtError(f"{path}: translates {'->'.join(have)}, not {'->'.join(want)} ({other})")
 
 
-def _check_compatible(mean: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype], state: dict[str, torch.Tensor],
-                      first: Path, path: Path) -> None:
+def _check_compatible(
+    mean: dict[str, torch.Tensor],
+    dtypes: dict[str, torch.dtype],
+    state: dict[str, torch.Tensor],
+    first: Path,
+    path: Path,
+) -> None:
     for key in sorted(mean.keys() ^ state.keys()):
         has, lacks = (first, path) if key in mean else (path, first)
         raise NmtError(f"average: key {key} is in {has} but not in {lacks}")
     for key, tensor in state.items():
         if tensor.shape != mean[key].shape:
-            raise NmtError(f"average: key {key} has shape {tuple(mean[key].shape)} in {first} "
-                           f"but {tuple(tensor.shape)} in {path}")
+            raise NmtError(
+                f"average: key {key} has shape {tuple(mean[key].shape)} in {first} but "
+                f"{tuple(tensor.shape)} in {path}"
+            )
         if tensor.dtype != dtypes[key]:
-            raise NmtError(f"average: key {key} has dtype {dtypes[key]} in {first} but {tensor.dtype} in {path}")
+            raise NmtError(
+                f"average: key {key} has dtype {dtypes[key]} in {first} but {tensor.dtype} in "
+                f"{path}"
+            )
 
 
 def average_command(inputs: list[Path], output: Path, last: int | None) -> None:

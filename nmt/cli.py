@@ -27,10 +27,16 @@ from nmt.config import DecodeConfig
 from nmt.errors import NmtError
 
 app = typer.Typer(
-    name="nmt", help="Neural machine translation: prepare data, train, average, translate, score; import, fine-tune, "
-                     "distill, export and serve models; plot.",
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]})
+    name="nmt",
+    help="Neural machine translation: prepare data, train, average, translate, score; import, "
+    "fine-tune, "
+    "distill, export and serve models; plot.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 _DEBUG = False
 
@@ -43,7 +49,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
@@ -53,9 +61,11 @@ def _root(
 
 
 def setup_logging(level: int) -> None:
-    rank, fmt = os.environ.get("RANK", "0"), "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
+    rank = os.environ.get("RANK", "0")
+    fmt = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
     if rank != "0":
-        fmt, level = f"[rank {rank}] " + fmt, max(level, logging.WARNING)
+        fmt = f"[rank {rank}] " + fmt
+        level = max(level, logging.WARNING)
     logging.basicConfig(level=level, format=fmt, datefmt="%H:%M:%S", stream=sys.stderr, force=True)
     # torch's own default, set at the end of `import torch`: a signal during that import would
     # leave its INFO lines (an atexit "FakeTensor cache stats") after our last line
@@ -66,28 +76,48 @@ def setup_logging(level: int) -> None:
 
 
 def _option(f: dataclasses.Field, tp: Any, default: Any, help: str) -> inspect.Parameter:
-    """One typer argument or option for a dataclass field: its flags, type and help come from the field."""
+    """One typer argument or option for a dataclass field: its flags, type and help come from the
+    field."""
     if get_origin(tp) is Literal:  # typer takes plain values; the library checks the choice
         tp = type(get_args(tp)[0])
-    info = typer.Argument(help=help) if f.metadata.get("argument") else typer.Option(*f.metadata["flags"], help=help)
-    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[tp, info])
+    info = (
+        typer.Argument(help=help)
+        if f.metadata.get("argument")
+        else typer.Option(*f.metadata["flags"], help=help)
+    )
+    return inspect.Parameter(
+        f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[tp, info]
+    )
 
 
-def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_after: str | None = None,
-                     group: typer.Typer = app) -> None:
+def _options_command(
+    name: str,
+    cls: type,
+    run: Callable[[Any], None],
+    decode_after: str | None = None,
+    group: typer.Typer = app,
+) -> None:
     """Register command `name` of `group`, whose arguments and options are the fields of the
-    dataclass `cls` (declared once, with their help, in nmt.options) and, after field `decode_after`,
-    the DecodeConfig fields as optional overrides of a checkpoint's settings, collected in
+    dataclass `cls` (declared once, with their help, in nmt.options) and, after field
+    `decode_after`, the DecodeConfig fields as optional overrides of a checkpoint's settings,
+    collected in
     `cls.decode`; `run(options)` runs it, and its docstring is the command's help."""
-    params, decode_keys = [], []
+    params = []
+    decode_keys = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if not f.metadata.get("cli", True):
             continue
-        default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default  # empty: required
+        default = (
+            inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        )  # empty: required
         if f.default_factory is not dataclasses.MISSING:  # an empty list: None on the command line
             default = f.default_factory() or None
-        tp = hints[f.name] if default is not None or get_origin(hints[f.name]) is not list else hints[f.name] | None
+        tp = (
+            hints[f.name]
+            if default is not None or get_origin(hints[f.name]) is not list
+            else hints[f.name] | None
+        )
         params.append(_option(f, tp, default, f.metadata["help"]))
         if f.name == decode_after:  # the decode settings (translate: after the files)
             decode_hints = typing.get_type_hints(DecodeConfig)
@@ -101,7 +131,14 @@ def _options_command(name: str, cls: type, run: Callable[[Any], None], decode_af
         decode = {k: kwargs.pop(k) for k in decode_keys}
         if decode_after:
             kwargs["decode"] = {k: v for k, v in decode.items() if v is not None}
-        run(cls(**{k: ([] if v is None and get_origin(hints[k]) is list else v) for k, v in kwargs.items()}))
+        run(
+            cls(
+                **{
+                    k: ([] if v is None and get_origin(hints[k]) is list else v)
+                    for k, v in kwargs.items()
+                }
+            )
+        )
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
@@ -128,8 +165,10 @@ _options_command("prepare-bpe", options.PrepareOptions, _prepare_bpe)
 
 # ------------------------------------------------------------------ train
 
+
 def _train(opts: options.TrainOptions) -> None:
-    """Train a Transformer (or an RNN: model.arch); running it again on the run directory resumes exactly.
+    """Train a Transformer (or an RNN: model.arch); running it again on the run directory resumes
+    exactly.
 
     Many GPUs: torchrun --standalone --nproc_per_node N -m nmt train CONFIG
 
@@ -139,12 +178,20 @@ def _train(opts: options.TrainOptions) -> None:
     from nmt import config as cfgmod
 
     # taken as given (a path is not YAML); errors name the option
-    given = {key: (flag, value) for key, flag, value in (("train.run_dir", "--run-dir", opts.run_dir),
-                                                         ("train.device", "--device", opts.device)) if value is not None}
+    given = {
+        key: (flag, value)
+        for key, flag, value in (
+            ("train.run_dir", "--run-dir", opts.run_dir),
+            ("train.device", "--device", opts.device),
+        )
+        if value is not None
+    }
     cfg = cfgmod.load_config(opts.config, opts.sets, given)
     from nmt.training.rundir import run_dir_of_config
 
-    run_dir_given = opts.run_dir is not None or any(item.partition("=")[0].strip() == "train.run_dir" for item in opts.sets)
+    run_dir_given = opts.run_dir is not None or any(
+        item.partition("=")[0].strip() == "train.run_dir" for item in opts.sets
+    )
     cfg = run_dir_of_config(opts.config, cfg, run_dir_given=run_dir_given)
     if opts.dump_config:
         echo(cfgmod.dump_config(cfg))
@@ -173,7 +220,8 @@ def _distill(opts: Any) -> None:
     vocabulary and the student trains on it (--config). Running it again resumes.
 
     Example: nmt distill --teacher runs/m30k_en_de/checkpoint_avg.pt -s en -t de --trainpref
-    data/multi30k/train --validpref data/multi30k/val --out runs/distill --config configs/student.yaml
+    data/multi30k/train --validpref data/multi30k/val --out runs/distill --config
+    configs/student.yaml
     """
     from nmt.distill import distill
 
@@ -268,10 +316,17 @@ def _import(opts: options.ImportOptions) -> None:
     from nmt.convert.marian import import_command
 
     imported = import_command(opts.source, opts.output, opts.config)
-    m, tok = imported.model, imported.tokenizer
-    vocab = f"vocabularies {tok.source_vocab_size} + {tok.vocab_size}" if tok.source_vocab_size else f"vocabulary {tok.vocab_size}"
-    echo(f"{opts.output}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, {vocab}, {m.activation}, "
-         f"positions {m.positions}, from {imported.source}")
+    m = imported.model
+    tok = imported.tokenizer
+    vocab = (
+        f"vocabularies {tok.source_vocab_size} + {tok.vocab_size}"
+        if tok.source_vocab_size
+        else f"vocabulary {tok.vocab_size}"
+    )
+    echo(
+        f"{opts.output}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
+        f"{vocab}, {m.activation}, positions {m.positions}, from {imported.source}"
+    )
 
 
 _options_command("import", options.ImportOptions, _import)
@@ -305,9 +360,18 @@ def _score(opts: options.ScoreOptions) -> None:
 
     if opts.hyp is None and sys.stdin is None:
         raise NmtError("standard input is closed; give --hyp FILE")
-    echo(score_command(opts.ref or None, opts.hyp if opts.hyp is not None else sys.stdin.buffer,
-                       test_set=opts.test_set, langpair=opts.langpair, metrics=opts.metrics,
-                       tokenize=opts.tokenize, lowercase=opts.lowercase, json=opts.json))
+    echo(
+        score_command(
+            opts.ref or None,
+            opts.hyp if opts.hyp is not None else sys.stdin.buffer,
+            test_set=opts.test_set,
+            langpair=opts.langpair,
+            metrics=opts.metrics,
+            tokenize=opts.tokenize,
+            lowercase=opts.lowercase,
+            json=opts.json,
+        )
+    )
 
 
 _options_command("score", options.ScoreOptions, _score)
@@ -315,7 +379,9 @@ _options_command("score", options.ScoreOptions, _score)
 
 # ------------------------------------------------------------------ plot
 
-plot_app = typer.Typer(help="Attention maps and learning curves (needs matplotlib: pip install 'nmt[plot]').")
+plot_app = typer.Typer(
+    help="Attention maps and learning curves (needs matplotlib: pip install 'nmt[plot]')."
+)
 app.add_typer(plot_app, name="plot", no_args_is_help=True)
 
 
@@ -325,7 +391,13 @@ def _plot_attention(opts: options.PlotAttentionOptions) -> None:
     Example: nmt plot attention att.npz -o maps/"""
     from nmt.plot import plot_attention
 
-    plot_attention(opts.attention, opts.out_dir, layer=opts.layer, average=opts.average, sentences=opts.sentences)
+    plot_attention(
+        opts.attention,
+        opts.out_dir,
+        layer=opts.layer,
+        average=opts.average,
+        sentences=opts.sentences,
+    )
 
 
 def _plot_curves(opts: options.PlotCurvesOptions) -> None:
@@ -369,7 +441,8 @@ def main(argv: list[str] | None = None) -> None:
 
     The command runs under our own handlers rather than the CLI framework's: its handlers
     would exit 1 on a broken pipe and 130 on Ctrl-C without a word."""
-    args, command = sys.argv[1:] if argv is None else argv, typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else argv
+    command = typer.main.get_command(app)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         _run(command, list(args))
@@ -388,14 +461,24 @@ def _run(command: Any, args: list[str]) -> None:
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt, Terminated) as e:  # not EOFError: a truncated file raises it
-        print("nmt: stopped by SIGTERM" if isinstance(e, Terminated) else "nmt: interrupted", file=sys.stderr)
+    except (
+        typer.Abort,
+        KeyboardInterrupt,
+        Terminated,
+    ) as e:  # not EOFError: a truncated file raises it
+        print(
+            "nmt: stopped by SIGTERM" if isinstance(e, Terminated) else "nmt: interrupted",
+            file=sys.stderr,
+        )
         sys.exit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
     except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument
         ctx = getattr(e, "ctx", None)
         help_only = type(e).__name__ == "NoArgsIsHelpError"  # `nmt` alone: the help
-        print(("" if help_only else f"{ctx.command_path if ctx else 'nmt'}: error: ") + e.format_message(),
-              file=sys.stderr)
+        print(
+            ("" if help_only else f"{ctx.command_path if ctx else 'nmt'}: error: ")
+            + e.format_message(),
+            file=sys.stderr,
+        )
         sys.exit(e.exit_code)
     except OSError as e:
         if e.errno != errno.EPIPE:

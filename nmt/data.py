@@ -60,7 +60,9 @@ def read_meta(data_dir: str | Path) -> dict:
     try:
         meta = json.loads(read_regular(path, "the prepare-bpe report").decode("utf-8"))
     except FileNotFoundError:
-        raise NmtError(f"{path} not found: data.dir is not a directory written by nmt prepare-bpe") from None
+        raise NmtError(
+            f"{path} not found: data.dir is not a directory written by nmt prepare-bpe"
+        ) from None
     except (OSError, ValueError) as e:
         raise NmtError(f"{path}: cannot read ({e})") from None
     _check_meta(meta, path)
@@ -68,21 +70,37 @@ def read_meta(data_dir: str | Path) -> dict:
 
 
 # The keys of prepare.json that nmt reads, and their types
-_META_SHAPE: dict[str, type | tuple[type, ...]] = {"source_lang": str, "target_lang": str, "vocab_size": int,
-                                                   "dtype": str, "splits": dict, "spm": dict}
+_META_SHAPE: dict[str, type | tuple[type, ...]] = {
+    "source_lang": str,
+    "target_lang": str,
+    "vocab_size": int,
+    "dtype": str,
+    "splits": dict,
+    "spm": dict,
+}
 
 
 def _check_meta(meta: object, path: Path) -> None:
     """prepare.json must be what prepare-bpe writes: valid JSON of another shape is refused
     here, naming the key, rather than failing later with a KeyError."""
     if not isinstance(meta, dict):
-        raise NmtError(f"{path}: not a prepare-bpe report (expected a JSON object, got {type(meta).__name__})")
+        raise NmtError(
+            f"{path}: not a prepare-bpe report (expected a JSON object, got {type(meta).__name__})"
+        )
     for key, tp in _META_SHAPE.items():
         if not isinstance(meta.get(key), tp) or isinstance(meta.get(key), bool):
-            raise NmtError(f"{path}: not a prepare-bpe report ({key} missing or not a {tp.__name__})")  # type: ignore[union-attr]
-    if not isinstance(meta["spm"].get("sha256"), str) or meta["dtype"] not in ("uint16", "int32") \
-            or not isinstance(meta.get("fingerprint", ""), str) or type(meta.get("source_vocab_size")) not in (int, type(None)):
-        raise NmtError(f"{path}: not a prepare-bpe report (spm.sha256, dtype, fingerprint or source_vocab_size)")
+            name = tp.__name__  # type: ignore[union-attr]
+            raise NmtError(f"{path}: not a prepare-bpe report ({key} missing or not a {name})")
+    if (
+        not isinstance(meta["spm"].get("sha256"), str)
+        or meta["dtype"] not in ("uint16", "int32")
+        or not isinstance(meta.get("fingerprint", ""), str)
+        or type(meta.get("source_vocab_size")) not in (int, type(None))
+    ):
+        raise NmtError(
+            f"{path}: not a prepare-bpe report (spm.sha256, dtype, fingerprint or "
+            "source_vocab_size)"
+        )
 
 
 def read_raw(data_dir: str | Path, split: str, lang: str) -> list[str]:
@@ -99,18 +117,23 @@ class TokenArray:
     """Sentences of one split and language: a flat token array and offsets (both memmaps)."""
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
-        self.tokens, self.offsets = tokens, offsets
+        self.tokens = tokens
+        self.offsets = offsets
         self.sizes = np.diff(offsets)  # int64, tokens per sentence (no EOS)
 
     @classmethod
     def load(cls, data_dir: str | Path, split: str, lang: str, dtype: np.dtype) -> TokenArray:
-        bin_file, idx_file = bin_path(data_dir, split, lang), idx_path(data_dir, split, lang)
+        bin_file = bin_path(data_dir, split, lang)
+        idx_file = idx_path(data_dir, split, lang)
         for path in (bin_file, idx_file):
             if not path.is_file():
                 raise NmtError(f"{path} not found (re-run nmt prepare-bpe?)")
-        tokens, offsets = _memmap(bin_file, dtype), _memmap(idx_file, np.dtype("<i8"))
+        tokens = _memmap(bin_file, dtype)
+        offsets = _memmap(idx_file, np.dtype("<i8"))
         if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(tokens):
-            raise NmtError(f"{idx_file} does not match {bin_file.name} (truncated?); re-run nmt prepare-bpe")
+            raise NmtError(
+                f"{idx_file} does not match {bin_file.name} (truncated?); re-run nmt prepare-bpe"
+            )
         return cls(tokens, offsets)
 
     def __len__(self) -> int:
@@ -123,7 +146,9 @@ class TokenArray:
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
     size = path.stat().st_size
     if size % dtype.itemsize:
-        raise NmtError(f"{path}: size {size} is not a multiple of {dtype.itemsize} bytes (truncated?)")
+        raise NmtError(
+            f"{path}: size {size} is not a multiple of {dtype.itemsize} bytes (truncated?)"
+        )
     if size == 0:  # mmap refuses empty files
         return np.zeros(0, dtype)
     return np.memmap(path, dtype=dtype, mode="r")
@@ -140,22 +165,30 @@ class ParallelData:
     tgt_data: TokenArray
 
     @classmethod
-    def load(cls, data_dir: str | Path, split: str, src_lang: str | None = None,
-             tgt_lang: str | None = None) -> ParallelData:
+    def load(
+        cls,
+        data_dir: str | Path,
+        split: str,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+    ) -> ParallelData:
         """Memory-map `split`; languages default to prepare.json's (either direction works)."""
         meta = read_meta(data_dir)
         if split not in meta["splits"]:
             raise NmtError(f"{data_dir}: no split {split!r} (has {', '.join(meta['splits'])})")
         langs = (meta["source_lang"], meta["target_lang"])
-        src_lang, tgt_lang = src_lang or langs[0], tgt_lang or langs[1]
+        src_lang = src_lang or langs[0]
+        tgt_lang = tgt_lang or langs[1]
         for lang in (src_lang, tgt_lang):
             if lang not in langs:
                 raise NmtError(f"{data_dir}: no language {lang!r} (prepared {langs[0]}-{langs[1]})")
         dtype = np.dtype(meta["dtype"]).newbyteorder("<")
         src, tgt = (TokenArray.load(data_dir, split, lang, dtype) for lang in (src_lang, tgt_lang))
         if len(src) != len(tgt):
-            raise NmtError(f"{data_dir}: {split}.{src_lang} has {len(src)} sentences but {split}.{tgt_lang} has "
-                           f"{len(tgt)}; re-run nmt prepare-bpe")
+            raise NmtError(
+                f"{data_dir}: {split}.{src_lang} has {len(src)} sentences but {split}.{tgt_lang} "
+                f"has {len(tgt)}; re-run nmt prepare-bpe"
+            )
         return cls(split, src_lang, tgt_lang, src, tgt)
 
     def __len__(self) -> int:
@@ -205,8 +238,14 @@ class Batch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
-        return dataclasses.replace(self, src=fn(self.src), prev_output=fn(self.prev_output), target=fn(self.target),
-                                   target_index=fn(self.target_index), target_tokens=fn(self.target_tokens))
+        return dataclasses.replace(
+            self,
+            src=fn(self.src),
+            prev_output=fn(self.prev_output),
+            target=fn(self.target),
+            target_index=fn(self.target_index),
+            target_tokens=fn(self.target_tokens),
+        )
 
 
 Length = TypeVar("Length", int, np.ndarray)
@@ -226,8 +265,13 @@ def pad_rows(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
     return batch
 
 
-def collate(data: ParallelData, indices: Sequence[int] | np.ndarray, specials: SpecialIds, pin_memory: bool = False,
-            pad_to: int = 1) -> Batch:
+def collate(
+    data: ParallelData,
+    indices: Sequence[int] | np.ndarray,
+    specials: SpecialIds,
+    pin_memory: bool = False,
+    pad_to: int = 1,
+) -> Batch:
     """Pad the pairs `indices` of `data` into a Batch (rows in the order of `indices`), with the
     special ids of the data's vocabulary (`Tokenizer.specials`).
 
@@ -237,12 +281,18 @@ def collate(data: ParallelData, indices: Sequence[int] | np.ndarray, specials: S
     ids = np.array(indices, dtype=np.int64)  # a copy: batch.ids must not alias the batch list
     if len(ids) == 0:
         raise ValueError("collate: empty batch")
-    src_len, tgt_len = data.src_sizes[ids], data.tgt_sizes[ids]
-    src = np.full((len(ids), padded_length(int(src_len.max()) + 1, pad_to)), specials.pad, dtype=np.int64)
-    prev = np.full((len(ids), padded_length(int(tgt_len.max()) + 1, pad_to)), specials.pad, dtype=np.int64)
+    src_len = data.src_sizes[ids]
+    tgt_len = data.tgt_sizes[ids]
+    src = np.full(
+        (len(ids), padded_length(int(src_len.max()) + 1, pad_to)), specials.pad, dtype=np.int64
+    )
+    prev = np.full(
+        (len(ids), padded_length(int(tgt_len.max()) + 1, pad_to)), specials.pad, dtype=np.int64
+    )
     target = np.full_like(prev, specials.pad)
     for row, i in enumerate(ids):
-        n, m = src_len[row], tgt_len[row]
+        n = src_len[row]
+        m = tgt_len[row]
         src[row, :n] = data.src(i)
         src[row, n] = specials.eos
         prev[row, 0] = specials.bos
@@ -250,9 +300,16 @@ def collate(data: ParallelData, indices: Sequence[int] | np.ndarray, specials: S
         target[row, m] = specials.eos
     real = np.arange(target.shape[1])[None, :] <= tgt_len[:, None]  # (B, T): tokens and EOS
     target_index = np.flatnonzero(real)
-    batch = Batch(torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(target), torch.from_numpy(ids),
-                  int(src_len.sum()) + len(ids), int(tgt_len.sum()) + len(ids), torch.from_numpy(target_index),
-                  torch.from_numpy(target.reshape(-1)[target_index]))
+    batch = Batch(
+        torch.from_numpy(src),
+        torch.from_numpy(prev),
+        torch.from_numpy(target),
+        torch.from_numpy(ids),
+        int(src_len.sum()) + len(ids),
+        int(tgt_len.sum()) + len(ids),
+        torch.from_numpy(target_index),
+        torch.from_numpy(target.reshape(-1)[target_index]),
+    )
     return batch.pin_memory() if pin_memory else batch
 
 
@@ -267,8 +324,17 @@ class Batches(list):
     oversized: int = 0
 
 
-def make_batches(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_tokens: int, *, seed: int, epoch: int,
-                 shuffle: bool = True, max_positions: int | None = None, pad_to: int = 1) -> Batches:
+def make_batches(
+    src_sizes: np.ndarray,
+    tgt_sizes: np.ndarray,
+    max_tokens: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    max_positions: int | None = None,
+    pad_to: int = 1,
+) -> Batches:
     """Group pair indices into batches of at most `max_tokens` padded positions.
 
     A batch of B pairs costs B * (max source len + 1) + B * (max target len + 1) (EOS on
@@ -282,7 +348,8 @@ def make_batches(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_tokens: int, 
     prepare-bpe's max_len already bounds training pairs and valid/test must stay whole.
     With pad_to > 1 (see `collate`) a batch costs its lengths rounded up to that multiple.
     """
-    src, tgt = np.asarray(src_sizes, dtype=np.int64), np.asarray(tgt_sizes, dtype=np.int64)
+    src = np.asarray(src_sizes, dtype=np.int64)
+    tgt = np.asarray(tgt_sizes, dtype=np.int64)
     if src.shape != tgt.shape:
         raise ValueError(f"make_batches: {len(src)} source sizes but {len(tgt)} target sizes")
     keep = np.arange(len(src))
@@ -292,20 +359,38 @@ def make_batches(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_tokens: int, 
         rng = np.random.default_rng([seed, epoch])
         order = rng.permutation(keep)
         mean_pair = float(src[keep].mean() + tgt[keep].mean()) + 2 if len(keep) else 1.0
-        pool, batches = POOL_BATCHES * max(1, int(max_tokens // mean_pair)), Batches()
+        pool = POOL_BATCHES * max(1, int(max_tokens // mean_pair))
+        batches = Batches()
         for start in range(0, len(order), pool):
             chunk = order[start : start + pool]
-            batches.extend(_pack(chunk[_length_order(src[chunk], tgt[chunk], pad_to)], src, tgt, max_tokens, pad_to))
+            batches.extend(
+                _pack(
+                    chunk[_length_order(src[chunk], tgt[chunk], pad_to)],
+                    src,
+                    tgt,
+                    max_tokens,
+                    pad_to,
+                )
+            )
         batches[:] = [batches[i] for i in rng.permutation(len(batches))]
     else:
-        batches = Batches(_pack(keep[_length_order(src[keep], tgt[keep], pad_to)], src, tgt, max_tokens, pad_to))
+        batches = Batches(
+            _pack(keep[_length_order(src[keep], tgt[keep], pad_to)], src, tgt, max_tokens, pad_to)
+        )
     batches.excluded = len(src) - len(keep)
-    batches.oversized = sum(1 for b in batches if len(b) == 1 and src[b[0]] + tgt[b[0]] + 2 > max_tokens)
+    batches.oversized = sum(
+        1 for b in batches if len(b) == 1 and src[b[0]] + tgt[b[0]] + 2 > max_tokens
+    )
     if batches.excluded:
-        logger.info("left out %d pairs too long for max_positions=%s", batches.excluded, max_positions)
+        logger.info(
+            "left out %d pairs too long for max_positions=%s", batches.excluded, max_positions
+        )
     if batches.oversized:
-        logger.warning("%d pairs exceed max_tokens=%d on their own; each is a batch of its own", batches.oversized,
-                       max_tokens)
+        logger.warning(
+            "%d pairs exceed max_tokens=%d on their own; each is a batch of its own",
+            batches.oversized,
+            max_tokens,
+        )
     return batches
 
 
@@ -316,12 +401,15 @@ def _length_order(src: np.ndarray, tgt: np.ndarray, pad_to: int) -> np.ndarray:
     return np.lexsort((tgt, padded_length(src + 1, pad_to)))
 
 
-def _pack(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int, pad_to: int = 1) -> list[np.ndarray]:
+def _pack(
+    order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int, pad_to: int = 1
+) -> list[np.ndarray]:
     """Cut `order` greedily into consecutive batches within the padded-token budget."""
     cuts = [0]
     start = max_s = max_t = 0
     # the lengths as collate pads them (EOS, BOS/EOS, then the multiple), less the one added below
-    src_len, tgt_len = padded_length(src[order] + 1, pad_to) - 1, padded_length(tgt[order] + 1, pad_to) - 1
+    src_len = padded_length(src[order] + 1, pad_to) - 1
+    tgt_len = padded_length(tgt[order] + 1, pad_to) - 1
     # plain ifs, not max(): this loop runs once per pair per epoch (3x faster)
     for i, (s, t) in enumerate(zip(src_len.tolist(), tgt_len.tolist(), strict=True)):
         if s > max_s:
@@ -330,7 +418,8 @@ def _pack(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int, 
             max_t = t
         if (i - start + 1) * (max_s + max_t + 2) > max_tokens and i > start:
             cuts.append(i)
-            start, max_s, max_t = i, s, t
+            start = i
+            max_s = s
+            max_t = t
     cuts.append(len(order))
     return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
-

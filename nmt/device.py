@@ -20,14 +20,18 @@ if TYPE_CHECKING:
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = "auto, cpu, cuda or cuda:N"
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
+_M_MMAP_THRESHOLD = -3
 
 
 def is_device_name(name: object) -> bool:
     """Whether `name` is a device nmt runs on (DEVICES). torch knows more (meta, mps, xla, ...),
     which fail later with a traceback: `train.device` and `--device` of `nmt translate` and
     the API all refuse them by this one rule. N as torch parses it: no leading zero, below 2^31."""
-    return isinstance(name, str) and re.fullmatch(r"auto|cpu|cuda(:(0|[1-9][0-9]{0,8}))?", name) is not None
+    return (
+        isinstance(name, str)
+        and re.fullmatch(r"auto|cpu|cuda(:(0|[1-9][0-9]{0,8}))?", name) is not None
+    )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -42,8 +46,10 @@ def resolve_device(name: str) -> torch.device:
         raise NmtError(f"device {name!r} asked for, but CUDA is not available (use --device cpu)")
     device = torch.device(name)
     if device.index is not None and device.index >= torch.cuda.device_count():
-        raise NmtError(f"device {name!r} asked for, but there are {torch.cuda.device_count()} CUDA devices "
-                       "(numbered from 0)")
+        raise NmtError(
+            f"device {name!r} asked for, but there are {torch.cuda.device_count()} CUDA devices "
+            "(numbered from 0)"
+        )
     return device
 
 
@@ -101,8 +107,8 @@ def keep_freed_memory() -> int:
     refuses).
 
     By default glibc maps a block of more than its mmap threshold afresh and unmaps it when
-    freed, raising the threshold to the size of each block freed (up to 32 MiB). A beam search allocates its
-    self-attention cache anew at each step, one position longer, and a training update
+    freed, raising the threshold to the size of each block freed (up to 32 MiB). A beam search
+    allocates its self-attention cache anew at each step, one position longer, and a training update
     activations of a new shape, so nearly every such block is larger than the threshold:
     each is mapped, page-faulted in (the kernel zeroing it) and unmapped again. Kept, an
     OPUS-MT-sized model decoded 5-8% faster at batch 32 on 2 threads and CPU training of

@@ -56,19 +56,46 @@ from nmt.training.trainer import TrainResult, train
 
 log = logging.getLogger(__name__)
 
-REPORT, MANIFEST, LOCK = "distill.json", "manifest.json", "distill.lock"
-FORMAT_VERSION = 2  # of the manifest; 1 (in OUT/shards/) held the teachers' paths, not their content
-STEPS = ("translate", "select", "prepare")  # the manifest's records, each step made from the one before
+REPORT = "distill.json"
+MANIFEST = "manifest.json"
+LOCK = "distill.lock"
+FORMAT_VERSION = (
+    2  # of the manifest; 1 (in OUT/shards/) held the teachers' paths, not their content
+)
+STEPS = (
+    "translate",
+    "select",
+    "prepare",
+)  # the manifest's records, each step made from the one before
 SMALL = 1 << 20  # the manifest and the reports distill reads are a few kB
-FILTER_RULES = ("copy", "repeat")  # checked in this order; a pair is counted under the first that applies
+FILTER_RULES = (
+    "copy",
+    "repeat",
+)  # checked in this order; a pair is counted under the first that applies
 REPEATS = 4  # a word n-gram this many times in a row makes a translation degenerate ...
 MAX_NGRAM = 4  # ... for n-grams of 1 to this many words
 # the options a record's keys come from, for messages; JSON's types, named
-_OPTIONS = {"lines": "--trainpref", "shard_lines": "--shard-lines", "nbest": "--nbest", "beam": "--beam",
-            "precision": "--precision", "metric": "--select"}
-_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "true or false", int: "an integer",
-          float: "a number", type(None): "null"}
-_BUSY = "another nmt distill (pid {pid}) is using this directory; wait for it to finish, stop it, or choose another --out"
+_OPTIONS = {
+    "lines": "--trainpref",
+    "shard_lines": "--shard-lines",
+    "nbest": "--nbest",
+    "beam": "--beam",
+    "precision": "--precision",
+    "metric": "--select",
+}
+_KINDS = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    type(None): "null",
+}
+_BUSY = (
+    "another nmt distill (pid {pid}) is using this directory; wait for it to finish, stop it, or "
+    "choose another --out"
+)
 
 
 class Job(NamedTuple):
@@ -97,7 +124,8 @@ def repeated_ngram(words: Sequence[str], times: int = REPEATS, max_n: int = MAX_
     ("der der der der", "a b a b a b a b"). An n-gram repeated k times in a row is a stretch
     where word j equals word j + n for (k - 1) * n consecutive j."""
     for n in range(1, max_n + 1):
-        need, run = (times - 1) * n, 0
+        need = (times - 1) * n
+        run = 0
         for j in range(len(words) - n):
             run = run + 1 if words[j] == words[j + n] else 0
             if run >= need:
@@ -131,10 +159,13 @@ def select_hypothesis(hyps: Sequence[str], reference: str, metric: str = "chrf")
 
 
 def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
-    """Run what is left of the steps (module docstring) in opts.out: the student's training result or None."""
+    """Run what is left of the steps (module docstring) in opts.out: the student's training result
+    or None."""
     job = _checked(opts)
     todo = _plan(job)[1]
-    translator = Translator.from_options(opts.teacher_options()) if todo else None  # --beam, --nbest, ...
+    translator = (
+        Translator.from_options(opts.teacher_options()) if todo else None
+    )  # --beam, --nbest, ...
     if translator is not None:  # refused now, before anything is written, not at the first shard
         decode_autocast(translator.device, opts.precision)  # fp16 needs CUDA
     _make_directory(job.out)
@@ -146,9 +177,16 @@ def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
             # record keep them (issue 57: a run killed then left a manifest every rerun refused)
             manifest = _save_manifest(job, manifest, "translate", job.records["translate"])
         if todo:
-            translate_shards(translator or Translator.from_options(opts.teacher_options()), job, set(todo), progress)
+            translate_shards(
+                translator or Translator.from_options(opts.teacher_options()),
+                job,
+                set(todo),
+                progress,
+            )
         else:
-            log.info("all %d shards of %s are translated (reusing them)", len(job.paths), job.shards)
+            log.info(
+                "all %d shards of %s are translated (reusing them)", len(job.paths), job.shards
+            )
         translator = None  # the teacher leaves memory before the student trains
         return _after_translation(job, manifest, progress)
 
@@ -173,17 +211,42 @@ def _checked(opts: DistillOptions) -> Job:
             separate = model.tokenizer.source_vocab_size is not None
         except NmtError as e:
             raise NmtError(f"--teacher {e}") from None
-        if separate and cfg is not None and cfg.model.share_embeddings:  # the student has the teacher's vocabularies
-            raise NmtError(f"--config {opts.config}: model.share_embeddings must be false: the source and target "
-                           f"vocabularies of {teacher} are separate")
+        if (
+            separate and cfg is not None and cfg.model.share_embeddings
+        ):  # the student has the teacher's vocabularies
+            raise NmtError(
+                f"--config {opts.config}: model.share_embeddings must be false: the source and "
+                f"target vocabularies of {teacher} are separate"
+            )
     if cfg is not None:
         _check_student_device(cfg)
-    atomic.check_outputs(_inputs(opts, originals, splits), [atomic.FileArg("--out", path, what, directory=True) for
-                         path, what in ((shards, "the shards"), (distilled, "the distilled text"),
-                                        (data, "the student's data"))])
+    atomic.check_outputs(
+        _inputs(opts, originals, splits),
+        [
+            atomic.FileArg("--out", path, what, directory=True)
+            for path, what in (
+                (shards, "the shards"),
+                (distilled, "the distilled text"),
+                (data, "the student's data"),
+            )
+        ],
+    )
     paths = [shards / f"{k:05d}.{opts.target_lang}" for k in range(-(-lines // opts.shard_lines))]
-    job = Job(opts, out, shards, distilled, data, out / REPORT, out / MANIFEST, source, reference, lines, paths,
-              cfg, _records(opts, splits, lines))
+    job = Job(
+        opts,
+        out,
+        shards,
+        distilled,
+        data,
+        out / REPORT,
+        out / MANIFEST,
+        source,
+        reference,
+        lines,
+        paths,
+        cfg,
+        _records(opts, splits, lines),
+    )
     _check_own_files(job)
     return job
 
@@ -205,26 +268,42 @@ def _check_own_files(job: Job) -> None:
     written through, onto the file it names; a FIFO shard would block for ever."""
     if not job.out.is_dir():
         return  # new, or not a folder (`_read_manifest` says so)
-    folders = {job.shards: "the shards' folder", job.distilled: "the distilled text's folder",
-               job.data: "the student's data"}
+    folders = {
+        job.shards: "the shards' folder",
+        job.distilled: "the distilled text's folder",
+        job.data: "the student's data",
+    }
     if job.cfg is not None and Path(job.cfg.train.run_dir) == job.out / "run":
         folders[job.out / "run"] = "the student's run directory"
     for folder, what in folders.items():
         atomic.own_file(folder, what, directory=True)
-    files = {job.out / LOCK: "the distillation's lock", job.manifest: "the distillation's manifest",
-             job.report: "the distillation report"}
+    files = {
+        job.out / LOCK: "the distillation's lock",
+        job.manifest: "the distillation's manifest",
+        job.report: "the distillation report",
+    }
     files.update({path: "a shard of translations" for path in job.paths})
-    files.update({job.distilled / f"train.{lang}": "the distilled text"
-                  for lang in (job.opts.source_lang, job.opts.target_lang)})
+    files.update(
+        {
+            job.distilled / f"train.{lang}": "the distilled text"
+            for lang in (job.opts.source_lang, job.opts.target_lang)
+        }
+    )
     for path, what in files.items():
         atomic.own_file(path, what)
 
 
-def _inputs(opts: DistillOptions, prepare: PrepareOptions, splits: list[Split]) -> list[atomic.FileArg]:
+def _inputs(
+    opts: DistillOptions, prepare: PrepareOptions, splits: list[Split]
+) -> list[atomic.FileArg]:
     """What distill reads: what prepare-bpe reads (the text files, the first teacher), the other
     teachers, the student's config."""
-    inputs = [arg._replace(option="--teacher", what="the teacher") if arg.option == "--tokenizer-from" else arg
-              for arg in input_files(prepare, splits)]
+    inputs = [
+        arg._replace(option="--teacher", what="the teacher")
+        if arg.option == "--tokenizer-from"
+        else arg
+        for arg in input_files(prepare, splits)
+    ]
     inputs += [atomic.FileArg("--teacher", path, "a teacher") for path in opts.teachers[1:]]
     if opts.config is not None:
         inputs.append(atomic.FileArg("--config", opts.config, "the student's config"))
@@ -233,18 +312,31 @@ def _inputs(opts: DistillOptions, prepare: PrepareOptions, splits: list[Split]) 
 
 def _after_translation(job: Job, manifest: dict[str, Any], progress: bool) -> TrainResult | None:
     """Steps 2 to 4, each made again where its record in the manifest is not this run's."""
-    opts, records = job.opts, job.records
+    opts = job.opts
+    records = job.records
     report = _json_of(job.report, "the distillation report")  # not an object: written again
     report = report if isinstance(report, dict) else {}
     outputs = [job.distilled / f"train.{lang}" for lang in (opts.source_lang, opts.target_lang)]
-    if (manifest.get("select") != records["select"] or not isinstance(report.get("filter"), dict)
-            or not all(p.is_file() for p in outputs)):
+    if (
+        manifest.get("select") != records["select"]
+        or not isinstance(report.get("filter"), dict)
+        or not all(p.is_file() for p in outputs)
+    ):
         if manifest.get("select") != records["select"]:  # the student's data goes with the pairs
             manifest = _save_manifest(job, manifest, "select", None)
-        report = {"format_version": 1, "teachers": [str(t) for t in opts.teachers], "source": str(job.source),
-                  "reference": str(job.reference), "lines": job.lines,
-                  "shards": {"count": len(job.paths), "shard_lines": opts.shard_lines, "dir": str(job.shards)},
-                  **select_and_filter(job.source, job.reference, job.paths, outputs, opts)}
+        report = {
+            "format_version": 1,
+            "teachers": [str(t) for t in opts.teachers],
+            "source": str(job.source),
+            "reference": str(job.reference),
+            "lines": job.lines,
+            "shards": {
+                "count": len(job.paths),
+                "shard_lines": opts.shard_lines,
+                "dir": str(job.shards),
+            },
+            **select_and_filter(job.source, job.reference, job.paths, outputs, opts),
+        }
         _write_json(job.report, report, "the distillation report")
         manifest = _save_manifest(job, manifest, "select", records["select"])
     else:
@@ -255,19 +347,34 @@ def _after_translation(job: Job, manifest: dict[str, Any], progress: bool) -> Tr
     except (LookupError, TypeError):
         prepared = None
     if prepared is None or manifest.get("prepare") != records["prepare"]:
-        prepared = prepare_bpe(opts.prepare_options(str(job.distilled / "train"), str(job.data), force=True),
-                               progress=progress)["splits"]["train"]
+        prepared = prepare_bpe(
+            opts.prepare_options(str(job.distilled / "train"), str(job.data), force=True),
+            progress=progress,
+        )["splits"]["train"]
         _save_manifest(job, manifest, "prepare", records["prepare"])
     else:
         log.info("reusing %s (the student's data)", job.data)
-    report["prepare"] = {"data": str(job.data), "kept": prepared["kept"], "dropped": prepared["dropped"]}
+    report["prepare"] = {
+        "data": str(job.data),
+        "kept": prepared["kept"],
+        "dropped": prepared["dropped"],
+    }
     _write_json(job.report, report, "the distillation report")
     if job.cfg is None:
-        log.info("no --config: the student is not trained; train it on %s, e.g. nmt train configs/student.yaml "
-                 "--set data.dir=%s", job.data, job.data)
+        log.info(
+            "no --config: the student is not trained; train it on %s, e.g. nmt train "
+            "configs/student.yaml "
+            "--set data.dir=%s",
+            job.data,
+            job.data,
+        )
         return None
     result = train(job.cfg)
-    report["train"] = {"run_dir": job.cfg.train.run_dir, "update": result.update, "reason": result.reason}
+    report["train"] = {
+        "run_dir": job.cfg.train.run_dir,
+        "update": result.update,
+        "reason": result.reason,
+    }
     _write_json(job.report, report, "the distillation report")
     return result
 
@@ -279,15 +386,33 @@ def _records(opts: DistillOptions, splits: list[Split], lines: int) -> dict[str,
     """What each step's output is made from: the files by their content (a text moved elsewhere
     resumes), each teacher hashed once per run; the reference only where there is a choice."""
     choice = opts.nbest > 1
-    return {"translate": {"source_sha256": _sha256(open_bytes(splits[0].files[opts.source_lang])),
-                          "lines": lines, "shard_lines": opts.shard_lines, "nbest": opts.nbest, "beam": opts.beam,
-                          "precision": opts.precision, "teachers_sha256": [
-                              _sha256(atomic.open_for_reading(t, "the teacher", None)) for t in opts.teachers]},
-            "select": {"metric": opts.select if choice else None,
-                       "reference_sha256": _sha256(open_bytes(splits[0].files[opts.target_lang])) if choice else None,
-                       "repeats": REPEATS, "max_ngram": MAX_NGRAM},
-            "prepare": {"splits": [[split.name, *(_sha256(open_bytes(f)) for f in split.files.values())]
-                                   for split in splits[1:]]}}
+    return {
+        "translate": {
+            "source_sha256": _sha256(open_bytes(splits[0].files[opts.source_lang])),
+            "lines": lines,
+            "shard_lines": opts.shard_lines,
+            "nbest": opts.nbest,
+            "beam": opts.beam,
+            "precision": opts.precision,
+            "teachers_sha256": [
+                _sha256(atomic.open_for_reading(t, "the teacher", None)) for t in opts.teachers
+            ],
+        },
+        "select": {
+            "metric": opts.select if choice else None,
+            "reference_sha256": _sha256(open_bytes(splits[0].files[opts.target_lang]))
+            if choice
+            else None,
+            "repeats": REPEATS,
+            "max_ngram": MAX_NGRAM,
+        },
+        "prepare": {
+            "splits": [
+                [split.name, *(_sha256(open_bytes(f)) for f in split.files.values())]
+                for split in splits[1:]
+            ]
+        },
+    }
 
 
 def _sha256(stream: BinaryIO) -> str:
@@ -303,18 +428,26 @@ def _plan(job: Job) -> tuple[dict[str, Any], list[int]]:
     """OUT's manifest ({} where new) and the shards left to translate. Finished shards of another
     teacher, text or setting are refused, never mixed; so is a student (the config's run
     directory) of other pairs: `nmt train` would refuse it, but after its pairs were replaced."""
-    known, records = _read_manifest(job), job.records
-    old, done = known.get("translate"), [path.is_file() for path in job.paths]
+    known = _read_manifest(job)
+    records = job.records
+    old = known.get("translate")
+    done = [path.is_file() for path in job.paths]
     if old is not None and old != records["translate"] and any(done):
-        raise NmtError(f"{job.shards}: translated with {_difference(job, 'translate', old)}; run again with the "
-                       f"same text, teachers and settings, or delete {job.shards} to translate again")
+        raise NmtError(
+            f"{job.shards}: translated with {_difference(job, 'translate', old)}; run again with "
+            f"the same text, teachers and settings, or delete {job.shards} to translate again"
+        )
     changed = next((step for step in STEPS[:2] if known.get(step) != records[step]), None)
     run = job.cfg.train.run_dir if job.cfg is not None else None
     if changed is not None and run is not None and has_checkpoints(run):
-        raise NmtError(f"{run}: holds a student of other distilled pairs than these ("
-                       f"{_difference(job, changed, known.get(changed))}); move it away, or --set "
-                       "train.run_dir=ANOTHER, to train one on these")
-    return known, [k for k, finished in enumerate(done) if not finished or old != records["translate"]]
+        raise NmtError(
+            f"{run}: holds a student of other distilled pairs than these "
+            f"({_difference(job, changed, known.get(changed))}); move it away, or --set "
+            "train.run_dir=ANOTHER, to train one on these"
+        )
+    return known, [
+        k for k, finished in enumerate(done) if not finished or old != records["translate"]
+    ]
 
 
 def _difference(job: Job, step: str, old: dict[str, Any] | None) -> str:
@@ -323,12 +456,20 @@ def _difference(job: Job, step: str, old: dict[str, Any] | None) -> str:
     if old is None:
         return f"no record of them in {job.manifest}"
     key = next(k for k in new if old[k] != new[k])
-    before, now = old[key], new[key]
+    before = old[key]
+    now = new[key]
     if key == "teachers_sha256":
         changed = [teacher for teacher, a, b in zip(job.opts.teachers, before, now) if a != b]
-        return (f"another teacher than --teacher {changed[0]} (its content differs)" if len(before) == len(now)
-                else f"{len(before)} --teacher (now {len(now)})")
-    texts = {"source_sha256": job.source, "reference_sha256": job.reference, "splits": "--validpref/--testpref"}
+        return (
+            f"another teacher than --teacher {changed[0]} (its content differs)"
+            if len(before) == len(now)
+            else f"{len(before)} --teacher (now {len(now)})"
+        )
+    texts = {
+        "source_sha256": job.source,
+        "reference_sha256": job.reference,
+        "splits": "--validpref/--testpref",
+    }
     if key in texts:
         return f"another text than {texts[key]} (its content differs)"
     before, now = ("the teacher's" if value is None else value for value in (before, now))
@@ -343,16 +484,23 @@ def _read_manifest(job: Job) -> dict[str, Any]:
     try:
         known = json.loads(atomic.read_regular(job.manifest, "the distillation's manifest", SMALL))
     except FileNotFoundError:
-        if job.out.is_dir() and any(e.name != LOCK and not atomic.TEMPORARY.fullmatch(e.name)
-                                    for e in job.out.iterdir()):
-            raise NmtError(f"--out {job.out}: not empty and not an nmt distill directory (no {MANIFEST}); "
-                           "choose a new or empty directory") from None
+        if job.out.is_dir() and any(
+            e.name != LOCK and not atomic.TEMPORARY.fullmatch(e.name) for e in job.out.iterdir()
+        ):
+            raise NmtError(
+                f"--out {job.out}: not empty and not an nmt distill directory (no {MANIFEST}); "
+                "choose a new or empty directory"
+            ) from None
         return {}
     except (ValueError, RecursionError) as e:
-        raise NmtError(f"{job.manifest}: not JSON ({e}); move {job.out} away to start again") from None
+        raise NmtError(
+            f"{job.manifest}: not JSON ({e}); move {job.out} away to start again"
+        ) from None
     if (problem := _manifest_problem(known, job.records)) is not None:
-        raise NmtError(f"{job.manifest}: {problem}: not a manifest of this nmt distill; move {job.out} away "
-                       "to start again")
+        raise NmtError(
+            f"{job.manifest}: {problem}: not a manifest of this nmt distill; move {job.out} away "
+            "to start again"
+        )
     return known
 
 
@@ -370,7 +518,11 @@ def _manifest_problem(known: Any, records: dict[str, dict[str, Any]]) -> str | N
             return f"{step}.{unknown[0]} is not a key of it"
         for key, value in records[step].items():
             theirs = known[step].get(key)
-            if key not in known[step] or None not in (theirs, value) and type(theirs) is not type(value):
+            if (
+                key not in known[step]
+                or None not in (theirs, value)
+                and type(theirs) is not type(value)
+            ):
                 found = _KINDS[type(theirs)] if key in known[step] else "missing"
                 return f"{step}.{key} is {found} where {_KINDS[type(value)]} belongs"
     return None
@@ -379,9 +531,12 @@ def _manifest_problem(known: Any, records: dict[str, dict[str, Any]]) -> str | N
 def _save_manifest(job: Job, manifest: dict[str, Any], step: str, record: Any) -> dict[str, Any]:
     """`manifest` with `step`'s record (None: none) and none of the later steps' (made from its
     output), written whole."""
-    later = STEPS[STEPS.index(step):]
-    kept = {"format_version": FORMAT_VERSION, **{k: v for k, v in manifest.items() if k not in later},
-            **({step: record} if record is not None else {})}
+    later = STEPS[STEPS.index(step) :]
+    kept = {
+        "format_version": FORMAT_VERSION,
+        **{k: v for k, v in manifest.items() if k not in later},
+        **({step: record} if record is not None else {}),
+    }
     _write_json(job.manifest, kept, "the distillation's manifest")
     return kept
 
@@ -401,25 +556,49 @@ def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
 def translate_shards(translator: Translator, job: Job, todo: set[int], progress: bool) -> None:
     """Translate shard k of the source (lines k * shard_lines ...) to job.paths[k] for each k in
     `todo`, each written whole when it is done; a killed run's partial shard is removed."""
-    source, lines, paths, size = job.source, job.lines, job.paths, job.opts.shard_lines
+    source = job.source
+    lines = job.lines
+    paths = job.paths
+    size = job.opts.shard_lines
     _make_directory(job.shards)
     atomic.clean_temporaries(job.shards)
     done = sum(min(size, lines - k * size) for k in range(len(paths)) if k not in todo)
-    bar = tqdm(total=lines, initial=done, unit="line", desc="translate", dynamic_ncols=True,
-               disable=None if progress else True)
+    bar = tqdm(
+        total=lines,
+        initial=done,
+        unit="line",
+        desc="translate",
+        dynamic_ncols=True,
+        disable=None if progress else True,
+    )
     say = log.debug if progress else log.info
     try:
-        for k, chunk in enumerate(_chunks(read_lines(source, TextStats(str(source), log_each=True)), size)):
+        for k, chunk in enumerate(
+            _chunks(read_lines(source, TextStats(str(source), log_each=True)), size)
+        ):
             if k not in todo:
                 continue
-            start, first = time.time(), k * size
-            hyps = translator.translate_nbest(chunk, job.opts.nbest, where=partial(_line_name, source, first + 1),
-                                              first_index=first)
+            start = time.time()
+            first = k * size
+            hyps = translator.translate_nbest(
+                chunk,
+                job.opts.nbest,
+                where=partial(_line_name, source, first + 1),
+                first_index=first,
+            )
             text = "".join("\t".join(h.text for h in hs) + "\n" for hs in hyps)
-            atomic.atomic_write_bytes(text.encode("utf-8"), paths[k], "a shard of translations", own=True)
+            atomic.atomic_write_bytes(
+                text.encode("utf-8"), paths[k], "a shard of translations", own=True
+            )
             bar.update(len(chunk))
-            say("%s: lines %d-%d of %d translated in %.1f s", paths[k], first + 1, first + len(chunk), lines,
-                time.time() - start)
+            say(
+                "%s: lines %d-%d of %d translated in %.1f s",
+                paths[k],
+                first + 1,
+                first + len(chunk),
+                lines,
+                time.time() - start,
+            )
     finally:
         bar.close()
 
@@ -427,22 +606,30 @@ def translate_shards(translator: Translator, job: Job, todo: set[int], progress:
 # ------------------------------------------------------------------ step 2: select and filter
 
 
-def select_and_filter(source: Path, reference: Path, paths: list[Path], outputs: list[Path],
-                      opts: DistillOptions) -> dict[str, Any]:
+def select_and_filter(
+    source: Path, reference: Path, paths: list[Path], outputs: list[Path], opts: DistillOptions
+) -> dict[str, Any]:
     """The distilled pairs: per source line its selected hypothesis, unless `degenerate`;
     written to `outputs` (source, target), each whole. Returns the report's sections."""
     _make_directory(outputs[0].parent)
     dropped = dict.fromkeys(FILTER_RULES, 0)
     changed = kept = 0
-    sources, references = (_chunks(read_lines(f, TextStats(str(f))), opts.shard_lines) for f in (source, reference))
-    with atomic.replacing(outputs[0], "the distilled source", own=True) as tmp_src, \
-            atomic.replacing(outputs[1], "the distilled target", own=True) as tmp_tgt, \
-            open(tmp_src, "xb", buffering=0) as out_src, open(tmp_tgt, "xb", buffering=0) as out_tgt:
+    sources, references = (
+        _chunks(read_lines(f, TextStats(str(f))), opts.shard_lines) for f in (source, reference)
+    )
+    with (
+        atomic.replacing(outputs[0], "the distilled source", own=True) as tmp_src,
+        atomic.replacing(outputs[1], "the distilled target", own=True) as tmp_tgt,
+        open(tmp_src, "xb", buffering=0) as out_src,
+        open(tmp_tgt, "xb", buffering=0) as out_tgt,
+    ):
         for path, srcs, refs in zip(paths, sources, references, strict=True):
             shard = list(read_lines(path, TextStats(str(path))))
             if len(shard) != len(srcs):
-                raise NmtError(f"{path}: {len(shard)} lines where its {len(srcs)} source lines need one each; "
-                               "delete it to translate it again")
+                raise NmtError(
+                    f"{path}: {len(shard)} lines where its {len(srcs)} source lines need one each; "
+                    "delete it to translate it again"
+                )
             pairs = []
             for src, ref, line in zip(srcs, refs, shard, strict=True):
                 hyps = line.split("\t") if line else [""]
@@ -455,14 +642,28 @@ def select_and_filter(source: Path, reference: Path, paths: list[Path], outputs:
                     dropped[reason] += 1
             kept += len(pairs)
             for side, out in enumerate((out_src, out_tgt)):
-                atomic.write_all(out.fileno(), "".join(pair[side] + "\n" for pair in pairs).encode("utf-8"))
+                atomic.write_all(
+                    out.fileno(), "".join(pair[side] + "\n" for pair in pairs).encode("utf-8")
+                )
         os.fsync(out_src.fileno())
         os.fsync(out_tgt.fileno())
     total = kept + sum(dropped.values())
-    log.info("distilled %d pairs into %s: kept %d%s", total, outputs[0].parent, kept,
-             "".join(f", {n} dropped as {why}" for why, n in dropped.items() if n))
-    return {"select": {"nbest": opts.nbest, "metric": opts.select, "not_the_teachers_best": changed},
-            "filter": {"pairs": total, "kept": kept, "dropped": dropped, "files": [str(p) for p in outputs]}}
+    log.info(
+        "distilled %d pairs into %s: kept %d%s",
+        total,
+        outputs[0].parent,
+        kept,
+        "".join(f", {n} dropped as {why}" for why, n in dropped.items() if n),
+    )
+    return {
+        "select": {"nbest": opts.nbest, "metric": opts.select, "not_the_teachers_best": changed},
+        "filter": {
+            "pairs": total,
+            "kept": kept,
+            "dropped": dropped,
+            "files": [str(p) for p in outputs],
+        },
+    }
 
 
 # ------------------------------------------------------------------ files
@@ -484,5 +685,9 @@ def _make_directory(path: Path) -> None:
 def _write_json(path: Path, obj: dict[str, Any], what: str) -> None:
     """`obj` in `path`, written whole; left as it is where it holds `obj` already (a rerun)."""
     if _json_of(path, what) != obj:
-        atomic.atomic_write_bytes((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), path, what,
-                                  own=True)
+        atomic.atomic_write_bytes(
+            (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"),
+            path,
+            what,
+            own=True,
+        )

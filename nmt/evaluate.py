@@ -53,17 +53,26 @@ def _metric(name: str, tokenize: str | None, lowercase: bool) -> BLEU | CHRF | T
     raise NmtError(f"unknown metric {name!r} (choices: {', '.join(METRICS)})")
 
 
-def score_corpus(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu", "chrf"), *,
-                 tokenize: str | None = None, lowercase: bool = False, names: Sequence[str] | None = None,
-                 hyp_name: str = "hypotheses") -> list[MetricResult]:
+def score_corpus(
+    hyps: Sequence[str],
+    refs: Sequence[Sequence[str]],
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    *,
+    tokenize: str | None = None,
+    lowercase: bool = False,
+    names: Sequence[str] | None = None,
+    hyp_name: str = "hypotheses",
+) -> list[MetricResult]:
     """Score detokenized hypotheses against one or more reference streams.
 
     `refs[i]` is the i-th reference stream (one line per hypothesis), as in sacreBLEU.
     `tokenize` is BLEU's tokenizer (None = sacreBLEU's default, 13a; e.g. "intl", "zh").
     `names` (one per reference stream) and `hyp_name` make errors name the files.
     """
-    if isinstance(refs, str) or any(isinstance(stream, str) or (len(stream) and not isinstance(stream[0], str))
-                                    for stream in refs):
+    if isinstance(refs, str) or any(
+        isinstance(stream, str) or (len(stream) and not isinstance(stream[0], str))
+        for stream in refs
+    ):
         raise TypeError("refs must be a list of reference streams, each a list of lines")
     metrics = [m.lower() for m in ([metrics] if isinstance(metrics, str) else metrics)]
     metric_objects = [_metric(name, tokenize, lowercase) for name in metrics]
@@ -77,10 +86,13 @@ def score_corpus(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Se
     for ref_name, stream in zip(names, refs, strict=True):
         if len(stream) != len(hyps):
             raise NmtError(f"{hyp_name} has {len(hyps)} lines but {ref_name} has {len(stream)}")
-    hyp_lines, ref_lines = list(hyps), [list(stream) for stream in refs]
+    hyp_lines = list(hyps)
+    ref_lines = [list(stream) for stream in refs]
     scores = [metric.corpus_score(hyp_lines, ref_lines) for metric in metric_objects]
-    return [MetricResult(name, float(score.score), metric.get_signature().format(), score.format())
-            for name, metric, score in zip(metrics, metric_objects, scores, strict=True)]
+    return [
+        MetricResult(name, float(score.score), metric.get_signature().format(), score.format())
+        for name, metric, score in zip(metrics, metric_objects, scores, strict=True)
+    ]
 
 
 def corpus_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
@@ -94,7 +106,9 @@ def sentence_scores(hyps: Sequence[str], ref: str, metric: str = "chrf") -> list
     (`sacrebleu.sentence_chrf`) or BLEU with effective order (`sacrebleu.sentence_bleu`, as
     sacreBLEU recommends for single sentences)."""
     if metric not in SENTENCE_METRICS:
-        raise NmtError(f"unknown sentence metric {metric!r} (choices: {', '.join(SENTENCE_METRICS)})")
+        raise NmtError(
+            f"unknown sentence metric {metric!r} (choices: {', '.join(SENTENCE_METRICS)})"
+        )
     scorer = _sentence_metric(metric)
     return [float(scorer.sentence_score(h, [ref]).score) for h in hyps]
 
@@ -137,12 +151,15 @@ def load_test_set(name: str, langpair: str) -> tuple[list[str], list[list[str]]]
         hint = f"did you mean {', '.join(close)}?" if close else "see `sacrebleu --list`"
         raise NmtError(f"unknown test set {name!r} ({hint})")
     if langpair not in dataset.langpairs:
-        raise NmtError(f"test set {name} has no language pair {langpair!r} "
-                       f"(choices: {', '.join(sorted(dataset.langpairs))})")
+        raise NmtError(
+            f"test set {name} has no language pair {langpair!r} (choices: "
+            f"{', '.join(sorted(dataset.langpairs))})"
+        )
     previous_timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
     try:
-        source_file, ref_files = dataset.get_source_file(langpair), dataset.get_reference_files(langpair)
+        source_file = dataset.get_source_file(langpair)
+        ref_files = dataset.get_reference_files(langpair)
     except (Exception, SystemExit) as exc:  # sacreBLEU calls sys.exit on a bad download
         raise NmtError(_placement_hint(dataset, langpair, exc)) from exc
     finally:
@@ -158,28 +175,48 @@ def _placement_hint(dataset, langpair: str, exc: BaseException) -> str:
     entries = [entries["path"]] if isinstance(entries, dict) else entries
     # TSV sets prefix a column number ("2:MTNT/test.tsv")
     files = dict.fromkeys(re.sub(r"^\d+:", "", entry) for entry in entries)
-    reason = "download failed; sacreBLEU logged why" if isinstance(exc, SystemExit) else one_line(exc, 1000)
+    reason = (
+        "download failed; sacreBLEU logged why"
+        if isinstance(exc, SystemExit)
+        else one_line(exc, 1000)
+    )
     paths = ", ".join(str(raw_dir / f) for f in files)
-    return (f"{dataset.name}/{langpair}: sacreBLEU could not get the test set ({reason}); to install it by hand, "
-            f"download {' and '.join(archives)}, then unpack {'them' if len(archives) > 1 else 'it'} in {raw_dir} so "
-            f"that {paths} {'exists' if len(files) == 1 else 'exist'}; the SACREBLEU environment variable moves the "
-            f"test-set directory (now {os.path.dirname(dataset._outdir)})")
+    return (
+        f"{dataset.name}/{langpair}: sacreBLEU could not get the test set ({reason}); to install "
+        f"it by hand, download {' and '.join(archives)}, then unpack "
+        f"{'them' if len(archives) > 1 else 'it'} in {raw_dir} so that {paths} "
+        f"{'exists' if len(files) == 1 else 'exist'}; the SACREBLEU environment variable moves the "
+        f"test-set directory (now {os.path.dirname(dataset._outdir)})"
+    )
 
 
-def score_command(refs: Sequence[Path] | None, hyp: Path | BinaryIO, *, test_set: str | None = None,
-                  langpair: str | None = None, metrics: str = "bleu,chrf", tokenize: str | None = None,
-                  lowercase: bool = False, json: bool = False) -> str:
+def score_command(
+    refs: Sequence[Path] | None,
+    hyp: Path | BinaryIO,
+    *,
+    test_set: str | None = None,
+    langpair: str | None = None,
+    metrics: str = "bleu,chrf",
+    tokenize: str | None = None,
+    lowercase: bool = False,
+    json: bool = False,
+) -> str:
     """`nmt score`: the hypotheses of a file or stream against reference files or a sacreBLEU
     test set, formatted (text or JSON)."""
     if (refs is None) == (test_set is None):
         raise NmtError("give either --ref FILE or --test-set NAME --langpair XX-YY")
-    names_of_metrics = tuple(dict.fromkeys(m.strip().lower() for m in metrics.split(",") if m.strip()))
+    names_of_metrics = tuple(
+        dict.fromkeys(m.strip().lower() for m in metrics.split(",") if m.strip())
+    )
     if not names_of_metrics:
         raise NmtError(f"--metrics {metrics!r}: give at least one of {', '.join(METRICS)}")
     is_path = isinstance(hyp, (str, Path))
     reads = [FileArg("--ref", path, "a reference") for path in refs or ()]
-    reads.append(FileArg("--hyp", hyp, "the hypotheses") if isinstance(hyp, (str, Path))
-                 else FileArg("standard input", 0, "the hypotheses"))
+    reads.append(
+        FileArg("--hyp", hyp, "the hypotheses")
+        if isinstance(hyp, (str, Path))
+        else FileArg("standard input", 0, "the hypotheses")
+    )
     check_outputs(reads, [FileArg("standard output", 1, "the scores")])
     if test_set is not None:
         if not langpair:
@@ -188,8 +225,16 @@ def score_command(refs: Sequence[Path] | None, hyp: Path | BinaryIO, *, test_set
         names = [f"{test_set}:{langpair}"] * len(ref_streams)
     else:
         assert refs is not None
-        ref_streams, names = [read_lines(p) for p in refs], [str(p) for p in refs]
+        ref_streams = [read_lines(p) for p in refs]
+        names = [str(p) for p in refs]
     hyps = read_lines(hyp) if is_path else read_stream(hyp)  # type: ignore[arg-type]
-    results = score_corpus(hyps, ref_streams, metrics=names_of_metrics, tokenize=tokenize, lowercase=lowercase,
-                           names=names, hyp_name=str(hyp) if is_path else "<stdin>")
+    results = score_corpus(
+        hyps,
+        ref_streams,
+        metrics=names_of_metrics,
+        tokenize=tokenize,
+        lowercase=lowercase,
+        names=names,
+        hyp_name=str(hyp) if is_path else "<stdin>",
+    )
     return format_results(results, json=json)

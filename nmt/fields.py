@@ -33,9 +33,13 @@ class Bounds:
     choices: tuple[Any, ...] = ()
 
     def allows(self, value: Any) -> bool:
-        return ((self.at_least is None or value >= self.at_least) and (self.above is None or value > self.above)
-                and (self.at_most is None or value <= self.at_most) and (self.below is None or value < self.below)
-                and (not self.choices or value in self.choices))
+        return (
+            (self.at_least is None or value >= self.at_least)
+            and (self.above is None or value > self.above)
+            and (self.at_most is None or value <= self.at_most)
+            and (self.below is None or value < self.below)
+            and (not self.choices or value in self.choices)
+        )
 
     def rule(self) -> str:
         """The bounds in words, as errors and docs/config.md say them: "must be in [0, 1)"."""
@@ -44,8 +48,10 @@ class Bounds:
         low = self.at_least if self.above is None else self.above
         high = self.at_most if self.below is None else self.below
         if low is not None and high is not None:
-            return (f"must be in {'[' if self.above is None else '('}{_number(low)}, "
-                    f"{_number(high)}{']' if self.below is None else ')'}")
+            return (
+                f"must be in {'[' if self.above is None else '('}{_number(low)}, "
+                f"{_number(high)}{']' if self.below is None else ')'}"
+            )
         if high is not None:
             return f"must be {'at most' if self.below is None else 'below'} {_number(high)}"
         if low == 0:
@@ -55,11 +61,24 @@ class Bounds:
 
 def _number(x: float | None) -> str:
     """A bound as people write it: 2^62 for a large power of two."""
-    return f"2^{x.bit_length() - 1}" if isinstance(x, int) and x > 2**32 and x & (x - 1) == 0 else str(x)
+    return (
+        f"2^{x.bit_length() - 1}"
+        if isinstance(x, int) and x > 2**32 and x & (x - 1) == 0
+        else str(x)
+    )
 
 
-def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), cli: bool = True, argument: bool = False,
-        io: bool = False, factory: Callable[[], Any] | None = None, **bounds: Any) -> Any:
+def opt(
+    default: Any,
+    help: str,
+    *,
+    flags: tuple[str, ...] = (),
+    cli: bool = True,
+    argument: bool = False,
+    io: bool = False,
+    factory: Callable[[], Any] | None = None,
+    **bounds: Any,
+) -> Any:
     """A dataclass field with its help text and bounds attached: `docs/config.md` and the
     command-line options made from a dataclass (nmt.cli) read them. `bounds` are a `Bounds`'
     (at_least=1: >= 1; above=0: > 0; at_most, below; choices), checked by `check_bounds`.
@@ -68,7 +87,14 @@ def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), cli: bool = Tru
     command line; `io` marks `nmt translate`'s stream I/O (not an argument of
     `Translator.load`); `factory`, where given, makes each instance's default instead of
     `default` (a list, a count of cores)."""
-    metadata = {"help": help, "flags": flags, "cli": cli, "argument": argument, "io": io, "bounds": Bounds(**bounds)}
+    metadata = {
+        "help": help,
+        "flags": flags,
+        "cli": cli,
+        "argument": argument,
+        "io": io,
+        "bounds": Bounds(**bounds),
+    }
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -89,7 +115,8 @@ def check_bounds(obj: Any, name: Callable[[str], str], **values: Any) -> None:
     for f in dataclasses.fields(obj):
         if values and f.name not in values:
             continue
-        value, bounds = (values[f.name] if values else getattr(obj, f.name)), f.metadata.get("bounds", Bounds())
+        value = values[f.name] if values else getattr(obj, f.name)
+        bounds = f.metadata.get("bounds", Bounds())
         if get_origin(hints[f.name]) is Literal and not bounds.choices:
             bounds = dataclasses.replace(bounds, choices=get_args(hints[f.name]))
         if isinstance(value, float) and not math.isfinite(value):
@@ -104,8 +131,13 @@ def flag(key: str) -> str:
     return f"--{key.replace('_', '-')}"
 
 
-_SHORT = reprlib.Repr()  # a rejected value as an error shows it: a YAML alias bomb's list stays a few lines
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring = 2, 4, 4, 80
+_SHORT = (
+    reprlib.Repr()
+)  # a rejected value as an error shows it: a YAML alias bomb's list stays a few lines
+_SHORT.maxlevel = 2
+_SHORT.maxlist = 4
+_SHORT.maxdict = 4
+_SHORT.maxstring = 80
 
 
 def shown(value: Any) -> str:
@@ -113,11 +145,14 @@ def shown(value: Any) -> str:
     return _SHORT.repr(value)
 
 
-# the plain field types: the Python types of the values each takes (a bool only for bool), and what an error
-# says a value must be
+# the plain field types: the Python types of the values each takes (a bool only for bool), and what
+# an error says a value must be
 _PLAIN: dict[Any, tuple[tuple[type[Any], ...], str]] = {
-    bool: ((bool,), "true or false"), int: ((int,), "an integer"), float: ((int, float), "a number"),
-    str: ((str,), "a string")}
+    bool: ((bool,), "true or false"),
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+}
 
 
 def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -> Any:
@@ -140,7 +175,9 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
         except OverflowError:  # an integer of 400 digits: 1e400 written out
             message = f"{where}: {key} must be a finite number, got {_SHORT.repr(value)}"
             raise ConfigError(message) from None
-    if tp is float and strings and isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
+    if (
+        tp is float and strings and isinstance(value, str)
+    ):  # YAML 1.1 reads `5e-4` (no dot) as a string
         with contextlib.suppress(ValueError):
             return float(value)
     raise ConfigError(f"{where}: {key} must be {expected}, got {_SHORT.repr(value)}")

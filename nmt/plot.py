@@ -27,7 +27,9 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise NmtError("nmt plot needs matplotlib: pip install 'nmt[plot]' (or pip install matplotlib)") from None
+        raise NmtError(
+            "nmt plot needs matplotlib: pip install 'nmt[plot]' (or pip install matplotlib)"
+        ) from None
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
@@ -39,9 +41,12 @@ def _format(path: Path) -> str:
     matplotlib would refuse an unknown one only when saving."""
     from matplotlib.backend_bases import FigureCanvasBase
 
-    fmt, supported = path.suffix.lstrip(".").lower() or "png", FigureCanvasBase.get_supported_filetypes()
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    supported = FigureCanvasBase.get_supported_filetypes()
     if fmt not in supported:
-        raise NmtError(f"-o {path}: unknown image format .{fmt} (one of: {', '.join(sorted(supported))})")
+        raise NmtError(
+            f"-o {path}: unknown image format .{fmt} (one of: {', '.join(sorted(supported))})"
+        )
     return fmt
 
 
@@ -54,11 +59,20 @@ def _save(fig: Any, path: Path, dpi: int) -> None:
 # ------------------------------------------------------------------ attention
 
 
-MAX_PIECES = 2000  # a side of one map: 0.28 inch each at 100 dpi stays under matplotlib's 2^16 pixels
+MAX_PIECES = (
+    2000  # a side of one map: 0.28 inch each at 100 dpi stays under matplotlib's 2^16 pixels
+)
 
 
-def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None = None, average: bool = False,
-                   sentences: int = 0, dpi: int = 100) -> list[Path]:
+def plot_attention(
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    layer: int | None = None,
+    average: bool = False,
+    sentences: int = 0,
+    dpi: int = 100,
+) -> list[Path]:
     """One PNG per sentence of an `nmt translate --attention` file: `out_dir/attention_<i>.png`
     (i = the 0-based input line), source pieces across, target pieces down, heads averaged;
     a panel per decoder layer, or only `layer` (0-based, negative from the end), or with
@@ -67,18 +81,28 @@ def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None =
     check_bounds(PlotAttentionOptions, flag, sentences=sentences)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise NmtError(f"-o {out}: exists and is not a directory; give a directory for attention_<line>.png")
+        raise NmtError(
+            f"-o {out}: exists and is not a directory; give a directory for attention_<line>.png"
+        )
     with contextlib.suppress(FileNotFoundError):  # load_attention words a missing file
         open_for_reading(path, "the attention file", None).close()  # never a FIFO or a device
     items = load_attention(path, sentences)
-    check_outputs([FileArg("ATTENTION", path, "the attention file")],
-                  [FileArg("-o", out / f"attention_{i}.png") for i, *_ in items])
+    check_outputs(
+        [FileArg("ATTENTION", path, "the attention file")],
+        [FileArg("-o", out / f"attention_{i}.png") for i, *_ in items],
+    )
     for index, weights, _, _ in items:
-        L, (_, _, T, S) = weights.shape[0], weights.shape
+        L = weights.shape[0]
+        (_, _, T, S) = weights.shape
         if layer is not None and not -L <= layer < L:
-            raise NmtError(f"--layer {layer}: {path} has {L} layer(s) (0 .. {L - 1}, or negative from the end)")
+            raise NmtError(
+                f"--layer {layer}: {path} has {L} layer(s) (0 .. {L - 1}, or negative from the end)"
+            )
         if max(T, S) > MAX_PIECES:
-            raise NmtError(f"{path}: attention_{index}: {T} x {S} pieces, too many to draw (at most {MAX_PIECES})")
+            raise NmtError(
+                f"{path}: attention_{index}: {T} x {S} pieces, too many to draw (at most "
+                f"{MAX_PIECES})"
+            )
     plt = _pyplot()
     with os_errors_as(f"-o {out}", "cannot create the directory"):
         out.mkdir(parents=True, exist_ok=True)
@@ -92,8 +116,15 @@ def plot_attention(path: str | Path, out_dir: str | Path, *, layer: int | None =
     return written
 
 
-def _attention_figure(plt: Any, index: int, weights: np.ndarray, src: list[str], tgt: list[str], layer: int | None,
-                      average: bool) -> Any:
+def _attention_figure(
+    plt: Any,
+    index: int,
+    weights: np.ndarray,
+    src: list[str],
+    tgt: list[str],
+    layer: int | None,
+    average: bool,
+) -> Any:
     """The figure of one sentence (see `plot_attention`); weights (L, H, T, S)."""
     L = weights.shape[0]
     if average:
@@ -103,7 +134,8 @@ def _attention_figure(plt: Any, index: int, weights: np.ndarray, src: list[str],
     else:
         panels = [(f"layer {i}, heads averaged", weights[i].mean(0)) for i in range(L)]
     cell = 0.28  # inches per piece, so that labels stay readable
-    width, height = max(3.0, cell * len(src) + 1.5), max(2.5, cell * len(tgt) + 1.2)
+    width = max(3.0, cell * len(src) + 1.5)
+    height = max(2.5, cell * len(tgt) + 1.2)
     fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
     for ax, (title, matrix) in zip(axes[0], panels, strict=True):
         ax.imshow(matrix, cmap="Greys", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
@@ -118,9 +150,12 @@ def _attention_figure(plt: Any, index: int, weights: np.ndarray, src: list[str],
 # ------------------------------------------------------------------ learning curves
 
 # (panel title, train key, valid key, log scale)
-PANELS = (("loss (bits per token, label-smoothed)", "loss", "valid_loss", False),
-          ("perplexity", "ppl", "valid_ppl", True), ("valid BLEU (greedy, val split)", None, "valid_bleu", False),
-          ("learning rate", "lr", None, False))
+PANELS = (
+    ("loss (bits per token, label-smoothed)", "loss", "valid_loss", False),
+    ("perplexity", "ppl", "valid_ppl", True),
+    ("valid BLEU (greedy, val split)", None, "valid_bleu", False),
+    ("learning rate", "lr", None, False),
+)
 
 
 # the fields of a record that are drawn: where present, each must be a number within +-MAX_VALUE,
@@ -138,69 +173,115 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
     one warning says how many, naming the file and the first one's line."""
     path = Path(run_dir) / "metrics.jsonl"
     records: dict[tuple[str, int], dict[str, Any]] = {}
-    bad, first_bad = 0, 0
+    bad = 0
+    first_bad = 0
     try:
         with open_for_reading(path, "metrics", None) as f:
             for lineno, line in enumerate(f, 1):
                 if (rec := _record(line)) is not None:
                     records[(rec.get("type", "train"), rec["update"])] = rec
                 elif line.strip():
-                    bad, first_bad = bad + 1, first_bad or lineno
+                    bad = bad + 1
+                    first_bad = first_bad or lineno
     except FileNotFoundError:
         raise NmtError(f"{run_dir}: no metrics.jsonl (not a run directory of nmt train?)") from None
     except OSError as e:
         raise NmtError(f"{path}: cannot read ({e.strerror or e})") from None
     if bad:
-        log.warning("%s: skipped %d bad record(s), the first on line %d (not a JSON object with an integer "
-                    "update and numbers)", path, bad, first_bad)
+        log.warning(
+            "%s: skipped %d bad record(s), the first on line %d (not a JSON object with an integer "
+            "update and numbers)",
+            path,
+            bad,
+            first_bad,
+        )
     by_update = sorted(records.items(), key=lambda kv: kv[0][1])
-    return [r for (k, _), r in by_update if k == "train"], [r for (k, _), r in by_update if k == "valid"]
+    return [r for (k, _), r in by_update if k == "train"], [
+        r for (k, _), r in by_update if k == "valid"
+    ]
 
 
 def _record(line: bytes) -> dict[str, Any] | None:
     """One line of metrics.jsonl as a record, or None where it is not one (see `read_metrics`)."""
     try:
         rec = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: arrays nested too deep
+    except (
+        UnicodeDecodeError,
+        ValueError,
+        RecursionError,
+    ):  # RecursionError: arrays nested too deep
         return None
-    ok = (isinstance(rec, dict) and isinstance(rec.get("type", "train"), str)
-          and isinstance(rec.get("update"), int) and all(_drawable(rec[k]) for k in PLOTTED if k in rec))
+    ok = (
+        isinstance(rec, dict)
+        and isinstance(rec.get("type", "train"), str)
+        and isinstance(rec.get("update"), int)
+        and all(_drawable(rec[k]) for k in PLOTTED if k in rec)
+    )
     return rec if ok else None
 
 
 def _drawable(value: Any) -> bool:
-    # Python compares an int with a float exactly: no overflow for an integer beyond any float; False for NaN
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_VALUE
+    # Python compares an int with a float exactly: no overflow for an integer beyond any float;
+    # False for NaN
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_VALUE
+    )
 
 
-def plot_curves(run_dirs: Sequence[str | Path], output: str | Path, *, labels: Sequence[str] = (),
-                dpi: int = 72) -> Path:
+def plot_curves(
+    run_dirs: Sequence[str | Path], output: str | Path, *, labels: Sequence[str] = (), dpi: int = 72
+) -> Path:
     """Train and valid loss, perplexity, valid BLEU and learning rate of each run, against
     updates (left) and wall-clock time (right), several runs on one figure (one colour per
     run; train solid, valid dashed with dots)."""
     if labels and len(labels) != len(run_dirs):
         raise NmtError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     out = target(output, "-o")
-    check_outputs([FileArg("RUN_DIR", Path(d) / "metrics.jsonl", "the metrics") for d in run_dirs],
-                  [FileArg("-o", output)])
+    check_outputs(
+        [FileArg("RUN_DIR", Path(d) / "metrics.jsonl", "the metrics") for d in run_dirs],
+        [FileArg("-o", output)],
+    )
     plt = _pyplot()
     _format(out)  # before the work
-    runs = [(labels[i] if labels else Path(d).name or str(d), *read_metrics(d)) for i, d in enumerate(run_dirs)]
-    empty = next((d for d, (_, train, valid) in zip(run_dirs, runs, strict=True) if not train and not valid), None)
+    runs = [
+        (labels[i] if labels else Path(d).name or str(d), *read_metrics(d))
+        for i, d in enumerate(run_dirs)
+    ]
+    empty = next(
+        (d for d, (_, train, valid) in zip(run_dirs, runs, strict=True) if not train and not valid),
+        None,
+    )
     if empty is not None:  # an empty figure is no picture of a run
-        raise NmtError(f"{Path(empty) / 'metrics.jsonl'}: no records to draw (a run that has not logged an update yet?)")
+        raise NmtError(
+            f"{Path(empty) / 'metrics.jsonl'}: no records to draw (a run that has not logged an "
+            "update yet?)"
+        )
     fig, axes = plt.subplots(len(PANELS), 2, figsize=(11, 3.0 * len(PANELS)), squeeze=False)
     for run, (label, train, valid) in enumerate(runs):
         color = f"C{run % 10}"
         for row, (title, train_key, valid_key, log_scale) in enumerate(PANELS):
             for col, x_key in enumerate(("update", "elapsed")):
                 ax = axes[row][col]
-                for records, key, style, kind in ((train, train_key, "-", "train"), (valid, valid_key, "--o", "valid")):
-                    points = [(r[x_key] / (60 if col else 1), r[key]) for r in records
-                              if key and isinstance(r.get(key), (int, float)) and x_key in r]
+                for records, key, style, kind in (
+                    (train, train_key, "-", "train"),
+                    (valid, valid_key, "--o", "valid"),
+                ):
+                    points = [
+                        (r[x_key] / (60 if col else 1), r[key])
+                        for r in records
+                        if key and isinstance(r.get(key), (int, float)) and x_key in r
+                    ]
                     if points:
                         xs, ys = np.array(points).T
-                        ax.plot(xs, ys, style, color=color, markersize=3, linewidth=1.2, label=f"{label} ({kind})")
+                        ax.plot(
+                            xs,
+                            ys,
+                            style,
+                            color=color,
+                            markersize=3,
+                            linewidth=1.2,
+                            label=f"{label} ({kind})",
+                        )
                 ax.set_title(title, fontsize=9)
                 ax.set_xlabel("updates" if col == 0 else "wall time (minutes)", fontsize=8)
                 if log_scale:

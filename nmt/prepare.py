@@ -55,7 +55,9 @@ class Split:
     files: dict[str, Path]  # lang -> input file (as messages and the report name it)
     lines: int
     filtered: bool
-    copies: dict[str, Path] = field(default_factory=dict)  # lang -> the copy of a named pipe, read in its place
+    copies: dict[str, Path] = field(
+        default_factory=dict
+    )  # lang -> the copy of a named pipe, read in its place
 
     def text(self, lang: str) -> Path:
         """Where the text of `lang` is read: its file, or the copy of a named pipe."""
@@ -67,41 +69,75 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     start = time.time()
     opts.check()
     dest = atomic.directory_target(opts.destdir, "--destdir")
-    atomic.check_replaceable(dest, opts.force, (META_FILE,), f"an output of nmt prepare-bpe (no {META_FILE})",
-                             "--destdir")
+    atomic.check_replaceable(
+        dest,
+        opts.force,
+        (META_FILE,),
+        f"an output of nmt prepare-bpe (no {META_FILE})",
+        "--destdir",
+    )
     reused = _reused_tokenizer(opts)
     with tempfile.TemporaryDirectory(prefix="nmt-prepare-") as pipes:
         splits = find_splits(opts, Path(pipes))  # reads every file once: after the cheap checks
         report = _prepare(opts, dest, splits, reused, progress, start)
-    logger.info("wrote %s in %.1f s (vocab %d, fingerprint %s)", dest, report["seconds"], report["vocab_size"],
-                report["fingerprint"][:12])
+    logger.info(
+        "wrote %s in %.1f s (vocab %d, fingerprint %s)",
+        dest,
+        report["seconds"],
+        report["vocab_size"],
+        report["fingerprint"][:12],
+    )
     return report
 
 
-def _prepare(opts: PrepareOptions, dest: Path, splits: list[Split], reused: Tokenizer | None, progress: bool,
-             start: float) -> dict:
+def _prepare(
+    opts: PrepareOptions,
+    dest: Path,
+    splits: list[Split],
+    reused: Tokenizer | None,
+    progress: bool,
+    start: float,
+) -> dict:
     """The output of prepare-bpe (its report's seconds counted from `start`), made in a
     temporary sibling that replaces `dest` at the end."""
-    atomic.check_outputs(input_files(opts, splits), [atomic.FileArg("--destdir", opts.destdir, directory=True)])
+    atomic.check_outputs(
+        input_files(opts, splits), [atomic.FileArg("--destdir", opts.destdir, directory=True)]
+    )
     with atomic.os_errors_as(f"--destdir {dest}", "cannot create it"):
         dest.parent.mkdir(parents=True, exist_ok=True)
     with atomic.replacing_directory(dest, "the prepared data", "--destdir") as work:
         tok = _tokenizer(opts, splits[0], reused, work)
         dtype = token_dtype(max(tok.vocab_size, tok.source_vocab_size or 0))
-        reports, hashes = {}, {}
+        reports = {}
+        hashes = {}
         for split in splits:
             reports[split.name], file_hashes = _binarize(split, tok, dtype, opts, work, progress)
             hashes.update(file_hashes)
-        train = "".join(f"{name}:{hashes[name]}" for name in sorted(hashes) if name.startswith("train."))
+        train = "".join(
+            f"{name}:{hashes[name]}" for name in sorted(hashes) if name.startswith("train.")
+        )
         fingerprint = hashlib.sha256((tok.sha256 + train).encode()).hexdigest()
-        report = {"format_version": 1, "nmt_version": __version__, "source_lang": opts.source_lang,
-                  "target_lang": opts.target_lang, "vocab_size": tok.vocab_size,
-                  # source_vocab_size: separate vocabularies; else None
-                  "source_vocab_size": tok.source_vocab_size, "dtype": dtype.name,
-                  "spm": {"model": "spm.model", "sha256": tok.sha256,
-                          "source": str(opts.spm_model or opts.tokenizer_from) if reused else "trained"},
-                  "splits": reports, "sha256": hashes, "fingerprint": fingerprint, "options": dataclasses.asdict(opts),
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.time() - start, 3)}
+        report = {
+            "format_version": 1,
+            "nmt_version": __version__,
+            "source_lang": opts.source_lang,
+            "target_lang": opts.target_lang,
+            "vocab_size": tok.vocab_size,
+            # source_vocab_size: separate vocabularies; else None
+            "source_vocab_size": tok.source_vocab_size,
+            "dtype": dtype.name,
+            "spm": {
+                "model": "spm.model",
+                "sha256": tok.sha256,
+                "source": str(opts.spm_model or opts.tokenizer_from) if reused else "trained",
+            },
+            "splits": reports,
+            "sha256": hashes,
+            "fingerprint": fingerprint,
+            "options": dataclasses.asdict(opts),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.time() - start, 3),
+        }
         (work / META_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
 
@@ -126,9 +162,13 @@ def find_splits(opts: PrepareOptions, pipes: Path | None = None) -> list[Split]:
                 if path not in copied:
                     copied[path] = _copy_pipe(path, pipes, f"{name}.{lang}")
                 copies[lang] = copied[path]
-        (src, n_src), (tgt, n_tgt) = ((files[lang], count_lines(copies.get(lang, files[lang]))) for lang in files)
+        (src, n_src), (tgt, n_tgt) = (
+            (files[lang], count_lines(copies.get(lang, files[lang]))) for lang in files
+        )
         if n_src != n_tgt:
-            raise NmtError(f"{src} has {n_src} lines but {tgt} has {n_tgt}; parallel files must align")
+            raise NmtError(
+                f"{src} has {n_src} lines but {tgt} has {n_tgt}; parallel files must align"
+            )
         splits.append(Split(name, prefix, files, n_src, filtered, copies))
     return splits
 
@@ -137,12 +177,17 @@ def _copy_pipe(path: Path, pipes: Path | None, name: str) -> Path:
     """The named pipe `path` read to its end into the file `pipes/name`; an NmtError naming
     the pipe if it cannot be (no `pipes`: the command reads its text more than once)."""
     if pipes is None:
-        raise NmtError(f"{path}: a named pipe can be read once, and this command reads its text several "
-                       "times; give a file")
+        raise NmtError(
+            f"{path}: a named pipe can be read once, and this command reads its text several "
+            "times; give a file"
+        )
     copy = pipes / name
     logger.info("reading the named pipe %s into a temporary copy (%s)", path, copy)
-    with atomic.os_errors_as(path, f"cannot copy the named pipe to {copy}"), open_stream(path) as src, \
-            open(copy, "xb") as dst:
+    with (
+        atomic.os_errors_as(path, f"cannot copy the named pipe to {copy}"),
+        open_stream(path) as src,
+        open(copy, "xb") as dst,
+    ):
         shutil.copyfileobj(src, dst, 1 << 20)
     return copy
 
@@ -150,8 +195,11 @@ def _copy_pipe(path: Path, pipes: Path | None, name: str) -> Path:
 def input_files(opts: PrepareOptions, splits: list[Split]) -> list[atomic.FileArg]:
     """The files prepare-bpe reads (none of them may be in --destdir, which is replaced whole)."""
     options = {"train": "--trainpref", "valid": "--validpref"}
-    inputs = [atomic.FileArg(options.get(split.name, "--testpref"), path, f"the {split.name} text")
-              for split in splits for path in split.files.values()]
+    inputs = [
+        atomic.FileArg(options.get(split.name, "--testpref"), path, f"the {split.name} text")
+        for split in splits
+        for path in split.files.values()
+    ]
     if opts.spm_model:
         inputs.append(atomic.FileArg("--spm-model", opts.spm_model, "the sentencepiece model"))
     if opts.tokenizer_from:
@@ -167,9 +215,13 @@ def _reused_tokenizer(opts: PrepareOptions) -> Tokenizer | None:
             tok = Tokenizer.from_file(opts.spm_model)
         except NmtError as e:
             raise NmtError(f"--spm-model {e}") from None
-        if opts.vocab_size is not None and opts.vocab_size != tok.vocab_size:  # never ignored in silence
-            raise NmtError(f"--vocab-size {opts.vocab_size}: --spm-model {opts.spm_model} has a vocabulary of "
-                           f"{tok.vocab_size}; leave --vocab-size out")
+        if (
+            opts.vocab_size is not None and opts.vocab_size != tok.vocab_size
+        ):  # never ignored in silence
+            raise NmtError(
+                f"--vocab-size {opts.vocab_size}: --spm-model {opts.spm_model} has a vocabulary of "
+                f"{tok.vocab_size}; leave --vocab-size out"
+            )
         return tok
     if opts.tokenizer_from:
         try:
@@ -179,52 +231,93 @@ def _reused_tokenizer(opts: PrepareOptions) -> Tokenizer | None:
     return None
 
 
-def _tokenizer(opts: PrepareOptions, train: Split, reused: Tokenizer | None, work: Path) -> Tokenizer:
+def _tokenizer(
+    opts: PrepareOptions, train: Split, reused: Tokenizer | None, work: Path
+) -> Tokenizer:
     """Reuse --spm-model or --tokenizer-from's model, or learn one joint model on both sides of
-    train (--separate-vocab: one per side, spm.{lang}.model, bundled in spm.model); into work/spm.*"""
+    train (--separate-vocab: one per side, spm.{lang}.model, bundled in spm.model); into
+    work/spm.*"""
     if reused is not None:
         (work / "spm.model").write_bytes(reused.model_bytes)
         vocab = Path(opts.spm_model).with_suffix(".vocab") if opts.spm_model else None
         if vocab is not None and vocab.is_file():
-            (work / "spm.vocab").write_bytes(atomic.read_regular(vocab, "the sentencepiece vocabulary"))
-        logger.info("reusing the sentencepiece model of %s (vocab %d)", opts.spm_model or opts.tokenizer_from,
-                    reused.vocab_size)
+            (work / "spm.vocab").write_bytes(
+                atomic.read_regular(vocab, "the sentencepiece vocabulary")
+            )
+        logger.info(
+            "reusing the sentencepiece model of %s (vocab %d)",
+            opts.spm_model or opts.tokenizer_from,
+            reused.vocab_size,
+        )
         return reused
-    start, vocab_size = time.time(), DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
-    logger.info("learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
-                opts.model_type, vocab_size, " + ".join(map(str, train.files.values())), opts.input_sentence_size)
-    models = [train_sentencepiece([train.text(lang) for lang in langs], work / prefix, size,
-                                  model_type=opts.model_type, character_coverage=opts.character_coverage,
-                                  byte_fallback=opts.byte_fallback, input_sentence_size=opts.input_sentence_size,
-                                  seed=opts.seed, num_threads=opts.workers,
-                                  source=" + ".join(str(train.files[lang]) for lang in langs), size_option=option)
-              for prefix, langs, size, option in _models_to_learn(opts, vocab_size)]
-    logger.info("learned the sentencepiece model%s in %.1f s", "s" * opts.separate_vocab, time.time() - start)
+    start = time.time()
+    vocab_size = DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
+    logger.info(
+        "learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
+        opts.model_type,
+        vocab_size,
+        " + ".join(map(str, train.files.values())),
+        opts.input_sentence_size,
+    )
+    models = [
+        train_sentencepiece(
+            [train.text(lang) for lang in langs],
+            work / prefix,
+            size,
+            model_type=opts.model_type,
+            character_coverage=opts.character_coverage,
+            byte_fallback=opts.byte_fallback,
+            input_sentence_size=opts.input_sentence_size,
+            seed=opts.seed,
+            num_threads=opts.workers,
+            source=" + ".join(str(train.files[lang]) for lang in langs),
+            size_option=option,
+        )
+        for prefix, langs, size, option in _models_to_learn(opts, vocab_size)
+    ]
+    logger.info(
+        "learned the sentencepiece model%s in %.1f s",
+        "s" * opts.separate_vocab,
+        time.time() - start,
+    )
     if not opts.separate_vocab:
         return Tokenizer.from_file(models[0])
     # nmt's ids on each side: spm.model bundles the two
     src, tgt = (atomic.read_regular(path, "the sentencepiece model") for path in models)
-    tok = VocabTokenizer(src, tgt, spm_pieces(tgt, str(models[1])), NMT_SPECIALS, source_pieces=spm_pieces(src, str(models[0])))
+    tok = VocabTokenizer(
+        src,
+        tgt,
+        spm_pieces(tgt, str(models[1])),
+        NMT_SPECIALS,
+        source_pieces=spm_pieces(src, str(models[0])),
+    )
     (work / "spm.model").write_bytes(tok.model_bytes)
     return tok
 
 
-def _models_to_learn(opts: PrepareOptions, vocab_size: int) -> list[tuple[str, list[str], int, str]]:
+def _models_to_learn(
+    opts: PrepareOptions, vocab_size: int
+) -> list[tuple[str, list[str], int, str]]:
     """(file prefix, the languages it learns from, its vocabulary size, the option that sets it)
     of each sentencepiece model to learn: one joint model, or one per side (--separate-vocab)."""
-    source, target = opts.source_lang, opts.target_lang
+    source = opts.source_lang
+    target = opts.target_lang
     if not opts.separate_vocab:
         return [("spm", [source, target], vocab_size, "--vocab-size")]
     target_option = "--vocab-size" if opts.target_vocab_size is None else "--target-vocab-size"
-    return [(f"spm.{source}", [source], vocab_size, "--vocab-size"),
-            (f"spm.{target}", [target], opts.target_vocab_size or vocab_size, target_option)]
+    return [
+        (f"spm.{source}", [source], vocab_size, "--vocab-size"),
+        (f"spm.{target}", [target], opts.target_vocab_size or vocab_size, target_option),
+    ]
 
 
 class _TokenWriter:
     """Appends sentences to `{split}.{lang}.bin` (hashing it) and writes the .idx at the end."""
 
     def __init__(self, work: Path, split: str, lang: str, dtype: np.dtype):
-        self.bin, self.idx, self.dtype = bin_path(work, split, lang), idx_path(work, split, lang), dtype
+        self.bin = bin_path(work, split, lang)
+        self.idx = idx_path(work, split, lang)
+        self.dtype = dtype
         self.file: BinaryIO = open(self.bin, "wb")
         self.hash = hashlib.sha256()
         self.lengths: list[np.ndarray] = []
@@ -246,29 +339,44 @@ class _TokenWriter:
         np.cumsum(lengths, out=offsets[1:])
         data = offsets.tobytes()
         self.idx.write_bytes(data)
-        return {self.bin.name: self.hash.hexdigest(), self.idx.name: hashlib.sha256(data).hexdigest()}
+        return {
+            self.bin.name: self.hash.hexdigest(),
+            self.idx.name: hashlib.sha256(data).hexdigest(),
+        }
 
 
-def _binarize(split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOptions, work: Path,
-              progress: bool) -> tuple[dict, dict[str, str]]:
+def _binarize(
+    split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOptions, work: Path, progress: bool
+) -> tuple[dict, dict[str, str]]:
     """Encode (and for train, filter) one split; returns its report and file hashes."""
     langs = (opts.source_lang, opts.target_lang)
     stats = {lang: TextStats(str(split.files[lang])) for lang in langs}
     readers = [read_lines(split.text(lang), stats[lang]) for lang in langs]
     writers = [_TokenWriter(work, split.name, lang, dtype) for lang in langs]
-    raws = [] if split.filtered else [open(raw_path(work, split.name, lang), "w", encoding="utf-8", newline="\n")
-                                      for lang in langs]
+    raws = (
+        []
+        if split.filtered
+        else [
+            open(raw_path(work, split.name, lang), "w", encoding="utf-8", newline="\n")
+            for lang in langs
+        ]
+    )
     dropped = dict.fromkeys(DROP_REASONS, 0)
     bar = tqdm(total=split.lines, unit="pairs", desc=split.name, disable=None if progress else True)
 
     def store(src: list[str], tgt: list[str], encoded: Future) -> None:
         ids = encoded.result()
-        src_ids, tgt_ids = ids[: len(src)], ids[len(src) :]
-        src_len, tgt_len = (np.fromiter(map(len, side), np.int64, len(side)) for side in (src_ids, tgt_ids))
+        src_ids = ids[: len(src)]
+        tgt_ids = ids[len(src) :]
+        src_len, tgt_len = (
+            np.fromiter(map(len, side), np.int64, len(side)) for side in (src_ids, tgt_ids)
+        )
         if split.filtered:
             keep = _keep_mask(src, tgt, src_len, tgt_len, opts, dropped)
-            src_ids, tgt_ids = list(compress(src_ids, keep)), list(compress(tgt_ids, keep))
-            src_len, tgt_len = src_len[keep], tgt_len[keep]
+            src_ids = list(compress(src_ids, keep))
+            tgt_ids = list(compress(tgt_ids, keep))
+            src_len = src_len[keep]
+            tgt_len = tgt_len[keep]
         writers[0].write(src_ids, src_len)
         writers[1].write(tgt_ids, tgt_len)
         bar.update(len(src))
@@ -291,17 +399,33 @@ def _binarize(split: Split, tok: Tokenizer, dtype: np.dtype, opts: PrepareOption
         bar.close()
         for raw in raws:
             raw.close()
-    hashes, kept = {**writers[0].close(), **writers[1].close()}, split.lines - sum(dropped.values())
-    report = {"prefix": split.prefix, "files": {lang: str(split.files[lang]) for lang in langs},
-              "lines": split.lines, "filtered": split.filtered, "kept": kept, "dropped": dropped,
-              "tokens": {lang: w.tokens for lang, w in zip(langs, writers, strict=True)},
-              "cleaned": {lang: {"invalid_utf8": s.invalid_utf8, "nul": s.nul, "line_breaks": s.line_breaks,
-                                 "lines": s.cleaned_lines, "first_lines": s.first_lines}
-                          for lang, s in stats.items()}}
+    hashes = {**writers[0].close(), **writers[1].close()}
+    kept = split.lines - sum(dropped.values())
+    report = {
+        "prefix": split.prefix,
+        "files": {lang: str(split.files[lang]) for lang in langs},
+        "lines": split.lines,
+        "filtered": split.filtered,
+        "kept": kept,
+        "dropped": dropped,
+        "tokens": {lang: w.tokens for lang, w in zip(langs, writers, strict=True)},
+        "cleaned": {
+            lang: {
+                "invalid_utf8": s.invalid_utf8,
+                "nul": s.nul,
+                "line_breaks": s.line_breaks,
+                "lines": s.cleaned_lines,
+                "first_lines": s.first_lines,
+            }
+            for lang, s in stats.items()
+        },
+    }
     dropped_text = "".join(f", {n} {why}" for why, n in dropped.items() if n)
     if split.filtered and kept == 0:  # a dataset nothing can be trained on is no success
-        raise NmtError(f"{' and '.join(map(str, split.files.values()))}: kept 0 of {split.lines} training pairs"
-                       f"{dropped_text}; nothing to train on (see --min-len, --max-len, --max-ratio)")
+        raise NmtError(
+            f"{' and '.join(map(str, split.files.values()))}: kept 0 of {split.lines} training "
+            f"pairs{dropped_text}; nothing to train on (see --min-len, --max-len, --max-ratio)"
+        )
     logger.info("%s: kept %d of %d pairs%s", split.name, kept, split.lines, dropped_text)
     for lang in langs:
         if stats[lang].cleaned:
@@ -325,12 +449,21 @@ def _encode_pair(tok: Tokenizer, src: list[str], tgt: list[str], workers: int) -
     return tok.encode_batch(src, workers) + tok.encode_target_batch(tgt, workers)
 
 
-def _keep_mask(src: list[str], tgt: list[str], src_len: np.ndarray, tgt_len: np.ndarray, opts: PrepareOptions,
-               dropped: dict[str, int]) -> np.ndarray:
+def _keep_mask(
+    src: list[str],
+    tgt: list[str],
+    src_len: np.ndarray,
+    tgt_len: np.ndarray,
+    opts: PrepareOptions,
+    dropped: dict[str, int],
+) -> np.ndarray:
     """Which train pairs to keep; each dropped pair is counted under its first reason."""
     n = len(src)
-    empty = np.fromiter((not (s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)), bool, n)
-    short, long_ = np.minimum(src_len, tgt_len) < opts.min_len, np.maximum(src_len, tgt_len) > opts.max_len
+    empty = np.fromiter(
+        (not (s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)), bool, n
+    )
+    short = np.minimum(src_len, tgt_len) < opts.min_len
+    long_ = np.maximum(src_len, tgt_len) > opts.max_len
     ratio = np.zeros(n, bool)
     if opts.max_ratio:
         ratio = (src_len > opts.max_ratio * tgt_len) | (tgt_len > opts.max_ratio * src_len)

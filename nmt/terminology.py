@@ -58,7 +58,9 @@ class Request:
     avoid: tuple[str, ...] = ()  # target phrases that must not appear
     prefix: str = ""  # the translation must start with this
     ordered: bool = False  # the constraints must appear in this order
-    terms: tuple[str, ...] = field(default=(), compare=False)  # which constraints came from --terminology
+    terms: tuple[str, ...] = field(
+        default=(), compare=False
+    )  # which constraints came from --terminology
     where: InitVar[str] = "Request"
     json_keys: InitVar[bool] = False
 
@@ -67,20 +69,32 @@ class Request:
         if not isinstance(self.text, str):
             raise NmtError(f"{where}: {q}text{q} must be a string")
         if not isinstance(self.ordered, bool):
-            raise NmtError(f"{where}: {q}ordered{q} must be {'true or false' if json_keys else 'True or False'}")
+            raise NmtError(
+                f"{where}: {q}ordered{q} must be "
+                f"{'true or false' if json_keys else 'True or False'}"
+            )
         prefix = "" if self.prefix is None else self.prefix
         if not isinstance(prefix, str):
             raise NmtError(f"{where}: {q}prefix{q} must be a string, got {type(prefix).__name__}")
         object.__setattr__(self, "prefix", prefix)
         for key in ("constraints", "avoid"):
             phrases = () if getattr(self, key) is None else getattr(self, key)
-            if isinstance(phrases, str) or not isinstance(phrases, Sequence) \
-                    or not all(isinstance(p, str) for p in phrases):
+            if (
+                isinstance(phrases, str)
+                or not isinstance(phrases, Sequence)
+                or not all(isinstance(p, str) for p in phrases)
+            ):
                 raise NmtError(f"{where}: {q}{key}{q} must be a list of strings")
             for i, phrase in enumerate(phrases):
                 if not phrase.strip():
-                    raise NmtError(f"{where}: {q}{key}{q}[{i}] " + (
-                        "is empty" if json_keys else f"must be a non-empty string, got {phrase!r}"))
+                    raise NmtError(
+                        f"{where}: {q}{key}{q}[{i}] "
+                        + (
+                            "is empty"
+                            if json_keys
+                            else f"must be a non-empty string, got {phrase!r}"
+                        )
+                    )
             object.__setattr__(self, key, tuple(phrases))
 
     def asks(self) -> bool:
@@ -105,18 +119,34 @@ def parse_json_line(line: str, where: str) -> Request:
     return Request(**obj, where=where, json_keys=True)
 
 
-def requests_from(texts: Sequence[str | Request], constraints: Any, avoid: Any, prefix: Any, ordered: Any,
-                  where: str) -> list[Request]:
+def requests_from(
+    texts: Sequence[str | Request],
+    constraints: Any,
+    avoid: Any,
+    prefix: Any,
+    ordered: Any,
+    where: str,
+) -> list[Request]:
     """The Request of each text given to the API (`Translator.translate`): a Request as it is; a
     str with its entries of `constraints`, `avoid` and `prefix` (each None or a list with one
     entry per text) and of `ordered` (one bool, or one per text)."""
     n = len(texts)
     if isinstance(ordered, bool):
         ordered = [ordered] * n
-    elif isinstance(ordered, str) or not isinstance(ordered, Sequence) or len(ordered) != n \
-            or not all(isinstance(o, bool) for o in ordered):
-        raise NmtError(f"{where}: ordered must be True, False or a list of them, one per text ({n})")
-    columns = {k: v for k, v in (("constraints", constraints), ("avoid", avoid), ("prefix", prefix)) if v is not None}
+    elif (
+        isinstance(ordered, str)
+        or not isinstance(ordered, Sequence)
+        or len(ordered) != n
+        or not all(isinstance(o, bool) for o in ordered)
+    ):
+        raise NmtError(
+            f"{where}: ordered must be True, False or a list of them, one per text ({n})"
+        )
+    columns = {
+        k: v
+        for k, v in (("constraints", constraints), ("avoid", avoid), ("prefix", prefix))
+        if v is not None
+    }
     for key, value in columns.items():
         if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
             raise NmtError(f"{where}: {key} must be a list with one entry per text ({n})")
@@ -125,10 +155,16 @@ def requests_from(texts: Sequence[str | Request], constraints: Any, avoid: Any, 
         asked = {key: column[i] for key, column in columns.items()}
         if isinstance(text, Request):
             if asked or ordered[i]:
-                raise NmtError(f"{where}: texts[{i}] is a Request: ask its constraints in it, not as arguments")
+                raise NmtError(
+                    f"{where}: texts[{i}] is a Request: ask its constraints in it, not as arguments"
+                )
             out.append(text)
         else:  # `ordered` orders the phrases asked here, not those a terminology adds alone
-            out.append(Request(text, ordered=ordered[i] and bool(columns), where=f"{where}: text {i}", **asked))
+            out.append(
+                Request(
+                    text, ordered=ordered[i] and bool(columns), where=f"{where}: text {i}", **asked
+                )
+            )
     return out
 
 
@@ -144,11 +180,13 @@ class Surfaces:
     avoided text (`nmt.decoding.constraints`), which keeps its `tensors` here."""
 
     def __init__(self, pieces: Sequence[bytes]) -> None:
-        self.pieces, self.size = list(pieces), len(pieces)
+        self.pieces = list(pieces)
+        self.size = len(pieces)
         self.width = max(map(len, self.pieces), default=0)  # W: the longest surface
         self.order = sorted(range(self.size), key=self.pieces.__getitem__)  # by surface
         self._sorted = [self.pieces[i] for i in self.order]
-        self._joined, self._ends = b"".join(self.pieces), list(accumulate(map(len, self.pieces)))
+        self._joined = b"".join(self.pieces)
+        self._ends = list(accumulate(map(len, self.pieces)))
         self.tensors: dict[Any, Any] = {}
 
     def text(self, ids: Sequence[int]) -> bytes:
@@ -163,7 +201,8 @@ class Surfaces:
 
     def _find(self, phrase: bytes) -> tuple[list[int], list[int], list[int]]:
         n = len(phrase)
-        lo, hi = [0] * n, [0] * n  # a rest longer than any surface: no token
+        lo = [0] * n  # a rest longer than any surface: no token
+        hi = [0] * n
         for q in range(max(0, n - self.width), n):
             rest = phrase[q:]
             lo[q] = bisect_left(self._sorted, rest)
@@ -179,8 +218,12 @@ class Surfaces:
 
 # ------------------------------------------------------------------ terminology
 
-TERMINOLOGY_LIMIT = 64 << 20  # bytes of a terminology file: a million terms fit; /dev/zero or a runaway file does not
-MAX_TERM_CHARS = 1000  # a term is a word or a phrase; a longer one is a wrong file or a hostile request
+TERMINOLOGY_LIMIT = (
+    64 << 20
+)  # bytes of a terminology file: a million terms fit; /dev/zero or a runaway file does not
+MAX_TERM_CHARS = (
+    1000  # a term is a word or a phrase; a longer one is a wrong file or a hostile request
+)
 
 
 @functools.cache
@@ -189,7 +232,9 @@ def _marks() -> str:
     to the character before it, so no term starts after one or ends before one: "stanbul" is
     not a word of "İstanbul" (whose "İ" folds to "i" and a combining dot), nor "te" of an "été"
     written with combining accents (issue 57)."""
-    return "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)).startswith("M"))
+    return "".join(
+        chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)).startswith("M")
+    )
 
 
 def folded_units(text: str) -> list[str]:
@@ -197,7 +242,9 @@ def folded_units(text: str) -> list[str]:
     marks after it (a match starts and ends between two of them, never inside: not "s" in
     "ß", whose folding is "ss"), each folded: NFKC (fullwidth "ｄｏｇ" is "dog", "ﬁ" is "fi")
     and case-folded (`str.casefold`: "ß" is "ss")."""
-    if text.isascii():  # most lines: there the normalizations change nothing and the fold is lower()
+    if (
+        text.isascii()
+    ):  # most lines: there the normalizations change nothing and the fold is lower()
         return list(text.lower())
     units: list[str] = []
     for c in unicodedata.normalize("NFC", text):
@@ -205,7 +252,9 @@ def folded_units(text: str) -> list[str]:
             units[-1] += c
         else:
             units.append(c)
-    return [unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", u).casefold()) for u in units]
+    return [
+        unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", u).casefold()) for u in units
+    ]
 
 
 @dataclass(frozen=True)
@@ -238,19 +287,28 @@ def check_pair(source: str, target: str, where: str) -> tuple[str, str]:
     terms = {"source": source.strip(), "target": target.strip()}
     for side, term in terms.items():
         if len(term) > MAX_TERM_CHARS:
-            raise NmtError(f"{where}: the {side} term is {len(term):,} characters; a term has at most "
-                           f"{MAX_TERM_CHARS:,}")
+            raise NmtError(
+                f"{where}: the {side} term is {len(term):,} characters; a term has at most "
+                f"{MAX_TERM_CHARS:,}"
+            )
         if not term:
             raise NmtError(f"{where}: the {side} term is empty")
         if not avoided_text(term):
-            raise NmtError(f"{where}: the {side} term is empty once normalized (only invisible or control characters)")
+            raise NmtError(
+                f"{where}: the {side} term is empty once normalized (only invisible or control "
+                "characters)"
+            )
     return terms["source"], terms["target"]
 
 
-def terminology_from_pairs(pairs: Sequence[tuple[str, str]], where: str = "terminology") -> Terminology:
+def terminology_from_pairs(
+    pairs: Sequence[tuple[str, str]], where: str = "terminology"
+) -> Terminology:
     """The terminology of (source term, target term) pairs, each checked (`check_pair`, naming
     it as `where[source term]`): the API's and a request's. The first pair of a source term wins."""
-    terminology = _compiled([check_pair(source, tgt, f"{where}[{shown(source)}]") for source, tgt in pairs])
+    terminology = _compiled(
+        [check_pair(source, tgt, f"{where}[{shown(source)}]") for source, tgt in pairs]
+    )
     # `re` keeps every pattern it compiles in a module-wide cache (512 of them) and has no call
     # that compiles without caching: a server's requests would each leave their terms there
     # (+157 MB after 30 requests). Dropping the cache costs the other patterns one recompile.
@@ -261,10 +319,14 @@ def terminology_from_pairs(pairs: Sequence[tuple[str, str]], where: str = "termi
 def _compiled(pairs: Sequence[tuple[str, str]]) -> Terminology:
     targets: dict[str, str] = {}
     for source, tgt in pairs:
-        targets.setdefault(" ".join("".join(folded_units(source)).split()), tgt)  # folded as the text will be
+        targets.setdefault(
+            " ".join("".join(folded_units(source)).split()), tgt
+        )  # folded as the text will be
     if not targets:
         return Terminology(tuple(pairs), None, targets)
-    terms = sorted(targets, key=len, reverse=True)  # longer terms first: the regex takes the first alternative
+    terms = sorted(
+        targets, key=len, reverse=True
+    )  # longer terms first: the regex takes the first alternative
     body = "|".join(r"\s+".join(re.escape(w) for w in t.split()) for t in terms)
     word = rf"[\w{_marks()}]"  # a letter, a digit, _ or a combining mark
     return Terminology(tuple(pairs), re.compile(rf"(?<!{word})(?:{body})(?!{word})"), targets)
@@ -291,8 +353,10 @@ def load_terminology(path: str | Path) -> Terminology:
             continue
         cols = line.split("\t")
         if len(cols) != 2:
-            raise NmtError(f"{where}: expected 'source term<TAB>target term', found {len(cols)} column"
-                           f"{'s' if len(cols) != 1 else ''}")
+            raise NmtError(
+                f"{where}: expected 'source term<TAB>target term', found {len(cols)} "
+                f"column{'s' if len(cols) != 1 else ''}"
+            )
         pairs.append(check_pair(cols[0], cols[1], where))
     return _compiled(pairs)
 

@@ -74,19 +74,31 @@ class TextStats:
             log.warning("%s:%d: invalid UTF-8 replaced by U+FFFD", self.path, lineno)
 
     def summary(self) -> str:
-        """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8 -> U+FFFD); first: 3, 9'
-        (a line with several problems counts once as a line and once under each problem)."""
-        kinds = [f"{n} {what}" for n, what in ((self.invalid_utf8, "invalid UTF-8 -> U+FFFD"), (self.nul, "NUL -> space"),
-                                               (self.line_breaks, "CR/U+2028/... inside a line -> space")) if n]
-        first, n = ", ".join(map(str, self.first_lines)), self.cleaned_lines
-        return f"{self.path}: cleaned {n} line{'' if n == 1 else 's'} ({'; '.join(kinds)}); first: {first}"
+        """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8 -> U+FFFD); first: 3,
+        9' (a line with several problems counts once as a line and once under each problem)."""
+        kinds = [
+            f"{n} {what}"
+            for n, what in (
+                (self.invalid_utf8, "invalid UTF-8 -> U+FFFD"),
+                (self.nul, "NUL -> space"),
+                (self.line_breaks, "CR/U+2028/... inside a line -> space"),
+            )
+            if n
+        ]
+        first = ", ".join(map(str, self.first_lines))
+        n = self.cleaned_lines
+        return (
+            f"{self.path}: cleaned {n} line{'' if n == 1 else 's'} ({'; '.join(kinds)}); first: "
+            f"{first}"
+        )
 
 
 def find_text(prefix: str | Path, lang: str) -> Path:
     """`PREFIX.LANG` or else `PREFIX.LANG.gz`, a file or a named pipe (a corpus is a stream);
     NmtError naming both when neither exists, or naming the one that is neither (a directory, a
     device such as a link to /dev/zero, which would never end)."""
-    plain, gz = Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")
+    plain = Path(f"{prefix}.{lang}")
+    gz = Path(f"{prefix}.{lang}.gz")
     for path in (plain, gz):
         try:
             mode = path.stat().st_mode
@@ -94,12 +106,15 @@ def find_text(prefix: str | Path, lang: str) -> Path:
             continue
         if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
             return path
-        raise NmtError(f"{path}: not a text file or a named pipe (a directory, a device or a socket)")
+        raise NmtError(
+            f"{path}: not a text file or a named pipe (a directory, a device or a socket)"
+        )
     raise NmtError(f"{plain} not found (nor {gz.name})")
 
 
 def is_pipe(path: str | Path) -> bool:
-    """Whether `path` is a named pipe (`mkfifo`, `<(...)`): what it carries can be read once only."""
+    """Whether `path` is a named pipe (`mkfifo`, `<(...)`): what it carries can be read once
+    only."""
     try:
         return stat.S_ISFIFO(os.stat(path).st_mode)
     except OSError:
@@ -129,7 +144,9 @@ def gunzipped(stream: BinaryIO, own: bool = False) -> BinaryIO:
     peek = getattr(stream, "peek", None)
     if peek is None:
         return stream
-    _wait_for_input(_pipe(stream))  # a pipe's first bytes are waited on as `_blocks` waits (signals)
+    _wait_for_input(
+        _pipe(stream)
+    )  # a pipe's first bytes are waited on as `_blocks` waits (signals)
     if peek(2)[:2] != b"\x1f\x8b":
         return stream
     gz = _GzipStream(stream) if own else gzip.GzipFile(fileobj=stream, mode="rb")
@@ -198,14 +215,17 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
     interrupt the main thread's blocking read, and waking lets Python run its handler there.
     A read shorter than `block_size` left nothing in the reader's buffer, so only after one
     can waiting on the descriptor miss nothing."""
-    read, fd = getattr(stream, "read1", stream.read), _pipe(stream)
-    rest, full = b"", True
+    read = getattr(stream, "read1", stream.read)
+    fd = _pipe(stream)
+    rest = b""
+    full = True
     while True:
         if not full:
             _wait_for_input(fd)
         if not (chunk := read(block_size)):
             break
-        full, chunk = len(chunk) == block_size, rest + chunk
+        full = len(chunk) == block_size
+        chunk = rest + chunk
         cut = chunk.rfind(b"\n") + 1
         rest = chunk[cut:]
         if len(rest) > MAX_LINE_BYTES:
@@ -217,7 +237,8 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
 
 
 def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
-    before, line = stats.cleaned, _clean_line(raw, lineno, stats)
+    before = stats.cleaned
+    line = _clean_line(raw, lineno, stats)
     stats.cleaned_lines += stats.cleaned > before
     return line
 
@@ -241,7 +262,9 @@ def _clean_line(raw: bytes, lineno: int, stats: TextStats) -> str:
     return line
 
 
-def iter_line_blocks(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK_SIZE) -> Iterator[list[str]]:
+def iter_line_blocks(
+    stream: BinaryIO, stats: TextStats, block_size: int = BLOCK_SIZE
+) -> Iterator[list[str]]:
     """The cleaned lines of a binary stream (without their newline), counting into `stats`, as
     one list per read of the stream: when a list is yielded, no more of the stream has been
     read, so a caller can ask whether more input is waiting (`nmt.translate` answers a line
@@ -253,8 +276,10 @@ def iter_line_blocks(stream: BinaryIO, stats: TextStats, block_size: int = BLOCK
     try:
         yield from _line_blocks(stream, stats, block_size)
     except _LineTooLong:
-        raise NmtError(f"{stats.path}: line {stats.lines + 1} runs past {MAX_LINE_BYTES:,} bytes without a line "
-                       "break; not text (a device, a binary file?)") from None
+        raise NmtError(
+            f"{stats.path}: line {stats.lines + 1} runs past {MAX_LINE_BYTES:,} bytes without a "
+            "line break; not text (a device, a binary file?)"
+        ) from None
     except (OSError, EOFError, zlib.error) as e:
         if isinstance(e, BrokenPipeError):
             raise
@@ -308,8 +333,9 @@ def on_one_line(text: str) -> str:
     return _BREAKS.sub(" ", text.replace("\n", " ").replace("\t", " "))
 
 
-def read_lines(path: str | os.PathLike, stats: TextStats | None = None,
-               block_size: int = BLOCK_SIZE) -> Iterator[str]:
+def read_lines(
+    path: str | os.PathLike, stats: TextStats | None = None, block_size: int = BLOCK_SIZE
+) -> Iterator[str]:
     """Yield the cleaned lines of a text file, plain or gzip (see `iter_lines`)."""
     path = Path(path)
     stats = stats if stats is not None else TextStats(str(path))

@@ -49,14 +49,25 @@ NMT_SPECIALS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the ids of every vocabu
 logger = logging.getLogger(__name__)
 
 
-# where in its C++ sentencepiece raised an error, before the reason: "INTERNAL: src/x.cc(744) [(a) == (b)] "
+# where in its C++ sentencepiece raised an error, before the reason: "INTERNAL: src/x.cc(744) [(a)
+# == (b)] "
 _SPM_SOURCE = re.compile(r"^[A-Z_]+: \S+\(\d+\) \[.*?\] ")
 
 
-def train_sentencepiece(texts_or_files: Iterable[str | os.PathLike], model_prefix: str | Path, vocab_size: int, *,
-                        model_type: str = "bpe", character_coverage: float = 1.0, byte_fallback: bool = True,
-                        input_sentence_size: int = 2_000_000, seed: int = 1, num_threads: int = 1,
-                        source: str = "", size_option: str = "--vocab-size") -> Path:
+def train_sentencepiece(
+    texts_or_files: Iterable[str | os.PathLike],
+    model_prefix: str | Path,
+    vocab_size: int,
+    *,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+    byte_fallback: bool = True,
+    input_sentence_size: int = 2_000_000,
+    seed: int = 1,
+    num_threads: int = 1,
+    source: str = "",
+    size_option: str = "--vocab-size",
+) -> Path:
     """Learn a sentencepiece model; writes `model_prefix.model` and `.vocab`, returns the former.
 
     `texts_or_files` yields sentences (`str`) and/or files to read them from (`os.PathLike`,
@@ -74,17 +85,31 @@ def train_sentencepiece(texts_or_files: Iterable[str | os.PathLike], model_prefi
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences(), model_prefix=str(model_prefix), vocab_size=vocab_size, model_type=model_type,
-            character_coverage=character_coverage, byte_fallback=byte_fallback,
-            input_sentence_size=input_sentence_size, shuffle_input_sentence=True, pad_id=NMT_SPECIALS.pad,
-            unk_id=NMT_SPECIALS.unk, bos_id=NMT_SPECIALS.bos, eos_id=NMT_SPECIALS.eos, num_threads=max(1, num_threads),
-            minloglevel=2)  # INFO is hundreds of lines, WARNING repeats the error we report in one line
+            sentence_iterator=sentences(),
+            model_prefix=str(model_prefix),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            byte_fallback=byte_fallback,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            pad_id=NMT_SPECIALS.pad,
+            unk_id=NMT_SPECIALS.unk,
+            bos_id=NMT_SPECIALS.bos,
+            eos_id=NMT_SPECIALS.eos,
+            num_threads=max(1, num_threads),
+            minloglevel=2,
+        )  # INFO is hundreds of lines, WARNING repeats the error we report in one line
     except RuntimeError as e:
         # e.g. "Vocabulary size too high (8000). Please set it to a value <= 5234."
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        reason = _SPM_SOURCE.sub("", reason)  # "INTERNAL: src/trainer_interface.cc(744) [(...) == (...)] "
+        reason = _SPM_SOURCE.sub(
+            "", reason
+        )  # "INTERNAL: src/trainer_interface.cc(744) [(...) == (...)] "
         on = f" on {source}" if source else ""
-        raise NmtError(f"sentencepiece training{on} failed ({size_option} {vocab_size}): {reason}") from None
+        raise NmtError(
+            f"sentencepiece training{on} failed ({size_option} {vocab_size}): {reason}"
+        ) from None
     return Path(f"{model_prefix}.model")
 
 
@@ -128,7 +153,8 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """The target vocabulary's size (the source's too, unless `source_vocab_size` says otherwise)."""
+        """The target vocabulary's size (the source's too, unless `source_vocab_size` says
+        otherwise)."""
         raise NotImplementedError
 
     @property
@@ -185,7 +211,7 @@ class Tokenizer:
         return None
 
     def language_token(self, lang: Any, name: str) -> str | None:
-        """">>fra<<" for a target language given as fra or >>fra<< that the model has a token
+        """ ">>fra<<" for a target language given as fra or >>fra<< that the model has a token
         for; None for None; else an NmtError naming `name` (and the close matches)."""
         if lang is None:
             return None
@@ -194,15 +220,20 @@ class Tokenizer:
         bare = lang[2:-2] if LANGUAGE_TOKEN.fullmatch(lang) else lang
         if not bare or not re.fullmatch(r"[^\s<>]+", bare):
             raise NmtError(f"{name} must be a language code such as fra, got {lang!r}")
-        token, known = f">>{bare}<<", self.language_tokens()
+        token = f">>{bare}<<"
+        known = self.language_tokens()
         if not known:
-            raise NmtError(f"{name} {bare}: the model has no target-language tokens (>>xxx<<); it is not "
-                           "multilingual")
+            raise NmtError(
+                f"{name} {bare}: the model has no target-language tokens (>>xxx<<); it is not "
+                "multilingual"
+            )
         if token not in known:
             close = difflib.get_close_matches(token, known, n=3)
             hint = f" (did you mean {', '.join(t[2:-2] for t in close)}?)" if close else ""
-            raise NmtError(f"{name} {bare}: the model has no {token} token{hint}; it knows {len(known)} "
-                           f"languages, e.g. {', '.join(t[2:-2] for t in known[:8])}")
+            raise NmtError(
+                f"{name} {bare}: the model has no {token} token{hint}; it knows {len(known)} "
+                f"languages, e.g. {', '.join(t[2:-2] for t in known[:8])}"
+            )
         return token
 
     def surfaces(self) -> list[bytes]:
@@ -218,16 +249,22 @@ class SentencePieceTokenizer(Tokenizer):
     model's ids, on both sides."""
 
     def __init__(self, model_bytes: bytes, name: str | None = None):
-        self.model_bytes, self.name = bytes(model_bytes), name or "<sentencepiece model>"
+        self.model_bytes = bytes(model_bytes)
+        self.name = name or "<sentencepiece model>"
         self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
         self._sp = sp = _load_spm(self.model_bytes, self.name)
-        self.specials = SpecialIds(pad=sp.pad_id(), unk=sp.unk_id(), bos=sp.bos_id(), eos=sp.eos_id())
+        self.specials = SpecialIds(
+            pad=sp.pad_id(), unk=sp.unk_id(), bos=sp.bos_id(), eos=sp.eos_id()
+        )
         if self.specials != NMT_SPECIALS:
-            have, need = self.specials, NMT_SPECIALS
-            raise NmtError(f"{self.name}: sentencepiece model has pad={have.pad} unk={have.unk} bos={have.bos} "
-                           f"eos={have.eos}; nmt needs pad={need.pad} unk={need.unk} bos={need.bos} eos={need.eos} "
-                           f"(train it with nmt prepare-bpe, or spm_train --pad_id={need.pad} --unk_id={need.unk} "
-                           f"--bos_id={need.bos} --eos_id={need.eos})")
+            have = self.specials
+            need = NMT_SPECIALS
+            raise NmtError(
+                f"{self.name}: sentencepiece model has pad={have.pad} unk={have.unk} "
+                f"bos={have.bos} eos={have.eos}; nmt needs pad={need.pad} unk={need.unk} "
+                f"bos={need.bos} eos={need.eos} (train it with nmt prepare-bpe, or spm_train "
+                f"--pad_id={need.pad} --unk_id={need.unk} --bos_id={need.bos} --eos_id={need.eos})"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -248,7 +285,8 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.decode([int(i) for i in ids])
 
     def normalize(self, text: str) -> str:
-        """decode(encode(x)) == this when every character is in the vocabulary or byte_fallback is on."""
+        """decode(encode(x)) == this when every character is in the vocabulary or byte_fallback is
+        on."""
         return self._sp.normalize(text).replace("\u2581", " ").removeprefix(" ")
 
     def piece(self, token_id: int) -> str:
@@ -261,8 +299,12 @@ class SentencePieceTokenizer(Tokenizer):
         return {"spm.model": self.model_bytes}
 
 
-BUNDLE_MAGIC = b"NMT-TOKENIZER\n"  # then one JSON line (the header), then the source and target models
-LANGUAGE_TOKEN = re.compile(r">>[^<>\s]+<<")  # a multilingual model's target-language token, >>fra<<
+BUNDLE_MAGIC = (
+    b"NMT-TOKENIZER\n"  # then one JSON line (the header), then the source and target models
+)
+LANGUAGE_TOKEN = re.compile(
+    r">>[^<>\s]+<<"
+)  # a multilingual model's target-language token, >>fra<<
 
 
 def leading_language_token(text: str) -> str | None:
@@ -282,35 +324,65 @@ class VocabTokenizer(Tokenizer):
     Hugging Face's MarianTokenizer do.
     Decoding joins the target pieces with the target model (`▁` becomes a space)."""
 
-    def __init__(self, source_model: bytes, target_model: bytes, pieces: Sequence[str], specials: SpecialIds,
-                 name: str | None = None, source_pieces: Sequence[str] | None = None):
+    def __init__(
+        self,
+        source_model: bytes,
+        target_model: bytes,
+        pieces: Sequence[str],
+        specials: SpecialIds,
+        name: str | None = None,
+        source_pieces: Sequence[str] | None = None,
+    ):
         self.name = name or "<vocabulary tokenizer>"
-        self.source_model, self.target_model = bytes(source_model), bytes(target_model)
-        self.pieces, self.specials, self.separate = list(pieces), specials, source_pieces is not None
+        self.source_model = bytes(source_model)
+        self.target_model = bytes(target_model)
+        self.pieces = list(pieces)
+        self.specials = specials
+        self.separate = source_pieces is not None
         self.source_pieces = list(source_pieces) if source_pieces is not None else self.pieces
-        self._ids, self._source_ids = (self._index(p, side) for p, side in ((self.pieces, "target "),
-                                                                            (self.source_pieces, "source ")))
-        header = {"pieces": self.pieces, "specials": vars(specials), "source_bytes": len(self.source_model),
-                  "target_bytes": len(self.target_model)} | ({"source_pieces": self.source_pieces} if self.separate else {})
+        self._ids, self._source_ids = (
+            self._index(p, side)
+            for p, side in ((self.pieces, "target "), (self.source_pieces, "source "))
+        )
+        header = {
+            "pieces": self.pieces,
+            "specials": vars(specials),
+            "source_bytes": len(self.source_model),
+            "target_bytes": len(self.target_model),
+        } | ({"source_pieces": self.source_pieces} if self.separate else {})
         self._source = _load_spm(self.source_model, f"{self.name} (source model)")
         self._target = _load_spm(self.target_model, f"{self.name} (target model)")
-        self.model_bytes = (BUNDLE_MAGIC + json.dumps(header, ensure_ascii=False).encode() + b"\n" + self.source_model
-                            + self.target_model)
+        self.model_bytes = (
+            BUNDLE_MAGIC
+            + json.dumps(header, ensure_ascii=False).encode()
+            + b"\n"
+            + self.source_model
+            + self.target_model
+        )
         self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
         self._skip = {specials.pad, specials.bos, specials.eos}
 
     def _index(self, pieces: list[str], side: str) -> dict[str, int]:
         ids = {p: i for i, p in enumerate(pieces)}
         if len(ids) != len(pieces) or not all(isinstance(p, str) for p in pieces):
-            raise NmtError(f"{self.name}: the {side * self.separate}vocabulary lists a piece twice or a non-string")
-        surrogate = SURROGATES.search("".join(pieces))  # JSON can spell one (\ud800); UTF-8 cannot encode it
+            raise NmtError(
+                f"{self.name}: the {side * self.separate}vocabulary lists a piece twice or a "
+                "non-string"
+            )
+        surrogate = SURROGATES.search(
+            "".join(pieces)
+        )  # JSON can spell one (\ud800); UTF-8 cannot encode it
         if surrogate is not None:
             i = next(i for i, p in enumerate(pieces) if surrogate.group() in p)
-            raise NmtError(f"{self.name}: piece {i} of the {side * self.separate}vocabulary holds a lone "
-                           f"surrogate ({surrogate.group()!a}), which is not text")
+            raise NmtError(
+                f"{self.name}: piece {i} of the {side * self.separate}vocabulary holds a lone "
+                f"surrogate ({surrogate.group()!a}), which is not text"
+            )
         if bad := [k for k, v in vars(self.specials).items() if not 0 <= v < len(pieces)]:
-            raise NmtError(f"{self.name}: special id {bad[0]}={getattr(self.specials, bad[0])} is outside the "
-                           f"{side * self.separate}vocabulary of {len(pieces)}")
+            raise NmtError(
+                f"{self.name}: special id {bad[0]}={getattr(self.specials, bad[0])} is outside the "
+                f"{side * self.separate}vocabulary of {len(pieces)}"
+            )
         return ids
 
     @classmethod
@@ -318,13 +390,19 @@ class VocabTokenizer(Tokenizer):
         name = name or "<vocabulary tokenizer>"
         try:
             end = data.index(b"\n", len(BUNDLE_MAGIC))
-            header = json.loads(data[len(BUNDLE_MAGIC):end])
-            n_src, n_tgt = int(header["source_bytes"]), int(header["target_bytes"])
-            src, tgt = data[end + 1 : end + 1 + n_src], data[end + 1 + n_src :]
+            header = json.loads(data[len(BUNDLE_MAGIC) : end])
+            n_src = int(header["source_bytes"])
+            n_tgt = int(header["target_bytes"])
+            src = data[end + 1 : end + 1 + n_src]
+            tgt = data[end + 1 + n_src :]
             source_pieces = header.get("source_pieces")
-            if len(tgt) != n_tgt or not all(isinstance(p, list) for p in (header["pieces"], source_pieces or [])):
+            if len(tgt) != n_tgt or not all(
+                isinstance(p, list) for p in (header["pieces"], source_pieces or [])
+            ):
                 raise ValueError("truncated")
-            specials = SpecialIds(**{k: int(header["specials"][k]) for k in ("pad", "unk", "bos", "eos")})
+            specials = SpecialIds(
+                **{k: int(header["specials"][k]) for k in ("pad", "unk", "bos", "eos")}
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise NmtError(f"{name}: corrupt tokenizer bundle ({e})") from None
         return cls(src, tgt, header["pieces"], specials, name, source_pieces)
@@ -350,7 +428,8 @@ class VocabTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         code: list[int] = []
         if (token := leading_language_token(text)) is not None:  # looked up whole
-            code, text = self._lookup([token], self._source_ids), text[len(token) :]
+            code = self._lookup([token], self._source_ids)
+            text = text[len(token) :]
         return code + self._lookup(self._source.encode(text, out_type=str), self._source_ids)
 
     def encode_target(self, text: str) -> list[int]:
@@ -367,7 +446,9 @@ class VocabTokenizer(Tokenizer):
         return self.pieces[token_id]
 
     def surfaces(self) -> list[bytes]:
-        return [b"" if i in self._skip else _surface(self._target, p) for i, p in enumerate(self.pieces)]
+        return [
+            b"" if i in self._skip else _surface(self._target, p) for i, p in enumerate(self.pieces)
+        ]
 
     def files(self) -> dict[str, bytes]:
         return {"source.spm": self.source_model, "target.spm": self.target_model}

@@ -65,12 +65,18 @@ def _input_waiting(stream: BinaryIO) -> bool:
     stream without a file descriptor (in memory) counts as a file."""
     try:
         ready, _, _ = select.select([stream], [], [], 0)
-    except (AttributeError, OSError, ValueError):  # no fileno (in memory), or select can't (Windows pipes)
+    except (
+        AttributeError,
+        OSError,
+        ValueError,
+    ):  # no fileno (in memory), or select can't (Windows pipes)
         return True
     return bool(ready)
 
 
-def read_chunks(stream: BinaryIO, name: str, chunk_lines: int, until_pause: bool = False) -> Iterator[list[str]]:
+def read_chunks(
+    stream: BinaryIO, name: str, chunk_lines: int, until_pause: bool = False
+) -> Iterator[list[str]]:
     """The stream's lines (`nmt.textio`'s policy, each cleaned line logged as NAME:LINE), in
     chunks of at most `chunk_lines`; with `until_pause`, also a shorter chunk whenever the
     input pauses (see above)."""
@@ -102,24 +108,46 @@ def format_line(hyps: list[Translation], nbest: int, scores: bool, alignment: bo
     return "\t".join(fields)
 
 
-def write_translations(translator: Translator, inp: BinaryIO, out: Any, *, name: str, nbest: int = 1,
-                       scores: bool = False, buffer_lines: int = 0, alignment: bool = False,
-                       attention: AttentionWriter | None = None, json_input: bool = False) -> int:
+def write_translations(
+    translator: Translator,
+    inp: BinaryIO,
+    out: Any,
+    *,
+    name: str,
+    nbest: int = 1,
+    scores: bool = False,
+    buffer_lines: int = 0,
+    alignment: bool = False,
+    attention: AttentionWriter | None = None,
+    json_input: bool = False,
+) -> int:
     """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
     buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
     With an `attention` file, the attention of each non-empty line's best translation is added
     to it as the line is translated (nmt.decoding.alignment.writing_attention)."""
     from tqdm import tqdm
 
-    bar = tqdm(unit="line", dynamic_ncols=True, leave=False, disable=not sys.stderr.isatty())  # on a terminal
-    written, streaming = 0, buffer_lines > 0 or _isatty(inp)
+    bar = tqdm(
+        unit="line", dynamic_ncols=True, leave=False, disable=not sys.stderr.isatty()
+    )  # on a terminal
+    written = 0
+    streaming = buffer_lines > 0 or _isatty(inp)
     for texts in read_chunks(inp, name, buffer_lines or CHUNK_LINES, until_pause=streaming):
         where = partial(_line_name, name, written + 1)
         items: list[str | Request] = list(texts)
         if json_input:  # each line a JSON request: its text and its lexical constraints
-            items = [parse_json_line(t, where(i)) if t.strip() else Request("") for i, t in enumerate(texts)]
-        hyps = translator.translate_nbest(items, nbest, where=where, first_index=written, alignment=alignment,
-                                          attention=attention is not None)
+            items = [
+                parse_json_line(t, where(i)) if t.strip() else Request("")
+                for i, t in enumerate(texts)
+            ]
+        hyps = translator.translate_nbest(
+            items,
+            nbest,
+            where=where,
+            first_index=written,
+            alignment=alignment,
+            attention=attention is not None,
+        )
         for i, h in enumerate(hyps):
             out.write(format_line(h, nbest, scores, alignment) + "\n")
             if attention is not None and h and h[0].attention is not None:
@@ -148,9 +176,12 @@ def translate_main(opts: TranslateOptions) -> None:
         raise NmtError(f"--buffer-lines must be 0 (automatic) or more, got {opts.buffer_lines}")
     Translator.check_options(opts)  # before any file is touched
     given = bool(opts.checkpoints)  # or the last run's
-    opts = dataclasses.replace(opts, checkpoints=resolve_checkpoints([str(p) for p in opts.checkpoints]),
-                               input=None if str(opts.input) == "-" else opts.input,  # -: stdin, stdout
-                               output=None if str(opts.output) == "-" else opts.output)
+    opts = dataclasses.replace(
+        opts,
+        checkpoints=resolve_checkpoints([str(p) for p in opts.checkpoints]),
+        input=None if str(opts.input) == "-" else opts.input,  # -: stdin, stdout
+        output=None if str(opts.output) == "-" else opts.output,
+    )
     output = target(opts.output, "-o") if opts.output else None  # before the models load
     if opts.attention:
         target(opts.attention, "--attention")
@@ -160,24 +191,49 @@ def translate_main(opts: TranslateOptions) -> None:
         raise NmtError("standard output is closed; give -o FILE")
     try:
         translator = Translator.from_options(opts)
-        if opts.alignment or opts.attention:  # a model without attention says so before any input is read
+        if (
+            opts.alignment or opts.attention
+        ):  # a model without attention says so before any input is read
             resolve_layer(opts.alignment_layer, layer_count(translator.loaded.model))
-        text = _gunzipped(inp, name)  # once the model is loaded: a terminal or a pipe may wait for its first line
-        with writing_attention(opts.attention) if opts.attention else contextlib.nullcontext() as attention:
-            run = partial(write_translations, translator, text, name=name, nbest=opts.nbest, scores=opts.scores,
-                          buffer_lines=opts.buffer_lines, alignment=opts.alignment, attention=attention,
-                          json_input=opts.json_input)
+        text = _gunzipped(
+            inp, name
+        )  # once the model is loaded: a terminal or a pipe may wait for its first line
+        with (
+            writing_attention(opts.attention)
+            if opts.attention
+            else contextlib.nullcontext() as attention
+        ):
+            run = partial(
+                write_translations,
+                translator,
+                text,
+                name=name,
+                nbest=opts.nbest,
+                scores=opts.scores,
+                buffer_lines=opts.buffer_lines,
+                alignment=opts.alignment,
+                attention=attention,
+                json_input=opts.json_input,
+            )
             if output is not None:
                 # written to a temporary next to it and renamed at the end: an error or an interrupt
-                # leaves no partial file (and an existing one unchanged); a killed run's is removed first
-                with replacing(output, "the translations") as tmp, open(tmp, "xb", buffering=0) as f:
+                # leaves no partial file (and an existing one unchanged); a killed run's is removed
+                # first
+                with (
+                    replacing(output, "the translations") as tmp,
+                    open(tmp, "xb", buffering=0) as f,
+                ):
                     run(TextWriter(f.fileno()))
             else:
                 write_stdout(run, "the translations")
         if translator.terminology is not None:
             t = translator.term_stats
-            log.info("terminology: %d lines had terms; %d of their %d terms are in the translations", t["lines"],
-                     t["met"], t["terms"])
+            log.info(
+                "terminology: %d lines had terms; %d of their %d terms are in the translations",
+                t["lines"],
+                t["met"],
+                t["terms"],
+            )
     finally:
         if opts.input:
             inp.close()
@@ -189,14 +245,20 @@ def _files(opts: TranslateOptions, given: bool) -> tuple[list[FileArg], list[Fil
     option = "--checkpoint" if given else "the last run's"
     what = "the checkpoint" if len(opts.checkpoints) == 1 else "one of the checkpoints"
     inputs = [FileArg(option, path, what) for path in opts.checkpoints]
-    inputs.append(FileArg("--input", opts.input, "the input") if opts.input
-                  else FileArg("standard input", 0, "the input"))
+    inputs.append(
+        FileArg("--input", opts.input, "the input")
+        if opts.input
+        else FileArg("standard input", 0, "the input")
+    )
     if opts.shortlist:
         inputs.append(FileArg("--shortlist", opts.shortlist, "the shortlist"))
     if opts.terminology:
         inputs.append(FileArg("--terminology", opts.terminology, "the terminology file"))
-    outputs = [FileArg("-o", opts.output, "the translations") if opts.output
-               else FileArg("standard output", 1, "the translations")]
+    outputs = [
+        FileArg("-o", opts.output, "the translations")
+        if opts.output
+        else FileArg("standard output", 1, "the translations")
+    ]
     if opts.attention:
         outputs.append(FileArg("--attention", opts.attention, "the attention file"))
     return inputs, outputs

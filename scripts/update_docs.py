@@ -46,11 +46,18 @@ def help_table() -> str:
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
             tname = (
-                " \\| ".join(repr(a) for a in get_args(tp)) if get_origin(tp) is Literal
+                " \\| ".join(repr(a) for a in get_args(tp))
+                if get_origin(tp) is Literal
                 else getattr(tp, "__name__", str(tp))
             )
-            rule = f" {f.metadata['bounds'].rule().capitalize()}." if f.metadata["bounds"] != Bounds() else ""
-            lines.append(f"| `{section}.{f.name}` | {tname} | `{f.default!r}` | {f.metadata['help']}{rule} |")
+            rule = (
+                f" {f.metadata['bounds'].rule().capitalize()}."
+                if f.metadata["bounds"] != Bounds()
+                else ""
+            )
+            lines.append(
+                f"| `{section}.{f.name}` | {tname} | `{f.default!r}` | {f.metadata['help']}{rule} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -86,7 +93,9 @@ def walk(command: Any, ctx: Any) -> Iterator[tuple[Any, Any]]:
     for name in getattr(command, "commands", {}):
         sub = command.commands[name]
         if not sub.hidden:
-            yield from walk(sub, sub.context_class(sub, info_name=name, parent=ctx, **sub.context_settings))
+            yield from walk(
+                sub, sub.context_class(sub, info_name=name, parent=ctx, **sub.context_settings)
+            )
 
 
 def root_command() -> tuple[Any, Any]:
@@ -137,11 +146,18 @@ def markdown(text: str, table: bool = False) -> str:
             out.append(_code(part[1:-1]) if table else part)
             continue
         part = re.sub(r"&(?=#?\w+;)", "&amp;", part)  # not an entity
-        part = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", part).replace("*", r"\*")  # not a tag, not emphasis
+        part = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", part).replace(
+            "*", r"\*"
+        )  # not a tag, not emphasis
         if table:
             part = part.replace("|", r"\|")
-        out.append(re.sub(r"\bdocs/([\w/-]+\.md)\b",
-                          lambda m: f"[docs/{m[1]}]({m[1]})" if (ROOT / "docs" / m[1]).is_file() else m[0], part))
+        out.append(
+            re.sub(
+                r"\bdocs/([\w/-]+\.md)\b",
+                lambda m: f"[docs/{m[1]}]({m[1]})" if (ROOT / "docs" / m[1]).is_file() else m[0],
+                part,
+            )
+        )
     return "".join(out)
 
 
@@ -149,8 +165,11 @@ def paragraphs(help: str) -> list[str]:
     """A command's help text (its docstring up to a form feed, as `--help` takes it) in
     paragraphs, each on one line."""
     text = inspect.cleandoc(help).partition("\f")[0]
-    return [" ".join(line.strip() for line in p.splitlines() if line.strip() not in ("", "\b"))
-            for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return [
+        " ".join(line.strip() for line in p.splitlines() if line.strip() not in ("", "\b"))
+        for p in re.split(r"\n\s*\n", text)
+        if p.strip()
+    ]
 
 
 def _type(param: Any, ctx: Any) -> str:
@@ -165,7 +184,9 @@ def _type(param: Any, ctx: Any) -> str:
         label = label[5:-1]
     if label.isidentifier():
         label = label.lower()  # Path: path, as the help of a single path says
-    cell = "one of " + ", ".join(_code(c) for c in label.split("|")) if "|" in label else _code(label)
+    cell = (
+        "one of " + ", ".join(_code(c) for c in label.split("|")) if "|" in label else _code(label)
+    )
     if param.param_type_name == "argument" and param.nargs != 1:
         return cell + (", one or more" if param.required else ", any number")
     if getattr(param, "multiple", False):
@@ -179,18 +200,24 @@ def _row(param: Any, ctx: Any, computed: dict[str, Any]) -> str:
     if param.param_type_name == "argument":
         names = _code(param.display_name_raw)
     else:
+
         def joined(opts: list[str]) -> str:  # -c, --checkpoint: short first, as --help
-            return ", ".join(_code(o) for o in sorted(opts, key=lambda o: len(o) - len(o.lstrip("-/+"))))
+            return ", ".join(
+                _code(o) for o in sorted(opts, key=lambda o: len(o) - len(o.lstrip("-/+")))
+            )
+
         names = " / ".join(joined(opts) for opts in (param.opts, param.secondary_opts) if opts)
     help = param.help or ""
     record = param.get_help_record(ctx)[1]
-    extras = record[len(help):].strip() if record.startswith(help) else ""
+    extras = record[len(help) :].strip() if record.startswith(help) else ""
     default, notes = "", []
-    for extra in (extras[1:-1].split("; ") if extras.startswith("[") and extras.endswith("]") else []):
+    for extra in (
+        extras[1:-1].split("; ") if extras.startswith("[") and extras.endswith("]") else []
+    ):
         if extra == "required":
             default = "*required*"
         elif extra.startswith("default: "):
-            value = extra[len("default: "):]
+            value = extra[len("default: ") :]
             if any(o in computed and param.default == computed[o] for o in param.opts):
                 default = "*auto*"  # computed on the machine that builds the CLI: see the help
             elif getattr(param, "is_bool_flag", False) and param.secondary_opts:
@@ -199,7 +226,9 @@ def _row(param: Any, ctx: Any, computed: dict[str, Any]) -> str:
                 default = _code(value)
         else:
             notes.append(extra)
-    description = markdown(help, table=True) + "".join(f" [{markdown(n, table=True)}]" for n in notes)
+    description = markdown(help, table=True) + "".join(
+        f" [{markdown(n, table=True)}]" for n in notes
+    )
     return f"| {names} | {_type(param, ctx)} | {default} | {description} |"
 
 
@@ -214,15 +243,28 @@ def command_section(command: Any, ctx: Any, computed: dict[str, Any]) -> str:
     lines = [f"## {path}", ""]
     for paragraph in paragraphs(command.help or ""):
         lines += [markdown(paragraph), ""]
-    lines += ["```text", f"{path} {' '.join(command.collect_usage_pieces(ctx))}".rstrip(), "```", ""]
+    lines += [
+        "```text",
+        f"{path} {' '.join(command.collect_usage_pieces(ctx))}".rstrip(),
+        "```",
+        "",
+    ]
     params = [p for p in command.get_params(ctx) if not getattr(p, "hidden", False)]
     for kind, title in (("argument", "Arguments"), ("option", "Options")):
         rows = [_row(p, ctx, computed) for p in params if p.param_type_name == kind]
         if rows:
             column = "argument" if kind == "argument" else "option"
-            lines += [f"{title}:", "", f"| {column} | type | default | description |",
-                      "| --- | --- | --- | --- |", *rows, ""]
-    subcommands = [(name, sub) for name, sub in getattr(command, "commands", {}).items() if not sub.hidden]
+            lines += [
+                f"{title}:",
+                "",
+                f"| {column} | type | default | description |",
+                "| --- | --- | --- | --- |",
+                *rows,
+                "",
+            ]
+    subcommands = [
+        (name, sub) for name, sub in getattr(command, "commands", {}).items() if not sub.hidden
+    ]
     if subcommands:
         lines += ["Commands:", "", "| command | description |", "| --- | --- |"]
         for name, sub in subcommands:
@@ -236,7 +278,12 @@ def cli_doc() -> str:
     """docs/cli.md: the intro, then a section for `nmt` and each of its commands, in order."""
     command, ctx = root_command()
     computed = computed_defaults()
-    return "\n".join([INTRO, *(command_section(c, x, computed) for c, x in walk(command, ctx))]).rstrip() + "\n"
+    return (
+        "\n".join(
+            [INTRO, *(command_section(c, x, computed) for c, x in walk(command, ctx))]
+        ).rstrip()
+        + "\n"
+    )
 
 
 # ------------------------------------------------------------------ main
@@ -249,26 +296,41 @@ def generated() -> dict[Path, str]:
 
 def stale() -> list[Path]:
     """The generated files that are not what the code makes now (or missing)."""
-    return [path for path, text in generated().items()
-            if not path.is_file() or path.read_text(encoding="utf-8") != text]
+    return [
+        path
+        for path, text in generated().items()
+        if not path.is_file() or path.read_text(encoding="utf-8") != text
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1, naming them, if a generated file is not current")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1, naming them, if a generated file is not current",
+    )
     args = parser.parse_args(argv)
     import nmt
 
     checkout = Path(__file__).resolve().parents[1]
-    if Path(nmt.__file__).resolve().parents[1] != checkout:  # this checkout's docs, not another nmt's
-        sys.exit(f"the nmt imported is {Path(nmt.__file__).parent}, not this checkout's: pip install -e {checkout}")
+    if (
+        Path(nmt.__file__).resolve().parents[1] != checkout
+    ):  # this checkout's docs, not another nmt's
+        sys.exit(
+            f"the nmt imported is {Path(nmt.__file__).parent}, not this checkout's: pip install -e "
+            f"{checkout}"
+        )
     if args.check:
         paths = stale()
         if paths:
             names = " and ".join(str(p.relative_to(ROOT)) for p in paths)
-            print(f"{names} {'is' if len(paths) == 1 else 'are'} not current: run `{COMMAND}`", file=sys.stderr)
+            print(
+                f"{names} {'is' if len(paths) == 1 else 'are'} not current: run `{COMMAND}`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     for path, text in generated().items():

@@ -106,12 +106,23 @@ def prepared(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
-def prepared_separate(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """`prepared` with --separate-vocab: a source model of TEST_VOCAB pieces, a target one of 100 fewer."""
+def prepared_separate(
+    raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict]:
+    """`prepared` with --separate-vocab: a source model of TEST_VOCAB pieces, a target one of 100
+    fewer."""
     dest = tmp_path_factory.mktemp("prepared-separate") / "data-bin"
-    opts = PrepareOptions(source_lang="en", target_lang="de", trainpref=raw_corpus.prefix("train"),
-                          validpref=raw_corpus.prefix("val"), destdir=str(dest), vocab_size=TEST_VOCAB,
-                          separate_vocab=True, target_vocab_size=TEST_VOCAB - 100, workers=1)
+    opts = PrepareOptions(
+        source_lang="en",
+        target_lang="de",
+        trainpref=raw_corpus.prefix("train"),
+        validpref=raw_corpus.prefix("val"),
+        destdir=str(dest),
+        vocab_size=TEST_VOCAB,
+        separate_vocab=True,
+        target_vocab_size=TEST_VOCAB - 100,
+        workers=1,
+    )
     return dest, prepare_bpe(opts, progress=False)
 
 
@@ -123,9 +134,19 @@ def copy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_parallel(synthetic_pairs("copy", 3000, seed=1), raw / "train", "src", "tgt")
     write_parallel(synthetic_pairs("copy", 100, seed=2), raw / "valid", "src", "tgt")
     dest = raw / "data-bin"
-    prepare_bpe(PrepareOptions(source_lang="src", target_lang="tgt", trainpref=str(raw / "train"),
-                               validpref=str(raw / "valid"), destdir=str(dest), vocab_size=24,
-                               byte_fallback=False, workers=1), progress=False)
+    prepare_bpe(
+        PrepareOptions(
+            source_lang="src",
+            target_lang="tgt",
+            trainpref=str(raw / "train"),
+            validpref=str(raw / "valid"),
+            destdir=str(dest),
+            vocab_size=24,
+            byte_fallback=False,
+            workers=1,
+        ),
+        progress=False,
+    )
     return dest
 
 
@@ -149,11 +170,15 @@ def test_tokenizer(raw_corpus: RawCorpus, tmp_path_factory: pytest.TempPathFacto
     from nmt.tokenizer import Tokenizer, train_sentencepiece
 
     text = raw_corpus.lines("train", "en") + raw_corpus.lines("train", "de")
-    return Tokenizer.from_file(train_sentencepiece(text, tmp_path_factory.mktemp("spm") / "spm", 500))
+    return Tokenizer.from_file(
+        train_sentencepiece(text, tmp_path_factory.mktemp("spm") / "spm", 500)
+    )
 
 
 @pytest.fixture(scope="session")
-def random_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def random_checkpoint(
+    prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A randomly initialised configs/tiny.yaml model (seed 1, `helpers.save_random_model`) on
     `prepared`'s sentencepiece model (vocabulary 500): for the tests of what a command does
     with a checkpoint, not with its translations. Tests copy it before they change it."""
@@ -166,7 +191,9 @@ def random_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.Temp
 
 
 @pytest.fixture(scope="session")
-def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained_checkpoint(
+    prepared: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A small Transformer (2+2 layers, d_model 64) trained for 300 updates on `prepared`
     (~20 s): it ends its outputs with EOS on its own, so it decodes real sentences to real
     lengths, as a random model does not."""
@@ -175,10 +202,18 @@ def trained_checkpoint(prepared: tuple[Path, dict], tmp_path_factory: pytest.Tem
     from nmt.training.trainer import train
 
     run = tmp_path_factory.mktemp("trained") / "run"
-    cfg = tiny(prepared[0], run, model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128,
-                                        "heads": 4},
-               max_updates=300, lr=3e-3, warmup_updates=50, max_tokens=1024, valid_bleu=False,
-               save_interval_updates=0, log_interval=100)
+    cfg = tiny(
+        prepared[0],
+        run,
+        model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128, "heads": 4},
+        max_updates=300,
+        lr=3e-3,
+        warmup_updates=50,
+        max_tokens=1024,
+        valid_bleu=False,
+        save_interval_updates=0,
+        log_interval=100,
+    )
     cfg = with_overrides(cfg, decode={"beam": 4, "max_len_a": 1.5, "max_len_b": 10})
     threads = torch.get_num_threads()
     try:

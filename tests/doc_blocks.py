@@ -26,12 +26,38 @@ PYTHON_LANGS = {"python", "py", "python3"}
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)")
 # longest first: `&&` before `&`, `>>` before `>`
-_OPERATORS = ("&>>", "<<<", "<<-", "&&", "||", ";;", "|&", "&>", ">>", ">&", ">|", "<<", "<&", "<>",
-              ";", "|", "&", "<", ">")
+_OPERATORS = (
+    "&>>",
+    "<<<",
+    "<<-",
+    "&&",
+    "||",
+    ";;",
+    "|&",
+    "&>",
+    ">>",
+    ">&",
+    ">|",
+    "<<",
+    "<&",
+    "<>",
+    ";",
+    "|",
+    "&",
+    "<",
+    ">",
+)
 _SEPARATORS = {"&&", "||", ";;", "|&", ";", "|", "&"}
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
-_WRAPPERS = {"time", "env", "exec", "nohup", "command", "export"}  # `time nmt ...` is an nmt command
+_WRAPPERS = {
+    "time",
+    "env",
+    "exec",
+    "nohup",
+    "command",
+    "export",
+}  # `time nmt ...` is an nmt command
 
 
 @dataclass(frozen=True)
@@ -96,9 +122,14 @@ def blocks(path: Path, root: Path = ROOT) -> list[Block]:
             continue
         indent, fence = len(m["indent"]), m["fence"]
         end = i + 1
-        while end < len(lines) and not re.fullmatch(rf"[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*", lines[end]):
+        while end < len(lines) and not re.fullmatch(
+            rf"[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*", lines[end]
+        ):
             end += 1
-        body = tuple(line[indent:] if line[:indent].strip() == "" else line.lstrip() for line in lines[i + 1:end])
+        body = tuple(
+            line[indent:] if line[:indent].strip() == "" else line.lstrip()
+            for line in lines[i + 1 : end]
+        )
         found.append(Block(name, i + 2, m["lang"].lower(), body))
         i = end + 1
     return found
@@ -168,12 +199,12 @@ def tokenize(line: str, variables: Mapping[str, str] | None = None) -> list[Toke
             end = line.find("'", i + 1)
             if end < 0:
                 raise ValueError(f"unclosed ' in: {line}")
-            word.append(line[i + 1:end])
+            word.append(line[i + 1 : end])
             i = end + 1
         elif c == '"':
             i = _double_quoted(line, i + 1, word, variables)
         elif c == "\\":
-            word.append(line[i + 1:i + 2])
+            word.append(line[i + 1 : i + 2])
             i += 2
         else:
             i = _plain(line, i, word, variables)
@@ -183,12 +214,13 @@ def tokenize(line: str, variables: Mapping[str, str] | None = None) -> list[Toke
 
 
 def _double_quoted(line: str, i: int, word: list[str], variables: Mapping[str, str]) -> int:
-    """Append the inside of a "..." that starts at `i` to `word`; the index after its closing quote."""
+    """Append the inside of a "..." that starts at `i` to `word`; the index after its closing
+    quote."""
     while i < len(line):
         c = line[i]
         if c == '"':
             return i + 1
-        if c == "\\" and line[i + 1:i + 2] in ('"', "\\", "$", "`"):
+        if c == "\\" and line[i + 1 : i + 2] in ('"', "\\", "$", "`"):
             word.append(line[i + 1])
             i += 2
         else:
@@ -197,7 +229,8 @@ def _double_quoted(line: str, i: int, word: list[str], variables: Mapping[str, s
 
 
 def _plain(line: str, i: int, word: list[str], variables: Mapping[str, str]) -> int:
-    """Append the character at `i`, or the $variable starting there, to `word`; the index after it."""
+    """Append the character at `i`, or the $variable starting there, to `word`; the index after
+    it."""
     if line[i] == "$":
         return _variable(line, i, word, variables)
     word.append(line[i])
@@ -215,7 +248,8 @@ def _variable(line: str, i: int, word: list[str], variables: Mapping[str, str]) 
 
 
 def _simple_commands(tokens: list[Token]) -> Iterator[list[str]]:
-    """The words of each simple command: split on separators, redirections and their targets dropped."""
+    """The words of each simple command: split on separators, redirections and their targets
+    dropped."""
     words: list[str] = []
     redirect = False
     for text, operator in tokens:
@@ -272,7 +306,7 @@ def nmt_args(command: Command) -> list[str] | None:
     if command.program.startswith("python") or command.program == "torchrun":
         for i in range(1, len(words) - 1):
             if words[i] == "-m" and words[i + 1] == "nmt":
-                return list(words[i + 2:])
+                return list(words[i + 2 :])
     return None
 
 
@@ -285,7 +319,7 @@ def config_overrides(command: Command) -> list[str]:
             if word == "--set" and i + 1 < len(words):
                 found.append(words[i + 1])
             elif word.startswith("--set="):
-                found.append(word[len("--set="):])
+                found.append(word[len("--set=") :])
     return found
 
 
@@ -313,7 +347,18 @@ def repository_paths(command: Command) -> list[str]:
     return found
 
 
-_MAKE_OPTIONS_WITH_VALUE = {"-C", "-f", "-j", "-l", "-o", "-W", "-I", "--directory", "--file", "--makefile"}
+_MAKE_OPTIONS_WITH_VALUE = {
+    "-C",
+    "-f",
+    "-j",
+    "-l",
+    "-o",
+    "-W",
+    "-I",
+    "--directory",
+    "--file",
+    "--makefile",
+}
 
 
 def make_targets(command: Command) -> list[str]:

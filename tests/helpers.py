@@ -37,21 +37,35 @@ TINY = ROOT / "configs/tiny.yaml"
 THREADS = int(os.environ.get("NMT_TEST_THREADS", "1"))
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
-needs_torchrun = pytest.mark.skipif(not TORCHRUN.exists() or not torch.distributed.is_available(),
-                                    reason="needs torchrun and torch.distributed")
+needs_torchrun = pytest.mark.skipif(
+    not TORCHRUN.exists() or not torch.distributed.is_available(),
+    reason="needs torchrun and torch.distributed",
+)
 
 
 # ------------------------------------------------------------------ the command line
 
 
-def nmt(*args: str, cwd: Path = ROOT, stdin: str | bytes = "", env: Mapping[str, str] | None = None,
-        timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+def nmt(
+    *args: str,
+    cwd: Path = ROOT,
+    stdin: str | bytes = "",
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+    check: bool = False,
+) -> subprocess.CompletedProcess:
     """`python -m nmt ARGS` in a subprocess, its output captured. A str stdin gives str stdout
     and stderr; bytes give bytes. `env`: variables set on top of os.environ. `check`: assert
     that the command succeeded, showing the end of its stderr if not."""
-    r = subprocess.run([sys.executable, "-m", "nmt", *args], cwd=cwd, input=stdin, capture_output=True,
-                       text=isinstance(stdin, str), env=None if env is None else {**os.environ, **env},
-                       timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-m", "nmt", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=isinstance(stdin, str),
+        env=None if env is None else {**os.environ, **env},
+        timeout=timeout,
+    )
     if check:
         assert r.returncode == 0, f"nmt {' '.join(args)} failed:\n{r.stderr[-3000:]}"
     return r
@@ -166,29 +180,54 @@ def write_parallel(
 # ------------------------------------------------------------------ models and training runs
 
 
-def save_random_model(path: Path, tokenizer: Tokenizer, seed: int, model: dict[str, Any] | None = None,
-                      **decode: Any) -> Path:
+def save_random_model(
+    path: Path, tokenizer: Tokenizer, seed: int, model: dict[str, Any] | None = None, **decode: Any
+) -> Path:
     """A checkpoint of a randomly initialised configs/tiny.yaml model (its settings
     changed by `model`) with this tokenizer, decoding with beam 4 and at most 6 tokens (a
     random model never chooses EOS)."""
     cfg = load_config(TINY)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **(model or {})),
-                              decode=dataclasses.replace(cfg.decode, beam=4, max_len_a=0.0, max_len_b=6, **decode))
+    cfg = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, **(model or {})),
+        decode=dataclasses.replace(cfg.decode, beam=4, max_len_a=0.0, max_len_b=6, **decode),
+    )
     torch.manual_seed(seed)
-    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
-    atomic_save({"format_version": 1, "model": model.state_dict(), "config": config_to_dict(cfg),
-                 "vocab_size": tokenizer.vocab_size,
-                 "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
-                 "update": 0, "epoch": 0}, path)
+    model = build_model(
+        cfg.model, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size
+    )
+    atomic_save(
+        {
+            "format_version": 1,
+            "model": model.state_dict(),
+            "config": config_to_dict(cfg),
+            "vocab_size": tokenizer.vocab_size,
+            "tokenizer": {"model": tokenizer.model_bytes, "sha256": tokenizer.sha256},
+            "update": 0,
+            "epoch": 0,
+        },
+        path,
+    )
     return path
 
 
-def tiny(data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any) -> Config:
+def tiny(
+    data_dir: Path, run_dir: Path, model: dict[str, Any] | None = None, **train_opts: Any
+) -> Config:
     """configs/tiny.yaml on the CPU with THREADS threads, logging every update."""
     base = load_config(TINY)
-    return with_overrides(base, data={"dir": str(data_dir)}, model=model or {},
-                   train={"run_dir": str(run_dir), "log_interval": 1, "device": "cpu", "threads": THREADS,
-                          **train_opts})
+    return with_overrides(
+        base,
+        data={"dir": str(data_dir)},
+        model=model or {},
+        train={
+            "run_dir": str(run_dir),
+            "log_interval": 1,
+            "device": "cpu",
+            "threads": THREADS,
+            **train_opts,
+        },
+    )
 
 
 def make_trainer(cfg: Config) -> Trainer:
@@ -210,7 +249,9 @@ def weights(run_dir: Path, name: str = "checkpoint_last.pt") -> dict[str, torch.
     return ckpt.load_checkpoint(run_dir / name)["model"]
 
 
-def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
+def assert_same_weights(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6
+) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.allclose(a[key], b[key], rtol=0, atol=atol), key
@@ -219,28 +260,56 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], 
 def updates_per_epoch(cfg: Config) -> int:
     meta = datamod.read_meta(cfg.data.dir)
     d = datamod.ParallelData.load(cfg.data.dir, "train", meta["source_lang"], meta["target_lang"])
-    batches = datamod.make_batches(d.src_sizes, d.tgt_sizes, cfg.train.max_tokens, seed=cfg.train.seed, epoch=1,
-                                   max_positions=cfg.model.max_positions)
+    batches = datamod.make_batches(
+        d.src_sizes,
+        d.tgt_sizes,
+        cfg.train.max_tokens,
+        seed=cfg.train.seed,
+        epoch=1,
+        max_positions=cfg.model.max_positions,
+    )
     return -(-len(batches) // cfg.train.update_freq)
 
 
 # ------------------------------------------------------------------ data-parallel runs (torchrun)
 
 
-def ddp_settings(data_dir: Path, run_dir: Path, max_updates: int, max_tokens: int = 1024) -> dict[str, object]:
+def ddp_settings(
+    data_dir: Path, run_dir: Path, max_updates: int, max_tokens: int = 1024
+) -> dict[str, object]:
     # dropout 0: each rank has its own dropout masks, one process draws them in another order
-    return {"data.dir": str(data_dir), "train.run_dir": str(run_dir), "train.max_updates": max_updates,
-            "train.max_tokens": max_tokens, "train.log_interval": 1, "train.device": "cpu", "train.threads": 1,
-            "train.save_interval_updates": 3, "train.validate_interval_updates": 4, "model.dropout": 0.0}
+    return {
+        "data.dir": str(data_dir),
+        "train.run_dir": str(run_dir),
+        "train.max_updates": max_updates,
+        "train.max_tokens": max_tokens,
+        "train.log_interval": 1,
+        "train.device": "cpu",
+        "train.threads": 1,
+        "train.save_interval_updates": 3,
+        "train.validate_interval_updates": 4,
+        "model.dropout": 0.0,
+    }
 
 
 def torchrun_command(sets: Mapping[str, object]) -> list[str]:
     """`torchrun` with 2 processes of `nmt train configs/tiny.yaml --set ...`."""
-    return [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "nmt", "train", str(TINY),
-            *set_args(sets)]
+    return [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "nmt",
+        "train",
+        str(TINY),
+        *set_args(sets),
+    ]
 
 
-def train_single(prepared: tuple[Path, dict], run_dir: Path, max_updates: int, max_tokens: int = 1024) -> Config:
+def train_single(
+    prepared: tuple[Path, dict], run_dir: Path, max_updates: int, max_tokens: int = 1024
+) -> Config:
     """One process seeing both ranks' batches: update_freq 2 over the same batch stream."""
     sets = ddp_settings(prepared[0], run_dir, max_updates, max_tokens)
     cfg = load_config(TINY, [f"{k}={v}" for k, v in sets.items()] + ["train.update_freq=2"])
@@ -260,12 +329,16 @@ def assert_equal_runs(ddp_dir: Path, single_dir: Path) -> None:
     for key, value in b["model"].items():
         assert torch.allclose(a["model"][key], value, rtol=0, atol=1e-5), key
     train_a, train_b = records(ddp_dir, "train"), records(single_dir, "train")
-    assert [r["update"] for r in train_a] == [r["update"] for r in train_b]  # logged once, by rank 0
+    assert [r["update"] for r in train_a] == [
+        r["update"] for r in train_b
+    ]  # logged once, by rank 0
     for ra, rb in zip(train_a, train_b, strict=True):
         assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
     valid_a, valid_b = records(ddp_dir, "valid"), records(single_dir, "valid")
     assert [r["update"] for r in valid_a] == [r["update"] for r in valid_b]
-    assert sorted(p.name for p in ddp_dir.glob("*.pt")) == sorted(p.name for p in single_dir.glob("*.pt"))
+    assert sorted(p.name for p in ddp_dir.glob("*.pt")) == sorted(
+        p.name for p in single_dir.glob("*.pt")
+    )
 
 
 # ------------------------------------------------------------------ the plain loss
@@ -298,8 +371,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, epsilon: float,
-                ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any, logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         loss, nll, lprobs, keep = smoothed_cross_entropy(logits, target, epsilon, ignore_index)
         ctx.save_for_backward(lprobs, target, keep)
         ctx.epsilon, ctx.dtype = epsilon, logits.dtype
@@ -317,7 +391,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             grad.sub_(b)
         # -a at each kept row's gold token; a scatter, not rows = keep.nonzero(), which would
         # make the host wait for the device to say how many rows there are
-        grad.scatter_add_(1, target.clamp(min=0).unsqueeze(1), torch.where(keep, -a, 0.0).unsqueeze(1))
+        grad.scatter_add_(
+            1, target.clamp(min=0).unsqueeze(1), torch.where(keep, -a, 0.0).unsqueeze(1)
+        )
         grad.mul_(torch.where(keep, grad_loss.float(), 0.0).unsqueeze(1))
         return grad.to(ctx.dtype), None, None, None
 
@@ -325,20 +401,32 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 # ------------------------------------------------------------------ greedy search
 
 
-def first_maximum(scores: torch.Tensor, sent_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def first_maximum(
+    scores: torch.Tensor, sent_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy's pick: each row's highest score, ties to the lower token id (`top_candidates`)."""
     best_score, best = top_candidates(scores, scores.new_zeros(scores.size(0), 1), 1)
     return best_score.view(-1), best.view(-1)
 
 
-def greedy_search(model: SearchModel, src: torch.Tensor, cfg: DecodeConfig, *, pad: int = NMT_SPECIALS.pad,
-                  unk: int = NMT_SPECIALS.unk, bos: int = NMT_SPECIALS.bos, eos: int = NMT_SPECIALS.eos,
-                  max_len: int | None = None) -> list[list[int]]:
+def greedy_search(
+    model: SearchModel,
+    src: torch.Tensor,
+    cfg: DecodeConfig,
+    *,
+    pad: int = NMT_SPECIALS.pad,
+    unk: int = NMT_SPECIALS.unk,
+    bos: int = NMT_SPECIALS.bos,
+    eos: int = NMT_SPECIALS.eos,
+    max_len: int | None = None,
+) -> list[list[int]]:
     """src (B, S) -> for each sentence the argmax output tokens, without EOS: `token_search`
     picking the first maximum, the reference that beam 1 (translate's greedy) must equal.
 
     Same length limits and token rules as `beam_search` (which it equals with beam 1).
     `max_len` is the model's number of positions; see `max_output_lengths`.
     """
-    hyps = token_search(model, src, cfg, first_maximum, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len)
+    hyps = token_search(
+        model, src, cfg, first_maximum, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len
+    )
     return [h.tokens for h in hyps]

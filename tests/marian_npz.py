@@ -45,10 +45,66 @@ from nmt.convert.table import MARIAN, write
 
 # Pieces a vocabulary may hold that YAML quotes, escapes or reads as something else, and that
 # CTranslate2's line parser (`load_vocab`) reads right too: in every release's vocabulary.
-AWKWARD = ['"', "'", "'a'", '"a"', "a:b", ":x", "x:", ":", "#", "#x", "x#", "\u2581#", "yes", "no", "null",
-           "Null", "~", "true", "false", "on", "123", "1.5", "0x1F", "-", "-x", "--", "---", "...", "?",
-           "?x", "\\", "a\\b", "\\x41", '"\\', "#\\x", "<<", "=", "!x", "&x", "*x", "%x", "@x", "`x", "|", ">",
-           "[", "]", "{", "}", ",", "x,y", "\x01", "\xa0", "\x7f", "\x85", "\u2028", "a\u2029b", "\U0001f600"]
+AWKWARD = [
+    '"',
+    "'",
+    "'a'",
+    '"a"',
+    "a:b",
+    ":x",
+    "x:",
+    ":",
+    "#",
+    "#x",
+    "x#",
+    "\u2581#",
+    "yes",
+    "no",
+    "null",
+    "Null",
+    "~",
+    "true",
+    "false",
+    "on",
+    "123",
+    "1.5",
+    "0x1F",
+    "-",
+    "-x",
+    "--",
+    "---",
+    "...",
+    "?",
+    "?x",
+    "\\",
+    "a\\b",
+    "\\x41",
+    '"\\',
+    "#\\x",
+    "<<",
+    "=",
+    "!x",
+    "&x",
+    "*x",
+    "%x",
+    "@x",
+    "`x",
+    "|",
+    ">",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "x,y",
+    "\x01",
+    "\xa0",
+    "\x7f",
+    "\x85",
+    "\u2028",
+    "a\u2029b",
+    "\U0001f600",
+]
 # Pieces whose yaml-cpp form CTranslate2's parser misreads (an escape it does not know: \t -> "t",
 # \b -> "b", \ufeff -> "ufeff", a \x escape inside a longer piece); only in vocabulary-only tests.
 CT2_MISREAD = ["\t", "\b", "\ufeff", "a\x01"]
@@ -66,7 +122,9 @@ class Variant:
     (V, dim) as newer Marian does (`untied_name`)."""
 
     pre_norm: bool = False
-    top_norm: bool = True  # pre-norm: a LayerNorm after each side's last layer (transformer-postprocess-top n)
+    top_norm: bool = (
+        True  # pre-norm: a LayerNorm after each side's last layer (transformer-postprocess-top n)
+    )
     tying: str = "all"
     untied_name: str = "W"
     activation: str = "swish"
@@ -92,7 +150,9 @@ class Release:
 
     @property
     def vocab_files(self) -> list[Path]:
-        names = ["vocab.src.yml", "vocab.trg.yml"] if self.source_pieces else ["vocab.yml", "vocab.yml"]
+        names = (
+            ["vocab.src.yml", "vocab.trg.yml"] if self.source_pieces else ["vocab.yml", "vocab.yml"]
+        )
         return [self.folder / name for name in names]
 
     @property
@@ -106,8 +166,11 @@ class Release:
 def _corpus(seed: int, syllables: Sequence[str], n: int = 400) -> list[str]:
     rng = random.Random(seed)
     words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(120)]
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 10))).capitalize() + rng.choice(".?!")
-            for _ in range(n)]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(3, 10))).capitalize()
+        + rng.choice(".?!")
+        for _ in range(n)
+    ]
 
 
 SOURCE_SYLLABLES = ["ka", "lo", "mi", "te", "su", "ra", "ne", "po", "di", "ga", "bu", "fe"]
@@ -121,9 +184,15 @@ def spm_models() -> tuple[bytes, bytes]:
     out = []
     for seed, syllables in ((1, SOURCE_SYLLABLES), (2, TARGET_SYLLABLES)):
         buf = io.BytesIO()
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(_corpus(seed, syllables)), model_writer=buf,
-                                       vocab_size=60, model_type="unigram", character_coverage=1.0,
-                                       minloglevel=2, num_threads=1)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(_corpus(seed, syllables)),
+            model_writer=buf,
+            vocab_size=60,
+            model_type="unigram",
+            character_coverage=1.0,
+            minloglevel=2,
+            num_threads=1,
+        )
         out.append(buf.getvalue())
     return out[0], out[1]
 
@@ -131,7 +200,9 @@ def spm_models() -> tuple[bytes, bytes]:
 def sample_texts(n: int, seed: int, side: str = "source") -> list[str]:
     """Sentences of the corpus the source (or target) model was trained on, drawn anew."""
     rng = random.Random(seed)
-    corpus = _corpus(1 if side == "source" else 2, SOURCE_SYLLABLES if side == "source" else TARGET_SYLLABLES)
+    corpus = _corpus(
+        1 if side == "source" else 2, SOURCE_SYLLABLES if side == "source" else TARGET_SYLLABLES
+    )
     return [" ".join(rng.choice(corpus).split()[: rng.randint(2, 6)]) for _ in range(n)]
 
 
@@ -141,7 +212,11 @@ def marian_vocabulary(eos_index: int = 0) -> list[str]:
     pieces = ["</s>", "<unk>"]
     for model in spm_models():
         sp = spm.SentencePieceProcessor(model_proto=model)
-        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
+        pieces += [
+            sp.id_to_piece(i)
+            for i in range(sp.get_piece_size())
+            if not sp.is_control(i) and not sp.is_unknown(i)
+        ]
     pieces = list(dict.fromkeys([*pieces, *LANGUAGE_TOKENS, *AWKWARD]))
     pieces.insert(eos_index, pieces.pop(0))
     return pieces
@@ -150,14 +225,21 @@ def marian_vocabulary(eos_index: int = 0) -> list[str]:
 def separate_vocabularies() -> tuple[list[str], list[str]]:
     """A source and a target vocabulary of one size (as Marian's from two sentencepiece models
     of one size): </s>, <unk>, the side's model's pieces (the source's then the language tokens),
-    the AWKWARD pieces, the shorter filled up with pieces of its own. A piece of both has two ids."""
+    the AWKWARD pieces, the shorter filled up with pieces of its own. A piece of both has two
+    ids."""
     sides = []
     for model, extra in zip(spm_models(), (LANGUAGE_TOKENS, []), strict=True):
         sp = spm.SentencePieceProcessor(model_proto=model)
-        own = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
+        own = [
+            sp.id_to_piece(i)
+            for i in range(sp.get_piece_size())
+            if not sp.is_control(i) and not sp.is_unknown(i)
+        ]
         sides.append(list(dict.fromkeys(["</s>", "<unk>", *own, *extra, *AWKWARD])))
     n = max(map(len, sides))
-    return sides[0] + [f"\u2581s{i}" for i in range(n - len(sides[0]))], sides[1] + [f"\u2581t{i}" for i in range(n - len(sides[1]))]
+    return sides[0] + [f"\u2581s{i}" for i in range(n - len(sides[0]))], sides[1] + [
+        f"\u2581t{i}" for i in range(n - len(sides[1]))
+    ]
 
 
 # ------------------------------------------------------------------ YAML as yaml-cpp writes it
@@ -248,24 +330,52 @@ def npz_text(text: str) -> np.ndarray:
 def marian_options(v: Variant, vocab_size: int) -> dict[str, Any]:
     """special:model.yml of an OPUS-MT-style transformer (the keys such a file holds)."""
     return {
-        "type": "transformer", "version": v.version, "dim-vocabs": [vocab_size, vocab_size],
-        "dim-emb": v.d_model, "enc-depth": v.layers[0], "dec-depth": v.layers[1],
-        "transformer-heads": v.heads, "transformer-dim-ffn": v.ffn, "transformer-ffn-depth": 2,
-        "transformer-decoder-dim-ffn": 0, "transformer-decoder-ffn-depth": 0,
+        "type": "transformer",
+        "version": v.version,
+        "dim-vocabs": [vocab_size, vocab_size],
+        "dim-emb": v.d_model,
+        "enc-depth": v.layers[0],
+        "dec-depth": v.layers[1],
+        "transformer-heads": v.heads,
+        "transformer-dim-ffn": v.ffn,
+        "transformer-ffn-depth": 2,
+        "transformer-decoder-dim-ffn": 0,
+        "transformer-decoder-ffn-depth": 0,
         "transformer-ffn-activation": v.activation,
-        "transformer-preprocess": "n" if v.pre_norm else "", "transformer-postprocess": "da" if v.pre_norm else "dan",
-        "transformer-postprocess-top": "n" if v.pre_norm and v.top_norm else "", "transformer-postprocess-emb": "d",
-        "transformer-decoder-autoreg": "self-attention", "transformer-no-projection": False,
-        "transformer-train-position-embeddings": False, "transformer-tied-layers": [],
-        "transformer-guided-alignment-layer": "last", "transformer-aan-activation": "swish",
-        "transformer-aan-depth": 2, "transformer-aan-nogate": False, "transformer-dim-aan": 2048,
-        "transformer-depth-scaling": False, "transformer-pool": False,
-        "transformer-dropout": 0.1, "transformer-dropout-attention": 0, "transformer-dropout-ffn": 0,
-        "tied-embeddings-all": v.tying == "all", "tied-embeddings": v.tying == "decoder",
-        "tied-embeddings-src": v.tying == "src", "right-left": False, "lemma-dim-emb": 0, "skip": False,
-        "layer-normalization": False, "input-types": [], "ulr": False, "ulr-dim-emb": 0,
-        "enc-type": "bidirectional", "enc-cell": "gru", "dec-cell": "gru", "dim-rnn": 1024,
-        "bert-train-type-embeddings": True, "bert-type-vocab-size": 2,
+        "transformer-preprocess": "n" if v.pre_norm else "",
+        "transformer-postprocess": "da" if v.pre_norm else "dan",
+        "transformer-postprocess-top": "n" if v.pre_norm and v.top_norm else "",
+        "transformer-postprocess-emb": "d",
+        "transformer-decoder-autoreg": "self-attention",
+        "transformer-no-projection": False,
+        "transformer-train-position-embeddings": False,
+        "transformer-tied-layers": [],
+        "transformer-guided-alignment-layer": "last",
+        "transformer-aan-activation": "swish",
+        "transformer-aan-depth": 2,
+        "transformer-aan-nogate": False,
+        "transformer-dim-aan": 2048,
+        "transformer-depth-scaling": False,
+        "transformer-pool": False,
+        "transformer-dropout": 0.1,
+        "transformer-dropout-attention": 0,
+        "transformer-dropout-ffn": 0,
+        "tied-embeddings-all": v.tying == "all",
+        "tied-embeddings": v.tying == "decoder",
+        "tied-embeddings-src": v.tying == "src",
+        "right-left": False,
+        "lemma-dim-emb": 0,
+        "skip": False,
+        "layer-normalization": False,
+        "input-types": [],
+        "ulr": False,
+        "ulr-dim-emb": 0,
+        "enc-type": "bidirectional",
+        "enc-cell": "gru",
+        "dec-cell": "gru",
+        "dim-rnn": 1024,
+        "bert-train-type-embeddings": True,
+        "bert-type-vocab-size": 2,
     }
 
 
@@ -277,7 +387,9 @@ def random_weights(v: Variant, vocab_size: int) -> dict[str, np.ndarray]:
     w: dict[str, np.ndarray] = {}
 
     def mat(name: str, rows: int, cols: int, scale: float | None = None) -> None:
-        w[name] = (rng.standard_normal((rows, cols)) * (scale or 1 / math.sqrt(rows))).astype(np.float32)
+        w[name] = (rng.standard_normal((rows, cols)) * (scale or 1 / math.sqrt(rows))).astype(
+            np.float32
+        )
 
     def row(name: str, n: int, mean: float = 0.0, scale: float = 0.1) -> None:
         w[name] = (mean + rng.standard_normal((1, n)) * scale).astype(np.float32)
@@ -328,11 +440,15 @@ def write_release(folder: Path, v: Variant = Variant()) -> Release:
     """A Marian release of `v` in `folder` (created): model.npz, vocab.yml, source.spm,
     target.spm, decoder.yml."""
     folder.mkdir(parents=True, exist_ok=True)
-    source, pieces = separate_vocabularies() if v.separate else (None, marian_vocabulary(v.eos_index))
+    source, pieces = (
+        separate_vocabularies() if v.separate else (None, marian_vocabulary(v.eos_index))
+    )
     weights = random_weights(v, len(pieces))
     options = marian_options(v, len(pieces))
     np.savez(folder / "model.npz", **weights, **{"special:model.yml": npz_text(model_yml(options))})
-    release = Release(folder, folder / "decoder.yml", folder / "model.npz", pieces, weights, options, source)
+    release = Release(
+        folder, folder / "decoder.yml", folder / "model.npz", pieces, weights, options, source
+    )
     for path, side in zip(release.vocab_files, (source or pieces, pieces), strict=True):
         write_vocab_yml(path, side)
     src, tgt = spm_models()
@@ -341,16 +457,30 @@ def write_release(folder: Path, v: Variant = Variant()) -> Release:
     (folder / "decoder.yml").write_text(
         "relative-paths: true\nmodels:\n  - model.npz\nvocabs:\n"
         + "".join(f"  - {path.name}\n" for path in release.vocab_files)
-        + "beam-size: 4\nnormalize: 1\nword-penalty: 0\nmini-batch: 16\nmaxi-batch: 100\nmaxi-batch-sort: src\n",
-        encoding="utf-8")
+        + "beam-size: 4\nnormalize: 1\nword-penalty: 0\nmini-batch: 16\nmaxi-batch: "
+        "100\nmaxi-batch-sort: "
+        "src\n",
+        encoding="utf-8",
+    )
     return release
 
 
-def rewrite_npz(release: Release, *, options: dict[str, Any] | None = None, drop: Sequence[str] = (),
-                replace: dict[str, np.ndarray] | None = None, model_yml_text: str | None = None) -> None:
-    """Write the release's model.npz again with some options, parameters or the options' text changed."""
+def rewrite_npz(
+    release: Release,
+    *,
+    options: dict[str, Any] | None = None,
+    drop: Sequence[str] = (),
+    replace: dict[str, np.ndarray] | None = None,
+    model_yml_text: str | None = None,
+) -> None:
+    """Write the release's model.npz again with some options, parameters or the options' text
+    changed."""
     weights = {k: a for k, a in release.weights.items() if k not in drop} | (replace or {})
-    text = model_yml_text if model_yml_text is not None else model_yml(release.options | (options or {}))
+    text = (
+        model_yml_text
+        if model_yml_text is not None
+        else model_yml(release.options | (options or {}))
+    )
     np.savez(release.npz, **weights, **{"special:model.yml": npz_text(text)})
 
 
@@ -405,7 +535,9 @@ def marian_greedy(release: Release, src: Sequence[int], max_len: int, *, unk: in
     return out
 
 
-def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[int]) -> torch.Tensor:
+def marian_log_prob_table(
+    release: Release, src: Sequence[int], prev: Sequence[int]
+) -> torch.Tensor:
     """(len(prev) + 1, V) float64: the log-probabilities of each next target token after a zero
     vector and then the tokens `prev`, for the source `src` (Marian ids, ending with </s>)."""
     o, w = release.options, {k: torch.from_numpy(a).double() for k, a in release.weights.items()}
@@ -418,9 +550,13 @@ def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[i
 
     def layer_norm(x: torch.Tensor, prefix: str, suffix: str = "") -> torch.Tensor:
         mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
-        return (x - mean) / torch.sqrt(var + 1e-6) * vec(f"{prefix}_ln_scale{suffix}") + vec(f"{prefix}_ln_bias{suffix}")
+        return (x - mean) / torch.sqrt(var + 1e-6) * vec(f"{prefix}_ln_scale{suffix}") + vec(
+            f"{prefix}_ln_bias{suffix}"
+        )
 
-    def sublayer(prefix: str, x: torch.Tensor, fn: Any) -> torch.Tensor:  # pre: n ... da; post: ... dan
+    def sublayer(
+        prefix: str, x: torch.Tensor, fn: Any
+    ) -> torch.Tensor:  # pre: n ... da; post: ... dan
         if pre:
             return fn(layer_norm(x, prefix, "_pre")) + x
         return layer_norm(fn(x) + x, prefix)
@@ -439,7 +575,9 @@ def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[i
         return out @ w[f"{prefix}_Wo"] + vec(f"{prefix}_bo")
 
     def ffn(prefix: str, x: torch.Tensor) -> torch.Tensor:
-        return act(x @ w[f"{prefix}_W1"] + vec(f"{prefix}_b1")) @ w[f"{prefix}_W2"] + vec(f"{prefix}_b2")
+        return act(x @ w[f"{prefix}_W1"] + vec(f"{prefix}_b1")) @ w[f"{prefix}_W2"] + vec(
+            f"{prefix}_b2"
+        )
 
     def embedding(side: str) -> torch.Tensor:
         return w["Wemb"] if "Wemb" in w else w[f"{side}_Wemb"]
@@ -456,7 +594,9 @@ def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[i
     for i in range(1, int(o["dec-depth"]) + 1):
         p = f"decoder_l{i}"
         y = sublayer(f"{p}_self_Wo", y, lambda h, p=p: attention(f"{p}_self", h, h, causal=True))
-        y = sublayer(f"{p}_context_Wo", y, lambda h, p=p: attention(f"{p}_context", h, x, causal=False))
+        y = sublayer(
+            f"{p}_context_Wo", y, lambda h, p=p: attention(f"{p}_context", h, x, causal=False)
+        )
         y = sublayer(f"{p}_ffn_ffn", y, lambda h, p=p: ffn(f"{p}_ffn", h))
     if top:
         y = layer_norm(y, "decoder_top")
@@ -472,14 +612,20 @@ def marian_log_prob_table(release: Release, src: Sequence[int], prev: Sequence[i
 # ------------------------------------------------------------------ a trained model
 
 
-def to_marian_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, like: Release) -> dict[str, np.ndarray]:
+def to_marian_layout(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, like: Release
+) -> dict[str, np.ndarray]:
     """An nmt state dict of an imported `like` (trained further, `cfg` its model config) ->
     parameters under `like`'s Marian names and shapes: the weight table's MARIAN layout written
-    (pad row dropped, matrices (in, out), fused q/k/v split), vectors (1, n) as Marian stores them."""
+    (pad row dropped, matrices (in, out), fused q/k/v split), vectors (1, n) as Marian stores
+    them."""
     out = write(MARIAN, cfg, {k: t.detach().float() for k, t in state.items()})
     missing = set(like.weights) - set(out)
     assert not missing, sorted(missing)
-    return {k: (out[k][None] if out[k].dim() == 1 else out[k]).contiguous().numpy() for k in like.weights}
+    return {
+        k: (out[k][None] if out[k].dim() == 1 else out[k]).contiguous().numpy()
+        for k in like.weights
+    }
 
 
 def train_to_end(release: Release, updates: int = 150, seed: int = 0) -> None:
@@ -510,7 +656,9 @@ def train_to_end(release: Release, updates: int = 150, seed: int = 0) -> None:
         batch = rng.sample(pairs, 32)
         src, tgt = rows([s for s, _ in batch]), rows([t for _, t in batch])
         prev = torch.cat([torch.full((len(batch), 1), bos), tgt[:, :-1]], 1)
-        loss = torch.nn.functional.cross_entropy(model(src, prev).flatten(0, 1), tgt.flatten(), ignore_index=pad)
+        loss = torch.nn.functional.cross_entropy(
+            model(src, prev).flatten(0, 1), tgt.flatten(), ignore_index=pad
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

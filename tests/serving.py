@@ -21,9 +21,20 @@ START_TIMEOUT = 300  # s: loading and the warm-up batch, on a loaded machine
 
 class Server:
     def __init__(self, *args: str, env: dict[str, str] | None = None):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "--port", "0", *args], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONFAULTHANDLER": "1",
+            **(env or {}),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nmt", "serve", "--port", "0", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + START_TIMEOUT
         line = ""
         while not line:
@@ -33,7 +44,9 @@ class Server:
                 line = self.proc.stdout.readline()  # type: ignore[union-attr]
         self.url = line.split()[2].rstrip("/")
         self.port = int(self.url.rsplit(":", 1)[1])
-        while self.get("/ready")[0] != 200:  # the socket listens before serving: a refused or failed try is retried
+        while (
+            self.get("/ready")[0] != 200
+        ):  # the socket listens before serving: a refused or failed try is retried
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.fail("never got ready")
             time.sleep(0.05)
@@ -42,12 +55,25 @@ class Server:
         err = self.stop(signal.SIGKILL)[1]
         raise AssertionError(f"nmt serve {what} (exit {self.proc.returncode}): {err}")
 
-    def request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
-                headers: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, Any, dict[str, str]]:
-        """(status, the JSON answer or the text if not JSON, headers); a refused connection is (0, None, {})."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 120,
+    ) -> tuple[int, Any, dict[str, str]]:
+        """(status, the JSON answer or the text if not JSON, headers); a refused connection is (0,
+        None, {})."""
         data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 status, text, hdrs = r.status, r.read(), dict(r.headers)

@@ -18,8 +18,21 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 SUBPACKAGES = {"models", "decoding", "training", "convert", "serve"}
 # the top-level modules anything may use: errors, config and options, the file formats (raw
 # text, atomic writes, tokenizer, binarized data, prepare-bpe, checkpoints), devices, metrics
-BASE = {"errors", "fields", "config", "options", "textio", "atomic", "tokenizer", "data",
-        "prepare", "checkpoint", "device", "evaluate", "terminology"}
+BASE = {
+    "errors",
+    "fields",
+    "config",
+    "options",
+    "textio",
+    "atomic",
+    "tokenizer",
+    "data",
+    "prepare",
+    "checkpoint",
+    "device",
+    "evaluate",
+    "terminology",
+}
 # the commands' own modules: nothing imports them but the CLI (and `python -m nmt`)
 COMMANDS = {"cli", "__main__", "translate", "plot", "distill"}
 CLI = {"nmt.cli", "nmt.__main__"}
@@ -52,12 +65,16 @@ def part_of(module: str) -> str:
         return head
     if head in COMMANDS:
         return "commands"
-    assert head in BASE, f"nmt.{head} is new: give it a place in BASE or COMMANDS and in docs/architecture.md"
+    assert head in BASE, (
+        f"nmt.{head} is new: give it a place in BASE or COMMANDS and in docs/architecture.md"
+    )
     return head
 
 
 def allowed(src: str, dst: str) -> bool:
-    if dst == "nmt":  # `from nmt import __version__`: every import of nmt.X runs nmt/__init__.py anyway
+    if (
+        dst == "nmt"
+    ):  # `from nmt import __version__`: every import of nmt.X runs nmt/__init__.py anyway
         return True
     s, d = part_of(src), part_of(dst)
     if d == "commands":
@@ -96,7 +113,10 @@ def violations(package: Path) -> list[str]:
         src = module_name(path, package)
         for line, dst in nmt_imports(path, package):
             if dst in {"nmt." + p for p in SUBPACKAGES} or not allowed(src, dst):
-                out.append(f"{path.relative_to(package.parent)}:{line}: {part_of(src)} may not import {dst}")
+                out.append(
+                    f"{path.relative_to(package.parent)}:{line}: {part_of(src)} may not import "
+                    f"{dst}"
+                )
     return out
 
 
@@ -105,10 +125,14 @@ def test_every_import_in_the_package_follows_the_map() -> None:
 
 
 def test_pyproject_ships_every_subpackage() -> None:
-    """A folder of modules missing from pyproject's package list is silently left out of the wheel."""
+    """A folder of modules missing from pyproject's package list is silently left out of the
+    wheel."""
     config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
-    folders = {module_name(p.parent / "__init__.py", PACKAGE) for p in PACKAGE.rglob("*.py")
-               if "__pycache__" not in p.parts}
+    folders = {
+        module_name(p.parent / "__init__.py", PACKAGE)
+        for p in PACKAGE.rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
     assert folders == set(config["tool"]["setuptools"]["packages"])
     assert all((PACKAGE.parent / f.replace(".", "/") / "__init__.py").is_file() for f in folders)
 
@@ -116,17 +140,39 @@ def test_pyproject_ships_every_subpackage() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "message"),
     [
-        ("models/transformer.py", "from nmt.tokenizer import NMT_SPECIALS", "models may not import nmt.tokenizer"),
-        ("models/layers.py", "from ..decoding.search import beam_search", "models may not import nmt.decoding.search"),
-        ("decoding/search.py", "def f():\n    from nmt.training import trainer",
-         "decoding may not import nmt.training.trainer"),
-        ("decoding/predict.py", "from ..convert import ctranslate2", "decoding may not import nmt.convert.ctranslate2"),
-        ("convert/ctranslate2.py", "import nmt.training.loss", "convert may not import nmt.training.loss"),
+        (
+            "models/transformer.py",
+            "from nmt.tokenizer import NMT_SPECIALS",
+            "models may not import nmt.tokenizer",
+        ),
+        (
+            "models/layers.py",
+            "from ..decoding.search import beam_search",
+            "models may not import nmt.decoding.search",
+        ),
+        (
+            "decoding/search.py",
+            "def f():\n    from nmt.training import trainer",
+            "decoding may not import nmt.training.trainer",
+        ),
+        (
+            "decoding/predict.py",
+            "from ..convert import ctranslate2",
+            "decoding may not import nmt.convert.ctranslate2",
+        ),
+        (
+            "convert/ctranslate2.py",
+            "import nmt.training.loss",
+            "convert may not import nmt.training.loss",
+        ),
         ("training/trainer.py", "import nmt.translate", "training may not import nmt.translate"),
         ("api.py", "from nmt.cli import app", "api may not import nmt.cli"),
         ("translate.py", "from nmt import plot", "commands may not import nmt.plot"),
-        ("checkpoint.py", "from nmt.models.transformer import Transformer",
-         "checkpoint may not import nmt.models.transformer"),
+        (
+            "checkpoint.py",
+            "from nmt.models.transformer import Transformer",
+            "checkpoint may not import nmt.models.transformer",
+        ),
     ],
 )
 def test_a_broken_rule_is_reported(tmp_path: Path, module: str, line: str, message: str) -> None:
@@ -199,7 +245,8 @@ def sizes(package: Path) -> tuple[int, list[str]]:
                 count = sum(1 for line in lines if first <= line <= last)
                 if count > FUNCTION_TOKENS:
                     found.append(
-                        f"{name}:{node.lineno}: {node.name} is {count} tokens (at most {FUNCTION_TOKENS})"
+                        f"{name}:{node.lineno}: {node.name} is {count} tokens (at most "
+                        f"{FUNCTION_TOKENS})"
                     )
     return total, found
 

@@ -48,9 +48,15 @@ def models(test_tokenizer, tmp_path_factory) -> dict[str, Path]:
     two_layers = {"encoder_layers": 2, "decoder_layers": 2}
     return {
         "transformer": save_random_model(root / "t.pt", spm, seed=1, model=two_layers),
-        "rnn": save_random_model(root / "rnn.pt", spm, seed=2, model={"arch": "rnn", "rnn_hidden": 32}),
-        "rnn-none": save_random_model(root / "none.pt", spm, seed=3,
-                                      model={"arch": "rnn", "rnn_hidden": 32, "attention": "none"}),
+        "rnn": save_random_model(
+            root / "rnn.pt", spm, seed=2, model={"arch": "rnn", "rnn_hidden": 32}
+        ),
+        "rnn-none": save_random_model(
+            root / "none.pt",
+            spm,
+            seed=3,
+            model={"arch": "rnn", "rnn_hidden": 32, "attention": "none"},
+        ),
     }
 
 
@@ -68,7 +74,9 @@ def write_input(tmp_path: Path, lines: list[str]) -> Path:
 
 def run_translate(tmp_path: Path, lines: list[str], *args: str) -> list[str]:
     out = tmp_path / "out.txt"
-    assert nmt_here("translate", "-i", str(write_input(tmp_path, lines)), "-o", str(out), *args) == 0
+    assert (
+        nmt_here("translate", "-i", str(write_input(tmp_path, lines)), "-o", str(out), *args) == 0
+    )
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) == len(lines) + 1  # one line per input line
     return got[:-1]
@@ -96,7 +104,9 @@ def test_alignments_are_valid_index_pairs_on_every_line(models, sentences, tmp_p
 @pytest.mark.parametrize("arch", ["transformer", "rnn"])
 def test_attention_file_rows_sum_to_one_with_the_pieces(models, sentences, tmp_path, arch):
     npz = tmp_path / "att.npz"
-    got = run_translate(tmp_path, sentences, "-c", str(models[arch]), "--attention", str(npz), "--batch-size", "3")
+    got = run_translate(
+        tmp_path, sentences, "-c", str(models[arch]), "--attention", str(npz), "--batch-size", "3"
+    )
     tok = Translator.load(models[arch], device="cpu").loaded.tokenizer
     items = load_attention(npz)
     assert [i for i, *_ in items] == [i for i, line in enumerate(sentences) if line.strip()]
@@ -111,8 +121,16 @@ def test_attention_file_rows_sum_to_one_with_the_pieces(models, sentences, tmp_p
 
 
 def test_alignment_with_nbest_and_scores_follows_each_hypothesis(models, sentences, tmp_path):
-    got = run_translate(tmp_path, sentences[:1], "-c", str(models["transformer"]), "--alignment", "--nbest", "2",
-                        "--scores")
+    got = run_translate(
+        tmp_path,
+        sentences[:1],
+        "-c",
+        str(models["transformer"]),
+        "--alignment",
+        "--nbest",
+        "2",
+        "--scores",
+    )
     fields = got[0].split("\t")
     assert len(fields) == 6
     assert float(fields[0]) <= 0 and float(fields[3]) <= 0
@@ -131,10 +149,23 @@ def test_alignment_layer_picks_the_layer(models, sentences):
 def test_a_model_without_attention_or_a_missing_layer_is_one_line(models, tmp_path):
     src = write_input(tmp_path, ["A dog runs."])
     r = nmt("translate", "-c", str(models["rnn-none"]), "-i", str(src), "--alignment", env=ENV)
-    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "no attention" in r.stderr, r.stderr
-    r = nmt("translate", "-c", str(models["transformer"]), "-i", str(src), "--alignment",
-            "--alignment-layer", "5", env=ENV)
-    assert r.returncode == 1 and "--alignment-layer 5" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "no attention" in r.stderr, (
+        r.stderr
+    )
+    r = nmt(
+        "translate",
+        "-c",
+        str(models["transformer"]),
+        "-i",
+        str(src),
+        "--alignment",
+        "--alignment-layer",
+        "5",
+        env=ENV,
+    )
+    assert (
+        r.returncode == 1 and "--alignment-layer 5" in r.stderr and "Traceback" not in r.stderr
+    ), r.stderr
     with pytest.raises(NmtError, match="alignment_layer="):
         Translator.load(models["transformer"], device="cpu", alignment_layer=-3)
 
@@ -145,7 +176,9 @@ def test_a_model_without_attention_or_a_missing_layer_is_one_line(models, tmp_pa
 def test_plot_attention_and_curves_write_pngs(models, sentences, tmp_path):
     pytest.importorskip("matplotlib")
     npz = tmp_path / "att.npz"
-    run_translate(tmp_path, sentences[:3], "-c", str(models["transformer"]), "--attention", str(npz))
+    run_translate(
+        tmp_path, sentences[:3], "-c", str(models["transformer"]), "--attention", str(npz)
+    )
     assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps")) == 0
     assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == ["attention_0.png"]
     assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "avg"), "--average") == 0
@@ -154,11 +187,31 @@ def test_plot_attention_and_curves_write_pngs(models, sentences, tmp_path):
     for name, offset in (("a", 0.0), ("b", 0.5)):
         run = tmp_path / name
         run.mkdir()
-        lines = [{"type": "train", "update": u, "loss": 9 - u / 10 + offset, "ppl": 2 ** (8 - u / 10), "lr": 1e-3,
-                  "elapsed": u * 1.5} for u in range(1, 40)]
-        lines += [{"type": "valid", "update": u, "valid_loss": 8 - u / 20, "valid_ppl": 2 ** (7 - u / 20),
-                   "valid_bleu": u / 2, "elapsed": u * 1.5} for u in (10, 20, 30)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"type": "tr')
+        lines = [
+            {
+                "type": "train",
+                "update": u,
+                "loss": 9 - u / 10 + offset,
+                "ppl": 2 ** (8 - u / 10),
+                "lr": 1e-3,
+                "elapsed": u * 1.5,
+            }
+            for u in range(1, 40)
+        ]
+        lines += [
+            {
+                "type": "valid",
+                "update": u,
+                "valid_loss": 8 - u / 20,
+                "valid_ppl": 2 ** (7 - u / 20),
+                "valid_bleu": u / 2,
+                "elapsed": u * 1.5,
+            }
+            for u in (10, 20, 30)
+        ]
+        (run / "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in lines) + '{"type": "tr'
+        )
         runs.append(str(run))
     assert nmt_here("plot", "curves", *runs, "-o", str(tmp_path / "curves.png")) == 0
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -185,13 +238,19 @@ def test_plot_curves_of_a_directory_without_metrics_is_one_line(tmp_path, capfd)
     assert "no metrics.jsonl" in capfd.readouterr().err
 
 
-# ------------------------------------------------------------------ hostile files (issue 25 (7), (8), (14))
+# --------------------------------------------------------- hostile files (issue 25 (7), (8), (14))
 
 
 def attention_file(path: Path, **changes) -> Path:
-    """A small valid `--attention` file (sentence 0, two layers), with `changes` (None removes an array)."""
-    arrays = {"index": np.array([0]), "attention_0": np.full((2, 1, 2, 2), 0.5, "f4"),
-              "source_0": np.array(["a", "</s>"]), "target_0": np.array(["x", "</s>"]), **changes}
+    """A small valid `--attention` file (sentence 0, two layers), with `changes` (None removes an
+    array)."""
+    arrays = {
+        "index": np.array([0]),
+        "attention_0": np.full((2, 1, 2, 2), 0.5, "f4"),
+        "source_0": np.array(["a", "</s>"]),
+        "target_0": np.array(["x", "</s>"]),
+        **changes,
+    }
     np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
     return path
 
@@ -207,22 +266,42 @@ def npy(array: np.ndarray, shape: tuple[int, ...] | None = None) -> bytes:
     return data.replace(old + b" " * (len(new) - len(old)), new)  # the header keeps its length
 
 
-@pytest.mark.parametrize(("changes", "key"), [
-    ({"index": np.array([0, 1])}, "attention_1"),  # the issue's: an index without its arrays (KeyError)
-    ({"index": None}, "index"),
-    ({"index": np.array([[0]])}, "index"),
-    ({"index": np.array(["0"])}, "index"),
-    ({"attention_0": np.array([None, 1], dtype=object)}, "attention_0"),  # refused by numpy, outside the handler
-    ({"attention_0": np.ones((2, 2), "f4")}, "attention_0"),
-    ({"attention_0": np.ones((1, 1, 0, 0), "f4"), "source_0": np.array([], str), "target_0": np.array([], str)},
-     "attention_0"),
-    ({"attention_0": np.ones((1, 1, 2, 2), "c8")}, "attention_0"),
-    ({"attention_0": np.full((1, 1, 2, 2), np.nan, "f4")}, "attention_0"),
-    ({"attention_0": np.full((1, 1, 2, 3), 0.3, "f4")}, "source_0"),  # 3 source columns, 2 pieces
-    ({"target_0": np.array([1, 2])}, "target_0"),
-    ({"source_0": None}, "source_0"),
-])
-def test_plot_attention_of_a_malformed_file_is_one_line_naming_the_file_and_key(tmp_path, capfd, changes, key):
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        (
+            {"index": np.array([0, 1])},
+            "attention_1",
+        ),  # the issue's: an index without its arrays (KeyError)
+        ({"index": None}, "index"),
+        ({"index": np.array([[0]])}, "index"),
+        ({"index": np.array(["0"])}, "index"),
+        (
+            {"attention_0": np.array([None, 1], dtype=object)},
+            "attention_0",
+        ),  # refused by numpy, outside the handler
+        ({"attention_0": np.ones((2, 2), "f4")}, "attention_0"),
+        (
+            {
+                "attention_0": np.ones((1, 1, 0, 0), "f4"),
+                "source_0": np.array([], str),
+                "target_0": np.array([], str),
+            },
+            "attention_0",
+        ),
+        ({"attention_0": np.ones((1, 1, 2, 2), "c8")}, "attention_0"),
+        ({"attention_0": np.full((1, 1, 2, 2), np.nan, "f4")}, "attention_0"),
+        (
+            {"attention_0": np.full((1, 1, 2, 3), 0.3, "f4")},
+            "source_0",
+        ),  # 3 source columns, 2 pieces
+        ({"target_0": np.array([1, 2])}, "target_0"),
+        ({"source_0": None}, "source_0"),
+    ],
+)
+def test_plot_attention_of_a_malformed_file_is_one_line_naming_the_file_and_key(
+    tmp_path, capfd, changes, key
+):
     npz = attention_file(tmp_path / "m.npz", **changes)
     assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps")) == 1
     err = one_error_line(capfd.readouterr().err)
@@ -236,11 +315,17 @@ def test_plot_attention_of_what_is_not_an_npz_file_is_one_line(tmp_path, capfd):
     (tmp_path / "truncated.npz").write_bytes(good[: len(good) // 2])  # was BadZipFile
     (tmp_path / "empty.npz").write_bytes(b"")
     (tmp_path / "dir.npz").mkdir()
-    with zipfile.ZipFile(tmp_path / "forged.npz", "w") as archive:  # numpy would allocate 2^42 floats (MemoryError)
+    with zipfile.ZipFile(
+        tmp_path / "forged.npz", "w"
+    ) as archive:  # numpy would allocate 2^42 floats (MemoryError)
         archive.writestr("index.npy", npy(np.array([0])))
-        archive.writestr("attention_0.npy", npy(np.ones((1, 1, 2, 2), "f4"), shape=(1, 1, 2**21, 2**21)))
+        archive.writestr(
+            "attention_0.npy", npy(np.ones((1, 1, 2, 2), "f4"), shape=(1, 1, 2**21, 2**21))
+        )
     for name in ("plain.npy", "truncated.npz", "empty.npz", "dir.npz", "forged.npz"):
-        assert nmt_here("plot", "attention", str(tmp_path / name), "-o", str(tmp_path / "maps")) == 1, name
+        assert (
+            nmt_here("plot", "attention", str(tmp_path / name), "-o", str(tmp_path / "maps")) == 1
+        ), name
         assert f"{tmp_path / name}: " in one_error_line(capfd.readouterr().err)
     assert not (tmp_path / "maps").exists()
 
@@ -248,11 +333,17 @@ def test_plot_attention_of_what_is_not_an_npz_file_is_one_line(tmp_path, capfd):
 def test_plot_attention_refuses_a_bad_destination_or_count_in_one_line(tmp_path, capfd):
     npz = attention_file(tmp_path / "a.npz")
     (tmp_path / "file").write_text("keep")
-    for out, needle in (("file", "-o"), ("file/maps", "-o")):  # an existing file; a directory that cannot be made
+    for out, needle in (
+        ("file", "-o"),
+        ("file/maps", "-o"),
+    ):  # an existing file; a directory that cannot be made
         assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / out)) == 1
         assert needle in one_error_line(capfd.readouterr().err)
     assert (tmp_path / "file").read_text() == "keep"
-    assert nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps"), "--sentences", "-1") == 1
+    assert (
+        nmt_here("plot", "attention", str(npz), "-o", str(tmp_path / "maps"), "--sentences", "-1")
+        == 1
+    )
     # was accepted, and dropped the last sentence
     assert "--sentences must not be negative, got -1" in one_error_line(capfd.readouterr().err)
     assert not (tmp_path / "maps").exists()
@@ -267,29 +358,49 @@ def test_plot_curves_checks_the_image_format_before_reading_the_runs(tmp_path, c
 
     monkeypatch.setattr(nmt.plot, "read_metrics", no_reading)
     assert nmt_here("plot", "curves", str(tmp_path), "-o", str(tmp_path / "c.unknownext")) == 1
-    assert "-o" in (err := one_error_line(capfd.readouterr().err)) and ".unknownext" in err and "png" in err
+    assert (
+        "-o" in (err := one_error_line(capfd.readouterr().err))
+        and ".unknownext" in err
+        and "png" in err
+    )
 
 
 def test_plot_curves_skips_bad_records_and_says_how_many(tmp_path, capfd):
     pytest.importorskip("matplotlib")
     from nmt.plot import read_metrics
 
-    good = [{"type": "train", "update": u, "loss": 5.0 - u, "ppl": 30.0, "lr": 1e-3, "elapsed": u * 2.0}
-            for u in (1, 2, 3)] + [{"type": "valid", "update": 2, "valid_bleu": 1.5, "elapsed": 4.0}]
-    bad = [b'{"type": "train", "update": 9, \xff\xfe "loss": 1}',  # invalid UTF-8
-           b'{"type": "train", "update": 9, "loss": 1.0, "elapsed": "x"}',
-           b'{"type": "train", "update": 9, "loss": 1e400}',  # inf
-           b'{"type": "train", "update": 9, "loss": 1' + b"0" * 400 + b"}",  # 10^400, beyond any float
-           b'{"type": "train", "update": 9, "loss": ' + b"[" * 100000 + b"]" * 100000 + b"}",
-           b'[1, 2]', b'{"type": "train", "update": true, "loss": 1.0}', b'{"type": 7, "update": 9}']
-    lines = [json.dumps(good[0]).encode(), *bad[:4], *(json.dumps(r).encode() for r in good[1:]), *bad[4:]]
+    good = [
+        {"type": "train", "update": u, "loss": 5.0 - u, "ppl": 30.0, "lr": 1e-3, "elapsed": u * 2.0}
+        for u in (1, 2, 3)
+    ] + [{"type": "valid", "update": 2, "valid_bleu": 1.5, "elapsed": 4.0}]
+    bad = [
+        b'{"type": "train", "update": 9, \xff\xfe "loss": 1}',  # invalid UTF-8
+        b'{"type": "train", "update": 9, "loss": 1.0, "elapsed": "x"}',
+        b'{"type": "train", "update": 9, "loss": 1e400}',  # inf
+        b'{"type": "train", "update": 9, "loss": 1' + b"0" * 400 + b"}",  # 10^400, beyond any float
+        b'{"type": "train", "update": 9, "loss": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+        b"[1, 2]",
+        b'{"type": "train", "update": true, "loss": 1.0}',
+        b'{"type": 7, "update": 9}',
+    ]
+    lines = [
+        json.dumps(good[0]).encode(),
+        *bad[:4],
+        *(json.dumps(r).encode() for r in good[1:]),
+        *bad[4:],
+    ]
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_bytes(b"\n".join(lines) + b'\n\n{"type": "tr')  # a killed run's last line
+    (run / "metrics.jsonl").write_bytes(
+        b"\n".join(lines) + b'\n\n{"type": "tr'
+    )  # a killed run's last line
     assert nmt_here("plot", "curves", str(run), "-o", str(tmp_path / "c.png")) == 0
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1 and f"{run / 'metrics.jsonl'}: skipped 9 bad record(s), the first on line 2" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and f"{run / 'metrics.jsonl'}: skipped 9 bad record(s), the first on line 2" in warnings[0]
+    )
     assert read_metrics(run) == (good[:3], good[3:])
 
 
@@ -305,13 +416,24 @@ def test_attention_is_written_as_the_lines_are_translated(models, sentences, tmp
 
     monkeypatch.setattr(Translator, "translate_nbest", watching)
     lines = [s for s in sentences if s.strip()][:4]
-    run_translate(tmp_path, lines, "-c", str(models["transformer"]), "--attention", str(npz), "--buffer-lines", "1")
+    run_translate(
+        tmp_path,
+        lines,
+        "-c",
+        str(models["transformer"]),
+        "--attention",
+        str(npz),
+        "--buffer-lines",
+        "1",
+    )
     assert len(sizes) == 4 and 0 < sizes[1] < sizes[2] < sizes[3], sizes
     assert [i for i, *_ in load_attention(npz)] == [0, 1, 2, 3]
     assert not list(tmp_path.glob(".att.npz.tmp-*"))
 
 
-def test_a_failed_translation_leaves_no_attention_file(models, sentences, tmp_path, monkeypatch, capfd):
+def test_a_failed_translation_leaves_no_attention_file(
+    models, sentences, tmp_path, monkeypatch, capfd
+):
     npz = tmp_path / "att.npz"
     npz.write_bytes(b"old")
     real, calls = Translator.translate_nbest, []
@@ -324,8 +446,22 @@ def test_a_failed_translation_leaves_no_attention_file(models, sentences, tmp_pa
 
     monkeypatch.setattr(Translator, "translate_nbest", failing)
     src = write_input(tmp_path, [s for s in sentences if s.strip()][:4])
-    assert nmt_here("translate", "-c", str(models["transformer"]), "-i", str(src), "-o", str(tmp_path / "out.txt"),
-                    "--attention", str(npz), "--buffer-lines", "1") == 1
+    assert (
+        nmt_here(
+            "translate",
+            "-c",
+            str(models["transformer"]),
+            "-i",
+            str(src),
+            "-o",
+            str(tmp_path / "out.txt"),
+            "--attention",
+            str(npz),
+            "--buffer-lines",
+            "1",
+        )
+        == 1
+    )
     assert "stop here" in capfd.readouterr().err
     assert npz.read_bytes() == b"old" and not list(tmp_path.glob(".att.npz.tmp-*"))
 
@@ -338,17 +474,27 @@ def test_plot_curves_never_draw_over_the_metrics(tmp_path, capfd):
     link = tmp_path / "curves.png"
     link.symlink_to(metrics)  # a figure's name, written through to the metrics
     assert nmt_here("plot", "curves", str(run), "-o", str(link)) == 1
-    assert f"-o {link} is the metrics (RUN_DIR {metrics}); choose another output" in capfd.readouterr().err
+    assert (
+        f"-o {link} is the metrics (RUN_DIR {metrics}); choose another output"
+        in capfd.readouterr().err
+    )
     assert metrics.read_text() == '{"type": "train", "update": 1, "loss": 1.0}\n'
 
 
 def test_plot_attention_never_draws_over_the_file_it_reads(tmp_path, capfd):
     maps = tmp_path / "maps"
     maps.mkdir()
-    npz = maps / "attention_0.png"  # an --attention file under the name of the picture it would give
+    npz = (
+        maps / "attention_0.png"
+    )  # an --attention file under the name of the picture it would give
     with open(npz, "wb") as f:
-        np.savez(f, index=np.array([0]), attention_0=np.full((1, 1, 2, 2), 0.5, "f4"),
-                 source_0=np.array(["a", "</s>"]), target_0=np.array(["x", "</s>"]))
+        np.savez(
+            f,
+            index=np.array([0]),
+            attention_0=np.full((1, 1, 2, 2), 0.5, "f4"),
+            source_0=np.array(["a", "</s>"]),
+            target_0=np.array(["x", "</s>"]),
+        )
     before = npz.read_bytes()
     assert nmt_here("plot", "attention", str(npz), "-o", str(maps)) == 1
     assert f"-o {npz} is the attention file (ATTENTION {npz})" in capfd.readouterr().err
@@ -373,7 +519,9 @@ def test_tensorboard_mirrors_the_metrics(prepared, tmp_path, monkeypatch):
     events = EventAccumulator(str(tmp_path / "run/tensorboard"))
     events.Reload()
     losses = [e.value for e in events.Scalars("train/loss")]
-    assert losses == pytest.approx([r["loss"] for r in records(tmp_path / "run", "train")], rel=1e-6)
+    assert losses == pytest.approx(
+        [r["loss"] for r in records(tmp_path / "run", "train")], rel=1e-6
+    )
 
 
 def test_tensorboard_without_the_package_is_one_line(prepared, tmp_path, monkeypatch):

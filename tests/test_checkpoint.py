@@ -111,7 +111,8 @@ _KILLED_WRITER = textwrap.dedent(
     from nmt.checkpoint import atomic_save
     path = sys.argv[1]
     for i in range(1, 10_000):
-        atomic_save({"format_version": 1, "config": {}, "model": {"w": torch.full((1 << 21,), float(i))}}, path)
+        model = {"w": torch.full((1 << 21,), float(i))}
+        atomic_save({"format_version": 1, "config": {}, "model": model}, path)
         print(i, flush=True)
     """
 )
@@ -346,17 +347,38 @@ def test_averaging_copies_of_one_checkpoint_is_bit_identical(tmp_path):
         assert torch.equal(averaged[key], tensor), key
 
 
-DISAGREEING = {  # id: (a.pt's model, b.pt's model, b.pt's other entries, the error averaging [a, b])
-    "integer_buffer": ({"w": torch.ones(2), "steps": torch.tensor(1)}, {"w": torch.ones(2), "steps": torch.tensor(2)},
-                       {}, r"b\.pt: integer buffer steps differs from .*a\.pt"),
-    "key_only_in_the_first": ({"w": torch.ones(2), "extra": torch.ones(1)}, {"w": torch.ones(2)}, {},
-                              r"key extra is in .*a\.pt but not in .*b\.pt"),
-    "key_only_in_a_later_one": ({"w": torch.ones(2)}, {"w": torch.ones(2), "extra": torch.ones(1)}, {},
-                                r"key extra is in .*b\.pt but not in .*a\.pt"),
-    "shape": ({"w": torch.ones(2, 3)}, {"w": torch.ones(3, 2)}, {},
-              r"key w has shape \(2, 3\) in .*a\.pt but \(3, 2\) in .*b\.pt"),
-    "vocabulary_size": ({"w": torch.ones(2)}, {"w": torch.ones(2)}, {"vocab_size": 9},
-                        r"vocab_size is 8 in .*a\.pt but 9 in .*b\.pt"),
+# id: (a.pt's model, b.pt's model, b.pt's other entries, the error averaging [a, b])
+DISAGREEING = {
+    "integer_buffer": (
+        {"w": torch.ones(2), "steps": torch.tensor(1)},
+        {"w": torch.ones(2), "steps": torch.tensor(2)},
+        {},
+        r"b\.pt: integer buffer steps differs from .*a\.pt",
+    ),
+    "key_only_in_the_first": (
+        {"w": torch.ones(2), "extra": torch.ones(1)},
+        {"w": torch.ones(2)},
+        {},
+        r"key extra is in .*a\.pt but not in .*b\.pt",
+    ),
+    "key_only_in_a_later_one": (
+        {"w": torch.ones(2)},
+        {"w": torch.ones(2), "extra": torch.ones(1)},
+        {},
+        r"key extra is in .*b\.pt but not in .*a\.pt",
+    ),
+    "shape": (
+        {"w": torch.ones(2, 3)},
+        {"w": torch.ones(3, 2)},
+        {},
+        r"key w has shape \(2, 3\) in .*a\.pt but \(3, 2\) in .*b\.pt",
+    ),
+    "vocabulary_size": (
+        {"w": torch.ones(2)},
+        {"w": torch.ones(2)},
+        {"vocab_size": 9},
+        r"vocab_size is 8 in .*a\.pt but 9 in .*b\.pt",
+    ),
 }
 
 
@@ -382,15 +404,27 @@ def test_average_needs_existing_inputs_and_the_same_tokenizer(tmp_path):
         average_checkpoints([a, b], tmp_path / "avg.pt")
 
 
-@pytest.mark.parametrize(("key", "first", "second"), [("heads", 8, 4), ("max_positions", 256, 512),
-                                                      ("norm_first", False, True)])
-def test_average_refuses_models_of_different_configs_whose_shapes_agree(tmp_path, key, first, second):
+@pytest.mark.parametrize(
+    ("key", "first", "second"),
+    [("heads", 8, 4), ("max_positions", 256, 512), ("norm_first", False, True)],
+)
+def test_average_refuses_models_of_different_configs_whose_shapes_agree(
+    tmp_path, key, first, second
+):
     a = write(tmp_path / "a.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 8, key: first}})
-    b = write(tmp_path / "b.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 8, key: second}})
-    with pytest.raises(NmtError, match=rf"model\.{key} is {first!r} in .*a\.pt but {second!r} in .*b\.pt"):
+    b = write(
+        tmp_path / "b.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 8, key: second}}
+    )
+    with pytest.raises(
+        NmtError, match=rf"model\.{key} is {first!r} in .*a\.pt but {second!r} in .*b\.pt"
+    ):
         average_checkpoints([a, b], tmp_path / "avg.pt")
     assert not (tmp_path / "avg.pt").exists()
-    same = write(tmp_path / "c.pt", {"w": torch.ones(2)}, config={"model": {"d_model": 8, key: first}, "train": {"lr": 1.0}})
+    same = write(
+        tmp_path / "c.pt",
+        {"w": torch.ones(2)},
+        config={"model": {"d_model": 8, key: first}, "train": {"lr": 1.0}},
+    )
     average_checkpoints([a, same], tmp_path / "avg.pt")  # other sections (train, decode) may differ
 
 
@@ -402,8 +436,16 @@ def test_load_latest_falls_back_past_a_corrupt_last_checkpoint(tmp_path, caplog)
     from nmt.checkpoint import load_latest
 
     for update in (2, 4):
-        atomic_save({"format_version": 1, "model": {"w": torch.full((2,), float(update))}, "config": {},
-                     "update": update, "train_state": {}}, tmp_path / f"checkpoint_{update}.pt")
+        atomic_save(
+            {
+                "format_version": 1,
+                "model": {"w": torch.full((2,), float(update))},
+                "config": {},
+                "update": update,
+                "train_state": {},
+            },
+            tmp_path / f"checkpoint_{update}.pt",
+        )
     (tmp_path / "checkpoint_last.pt").write_bytes((tmp_path / "checkpoint_4.pt").read_bytes()[:100])
     with caplog.at_level("WARNING"):
         state = load_latest(tmp_path)

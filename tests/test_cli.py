@@ -7,7 +7,15 @@ import sys
 import pytest
 from helpers import ROOT, assert_one_line, nmt
 
-COMMANDS = ["prepare-bpe", "train", "distill", "average-checkpoints", "translate", "score", "export"]
+COMMANDS = [
+    "prepare-bpe",
+    "train",
+    "distill",
+    "average-checkpoints",
+    "translate",
+    "score",
+    "export",
+]
 
 
 def test_help_lists_every_command():
@@ -35,8 +43,21 @@ MISTAKES = {  # id: (arguments, what the line names, exit status); {tmp} is the 
     "bad_option_value": (["translate", "--beam", "many"], ["--beam"], 2),
     "missing_config": (["train", "no/such.yaml"], ["no/such.yaml"], 1),
     "bad_override": (["train", "configs/tiny.yaml", "--set", "train.lr=fast"], ["train.lr"], 1),
-    "missing_prepare_input": (["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", "{tmp}/nope",
-                               "--destdir", "{tmp}/out"], ["nope"], 1),
+    "missing_prepare_input": (
+        [
+            "prepare-bpe",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            "{tmp}/nope",
+            "--destdir",
+            "{tmp}/out",
+        ],
+        ["nope"],
+        1,
+    ),
     "missing_checkpoint": (["translate", "-c", "{tmp}/x.pt"], ["x.pt"], 1),
 }
 
@@ -76,10 +97,18 @@ def test_torch_logs_nothing_after_our_last_line(tmp_path):
     """A SIGTERM during `import torch` (`nmt export` imports it late) stops it before it sets its
     loggers to WARNING; its atexit hook then logged "FakeTensor cache stats" at INFO after our
     one line. Simulated here: torch's logger put back to NOTSET before the command runs."""
-    code = ("import logging, torch; logging.getLogger('torch').setLevel(logging.NOTSET); "
-            "from nmt import cli; cli.main(['export', 'missing.pt', 'out'])")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    code = (
+        "import logging, torch; logging.getLogger('torch').setLevel(logging.NOTSET); from nmt "
+        "import cli; cli.main(['export', 'missing.pt', 'out'])"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     assert_one_line(r.returncode, r.stderr, "missing.pt")
 
 
@@ -108,17 +137,31 @@ def test_every_flag_and_argument_comes_from_an_options_field():
 
     def cli_fields(cls: type) -> dict[str, dataclasses.Field]:
         names = {f.name for f in dataclasses.fields(cls)}
-        extra = dataclasses.fields(DecodeConfig) if "decode" in names else ()  # translate's overrides
-        return {f.name: f for f in (*dataclasses.fields(cls), *extra) if f.metadata.get("cli", True)}
+        extra = (
+            dataclasses.fields(DecodeConfig) if "decode" in names else ()
+        )  # translate's overrides
+        return {
+            f.name: f for f in (*dataclasses.fields(cls), *extra) if f.metadata.get("cli", True)
+        }
 
-    classes = [c for c in vars(options).values() if dataclasses.is_dataclass(c) and c.__module__ == options.__name__]
+    classes = [
+        c
+        for c in vars(options).values()
+        if dataclasses.is_dataclass(c) and c.__module__ == options.__name__
+    ]
     root = typer.main.get_command(app)
-    assert {p.name for p in root.params} == {"version", "verbose", "debug"}  # the app's own, before any command
+    assert {p.name for p in root.params} == {
+        "version",
+        "verbose",
+        "debug",
+    }  # the app's own, before any command
     seen = set()
     for path, command in _commands(root):
         params = {p.name: p for p in command.params}
         matches = [c for c in classes if set(cli_fields(c)) == set(params)]
-        assert len(matches) == 1, f"nmt {path}: {sorted(params)} are not the fields of one options dataclass"
+        assert len(matches) == 1, (
+            f"nmt {path}: {sorted(params)} are not the fields of one options dataclass"
+        )
         cls = matches[0]
         seen.add(cls)
         for name, f in cli_fields(cls).items():
@@ -126,8 +169,14 @@ def test_every_flag_and_argument_comes_from_an_options_field():
             argument = param.param_type_name == "argument"
             assert argument == bool(f.metadata.get("argument")), (path, name)
             assert (param.help or "").startswith(f.metadata["help"]), (path, name)
-            flags = f.metadata.get("flags") or (() if argument else (f"--{name.replace('_', '-')}",))
+            flags = f.metadata.get("flags") or (
+                () if argument else (f"--{name.replace('_', '-')}",)
+            )
             assert set(flags) <= set(param.opts), (path, name, param.opts)
-            if f.metadata.get("bounds", Bounds()) != Bounds():  # check_bounds(options, flag) names the flag
+            if (
+                f.metadata.get("bounds", Bounds()) != Bounds()
+            ):  # check_bounds(options, flag) names the flag
                 assert flag(name) in param.opts, (path, name, param.opts)
-    assert seen == {c for c in classes if any(f.metadata.get("cli", True) for f in dataclasses.fields(c))}
+    assert seen == {
+        c for c in classes if any(f.metadata.get("cli", True) for f in dataclasses.fields(c))
+    }

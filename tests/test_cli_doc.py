@@ -40,12 +40,16 @@ def _sections(text: str) -> dict[str, str]:
 def test_docs_cli_reference_is_current():
     doc = ROOT / "docs/cli.md"
     assert doc.is_file(), f"docs/cli.md is missing: {REGENERATE}"
-    assert doc.read_text(encoding="utf-8") == update_docs.cli_doc(), f"docs/cli.md is not current: {REGENERATE}"
+    assert doc.read_text(encoding="utf-8") == update_docs.cli_doc(), (
+        f"docs/cli.md is not current: {REGENERATE}"
+    )
 
 
 def test_docs_config_reference_is_current():
     text = (ROOT / "docs/config.md").read_text(encoding="utf-8")
-    assert update_docs.config_doc(text) == text, f"docs/config.md's key table is not current: {REGENERATE}"
+    assert update_docs.config_doc(text) == text, (
+        f"docs/config.md's key table is not current: {REGENERATE}"
+    )
 
 
 def test_docs_cli_has_every_command_and_option():
@@ -58,11 +62,17 @@ def test_docs_cli_has_every_command_and_option():
             missing.append(f"## {path}")
             continue
         # the first cell of each argument's or option's row: its names
-        cells = [line.split(" | ")[0] for line in sections[path].splitlines() if line.startswith("| `")]
+        cells = [
+            line.split(" | ")[0] for line in sections[path].splitlines() if line.startswith("| `")
+        ]
         for param in command.params:
             if getattr(param, "hidden", False):
                 continue
-            names = param.opts + param.secondary_opts if param.param_type_name == "option" else [param.name]
+            names = (
+                param.opts + param.secondary_opts
+                if param.param_type_name == "option"
+                else [param.name]
+            )
             cell = next((c for c in cells if f"`{names[0]}`" in c), "")
             missing += [f"{path} {name}" for name in names if f"`{name}`" not in cell]
     assert not missing, f"not in docs/cli.md: {', '.join(missing)}; {REGENERATE}"
@@ -74,8 +84,10 @@ def test_check_names_the_stale_file(tmp_path, monkeypatch, capsys):
     cli, config = tmp_path / "docs/cli.md", tmp_path / "docs/config.md"
     cli.parent.mkdir()
     config.write_text((ROOT / "docs/config.md").read_text(encoding="utf-8"), encoding="utf-8")
-    cli.write_text(update_docs.cli_doc().replace("## nmt translate\n", "## nmt translate\n\nedited\n"),
-                   encoding="utf-8")
+    cli.write_text(
+        update_docs.cli_doc().replace("## nmt translate\n", "## nmt translate\n\nedited\n"),
+        encoding="utf-8",
+    )
     monkeypatch.setattr(update_docs, "CLI_DOC", cli)
     monkeypatch.setattr(update_docs, "CONFIG_DOC", config)
     assert update_docs.main(["--check"]) == 1
@@ -83,4 +95,3 @@ def test_check_names_the_stale_file(tmp_path, monkeypatch, capsys):
     assert err == "docs/cli.md is not current: run `python scripts/update_docs.py`\n"
     assert update_docs.main([]) == 0 and capsys.readouterr().out == "wrote docs/cli.md\n"
     assert update_docs.main(["--check"]) == 0 and capsys.readouterr().err == ""
-

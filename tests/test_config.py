@@ -76,23 +76,40 @@ def test_base_and_big_are_the_papers_models():
 @pytest.mark.parametrize(
     "text, key",
     [
-        pytest.param("model:\n  d_modle: 256\n", "unknown key model.d_modle (did you mean model.d_model?)",
-                     id="unknown-nested-key"),
-        pytest.param("trian:\n  lr: 1\n", "unknown key trian (did you mean train?)", id="unknown-section"),
+        pytest.param(
+            "model:\n  d_modle: 256\n",
+            "unknown key model.d_modle (did you mean model.d_model?)",
+            id="unknown-nested-key",
+        ),
+        pytest.param(
+            "trian:\n  lr: 1\n", "unknown key trian (did you mean train?)", id="unknown-section"
+        ),
         pytest.param("model:\n  d_model: big\n", "model.d_model must be an integer", id="integer"),
-        pytest.param("model:\n  norm_first: 1\n", "model.norm_first must be true or false", id="bool"),
+        pytest.param(
+            "model:\n  norm_first: 1\n", "model.norm_first must be true or false", id="bool"
+        ),
         pytest.param("train:\n  lr: fast\n", "train.lr must be a number", id="number"),
         pytest.param("train:\n  precision: fp8\n", "train.precision must be one of", id="choice"),
-        pytest.param("model:\n  heads: 3\n", "model.heads (3) must divide model.d_model (512)", id="heads"),
+        pytest.param(
+            "model:\n  heads: 3\n", "model.heads (3) must divide model.d_model (512)", id="heads"
+        ),
         pytest.param("decode:\n  beam: 0\n", "decode.beam must be at least 1", id="at-least"),
-        pytest.param("train:\n  warmup_updates: -5\n", "train.warmup_updates must not be negative",
-                     id="negative"),
+        pytest.param(
+            "train:\n  warmup_updates: -5\n",
+            "train.warmup_updates must not be negative",
+            id="negative",
+        ),
         pytest.param("model:\n  dropout: 1.5\n", "model.dropout must be in [0, 1)", id="range"),
-        pytest.param("train:\n  dropout_ramp_start: 50\n  dropout_ramp_end: 50\n",
-                     "train.dropout_ramp_end (50) must be 0 or above train.dropout_ramp_start (50)",
-                     id="ramp-end"),
-        pytest.param("train:\n  dropout_ramp_end: 50\n  dropout_ramp_to: 1.0\n",
-                     "train.dropout_ramp_to must be in [0, 1)", id="ramp-to"),
+        pytest.param(
+            "train:\n  dropout_ramp_start: 50\n  dropout_ramp_end: 50\n",
+            "train.dropout_ramp_end (50) must be 0 or above train.dropout_ramp_start (50)",
+            id="ramp-end",
+        ),
+        pytest.param(
+            "train:\n  dropout_ramp_end: 50\n  dropout_ramp_to: 1.0\n",
+            "train.dropout_ramp_to must be in [0, 1)",
+            id="ramp-to",
+        ),
     ],
 )
 def test_bad_values_name_the_key(tmp_path, text, key):
@@ -193,27 +210,44 @@ def test_help_table_lists_every_required_key():
 
 #: a valid instance of each options dataclass that declares bounds
 VALID_OPTIONS: dict[type, dict[str, Any]] = {
-    options.DistillOptions: dict(source_lang="en", target_lang="de", trainpref="train", out=Path("out"),
-                                 teachers=[Path("teacher.pt")]),
-    options.PrepareOptions: dict(source_lang="en", target_lang="de", trainpref="train", destdir="out",
-                                 separate_vocab=True),  # which --target-vocab-size needs
+    options.DistillOptions: dict(
+        source_lang="en",
+        target_lang="de",
+        trainpref="train",
+        out=Path("out"),
+        teachers=[Path("teacher.pt")],
+    ),
+    options.PrepareOptions: dict(
+        source_lang="en", target_lang="de", trainpref="train", destdir="out", separate_vocab=True
+    ),  # which --target-vocab-size needs
     options.AverageOptions: dict(inputs=[Path("run")], output=Path("avg.pt")),
     options.ShortlistOptions: dict(data_dir=Path("data"), output=Path("shortlist.pt")),
     options.PlotAttentionOptions: dict(attention=Path("attention.npz"), out_dir=Path("maps")),
     options.ServeOptions: dict(checkpoints=[Path("a.pt")]),
 }
-#: the library call that each command makes with its options, which checks them before it reads a file
+# : the library call that each command makes with its options, which checks them before it reads a
+# file
 ENFORCED_BY: dict[type, Callable[[Any], object]] = {
     options.DistillOptions: lambda o: o.check(),  # nmt.distill.distill's first step
     options.PrepareOptions: lambda o: prepare_bpe(o, progress=False),
     options.AverageOptions: lambda o: average_command(**vars(o)),
-    options.ShortlistOptions: lambda o: learn_shortlist(o.data_dir, top=o.top, frequent=o.frequent,
-                                                        iterations=o.iterations, max_sentences=o.max_sentences),
-    options.PlotAttentionOptions: lambda o: plot_attention(o.attention, o.out_dir, layer=o.layer, average=o.average,
-                                                           sentences=o.sentences),
+    options.ShortlistOptions: lambda o: learn_shortlist(
+        o.data_dir,
+        top=o.top,
+        frequent=o.frequent,
+        iterations=o.iterations,
+        max_sentences=o.max_sentences,
+    ),
+    options.PlotAttentionOptions: lambda o: plot_attention(
+        o.attention, o.out_dir, layer=o.layer, average=o.average, sentences=o.sentences
+    ),
     options.ServeOptions: lambda o: serve(o),
 }
-OPTION_CLASSES = [c for c in vars(options).values() if dataclasses.is_dataclass(c) and c.__module__ == options.__name__]
+OPTION_CLASSES = [
+    c
+    for c in vars(options).values()
+    if dataclasses.is_dataclass(c) and c.__module__ == options.__name__
+]
 
 
 def bounded_fields(classes: list[type]) -> list[tuple[type, str, Bounds]]:
@@ -231,10 +265,18 @@ def bounded_fields(classes: list[type]) -> list[tuple[type, str, Bounds]]:
 
 
 def outside(b: Bounds) -> list[Any]:
-    """Values just outside the bounds: min - 1 (min for an exclusive one), max + 1 (max), a non-choice."""
-    return [v for v in (None if b.at_least is None else b.at_least - 1, b.above,
-                        None if b.at_most is None else b.at_most + 1, b.below) if v is not None] + (
-        ["not-a-choice"] if b.choices else [])
+    """Values just outside the bounds: min - 1 (min for an exclusive one), max + 1 (max), a
+    non-choice."""
+    return [
+        v
+        for v in (
+            None if b.at_least is None else b.at_least - 1,
+            b.above,
+            None if b.at_most is None else b.at_most + 1,
+            b.below,
+        )
+        if v is not None
+    ] + (["not-a-choice"] if b.choices else [])
 
 
 def inside(b: Bounds) -> list[Any]:
@@ -249,12 +291,22 @@ SECTION_OF = {cls: name for name, cls in SECTIONS.items()}
 def test_the_config_sections_declare_bounds():
     """The keys that were hand-checked before their fields declared bounds still are."""
     keys = {f"{SECTION_OF[cls]}.{name}" for cls, name, _ in CONFIG_BOUNDS}
-    assert {"model.d_model", "model.dropout", "train.lr", "train.adam_beta2", "decode.beam", "decode.topp",
-            "decode.seed", "train.precision"} <= keys
+    assert {
+        "model.d_model",
+        "model.dropout",
+        "train.lr",
+        "train.adam_beta2",
+        "decode.beam",
+        "decode.topp",
+        "decode.seed",
+        "train.precision",
+    } <= keys
     assert len(keys) >= 60
 
 
-@pytest.mark.parametrize("cls, key, bounds", CONFIG_BOUNDS, ids=[f"{SECTION_OF[c]}.{k}" for c, k, _ in CONFIG_BOUNDS])
+@pytest.mark.parametrize(
+    "cls, key, bounds", CONFIG_BOUNDS, ids=[f"{SECTION_OF[c]}.{k}" for c, k, _ in CONFIG_BOUNDS]
+)
 def test_every_declared_config_bound_is_enforced_naming_the_key(cls, key, bounds):
     """Each value just outside a key's bounds is refused by load_config in one message naming
     the key and the rule; the edges the bounds allow pass the bounds (rules between keys aside)."""
@@ -269,8 +321,15 @@ def test_every_declared_config_bound_is_enforced_naming_the_key(cls, key, bounds
         check_bounds(dataclasses.replace(cls(), **{key: value}), lambda k: f"{section}.{k}")
 
 
-@pytest.mark.parametrize("key", [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)
-                                 if typing.get_type_hints(cls)[f.name] is float])
+@pytest.mark.parametrize(
+    "key",
+    [
+        f"{s}.{f.name}"
+        for s, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)
+        if typing.get_type_hints(cls)[f.name] is float
+    ],
+)
 def test_every_float_key_must_be_finite(key):
     for value in ("nan", "inf", "-inf"):
         with pytest.raises(ConfigError, match=f"^--set: {key} must "):
@@ -284,14 +343,28 @@ def test_the_commands_options_declare_bounds():
     """The options that were hand-checked before their fields declared bounds still are, and
     each class that declares bounds has its enforcing call below."""
     keys = {f"{cls.__name__}.{name}" for cls, name, _ in OPTION_BOUNDS}
-    assert {f"PrepareOptions.{k}" for k in ("vocab_size", "model_type", "character_coverage", "input_sentence_size",
-                                            "max_len", "workers", "seed")} <= keys
-    assert {f"ShortlistOptions.{k}" for k in ("top", "frequent", "iterations", "max_sentences")} <= keys
+    assert {
+        f"PrepareOptions.{k}"
+        for k in (
+            "vocab_size",
+            "model_type",
+            "character_coverage",
+            "input_sentence_size",
+            "max_len",
+            "workers",
+            "seed",
+        )
+    } <= keys
+    assert {
+        f"ShortlistOptions.{k}" for k in ("top", "frequent", "iterations", "max_sentences")
+    } <= keys
     assert {"PlotAttentionOptions.sentences", "AverageOptions.last", "DistillOptions.nbest"} <= keys
     assert {cls for cls, _, _ in OPTION_BOUNDS} == set(VALID_OPTIONS) == set(ENFORCED_BY)
 
 
-@pytest.mark.parametrize("cls, key, bounds", OPTION_BOUNDS, ids=[f"{c.__name__}.{k}" for c, k, _ in OPTION_BOUNDS])
+@pytest.mark.parametrize(
+    "cls, key, bounds", OPTION_BOUNDS, ids=[f"{c.__name__}.{k}" for c, k, _ in OPTION_BOUNDS]
+)
 def test_every_declared_option_bound_is_enforced_naming_the_flag(cls, key, bounds):
     """Each value just outside an option's bounds is refused, naming the flag, by the library
     call its command makes, before any file is read; the edges the bounds allow pass the

@@ -1,8 +1,8 @@
 """Lexically constrained beam search (nmt.decoding.constraints, beam_search(constraints=...)):
 hand-written probability tables where the result is worked out in the comments (and checked
-against an exhaustive search where the beam finds the constrained optimum), and properties on random models: every phrase to
-include appears when it fits, no avoided phrase ever appears, batch 1 = batch N, scores =
-teacher-forced log-probs, and no constraints = exactly the plain search."""
+against an exhaustive search where the beam finds the constrained optimum), and properties on random
+models: every phrase to include appears when it fits, no avoided phrase ever appears, batch 1 =
+batch N, scores = teacher-forced log-probs, and no constraints = exactly the plain search."""
 
 from __future__ import annotations
 
@@ -44,7 +44,10 @@ CONTENT = (A, B, C, D, E, F)
 def occurs(tokens, phrase, start=0):
     """The first index >= start where `phrase` begins in `tokens`, or -1."""
     n = len(phrase)
-    return next((i for i in range(start, len(tokens) - n + 1) if tuple(tokens[i : i + n]) == tuple(phrase)), -1)
+    return next(
+        (i for i in range(start, len(tokens) - n + 1) if tuple(tokens[i : i + n]) == tuple(phrase)),
+        -1,
+    )
 
 
 def lacking(tokens, c):
@@ -63,8 +66,11 @@ def lacking(tokens, c):
 
 def has_avoided(tokens, c):
     """Whether an avoided phrase ends in `tokens` past the forced prefix."""
-    return any(occurs(tokens, p, i) == i and i + len(p) > len(c.prefix)
-               for p in c.avoid for i in range(len(tokens)))
+    return any(
+        occurs(tokens, p, i) == i and i + len(p) > len(c.prefix)
+        for p in c.avoid
+        for i in range(len(tokens))
+    )
 
 
 def exhaustive(logprobs, src, c, max_out):
@@ -80,8 +86,11 @@ def exhaustive(logprobs, src, c, max_out):
         if len(prefix) < max_out:
             for t in CONTENT:
                 nxt = [*prefix, t]
-                if (lp[t] > -math.inf and not has_avoided(nxt, c)
-                        and (len(prefix) >= len(c.prefix) or t == c.prefix[len(prefix)])):
+                if (
+                    lp[t] > -math.inf
+                    and not has_avoided(nxt, c)
+                    and (len(prefix) >= len(c.prefix) or t == c.prefix[len(prefix)])
+                ):
                     grow(nxt, logprob + lp[t].item())
 
     grow([], 0.0)
@@ -105,7 +114,9 @@ def test_constraints_value():
     assert c.include == ((A, B), (C,)) and c.avoid == ((D,),) and c.prefix == (E,)
     assert not c.is_empty() and Constraints().is_empty() and Constraints(ordered=True).is_empty()
     assert c.tokens() == {A, B, C, D, E}
-    assert c.mapped(lambda t: t + 10) == Constraints(((A + 10, B + 10), (C + 10,)), False, ((D + 10,),), (E + 10,))
+    assert c.mapped(lambda t: t + 10) == Constraints(
+        ((A + 10, B + 10), (C + 10,)), False, ((D + 10,),), (E + 10,)
+    )
     with pytest.raises(ValueError, match="empty include"):
         Constraints(include=((A,), ()))
     with pytest.raises(ValueError, match="empty avoid"):
@@ -134,7 +145,10 @@ def longest_start(tokens, phrase):
 def expected_state(tokens, c):
     """Per phrase of c.include: (progress, met) after `tokens`, worked out from the text."""
     if not c.ordered:
-        return [(0, True) if occurs(tokens, p) >= 0 else (longest_start(tokens, p), False) for p in c.include]
+        return [
+            (0, True) if occurs(tokens, p) >= 0 else (longest_start(tokens, p), False)
+            for p in c.include
+        ]
     out, start = [], 0
     for p in c.include:
         i = occurs(tokens, p, start) if start is not None else -1
@@ -154,7 +168,10 @@ def test_tracker_follows_every_phrase(seed):
     phrase is met once the text has it (ordered: after the previous one)."""
     rng = random.Random(seed)
     for _ in range(25):
-        include = tuple(tuple(rng.choice((A, B, C)) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3)))
+        include = tuple(
+            tuple(rng.choice((A, B, C)) for _ in range(rng.randint(1, 4)))
+            for _ in range(rng.randint(1, 3))
+        )
         c = Constraints(include=include, ordered=rng.random() < 0.5)
         tracker = ConstraintTracker.build([c], 1, EOS, torch.device("cpu"))
         tokens = []
@@ -162,20 +179,29 @@ def test_tracker_follows_every_phrase(seed):
             tokens.append(rng.choice((A, B, C)))
             row, token = torch.tensor([[0]]), torch.tensor([[tokens[-1]]])
             tracker.choose(tracker.advance(row, token), torch.zeros_like(row), row, token)
-            state = list(zip(tracker.state.progress[0].tolist(), tracker.state.met[0].tolist(), strict=True))
+            state = list(
+                zip(tracker.state.progress[0].tolist(), tracker.state.met[0].tolist(), strict=True)
+            )
             assert state == expected_state(tokens, c), (c, tokens)
-            bank = tracker.bank(RowState(tracker.state.progress[None], tracker.state.met[None])).item()
-            assert bank == sum(len(p) for p, (_, met) in zip(include, state) if met) + max(s[0] for s in state)
+            bank = tracker.bank(
+                RowState(tracker.state.progress[None], tracker.state.met[None])
+            ).item()
+            assert bank == sum(len(p) for p, (_, met) in zip(include, state) if met) + max(
+                s[0] for s in state
+            )
 
 
-# ------------------------------------------------------------------ no constraints: the plain search
+# ---------------------------------------------------------------- no constraints: the plain search
 
 
-@pytest.mark.parametrize("cfg", [
-    DecodeConfig(beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=3),
-    DecodeConfig(beam=4, lenpen_style="length", lenpen=1.0, no_repeat_ngram_size=2),
-    DecodeConfig(beam=1, lenpen_style="gnmt", lenpen=0.6, min_len=2),
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        DecodeConfig(beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=3),
+        DecodeConfig(beam=4, lenpen_style="length", lenpen=1.0, no_repeat_ngram_size=2),
+        DecodeConfig(beam=1, lenpen_style="gnmt", lenpen=0.6, min_len=2),
+    ],
+)
 def test_no_constraints_is_the_plain_search(cfg):
     src = src_batch(*SOURCES)
     plain = beam_search(FakeModel(random_logprobs), src, cfg, nbest=cfg.beam, **IDS)
@@ -199,19 +225,24 @@ T1 = {
 BEAM3 = replace(CFG, beam=3)
 
 
-@pytest.mark.parametrize("include,expected", [
-    (((A, B),), [A, B]),  # the plain best already has it: nothing changes
-    (((C,),), [C]),  # met early: the first token, the model's second choice
-    (((A, C),), [A, C]),  # its first token is already the best
-    (((B, C),), [A, B, C]),  # met late: after the plain best, before its EOS
-    (((B,), (C,)), [C, A, B]),  # two phrases, in the order the model likes best
-])
+@pytest.mark.parametrize(
+    "include,expected",
+    [
+        (((A, B),), [A, B]),  # the plain best already has it: nothing changes
+        (((C,),), [C]),  # met early: the first token, the model's second choice
+        (((A, C),), [A, C]),  # its first token is already the best
+        (((B, C),), [A, B, C]),  # met late: after the plain best, before its EOS
+        (((B,), (C,)), [C, A, B]),  # two phrases, in the order the model likes best
+    ],
+)
 def test_positive_constraints(include, expected):
     c = Constraints(include=include)
     hyps = constrained(T1, c, BEAM3)
     assert hyps[0].tokens == expected == optimum(T1, c)[0]
     assert hyps[0].unmet == 0
-    assert hyps[0].positional_scores == [approx(x) for x in teacher_forced(FakeModel(table(T1)), ONE, expected)]
+    assert hyps[0].positional_scores == [
+        approx(x) for x in teacher_forced(FakeModel(table(T1)), ONE, expected)
+    ]
     assert all(lacking(h.tokens, c) == h.unmet for h in hyps)  # the second may lack it (stuck)
 
 
@@ -258,7 +289,9 @@ def test_constraint_met_in_the_middle_of_another_hypothesis():
     # the phrase is met on the way, and the hypothesis ends where the model likes
     assert [h.tokens for h in hyps] == [[A, C, D, E], [A, C, D]]
     assert hyps[0].logprob == approx(math.log(0.216))
-    assert [h.tokens for h in hyps] == [f[0] for f in exhaustive(table(MIDDLE), [A, B, EOS], c, 10)[:2]]
+    assert [h.tokens for h in hyps] == [
+        f[0] for f in exhaustive(table(MIDDLE), [A, B, EOS], c, 10)[:2]
+    ]
 
 
 # The model likes [A A A B] (.5832); [A A B] (.162) is the other output with "A A B".
@@ -307,13 +340,16 @@ T2 = {
 }
 
 
-@pytest.mark.parametrize("avoid,expected", [
-    (((A,),), [B]),  # a single token, the argmax at the first step
-    (((B,),), [A, C]),  # the argmax at the second step
-    (((A, B),), [A, C]),  # a phrase: A is fine, A B is not, also as in [B A B]
-    (((B, A), (C,)), [A, B]),  # not in the way: the plain best
-    (((A, B), (A, C)), [B, A]),
-])
+@pytest.mark.parametrize(
+    "avoid,expected",
+    [
+        (((A,),), [B]),  # a single token, the argmax at the first step
+        (((B,),), [A, C]),  # the argmax at the second step
+        (((A, B),), [A, C]),  # a phrase: A is fine, A B is not, also as in [B A B]
+        (((B, A), (C,)), [A, B]),  # not in the way: the plain best
+        (((A, B), (A, C)), [B, A]),
+    ],
+)
 def test_avoid_lists(avoid, expected):
     c = Constraints(avoid=avoid)
     hyps = constrained(T2, c, nbest=2)
@@ -363,12 +399,20 @@ def random_constraints(rng, avoid_tokens):
         return None
 
     def phrases(tokens, most, longest):
-        return tuple(tuple(rng.choice(tokens) for _ in range(rng.randint(1, longest)))
-                     for _ in range(rng.randint(0, most)))
+        return tuple(
+            tuple(rng.choice(tokens) for _ in range(rng.randint(1, longest)))
+            for _ in range(rng.randint(0, most))
+        )
 
-    prefix = tuple(rng.choice(CONTENT) for _ in range(rng.randint(0, 3))) if rng.random() < 0.3 else ()
-    return Constraints(include=phrases((A, B, C), 3, 3), ordered=rng.random() < 0.4,
-                       avoid=phrases(avoid_tokens, 2, 2), prefix=prefix)
+    prefix = (
+        tuple(rng.choice(CONTENT) for _ in range(rng.randint(0, 3))) if rng.random() < 0.3 else ()
+    )
+    return Constraints(
+        include=phrases((A, B, C), 3, 3),
+        ordered=rng.random() < 0.4,
+        avoid=phrases(avoid_tokens, 2, 2),
+        prefix=prefix,
+    )
 
 
 def check(src, constraints, hyps, cfg, model, guaranteed):
@@ -398,9 +442,14 @@ def test_random_constraints(seed):
     fit in the length limit; with any avoided phrases, none appears; batch 1 = batch N."""
     rng = random.Random(seed)
     guaranteed = seed % 2 == 0
-    cfg = DecodeConfig(beam=rng.randint(1, 4), lenpen_style=rng.choice(["none", "length", "gnmt"]),
-                       lenpen=rng.choice([0.0, 0.6, 1.0]), max_len_a=rng.choice([0.0, 1.0]),
-                       max_len_b=rng.randint(2, 6), min_len=rng.randint(0, 2))
+    cfg = DecodeConfig(
+        beam=rng.randint(1, 4),
+        lenpen_style=rng.choice(["none", "length", "gnmt"]),
+        lenpen=rng.choice([0.0, 0.6, 1.0]),
+        max_len_a=rng.choice([0.0, 1.0]),
+        max_len_b=rng.randint(2, 6),
+        min_len=rng.randint(0, 2),
+    )
     sources = rng.sample(SOURCES, 4)
     avoid_tokens = (D, E, F) if guaranteed else CONTENT
     constraints = [random_constraints(rng, avoid_tokens) for _ in sources]
@@ -409,20 +458,36 @@ def test_random_constraints(seed):
     hyps = beam_search(model, src, cfg, nbest=cfg.beam, **IDS, constraints=constraints)
     check(src, constraints, hyps, cfg, model, guaranteed)
     for sentence, c, batched in zip(sources, constraints, hyps, strict=True):
-        alone = beam_search(model, src_batch(sentence), cfg, nbest=cfg.beam, **IDS, constraints=[c])[0]
+        alone = beam_search(
+            model, src_batch(sentence), cfg, nbest=cfg.beam, **IDS, constraints=[c]
+        )[0]
         assert alone == batched
 
 
 def test_batch_of_constrained_and_unconstrained_sentences():
     cfg = DecodeConfig(beam=3, lenpen_style="length", lenpen=1.0, max_len_a=1.0, max_len_b=3)
-    constraints = [Constraints(include=((C, D),)), None, Constraints(avoid=((A,),), prefix=(F, F)),
-                   Constraints(include=((E,), (A, B)), ordered=True), Constraints()]
+    constraints = [
+        Constraints(include=((C, D),)),
+        None,
+        Constraints(avoid=((A,),), prefix=(F, F)),
+        Constraints(include=((E,), (A, B)), ordered=True),
+        Constraints(),
+    ]
     src = src_batch(*SOURCES)
-    batched = beam_search(FakeModel(random_logprobs), src, cfg, nbest=3, **IDS, constraints=constraints)
+    batched = beam_search(
+        FakeModel(random_logprobs), src, cfg, nbest=3, **IDS, constraints=constraints
+    )
     for sentence, c, hyps in zip(SOURCES, constraints, batched, strict=True):
         alone = src_batch(sentence)
-        assert hyps == beam_search(FakeModel(random_logprobs), alone, cfg, nbest=3, **IDS, constraints=[c])[0]
-        if c is None or c.is_empty():  # the plain search's result, although batched with constraints
+        assert (
+            hyps
+            == beam_search(FakeModel(random_logprobs), alone, cfg, nbest=3, **IDS, constraints=[c])[
+                0
+            ]
+        )
+        if (
+            c is None or c.is_empty()
+        ):  # the plain search's result, although batched with constraints
             assert hyps == beam_search(FakeModel(random_logprobs), alone, cfg, nbest=3, **IDS)[0]
     check(src, constraints, batched, cfg, FakeModel(random_logprobs), True)
 
@@ -431,13 +496,17 @@ def test_bfloat16_model_and_sentences_leaving_the_batch():
     # different maximum lengths: sentences leave the batch while others decode on
     cfg = DecodeConfig(beam=2, lenpen_style="none", max_len_a=1.0, max_len_b=0)
     src = src_batch([A, EOS], [A, B, C, D, E, EOS], [B, C, EOS])
-    constraints = [Constraints(include=((F,),)), Constraints(include=((A, B, C),), avoid=((D,),)), None]
+    constraints = [
+        Constraints(include=((F,),)),
+        Constraints(include=((A, B, C),), avoid=((D,),)),
+        None,
+    ]
     model = FakeModel(random_logprobs, torch.bfloat16)
     hyps = beam_search(model, src, cfg, nbest=2, **IDS, constraints=constraints)
     check(src, constraints, hyps, cfg, model, True)
 
 
-# ------------------------------------------------------------------ what is asked, and memory (issue 33)
+# ------------------------------------------------------------ what is asked, and memory (issue 33)
 
 
 def tensor_elements(obj, seen=None):
@@ -452,13 +521,16 @@ def tensor_elements(obj, seen=None):
         return sum(tensor_elements(v, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):
         return sum(tensor_elements(v, seen) for v in obj)
-    return sum(tensor_elements(v, seen) for v in vars(obj).values()) if hasattr(obj, "__dict__") else 0
+    return (
+        sum(tensor_elements(v, seen) for v in vars(obj).values()) if hasattr(obj, "__dict__") else 0
+    )
 
 
 def test_the_tracker_tables_grow_linearly_with_the_phrases():
     """One long phrase and many one-token ones, to include and to avoid: twice as many tokens
     asked take about twice the memory (padding every phrase to the longest, or a table of
     prefix pairs per phrase, took 4 to 8 times as much)."""
+
     def elements(n):
         long = tuple([A, B] * (n // 2))
         text = AvoidText((b"st" * (n // 2), *[b"a"] * n), SURFACES)
@@ -477,7 +549,9 @@ def test_the_candidate_pool_does_not_grow_with_the_phrases():
     lprobs = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)).log_softmax(1)
     pools = []
     for m in (2 * k, 500):
-        cons = ConstraintTracker.build([Constraints(include=[(4 + i,) for i in range(m)])], 1, EOS, torch.device("cpu"))
+        cons = ConstraintTracker.build(
+            [Constraints(include=[(4 + i,) for i in range(m)])], 1, EOS, torch.device("cpu")
+        )
         masked = lprobs.clone()
         blocked = cons.block_(masked, None, None)
         scores, index, state = cons.candidates(masked, torch.zeros(1, 1), k, blocked)
@@ -493,10 +567,16 @@ def test_min_length_is_a_lower_bound_of_every_output_holding_the_phrases():
     the tokens they use) is never shorter than `min_length`."""
     rng = random.Random(3)
     for _ in range(60):
-        include = tuple(tuple(rng.choice((A, B, C)) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 4)))
+        include = tuple(
+            tuple(rng.choice((A, B, C)) for _ in range(rng.randint(1, 3)))
+            for _ in range(rng.randint(1, 4))
+        )
         c = Constraints(include=include, ordered=rng.random() < 0.5)
-        shortest = next(n for n in range(1, 13) if any(lacking(list(t), c) == 0
-                                                       for t in itertools.product((A, B, C), repeat=n)))
+        shortest = next(
+            n
+            for n in range(1, 13)
+            if any(lacking(list(t), c) == 0 for t in itertools.product((A, B, C), repeat=n))
+        )
         assert c.min_length() <= shortest, (c, shortest)
 
 
@@ -535,28 +615,56 @@ def test_an_avoided_text_never_appears_in_any_output(seed):
     avoided text, whatever its tokens; scores are the model's; batch 1 = batch N. The same
     settings without them write them (counted over all seeds in the next test)."""
     rng = random.Random(seed)
-    cfg = DecodeConfig(beam=rng.randint(1, 4), lenpen_style=rng.choice(["none", "length"]), lenpen=1.0,
-                       max_len_a=0.0, max_len_b=rng.randint(3, 8), min_len=rng.randint(0, 3))
+    cfg = DecodeConfig(
+        beam=rng.randint(1, 4),
+        lenpen_style=rng.choice(["none", "length"]),
+        lenpen=1.0,
+        max_len_a=0.0,
+        max_len_b=rng.randint(3, 8),
+        min_len=rng.randint(0, 3),
+    )
     texts = tuple(rng.sample([b"stand", b"ta", b"ts", b"nda", b"s", b"and", b"tt", b"dst"], 2))
     sources = rng.sample(SOURCES, 4)
     constraints = [avoiding(*texts, include=((C,),) if rng.random() < 0.3 else ()) for _ in sources]
     model = FakeModel(random_logprobs)
-    hyps = beam_search(model, src_batch(*sources), cfg, nbest=cfg.beam, **IDS, constraints=constraints)
+    hyps = beam_search(
+        model, src_batch(*sources), cfg, nbest=cfg.beam, **IDS, constraints=constraints
+    )
     for sentence, c, hs in zip(sources, constraints, hyps, strict=True):
         assert hs
         for h in hs:
-            assert not any(t in SURFACES.text(h.tokens) for t in texts), (texts, SURFACES.text(h.tokens))
-            assert h.positional_scores == [approx(x) for x in teacher_forced(model, src_batch(sentence), h.tokens)]
-        assert beam_search(model, src_batch(sentence), cfg, nbest=cfg.beam, **IDS, constraints=[c])[0] == hs
+            assert not any(t in SURFACES.text(h.tokens) for t in texts), (
+                texts,
+                SURFACES.text(h.tokens),
+            )
+            assert h.positional_scores == [
+                approx(x) for x in teacher_forced(model, src_batch(sentence), h.tokens)
+            ]
+        assert (
+            beam_search(model, src_batch(sentence), cfg, nbest=cfg.beam, **IDS, constraints=[c])[0]
+            == hs
+        )
 
 
 def test_the_plain_search_writes_what_the_previous_test_avoids():
     written = 0
     for seed in range(20):
         rng = random.Random(seed)
-        cfg = DecodeConfig(beam=rng.randint(1, 4), lenpen_style=rng.choice(["none", "length"]), lenpen=1.0,
-                           max_len_a=0.0, max_len_b=rng.randint(3, 8), min_len=rng.randint(0, 3))
+        cfg = DecodeConfig(
+            beam=rng.randint(1, 4),
+            lenpen_style=rng.choice(["none", "length"]),
+            lenpen=1.0,
+            max_len_a=0.0,
+            max_len_b=rng.randint(3, 8),
+            min_len=rng.randint(0, 3),
+        )
         texts = tuple(rng.sample([b"stand", b"ta", b"ts", b"nda", b"s", b"and", b"tt", b"dst"], 2))
-        hyps = beam_search(FakeModel(random_logprobs), src_batch(*rng.sample(SOURCES, 4)), cfg, nbest=cfg.beam, **IDS)
+        hyps = beam_search(
+            FakeModel(random_logprobs),
+            src_batch(*rng.sample(SOURCES, 4)),
+            cfg,
+            nbest=cfg.beam,
+            **IDS,
+        )
         written += sum(any(t in SURFACES.text(h.tokens) for t in texts) for hs in hyps for h in hs)
     assert written >= 20

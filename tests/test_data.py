@@ -138,8 +138,11 @@ def test_shard_batches_equal_lengths_and_union(sizes):
         shard_batches(batches, 2, 2)
 
 
-@pytest.mark.parametrize("specials", [NMT_SPECIALS, SpecialIds(pad=1000, unk=1, bos=1001, eos=1002)],
-                         ids=["nmt", "other"])
+@pytest.mark.parametrize(
+    "specials",
+    [NMT_SPECIALS, SpecialIds(pad=1000, unk=1, bos=1001, eos=1002)],
+    ids=["nmt", "other"],
+)
 def test_collate_layout(prepared, specials):
     """The special ids are the ones given (the vocabulary's), never constants of collate's own."""
     dest, _ = prepared
@@ -166,7 +169,10 @@ def test_collate_layout(prepared, specials):
             batch.target[row, m + 1 :] == pad
         ).all()
     moved = batch.to("cpu")
-    assert torch.equal(moved.target, batch.target) and moved.num_target_tokens == batch.num_target_tokens
+    assert (
+        torch.equal(moved.target, batch.target)
+        and moved.num_target_tokens == batch.num_target_tokens
+    )
 
 
 def padded_positions(batch: Batch) -> int:
@@ -178,7 +184,9 @@ def test_batches_padded_to_a_multiple_keep_the_budget_and_repeat_shapes(prepared
     d = ParallelData.load(prepared[0], "train")
     plain = make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)
     padded = make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1, pad_to=8)
-    assert sorted(i for b in padded for i in b) == sorted(i for b in plain for i in b)  # every pair once
+    assert sorted(i for b in padded for i in b) == sorted(
+        i for b in plain for i in b
+    )  # every pair once
     shapes = {1: set(), 8: set()}
     for pad_to, batches in ((1, plain), (8, padded)):
         for ids in batches:
@@ -193,15 +201,25 @@ def test_prefetcher_yields_what_collate_makes_and_passes_errors_on(prepared):
     from nmt.training.data import Prefetcher
 
     d = ParallelData.load(prepared[0], "train")
-    groups = [[b, EMPTY_SHARD] for b in make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)]
+    groups = [
+        [b, EMPTY_SHARD] for b in make_batches(d.src_sizes, d.tgt_sizes, 600, seed=1, epoch=1)
+    ]
     with Prefetcher(d, groups, NMT_SPECIALS, pad_to=8, pin_memory=False) as fetched:
         got = list(fetched)
     assert len(got) == len(groups)
     for (ids, _), (batch, empty) in zip(groups, got, strict=True):
         want = collate(d, ids, NMT_SPECIALS, pad_to=8)
-        assert empty is EMPTY_SHARD and torch.equal(batch.src, want.src) and torch.equal(batch.target_index, want.target_index)
-    with Prefetcher(d, groups, NMT_SPECIALS, pad_to=1, pin_memory=False) as fetched:  # stopped early: no hang
+        assert (
+            empty is EMPTY_SHARD
+            and torch.equal(batch.src, want.src)
+            and torch.equal(batch.target_index, want.target_index)
+        )
+    with Prefetcher(
+        d, groups, NMT_SPECIALS, pad_to=1, pin_memory=False
+    ) as fetched:  # stopped early: no hang
         next(iter(fetched))
-    with pytest.raises(IndexError), Prefetcher(d, [[np.array([10**9])]], NMT_SPECIALS, pad_to=1,
-                                                 pin_memory=False) as bad:
+    with (
+        pytest.raises(IndexError),
+        Prefetcher(d, [[np.array([10**9])]], NMT_SPECIALS, pad_to=1, pin_memory=False) as bad,
+    ):
         list(bad)

@@ -23,10 +23,14 @@ pytestmark = needs_torchrun
 
 def torchrun(sets: dict[str, object], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(torchrun_command(sets), cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        torchrun_command(sets), cwd=cwd, env=env, capture_output=True, text=True, timeout=180
+    )
 
 
-def run_both(prepared, tmp_path: Path, max_updates: int, max_tokens: int = 1024) -> tuple[Path, Path]:
+def run_both(
+    prepared, tmp_path: Path, max_updates: int, max_tokens: int = 1024
+) -> tuple[Path, Path]:
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
     done = torchrun(ddp_settings(prepared[0], ddp_dir, max_updates, max_tokens), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -44,14 +48,20 @@ def test_two_ranks_equal_one_process_with_update_freq_2(prepared, tmp_path, monk
 
 
 @pytest.mark.slow
-def test_two_ranks_across_an_epoch_with_an_odd_batch_count_and_resume(prepared, tmp_path, monkeypatch):
+def test_two_ranks_across_an_epoch_with_an_odd_batch_count_and_resume(
+    prepared, tmp_path, monkeypatch
+):
     """The last update of an epoch with an odd number of batches has a dummy batch on rank 1;
     a run stopped and resumed with torchrun still equals the single process."""
     monkeypatch.chdir(tmp_path)
     meta = datamod.read_meta(prepared[0])
     d = datamod.ParallelData.load(prepared[0], "train", meta["source_lang"], meta["target_lang"])
-    counts = {m: len(datamod.make_batches(d.src_sizes, d.tgt_sizes, m, seed=1, epoch=1, max_positions=256))
-              for m in range(900, 1400, 10)}
+    counts = {
+        m: len(
+            datamod.make_batches(d.src_sizes, d.tgt_sizes, m, seed=1, epoch=1, max_positions=256)
+        )
+        for m in range(900, 1400, 10)
+    }
     max_tokens, n = next((m, n) for m, n in counts.items() if n % 2 == 1)
     per_epoch = -(-n // 2)
     ddp_dir, single_dir = run_both(prepared, tmp_path, per_epoch + 2, max_tokens)

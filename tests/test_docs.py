@@ -54,7 +54,7 @@ from nmt.config import DecodeConfig, load_config
 from nmt.errors import NmtError
 from nmt.fields import check_bounds, flag
 
-# ------------------------------------------------------------------ what the docs hold, read at collection
+# ---------------------------------------------------------- what the docs hold, read at collection
 
 
 def _collect() -> tuple[list[Block], list[Command], list[str]]:
@@ -108,11 +108,16 @@ def _check_declared_bounds(command: Any, ctx: Any) -> None:
     cls = _options_class(command)
     if cls is None:
         return
-    given = {name: value for name, value in ctx.params.items()
-             if ctx.get_parameter_source(name).name == "COMMANDLINE"}
+    given = {
+        name: value
+        for name, value in ctx.params.items()
+        if ctx.get_parameter_source(name).name == "COMMANDLINE"
+    }
     own = {f.name for f in dataclasses.fields(cls)}
-    for owner, values in ((cls, {k: v for k, v in given.items() if k in own}),
-                          (DecodeConfig, {k: v for k, v in given.items() if k not in own})):
+    for owner, values in (
+        (cls, {k: v for k, v in given.items() if k in own}),
+        (DecodeConfig, {k: v for k, v in given.items() if k not in own}),
+    ):
         if values:  # none given: check_bounds would check every field's default
             check_bounds(owner, flag, **values)
 
@@ -179,7 +184,8 @@ def test_nmt_command_parses(command: Command) -> None:
 
 @_parametrize("command", OVERRIDES)
 def test_config_overrides_name_real_keys(command: Command) -> None:
-    """Every `--set` of the command, applied together to the default config as `nmt train` applies them."""
+    """Every `--set` of the command, applied together to the default config as `nmt train`
+    applies them."""
     try:
         load_config(None, config_overrides(command))
     except NmtError as e:
@@ -188,15 +194,30 @@ def test_config_overrides_name_real_keys(command: Command) -> None:
 
 def test_the_parser_fails_what_nmt_fails() -> None:
     """The checks above are not vacuous: what `nmt` refuses, `parse_nmt` refuses."""
-    accepted = [["--help"], ["--version"], ["--debug", "translate", "-c", "CHECKPOINT"], ["translate", "--help"],
-                ["plot", "attention", "att.npz", "-o", "maps/"], ["train", "..."],
-                ["translate", "--lenpen-style", "gnmt", "--beam", "5"], ["prepare-bpe", "--model-type", "unigram", "..."]]
-    refused = {"translat": "No such command", "--debug": "Missing command", "plot": "Usage: nmt plot", "translate --beem 5": "No such option",
-               "translate --beam": "requires an argument", "translate --beam five": "Invalid value for '--beam'",
-               "translate --lenpen-style gnm": "is not one of", "translate --beam 0": "--beam must be at least 1",
-               "prepare-bpe --model-type wordpiece ...": "--model-type must be one of",
-               "train": "Missing argument", "average-checkpoints a.pt": "Missing option",
-               "plot attention att.npz -o maps/ extra": "unexpected extra argument"}
+    accepted = [
+        ["--help"],
+        ["--version"],
+        ["--debug", "translate", "-c", "CHECKPOINT"],
+        ["translate", "--help"],
+        ["plot", "attention", "att.npz", "-o", "maps/"],
+        ["train", "..."],
+        ["translate", "--lenpen-style", "gnmt", "--beam", "5"],
+        ["prepare-bpe", "--model-type", "unigram", "..."],
+    ]
+    refused = {
+        "translat": "No such command",
+        "--debug": "Missing command",
+        "plot": "Usage: nmt plot",
+        "translate --beem 5": "No such option",
+        "translate --beam": "requires an argument",
+        "translate --beam five": "Invalid value for '--beam'",
+        "translate --lenpen-style gnm": "is not one of",
+        "translate --beam 0": "--beam must be at least 1",
+        "prepare-bpe --model-type wordpiece ...": "--model-type must be one of",
+        "train": "Missing argument",
+        "average-checkpoints a.pt": "Missing option",
+        "plot attention att.npz -o maps/ extra": "unexpected extra argument",
+    }
     assert [args for args in accepted if _parse_error(args)] == []
     for line, expected in refused.items():
         error = _parse_error(line.split())
@@ -218,7 +239,10 @@ def test_every_command_has_its_options_class() -> None:
         if not children and command.callback is not None:
             assert _options_class(command) is not None, command.name
         for param in command.params:
-            assert not getattr(param.type_descriptor.parameter_info, "exists", False), (command.name, param.name)
+            assert not getattr(param.type_descriptor.parameter_info, "exists", False), (
+                command.name,
+                param.name,
+            )
 
 
 # ------------------------------------------------------------------ files, targets, Python
@@ -227,13 +251,17 @@ def test_every_command_has_its_options_class() -> None:
 @_parametrize("command", NAMING_FILES)
 def test_repository_files_exist(command: Command) -> None:
     missing = [p for p in repository_paths(command) if not (ROOT / p).exists()]
-    assert not missing, f"{command.where}: {command.text.strip()}\n  no such file in the repository: {missing}"
+    assert not missing, (
+        f"{command.where}: {command.text.strip()}\n  no such file in the repository: {missing}"
+    )
 
 
 @_parametrize("command", MAKES)
 def test_make_targets_exist(command: Command) -> None:
     unknown = [t for t in make_targets(command) if t not in makefile_targets(ROOT / "Makefile")]
-    assert not unknown, f"{command.where}: {command.text.strip()}\n  no such target in the Makefile: {unknown}"
+    assert not unknown, (
+        f"{command.where}: {command.text.strip()}\n  no such target in the Makefile: {unknown}"
+    )
 
 
 @_parametrize("block", PYTHON)
@@ -256,9 +284,17 @@ def _nmt_imports(tree: ast.AST) -> Iterator[tuple[int, str, str | None]]:
     """(line, module, name or None) of each `import nmt...` / `from nmt... import name`."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            yield from ((node.lineno, a.name, None) for a in node.names if a.name.split(".")[0] == "nmt")
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "nmt":
-            yield from ((node.lineno, node.module or "", a.name) for a in node.names if a.name != "*")
+            yield from (
+                (node.lineno, a.name, None) for a in node.names if a.name.split(".")[0] == "nmt"
+            )
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] == "nmt"
+        ):
+            yield from (
+                (node.lineno, node.module or "", a.name) for a in node.names if a.name != "*"
+            )
 
 
 def _resolves(module: str, name: str | None) -> bool:
@@ -275,9 +311,14 @@ def _resolves(module: str, name: str | None) -> bool:
 @_parametrize("block", [b for b in PYTHON if "nmt" in "\n".join(b.lines)])
 def test_python_block_imports_exist(block: Block) -> None:
     if _syntax_error(block):
-        pytest.fail(f"{block.where}: does not compile (test_python_block_compiles says why)", pytrace=False)
-    unresolved = [f"{block.file}:{line}: {module}{'' if name is None else ' has no ' + name}"
-                  for line, module, name in _nmt_imports(ast.parse(block.source())) if not _resolves(module, name)]
+        pytest.fail(
+            f"{block.where}: does not compile (test_python_block_compiles says why)", pytrace=False
+        )
+    unresolved = [
+        f"{block.file}:{line}: {module}{'' if name is None else ' has no ' + name}"
+        for line, module, name in _nmt_imports(ast.parse(block.source()))
+        if not _resolves(module, name)
+    ]
     assert not unresolved, "\n".join(unresolved)
 
 
@@ -290,8 +331,8 @@ set -eo pipefail
 curl() {
   local body
   body=$(mktemp "$DOCS_OUT/body.XXXXXX")
-  command curl --fail-with-body -sS --max-time 120 -o "$body" -w "%{http_code}\t%{content_type}\t$body\n" "$@" \
-    >> "$DOCS_OUT/answers" || return
+  command curl --fail-with-body -sS --max-time 120 -o "$body" \
+    -w "%{http_code}\t%{content_type}\t$body\n" "$@" >> "$DOCS_OUT/answers" || return
   cat "$body"
 }
 """
@@ -309,12 +350,21 @@ def doc_server(random_checkpoint: Path) -> Iterator[Server]:
 @_parametrize("command", CURL_LINES)
 def test_curl_line_is_answered(command: Command, doc_server: Server, tmp_path: Path) -> None:
     line = at_server(command.text, f"127.0.0.1:{doc_server.port}")
-    run = subprocess.run(["bash", "-c", _CURL_WRAPPER + line], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "DOCS_OUT": str(tmp_path), "NO_PROXY": "*", "no_proxy": "*"})
-    answers = (tmp_path / "answers").read_text().splitlines() if (tmp_path / "answers").exists() else []
+    run = subprocess.run(
+        ["bash", "-c", _CURL_WRAPPER + line],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DOCS_OUT": str(tmp_path), "NO_PROXY": "*", "no_proxy": "*"},
+    )
+    answers = (
+        (tmp_path / "answers").read_text().splitlines() if (tmp_path / "answers").exists() else []
+    )
     where = f"{command.where}: {line.strip()}"
     assert run.returncode == 0, f"{where}\n  exit {run.returncode}: {run.stderr.strip()} {answers}"
-    expected = sum(1 for c in COMMANDS if (c.file, c.line, c.program) == (command.file, command.line, "curl"))
+    expected = sum(
+        1 for c in COMMANDS if (c.file, c.line, c.program) == (command.file, command.line, "curl")
+    )
     assert len(answers) == expected, f"{where}\n  {len(answers)} answers for {expected} curls"
     for answer in answers:
         status, content_type, body_file = answer.split("\t")
@@ -348,31 +398,54 @@ def test_every_shell_line_reads() -> None:
 def test_the_shell_reader() -> None:
     """doc_blocks reads a line as bash does: continuations, comments, prompts, quotes,
     redirections, assignments and producers; `python -m nmt` and `torchrun -m nmt` are nmt."""
-    block = Block("x.md", 10, "sh", (
-        "CK=runs/a/checkpoint_avg.pt   # the checkpoint",
-        "SRC=en TGT=fr make demo",
-        "echo 'A dog. # not a comment' | nmt translate -c $CK \\",
-        "  --beam 5 2>/dev/null > out.de && python -m nmt score --ref \"ref #1.de\" < out.de",
-        "torchrun --standalone --nproc_per_node 2 -m nmt train configs/tiny.yaml --set train.lr=2",
-        "cat > terms.tsv <<EOF",
-        "nmt is not a command here",
-        "EOF",
-    ))
+    block = Block(
+        "x.md",
+        10,
+        "sh",
+        (
+            "CK=runs/a/checkpoint_avg.pt   # the checkpoint",
+            "SRC=en TGT=fr make demo",
+            "echo 'A dog. # not a comment' | nmt translate -c $CK \\",
+            '  --beam 5 2>/dev/null > out.de && python -m nmt score --ref "ref #1.de" < out.de',
+            "torchrun --standalone --nproc_per_node 2 -m nmt train configs/tiny.yaml "
+            "--set train.lr=2",
+            "cat > terms.tsv <<EOF",
+            "nmt is not a command here",
+            "EOF",
+        ),
+    )
     found = commands(block)
     assert [(c.line, c.words) for c in found] == [
         (11, ("make", "demo")),
         (12, ("echo", "A dog. # not a comment")),
         (12, ("nmt", "translate", "-c", "runs/a/checkpoint_avg.pt", "--beam", "5")),
         (12, ("python", "-m", "nmt", "score", "--ref", "ref #1.de")),
-        (14, ("torchrun", "--standalone", "--nproc_per_node", "2", "-m", "nmt", "train", "configs/tiny.yaml",
-              "--set", "train.lr=2")),
+        (
+            14,
+            (
+                "torchrun",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "-m",
+                "nmt",
+                "train",
+                "configs/tiny.yaml",
+                "--set",
+                "train.lr=2",
+            ),
+        ),
         (15, ("cat",)),
     ]
     assert found[0].env == {"SRC": "en", "TGT": "fr"} and make_targets(found[0]) == ["demo"]
     assert nmt_args(found[3]) == ["score", "--ref", "ref #1.de"]
     assert nmt_args(found[4]) == ["train", "configs/tiny.yaml", "--set", "train.lr=2"]
-    assert config_overrides(found[4]) == ["train.lr=2"] and repository_paths(found[4]) == ["configs/tiny.yaml"]
-    session = Block("x.md", 1, "", ("$ echo hi | nmt translate -c rnn.pt --alignment", "Hallo\t0-0"))
+    assert config_overrides(found[4]) == ["train.lr=2"] and repository_paths(found[4]) == [
+        "configs/tiny.yaml"
+    ]
+    session = Block(
+        "x.md", 1, "", ("$ echo hi | nmt translate -c rnn.pt --alignment", "Hallo\t0-0")
+    )
     assert [c.words[0] for c in commands(session)] == ["echo", "nmt"]
 
 
@@ -391,4 +464,6 @@ def test_the_readme_links_to_files_that_exist() -> None:
         path = link.split("#", 1)[0]
         assert path and (ROOT / path).is_file(), f"README.md links to {link}, which does not exist"
         assert not link.startswith("docs/") or "#" not in link, (
-            f"README.md: {link}: link to a docs page, not to an anchor in it (anchors change with headings)")
+            f"README.md: {link}: link to a docs page, not to an anchor in it "
+            "(anchors change with headings)"
+        )

@@ -14,8 +14,11 @@ from nmt.tokenizer import Tokenizer
 # ---------------------------------------------------------------- synthetic tasks
 
 
-@pytest.mark.parametrize("task, expect", [("copy", lambda xs: xs), ("reverse", lambda xs: xs[::-1]),
-                                          ("sort", sorted)], ids=["copy", "reverse", "sort"])
+@pytest.mark.parametrize(
+    "task, expect",
+    [("copy", lambda xs: xs), ("reverse", lambda xs: xs[::-1]), ("sort", sorted)],
+    ids=["copy", "reverse", "sort"],
+)
 def test_synthetic_tasks(task, expect):
     pairs = synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)
     assert pairs == synthetic_pairs(task, 50, seed=4, min_len=2, max_len=6)

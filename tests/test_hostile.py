@@ -52,7 +52,9 @@ from nmt.textio import TextStats, iter_lines
 from nmt.training.rundir import RunDir, lock_run_dir
 from nmt.training.trainer import train
 
-pytestmark = pytest.mark.usefixtures("isolated")  # conftest: temporary cwd, logging and threads undone
+pytestmark = pytest.mark.usefixtures(
+    "isolated"
+)  # conftest: temporary cwd, logging and threads undone
 
 
 def run_here(capfd: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
@@ -70,26 +72,46 @@ def run_process(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
 
 
 def _save(path: Path, checkpoint: Path, **changes: Any) -> Path:
-    """`checkpoint` (conftest's random_checkpoint) saved at `path` with some of its entries replaced."""
+    """`checkpoint` (conftest's random_checkpoint) saved at `path` with some of its entries
+    replaced."""
     atomic_save({**load_checkpoint(checkpoint), **changes}, path)
     return path
 
 
 def tiny_sets(data_dir: Path, run_dir: Path, **extra: object) -> list[str]:
-    return set_args({"data.dir": data_dir, "train.run_dir": run_dir, "train.device": "cpu", "train.threads": 1,
-                     "train.max_updates": 1, **extra})
+    return set_args(
+        {
+            "data.dir": data_dir,
+            "train.run_dir": run_dir,
+            "train.device": "cpu",
+            "train.threads": 1,
+            "train.max_updates": 1,
+            **extra,
+        }
+    )
 
 
 # ------------------------------------------------------------------ 1. the run-directory lock
 
 
-def test_second_trainer_on_a_run_directory_is_refused_naming_it_and_the_holder_pid(prepared, tmp_path, capfd):
+def test_second_trainer_on_a_run_directory_is_refused_naming_it_and_the_holder_pid(
+    prepared, tmp_path, capfd
+):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from nmt.training.rundir import lock_run_dir; "
-         "lock_run_dir(Path(sys.argv[1])); print('locked', flush=True); time.sleep(120)", str(run_dir)],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from nmt.training.rundir import "
+            "lock_run_dir; "
+            "lock_run_dir(Path(sys.argv[1])); print('locked', flush=True); time.sleep(120)",
+            str(run_dir),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir))
@@ -117,19 +139,28 @@ def test_the_lock_is_held_while_the_run_directory_is_open(tmp_path):
 
 @pytest.mark.parametrize("planted", ["symlink", "fifo", "directory"])
 def test_a_lock_that_is_not_a_regular_file_is_refused_and_nothing_is_written_through_it(
-        prepared, tmp_path, capfd, planted):
+    prepared, tmp_path, capfd, planted
+):
     """Issue 25: `ln -s victim.txt RUN/train.lock` made training truncate victim.txt."""
     run_dir, victim = tmp_path / "run", tmp_path / "victim.txt"
     run_dir.mkdir()
     victim.write_text("precious\n")
     lock = run_dir / "train.lock"
-    {"symlink": lambda: lock.symlink_to(victim), "fifo": lambda: os.mkfifo(lock), "directory": lock.mkdir}[planted]()
+    {
+        "symlink": lambda: lock.symlink_to(victim),
+        "fifo": lambda: os.mkfifo(lock),
+        "directory": lock.mkdir,
+    }[planted]()
     code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir))
-    assert_one_line(code, err, str(lock), "symbolic link" if planted == "symlink" else "regular file")
+    assert_one_line(
+        code, err, str(lock), "symbolic link" if planted == "symlink" else "regular file"
+    )
     assert victim.read_text() == "precious\n" and not (run_dir / "checkpoint_last.pt").exists()
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "train.log", "config.yaml", "spm.model", "checkpoint_1.pt"])
+@pytest.mark.parametrize(
+    "name", ["metrics.jsonl", "train.log", "config.yaml", "spm.model", "checkpoint_1.pt"]
+)
 def test_no_file_of_a_run_directory_is_written_through_a_symlink(prepared, tmp_path, capfd, name):
     """Issue 33: `ln -s victim RUN/metrics.jsonl` (or train.log) made training cut the victim's
     last line and append its records; a checkpoint, config.yaml or spm.model was replaced
@@ -147,9 +178,14 @@ def test_the_last_run_marker_is_not_written_through_a_symlink(prepared, tmp_path
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     Path(".nmt-last-run").symlink_to(victim)
-    train(tiny(prepared[0], tmp_path / "run", max_updates=1))  # a convenience only: training goes on
+    train(
+        tiny(prepared[0], tmp_path / "run", max_updates=1)
+    )  # a convenience only: training goes on
     assert victim.read_text() == "precious\n" and Path(".nmt-last-run").is_symlink()
-    assert "not recording the run: .nmt-last-run: the last-run marker is a symbolic link" in caplog.text
+    assert (
+        "not recording the run: .nmt-last-run: the last-run marker is a symbolic link"
+        in caplog.text
+    )
 
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink"])
@@ -171,7 +207,9 @@ def test_a_tensorboard_path_that_is_a_file_is_one_line_and_kept(prepared, tmp_pa
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "tensorboard").write_text("notes\n")
-    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.tensorboard": True}))
+    code, _, err = run_here(
+        capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.tensorboard": True})
+    )
     assert_one_line(code, err, str(run_dir / "tensorboard"), "not a directory", "train.tensorboard")
     assert (run_dir / "tensorboard").read_text() == "notes\n"
 
@@ -180,9 +218,19 @@ def test_train_compile_without_a_compiler_is_one_line_naming_the_key(prepared, t
     """train.compile (configs/big.yaml's default) on a machine with no C++ compiler: a line that
     names the key before any update, not inductor's traceback from inside the first one."""
     run_dir = tmp_path / "run"
-    r = nmt("train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.compile": True}), "--device", "cpu",
-            env={"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")},
-            stdin="", timeout=300)
+    r = nmt(
+        "train",
+        str(TINY),
+        *tiny_sets(prepared[0], run_dir, **{"train.compile": True}),
+        "--device",
+        "cpu",
+        env={
+            "CXX": str(tmp_path / "no-such-g++"),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+        },
+        stdin="",
+        timeout=300,
+    )
     assert r.returncode == 1, r.stderr
     last_error_line(r.stderr, "train.compile", "no-such-g++", "train.compile=false")
     assert not list(run_dir.glob("checkpoint_*.pt"))
@@ -195,11 +243,17 @@ def test_a_copied_run_trains_the_copy_not_the_original(prepared, tmp_path, capfd
     assert run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], orig))[0] == 0
     shutil.copytree(orig, copy)
     before = {p.name: p.stat().st_mtime_ns for p in orig.iterdir()}
-    code, _, err = run_here(capfd, "train", str(copy / "config.yaml"), "--set", "train.max_updates=2")
+    code, _, err = run_here(
+        capfd, "train", str(copy / "config.yaml"), "--set", "train.max_updates=2"
+    )
     assert {p.name: p.stat().st_mtime_ns for p in orig.iterdir()} == before
     assert code == 0 and f"resumed from update 1 in {copy} " in err, err
-    assert (copy / "checkpoint_2.pt").exists() and load_config(copy / "config.yaml").train.run_dir == str(copy)
-    code, _, err = run_here(capfd, "train", str(copy / "config.yaml"), "--run-dir", str(tmp_path / "new"))
+    assert (copy / "checkpoint_2.pt").exists() and load_config(
+        copy / "config.yaml"
+    ).train.run_dir == str(copy)
+    code, _, err = run_here(
+        capfd, "train", str(copy / "config.yaml"), "--run-dir", str(tmp_path / "new")
+    )
     assert code == 0 and f"new run in {tmp_path / 'new'}" in err  # --run-dir still chooses another
     assert {p.name: p.stat().st_mtime_ns for p in orig.iterdir()} == before
 
@@ -208,9 +262,22 @@ def test_a_copied_run_trains_the_copy_not_the_original(prepared, tmp_path, capfd
 
 
 def test_set_values_of_string_keys_are_taken_as_written():
-    cfg = load_config(TINY, ["train.run_dir=runs/exp #2", "data.dir=2024", "train.lr=7e-4", "decode.beam=3",
-                             "data.source_lang=no", "train.device=cpu"])
-    assert cfg.train.run_dir == "runs/exp #2" and cfg.data.dir == "2024" and cfg.data.source_lang == "no"
+    cfg = load_config(
+        TINY,
+        [
+            "train.run_dir=runs/exp #2",
+            "data.dir=2024",
+            "train.lr=7e-4",
+            "decode.beam=3",
+            "data.source_lang=no",
+            "train.device=cpu",
+        ],
+    )
+    assert (
+        cfg.train.run_dir == "runs/exp #2"
+        and cfg.data.dir == "2024"
+        and cfg.data.source_lang == "no"
+    )
     assert cfg.train.lr == 7e-4 and cfg.decode.beam == 3
 
 
@@ -257,7 +324,9 @@ def test_reset_data_starts_a_new_best_and_patience(prepared, tmp_path, caplog):
     data, run_dir = prepared[0], tmp_path / "run"
     cfg = tiny(data, run_dir, max_updates=1, patience=1)
     train(cfg)
-    state = load_checkpoint(run_dir / "checkpoint_last.pt")  # an old best no validation can beat, patience spent
+    state = load_checkpoint(
+        run_dir / "checkpoint_last.pt"
+    )  # an old best no validation can beat, patience spent
     state["train_state"]["progress"].update(best=-1.0, bad_validations=1)
     atomic_save(state, run_dir / "checkpoint_last.pt")
     more = with_overrides(cfg, train={"max_updates": 2})
@@ -279,13 +348,17 @@ def test_average_refuses_an_output_that_is_one_of_its_inputs(random_checkpoint, 
     before = a.read_bytes()
     (tmp_path / "link.pt").symlink_to(a)
     for out in (a, b, tmp_path / "." / "a.pt", tmp_path / "link.pt"):
-        code, _, err = run_here(capfd, "average-checkpoints", str(a), str(tmp_path / "b.pt"), "-o", str(out))
+        code, _, err = run_here(
+            capfd, "average-checkpoints", str(a), str(tmp_path / "b.pt"), "-o", str(out)
+        )
         assert_one_line(code, err, "-o", "one of the checkpoints")
     assert a.read_bytes() == before
 
 
 @pytest.mark.parametrize("name", ["checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_7.pt"])
-def test_average_refuses_the_names_training_owns_in_a_run_directory(random_checkpoint, tmp_path, name):
+def test_average_refuses_the_names_training_owns_in_a_run_directory(
+    random_checkpoint, tmp_path, name
+):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("{}\n")
@@ -300,12 +373,16 @@ def test_average_refuses_the_names_training_owns_in_a_run_directory(random_check
 # ------------------------------------------------------------------ 5. one line for every mistake
 
 
-@pytest.mark.parametrize("args", [
-    ("translate", "-c", "{ckpt}", "-i", os.devnull, "-o", "."),
-    ("average-checkpoints", "{ckpt}", "-o", "."),
-    ("shortlist", "{data}", "-o", "."),
-    ("translate", "-c", "{ckpt}", "-i", os.devnull, "-o", "{tmp}"),
-], ids=["translate", "average-checkpoints", "shortlist", "translate-absolute"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("translate", "-c", "{ckpt}", "-i", os.devnull, "-o", "."),
+        ("average-checkpoints", "{ckpt}", "-o", "."),
+        ("shortlist", "{data}", "-o", "."),
+        ("translate", "-c", "{ckpt}", "-i", os.devnull, "-o", "{tmp}"),
+    ],
+    ids=["translate", "average-checkpoints", "shortlist", "translate-absolute"],
+)
 def test_output_that_is_a_directory_is_one_line(random_checkpoint, prepared, tmp_path, capfd, args):
     paths = {"ckpt": random_checkpoint, "data": prepared[0], "tmp": tmp_path}
     code, _, err = run_here(capfd, *(a.format(**paths) for a in args))
@@ -316,8 +393,20 @@ def test_output_that_is_a_directory_is_one_line(random_checkpoint, prepared, tmp
 def test_destdir_that_cannot_be_created_is_one_line(prepared, raw_corpus, tmp_path, capfd, under):
     (tmp_path / "file").write_text("x")
     dest = tmp_path / "file" / "out" if under == "file" else Path("/proc/nmt-out")
-    code, _, err = run_here(capfd, "prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("train"),
-                            "--spm-model", str(prepared[0] / "spm.model"), "--destdir", str(dest))
+    code, _, err = run_here(
+        capfd,
+        "prepare-bpe",
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        raw_corpus.prefix("train"),
+        "--spm-model",
+        str(prepared[0] / "spm.model"),
+        "--destdir",
+        str(dest),
+    )
     assert_one_line(code, err, "--destdir", str(dest))
 
 
@@ -331,16 +420,24 @@ DECODE_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize(("args", "needle"), DECODE_MISTAKES, ids=[a[0] for a, _ in DECODE_MISTAKES])
+@pytest.mark.parametrize(
+    ("args", "needle"), DECODE_MISTAKES, ids=[a[0] for a, _ in DECODE_MISTAKES]
+)
 def test_translate_option_out_of_bounds_is_one_line(random_checkpoint, capfd, args, needle):
-    code, _, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, *args)
+    code, _, err = run_here(
+        capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, *args
+    )
     assert_one_line(code, err, needle)
 
 
 @pytest.mark.parametrize("device", ["meta", "mps", "xla", "cpu:0", "cuda:01", "cuda:99999999999"])
-def test_a_device_nmt_does_not_run_on_is_refused_by_one_rule_everywhere(random_checkpoint, capfd, device):
+def test_a_device_nmt_does_not_run_on_is_refused_by_one_rule_everywhere(
+    random_checkpoint, capfd, device
+):
     """Issue 25: translate --device meta was a NotImplementedError, mps and xla a RuntimeError."""
-    code, _, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, "--device", device)
+    code, _, err = run_here(
+        capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, "--device", device
+    )
     assert_one_line(code, err, f"unknown device {device!r}", "auto, cpu, cuda or cuda:N")
     with pytest.raises(NmtError, match=f"unknown device {device!r}"):
         Translator.load(random_checkpoint, device=device)
@@ -356,42 +453,79 @@ def test_a_cuda_device_beyond_the_last_is_one_line(monkeypatch):
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
 
 
-TOO_BIG = [{"model.ffn_dim": 10**9}, {"model.d_model": 10**8}, {"model.arch": "rnn", "model.rnn_hidden": 10**8},
-           {"model.encoder_layers": 10**6}, {"model.max_positions": 10**9}, {"model.decoder_layers": 10**400}]
+TOO_BIG = [
+    {"model.ffn_dim": 10**9},
+    {"model.d_model": 10**8},
+    {"model.arch": "rnn", "model.rnn_hidden": 10**8},
+    {"model.encoder_layers": 10**6},
+    {"model.max_positions": 10**9},
+    {"model.decoder_layers": 10**400},
+]
 
 
-@pytest.mark.parametrize("sets", TOO_BIG, ids=lambda sets: ",".join(f"{k}={str(v)[:12]}" for k, v in sets.items()))
-def test_a_model_too_big_for_the_device_is_one_line_naming_its_keys(prepared, tmp_path, capfd, monkeypatch, sets):
-    """Issue 25: an allocator traceback after the data loaded (or, for 10^6 layers, minutes of building)."""
-    monkeypatch.setattr("nmt.device.memory_bytes", lambda device: 8 << 30, raising=False)  # any machine: 8 GiB
-    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], tmp_path / "run", **sets))
-    assert_one_line(code, err, *(f"{key}={value}" for key, value in sets.items() if key != "model.arch"),
-                    "8 GiB", "lower them")
+@pytest.mark.parametrize(
+    "sets", TOO_BIG, ids=lambda sets: ",".join(f"{k}={str(v)[:12]}" for k, v in sets.items())
+)
+def test_a_model_too_big_for_the_device_is_one_line_naming_its_keys(
+    prepared, tmp_path, capfd, monkeypatch, sets
+):
+    """Issue 25: an allocator traceback after the data loaded (or, for 10^6 layers, minutes of
+    building)."""
+    monkeypatch.setattr(
+        "nmt.device.memory_bytes", lambda device: 8 << 30, raising=False
+    )  # any machine: 8 GiB
+    code, _, err = run_here(
+        capfd, "train", str(TINY), *tiny_sets(prepared[0], tmp_path / "run", **sets)
+    )
+    assert_one_line(
+        code,
+        err,
+        *(f"{key}={value}" for key, value in sets.items() if key != "model.arch"),
+        "8 GiB",
+        "lower them",
+    )
     assert not (tmp_path / "run").exists()
 
 
-def test_a_model_whose_shapes_overflow_is_one_line_in_training_and_dry_run(prepared, tmp_path, capfd):
+def test_a_model_whose_shapes_overflow_is_one_line_in_training_and_dry_run(
+    prepared, tmp_path, capfd
+):
     for args in (tiny_sets(prepared[0], tmp_path / "run"), ["--dry-run", "--vocab-size", "500"]):
-        code, _, err = run_here(capfd, "train", str(TINY), *args, "--set", "model.d_model=1000000000")
+        code, _, err = run_here(
+            capfd, "train", str(TINY), *args, "--set", "model.d_model=1000000000"
+        )
         assert_one_line(code, err, "model.d_model=1000000000", "cannot even be sized")
 
 
-def test_a_model_that_fails_to_allocate_is_one_line_naming_its_keys(prepared, tmp_path, capfd, monkeypatch):
+def test_a_model_that_fails_to_allocate_is_one_line_naming_its_keys(
+    prepared, tmp_path, capfd, monkeypatch
+):
     """The estimate passed, the allocation did not (memory in use, a container's limit)."""
     from nmt.training import sizing
 
     def allocator_fails(*args: Any, **kwargs: Any) -> Any:
         if torch.empty(0).device.type == "meta":  # sizing: shapes only
             return build_model(*args, **kwargs)
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
-                           "you tried to allocate 128000000000 bytes. Error code 12 (Cannot allocate memory)")
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 128000000000 bytes. Error code 12 (Cannot allocate "
+            "memory)"
+        )
 
     monkeypatch.setattr(sizing, "build_model", allocator_fails)
     code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], tmp_path / "run"))
-    assert_one_line(code, err, "model.d_model=32, model.ffn_dim=64", "cannot be allocated on cpu", "can't allocate")
+    assert_one_line(
+        code,
+        err,
+        "model.d_model=32, model.ffn_dim=64",
+        "cannot be allocated on cpu",
+        "can't allocate",
+    )
 
 
-def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(random_checkpoint, tmp_path, capfd):
+def test_a_checkpoints_stored_decode_setting_is_named_as_its_key(
+    random_checkpoint, tmp_path, capfd
+):
     cfg = config_to_dict(load_config(TINY))
     cfg["decode"]["beam"] = 0
     bad = _save(tmp_path / "beam0.pt", random_checkpoint, config=cfg)
@@ -416,17 +550,23 @@ def _inconsistent() -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", list(_inconsistent()))
-def test_checkpoint_that_loads_but_is_inconsistent_is_one_line(random_checkpoint, tmp_path, capfd, case):
+def test_checkpoint_that_loads_but_is_inconsistent_is_one_line(
+    random_checkpoint, tmp_path, capfd, case
+):
     bad = _save(tmp_path / "bad.pt", random_checkpoint, **_inconsistent()[case])
     code, _, err = run_here(capfd, "translate", "-c", str(bad), "-i", os.devnull)
     assert_one_line(code, err, str(bad))
-    code, _, err = run_here(capfd, "average-checkpoints", str(bad), str(bad), "-o", str(tmp_path / "avg.pt"))
+    code, _, err = run_here(
+        capfd, "average-checkpoints", str(bad), str(bad), "-o", str(tmp_path / "avg.pt")
+    )
     if case in ("model not a dict", "config not a dict"):
         assert_one_line(code, err, str(bad))
 
 
 @pytest.mark.parametrize("damage", ["no progress", "weights of another shape"])
-def test_training_checkpoint_that_loads_but_cannot_be_resumed_is_one_line(prepared, tmp_path, capfd, damage):
+def test_training_checkpoint_that_loads_but_cannot_be_resumed_is_one_line(
+    prepared, tmp_path, capfd, damage
+):
     run_dir = tmp_path / "run"
     sets = tiny_sets(prepared[0], run_dir)
     assert run_here(capfd, "train", str(TINY), *sets)[0] == 0
@@ -439,12 +579,20 @@ def test_training_checkpoint_that_loads_but_cannot_be_resumed_is_one_line(prepar
     for name in ("checkpoint_last.pt", "checkpoint_1.pt"):
         (run_dir / name).unlink(missing_ok=True)
     atomic_save(state, run_dir / "checkpoint_last.pt")
-    code, _, err = run_here(capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.max_updates": 2}))
+    code, _, err = run_here(
+        capfd, "train", str(TINY), *tiny_sets(prepared[0], run_dir, **{"train.max_updates": 2})
+    )
     assert_one_line(code, err, str(run_dir), "cannot be resumed")
 
 
-@pytest.mark.parametrize("meta", [[1, 2], {"source_lang": "en"}, {"source_lang": 1, "target_lang": "de",
-                                                                   "vocab_size": "x", "splits": {}}])
+@pytest.mark.parametrize(
+    "meta",
+    [
+        [1, 2],
+        {"source_lang": "en"},
+        {"source_lang": 1, "target_lang": "de", "vocab_size": "x", "splits": {}},
+    ],
+)
 def test_prepare_json_of_the_wrong_shape_is_one_line(prepared, tmp_path, capfd, meta):
     data = tmp_path / "data"
     shutil.copytree(prepared[0], data)
@@ -469,22 +617,33 @@ def test_unreadable_last_run_marker_is_one_line(tmp_path, capfd, marker):
 def test_closed_standard_stream_is_one_line(random_checkpoint, stream):
     redirect = "<&-" if stream == "stdin" else ">&- </dev/null"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(["bash", "-c", f'"{sys.executable}" -m nmt translate -c "{random_checkpoint}" {redirect}'],
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert_one_line(r.returncode, r.stderr, f"standard {'input' if stream == 'stdin' else 'output'}")
+    r = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m nmt translate -c "{random_checkpoint}" {redirect}'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_one_line(
+        r.returncode, r.stderr, f"standard {'input' if stream == 'stdin' else 'output'}"
+    )
 
 
 def _full_stdout_commands(ckpt: Path, tmp_path: Path) -> dict[str, tuple[list[str], bytes]]:
     ref = tmp_path / "ref.txt"
     ref.write_text("a b c\n" * 3)
-    return {"translate": (["translate", "-c", str(ckpt)], b"\n" * 10000 + b"a house\n"),
-            "score": (["score", "--ref", str(ref)], b"a b c\n" * 3),
-            "dump-config": (["train", str(TINY), "--dump-config"], b"")}
+    return {
+        "translate": (["translate", "-c", str(ckpt)], b"\n" * 10000 + b"a house\n"),
+        "score": (["score", "--ref", str(ref)], b"a b c\n" * 3),
+        "dump-config": (["train", str(TINY), "--dump-config"], b""),
+    }
 
 
 @pytest.mark.parametrize("command", ["translate", "score", "dump-config"])
 @pytest.mark.parametrize("limit", ["/dev/full", "file size limit"])
-def test_standard_output_that_cannot_be_written_is_one_line(random_checkpoint, tmp_path, command, limit):
+def test_standard_output_that_cannot_be_written_is_one_line(
+    random_checkpoint, tmp_path, command, limit
+):
     args, stdin = _full_stdout_commands(random_checkpoint, tmp_path)[command]
     if limit == "/dev/full":
         with open("/dev/full", "wb") as out:
@@ -496,25 +655,36 @@ def test_standard_output_that_cannot_be_written_is_one_line(random_checkpoint, t
             resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
 
         with open(tmp_path / "out.txt", "wb") as out:
-            r = run_process(*args, input=stdin, stdout=out, stderr=subprocess.PIPE, preexec_fn=small_files)
+            r = run_process(
+                *args, input=stdin, stdout=out, stderr=subprocess.PIPE, preexec_fn=small_files
+            )
     assert_one_line(r.returncode, r.stderr.decode(), "standard output")
 
 
 @pytest.mark.parametrize("planted", ["fifo", "/dev/zero"])
 @pytest.mark.parametrize("role", ["checkpoint", "shortlist", "prepare.json", "metrics"])
-def test_a_file_read_whole_is_a_regular_file_never_a_fifo_or_a_device(prepared, random_checkpoint, tmp_path, planted, role):
+def test_a_file_read_whole_is_a_regular_file_never_a_fifo_or_a_device(
+    prepared, random_checkpoint, tmp_path, planted, role
+):
     """Issue 33: a FIFO where nmt expects a file blocked forever, a link to /dev/zero read until
     memory ran out. Every file nmt reads whole goes through `nmt.atomic.open_for_reading`."""
     data = tmp_path / "data"
     shutil.copytree(prepared[0], data)
-    path = {"checkpoint": tmp_path / "model.pt", "shortlist": tmp_path / "list.pt",
-            "prepare.json": data / "prepare.json", "metrics": tmp_path / "run" / "metrics.jsonl"}[role]
+    path = {
+        "checkpoint": tmp_path / "model.pt",
+        "shortlist": tmp_path / "list.pt",
+        "prepare.json": data / "prepare.json",
+        "metrics": tmp_path / "run" / "metrics.jsonl",
+    }[role]
     path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)
     os.mkfifo(path) if planted == "fifo" else path.symlink_to("/dev/zero")
-    args = {"checkpoint": ["translate", "-c", str(path)], "shortlist": ["translate", "-c", str(random_checkpoint), "--shortlist", str(path)],
-            "prepare.json": ["train", str(TINY), *tiny_sets(data, tmp_path / "r")],
-            "metrics": ["plot", "curves", str(path.parent), "-o", str(tmp_path / "c.png")]}[role]
+    args = {
+        "checkpoint": ["translate", "-c", str(path)],
+        "shortlist": ["translate", "-c", str(random_checkpoint), "--shortlist", str(path)],
+        "prepare.json": ["train", str(TINY), *tiny_sets(data, tmp_path / "r")],
+        "metrics": ["plot", "curves", str(path.parent), "-o", str(tmp_path / "c.png")],
+    }[role]
     r = nmt(*args, stdin="A dog.\n", timeout=120)
     assert_one_line(r.returncode, r.stderr, str(path), "not a regular file")
 
@@ -523,19 +693,32 @@ def test_a_file_read_whole_is_a_regular_file_never_a_fifo_or_a_device(prepared, 
 
 
 def test_a_reader_that_goes_away_ends_translate_quietly(random_checkpoint, tmp_path):
-    (tmp_path / "in.txt").write_bytes(b"\n" * 400_000)  # empty lines: many output lines, no model work
+    (tmp_path / "in.txt").write_bytes(
+        b"\n" * 400_000
+    )  # empty lines: many output lines, no model work
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(["bash", "-o", "pipefail", "-c",
-                        f'"{sys.executable}" -m nmt translate -c "{random_checkpoint}" < in.txt | head -1'],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            "bash",
+            "-o",
+            "pipefail",
+            "-c",
+            f'"{sys.executable}" -m nmt translate -c "{random_checkpoint}" < in.txt | head -1',
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and r.stdout == "\n" and r.stderr == "", r.stderr
 
 
 def _started_on_a_fifo(ckpt: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Any]:
     """translate reading a named pipe, past its start-up: a first line written to the pipe has
-    been translated (`--buffer-lines 1`: its line on stdout, or in -o's temporary), so the model is loaded and the
-    command waits for more input. Opening the pipe is no such sign: translate opens its input
-    before it loads the model. Under load start-up can be slow, so the wait is long, and a
+    been translated (`--buffer-lines 1`: its line on stdout, or in -o's temporary), so the model is
+    loaded and the command waits for more input. Opening the pipe is no such sign: translate opens
+    its input before it loads the model. Under load start-up can be slow, so the wait is long, and a
     translate that never gets there is killed and reported, never waited for without end."""
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
@@ -547,9 +730,25 @@ def _started_on_a_fifo(ckpt: Path, tmp_path: Path, *args: str) -> tuple[subproce
     # handler. A handled signal is reset to its default in the child: handle it while starting.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), "-i", str(fifo),
-                                 "--buffer-lines", "1", *args],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nmt",
+                "translate",
+                "-c",
+                str(ckpt),
+                "-i",
+                str(fifo),
+                "--buffer-lines",
+                "1",
+                *args,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 300
@@ -572,8 +771,11 @@ def _started_on_a_fifo(ckpt: Path, tmp_path: Path, *args: str) -> tuple[subproce
     writer.write("A dog runs.\n")
     writer.flush()
     output = Path(args[args.index("-o") + 1]) if "-o" in args else None
-    while not (select.select([proc.stdout], [], [], 0.05)[0] if output is None else
-               any(p.stat().st_size for p in output.parent.glob(f".{output.name}.tmp-*"))):
+    while not (
+        select.select([proc.stdout], [], [], 0.05)[0]
+        if output is None
+        else any(p.stat().st_size for p in output.parent.glob(f".{output.name}.tmp-*"))
+    ):
         if proc.poll() is not None or time.monotonic() > deadline:
             writer.close()
             fail("never translated its first line")
@@ -587,19 +789,26 @@ def _stopped_by(proc: subprocess.Popen, writer: Any, sig: int, thread: int | Non
     try:
         if thread is None:
             proc.send_signal(sig)
-        else:  # a thread-directed signal: what the kernel does when another thread takes a process's signal
+        # a thread-directed signal: what the kernel does when another thread takes a process's
+        # signal
+        else:
             libc = ctypes.CDLL(None, use_errno=True)
             assert libc.tgkill(proc.pid, thread, sig) == 0, os.strerror(ctypes.get_errno())
         try:
             _, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)  # its threads' tracebacks on stderr, if stderr is still open
+            proc.send_signal(
+                signal.SIGABRT
+            )  # its threads' tracebacks on stderr, if stderr is still open
             try:
                 out, err = proc.communicate(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 out, err = proc.communicate(timeout=60)
-            pytest.fail(f"translate did not stop within 120 s of signal {sig} (exit {proc.returncode}): {out!r} {err}")
+            pytest.fail(
+                f"translate did not stop within 120 s of signal {sig} (exit {proc.returncode}): "
+                f"{out!r} {err}"
+            )
     finally:
         writer.close()
     return err
@@ -611,8 +820,12 @@ def test_ctrl_c_in_translate_says_so_and_exits_130(random_checkpoint, tmp_path):
     assert_one_line(proc.returncode, err, "interrupted", status=130)
 
 
-@pytest.mark.parametrize("sig, says, status", [(signal.SIGINT, "interrupted", 130), (signal.SIGTERM, "SIGTERM", 143)])
-def test_a_signal_another_thread_takes_still_stops_translate(random_checkpoint, tmp_path, sig, says, status):
+@pytest.mark.parametrize(
+    "sig, says, status", [(signal.SIGINT, "interrupted", 130), (signal.SIGTERM, "SIGTERM", 143)]
+)
+def test_a_signal_another_thread_takes_still_stops_translate(
+    random_checkpoint, tmp_path, sig, says, status
+):
     """A signal sent to a process goes to any one of its threads that does not block it, and
     Python runs the handler in the main thread only: taken by another thread (torch's, tqdm's),
     it did not interrupt the main thread's blocking read of a quiet pipe, and translate went on
@@ -634,13 +847,24 @@ def test_sigterm_in_translate_leaves_no_temporary_and_exits_143(random_checkpoin
 # ------------------------------------------------------------------ 8. stale temporaries
 
 
-def test_translate_removes_the_temporaries_of_dead_writers_of_its_output(random_checkpoint, tmp_path, capfd):
+def test_translate_removes_the_temporaries_of_dead_writers_of_its_output(
+    random_checkpoint, tmp_path, capfd
+):
     dead = tmp_path / f".out.txt.tmp-{dead_pid()}-0123abcd"
     alive = tmp_path / f".out.txt.tmp-{os.getpid()}-0123abcd"
     other = tmp_path / f".other.txt.tmp-{dead_pid()}-0123abcd"
     for path in (dead, alive, other):
         path.write_text("partial")
-    code, _, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, "-o", str(tmp_path / "out.txt"))
+    code, _, err = run_here(
+        capfd,
+        "translate",
+        "-c",
+        str(random_checkpoint),
+        "-i",
+        os.devnull,
+        "-o",
+        str(tmp_path / "out.txt"),
+    )
     assert code == 0, err
     assert not dead.exists() and alive.exists() and other.exists()
 
@@ -653,8 +877,20 @@ def test_prepare_removes_the_work_directories_of_dead_runs(prepared, raw_corpus,
         (path / "sub" / "train.en.bin").write_bytes(b"x")
     alive = tmp_path / f".data.tmp-{os.getpid()}-0123abcd"
     alive.mkdir()
-    code, _, err = run_here(capfd, "prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("train"),
-                            "--spm-model", str(prepared[0] / "spm.model"), "--destdir", str(tmp_path / "data"))
+    code, _, err = run_here(
+        capfd,
+        "prepare-bpe",
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        raw_corpus.prefix("train"),
+        "--spm-model",
+        str(prepared[0] / "spm.model"),
+        "--destdir",
+        str(tmp_path / "data"),
+    )
     assert code == 0, err
     assert not any(p.exists() for p in leftovers) and alive.is_dir()
 
@@ -696,7 +932,9 @@ def test_writing_onto_a_symlink_writes_through_it(tmp_path):
 def test_score_with_no_metric_is_one_line(tmp_path, capfd, metrics):
     ref = tmp_path / "ref.txt"
     ref.write_text("a b\n")
-    code, _, err = run_here(capfd, "score", "--ref", str(ref), "--hyp", str(ref), "--metrics", metrics)
+    code, _, err = run_here(
+        capfd, "score", "--ref", str(ref), "--hyp", str(ref), "--metrics", metrics
+    )
     assert_one_line(code, err, "--metrics")
 
 
@@ -723,10 +961,14 @@ def test_score_never_appends_to_a_file_it_reads(tmp_path):
     ref, hyp = tmp_path / "ref.txt", tmp_path / "hyp.txt"
     ref.write_text("a b\n")
     hyp.write_text("a b\n")
-    for args, stdin_file, needle in ((["--hyp", str(hyp)], None, f"the hypotheses (--hyp {hyp})"),
-                                     ([], hyp, "the hypotheses (standard input)")):
+    for args, stdin_file, needle in (
+        (["--hyp", str(hyp)], None, f"the hypotheses (--hyp {hyp})"),
+        ([], hyp, "the hypotheses (standard input)"),
+    ):
         with open(hyp, "ab") as out, open(stdin_file or os.devnull, "rb") as stdin:
-            r = run_process("score", "--ref", str(ref), *args, stdin=stdin, stdout=out, stderr=subprocess.PIPE)
+            r = run_process(
+                "score", "--ref", str(ref), *args, stdin=stdin, stdout=out, stderr=subprocess.PIPE
+            )
         assert_one_line(r.returncode, r.stderr.decode(), f"standard output is {needle}")
     assert hyp.read_text() == "a b\n"
 
@@ -749,18 +991,23 @@ def test_best_checkpoint_is_its_own_file_and_survives_damage_to_the_last(tmp_pat
     run_dir.path.mkdir()
     state = {"format_version": 1, "model": {"w": torch.ones(3)}, "config": {}, "update": 4}
     run_dir.save_checkpoint(state, 4, numbered=True, best=True, keep_last=0)
-    last, best, numbered = (run_dir.path / n for n in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_4.pt"))
+    last, best, numbered = (
+        run_dir.path / n for n in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_4.pt")
+    )
     assert os.path.samefile(last, numbered) and not os.path.samefile(last, best)
     with open(last, "r+b") as f:  # damage in place, as a careless copy or a bad disk would
         f.truncate(100)
     assert torch.equal(load_checkpoint(best)["model"]["w"], torch.ones(3))
 
 
-# ------------------------------------------------------------------ 12. found by probing every surface
+# -------------------------------------------------------------- 12. found by probing every surface
 
 
-def test_an_output_onto_a_fifo_or_a_descriptor_is_written_into_never_replaced(random_checkpoint, tmp_path):
-    """A rename over /dev/null (as root) or a FIFO would unlink it; /dev/stdout >> log kept the log's head."""
+def test_an_output_onto_a_fifo_or_a_descriptor_is_written_into_never_replaced(
+    random_checkpoint, tmp_path
+):
+    """A rename over /dev/null (as root) or a FIFO would unlink it; /dev/stdout >> log kept the
+    log's head."""
     src = tmp_path / "in.txt"
     src.write_text("a b c\nd e\n")
     fifo = tmp_path / "fifo"
@@ -768,16 +1015,38 @@ def test_an_output_onto_a_fifo_or_a_descriptor_is_written_into_never_replaced(ra
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
     reader.start()
-    r = run_process("translate", "-c", str(random_checkpoint), "-i", str(src), "-o", str(fifo), "--beam", "1",
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    r = run_process(
+        "translate",
+        "-c",
+        str(random_checkpoint),
+        "-i",
+        str(src),
+        "-o",
+        str(fifo),
+        "--beam",
+        "1",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     reader.join(60)
     assert r.returncode == 0, r.stderr
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and got[0].count(b"\n") == 2
     log = tmp_path / "log.txt"
     log.write_bytes(b"kept\n")
     with open(log, "ab") as out:
-        r = run_process("translate", "-c", str(random_checkpoint), "-i", str(src), "-o", "/dev/stdout", "--beam", "1",
-                        stdout=out, stderr=subprocess.PIPE)
+        r = run_process(
+            "translate",
+            "-c",
+            str(random_checkpoint),
+            "-i",
+            str(src),
+            "-o",
+            "/dev/stdout",
+            "--beam",
+            "1",
+            stdout=out,
+            stderr=subprocess.PIPE,
+        )
     assert r.returncode == 0, r.stderr
     assert log.read_bytes() == b"kept\n" + got[0]
     assert not list(Path(tempfile.gettempdir()).glob(".stdout.tmp-*"))
@@ -787,8 +1056,19 @@ def test_dash_is_standard_input_and_output(random_checkpoint, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("a b c\nd e\n")
     with open(src, "rb") as stdin:
-        r = run_process("translate", "-c", str(random_checkpoint), "-i", "-", "-o", "-", "--beam", "1",
-                        stdin=stdin, capture_output=True)
+        r = run_process(
+            "translate",
+            "-c",
+            str(random_checkpoint),
+            "-i",
+            "-",
+            "-o",
+            "-",
+            "--beam",
+            "1",
+            stdin=stdin,
+            capture_output=True,
+        )
     assert r.returncode == 0 and r.stdout.count(b"\n") == 2 and not (tmp_path / "-").exists()
 
 
@@ -798,7 +1078,9 @@ def test_translate_reads_a_gzip_input_as_its_text(random_checkpoint, tmp_path, c
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     outputs = []
     for path in (plain, packed):
-        code, out, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", str(path), "--beam", "1")
+        code, out, err = run_here(
+            capfd, "translate", "-c", str(random_checkpoint), "-i", str(path), "--beam", "1"
+        )
         assert code == 0, err
         outputs.append(out)
     assert outputs[0] == outputs[1] and outputs[0].count("\n") == 20
@@ -807,52 +1089,95 @@ def test_translate_reads_a_gzip_input_as_its_text(random_checkpoint, tmp_path, c
 def _damaged(cfg: dict[str, Any], model: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
     heads = {**cfg, "model": {**cfg["model"], "heads": 3}}  # 3 does not divide d_model 32
     name = next(k for k, t in model.items() if t.is_floating_point())
-    return {"heads not dividing d_model": {"config": heads},
-            "a NaN weight": {"model": {**model, name: torch.full_like(model[name], float("nan"))}}}
+    return {
+        "heads not dividing d_model": {"config": heads},
+        "a NaN weight": {"model": {**model, name: torch.full_like(model[name], float("nan"))}},
+    }
 
 
 @pytest.mark.parametrize("case", ["heads not dividing d_model", "a NaN weight"])
 def test_a_checkpoint_with_an_impossible_config_or_a_nan_weight_is_refused_everywhere(
-        random_checkpoint, tmp_path, capfd, case):
-    """Either used to translate with a traceback, or to empty lines and exit 0, and to export a model
-    that CTranslate2 cannot load; averaging passed the NaN on."""
+    random_checkpoint, tmp_path, capfd, case
+):
+    """Either used to translate with a traceback, or to empty lines and exit 0, and to export a
+    model that CTranslate2 cannot load; averaging passed the NaN on."""
     good = load_checkpoint(random_checkpoint)
-    bad = _save(tmp_path / "bad.pt", random_checkpoint, **_damaged(config_to_dict(load_config(TINY)), good["model"])[case])
-    needle = "model.heads (3) must divide" if case.startswith("heads") else "holds NaN or infinite values"
-    for args in (["translate", "-c", str(bad), "-i", os.devnull], ["export", str(bad), str(tmp_path / "ct2")],
-                 ["average-checkpoints", str(random_checkpoint), str(bad), "-o", str(tmp_path / "avg.pt")]):
+    bad = _save(
+        tmp_path / "bad.pt",
+        random_checkpoint,
+        **_damaged(config_to_dict(load_config(TINY)), good["model"])[case],
+    )
+    needle = (
+        "model.heads (3) must divide"
+        if case.startswith("heads")
+        else "holds NaN or infinite values"
+    )
+    for args in (
+        ["translate", "-c", str(bad), "-i", os.devnull],
+        ["export", str(bad), str(tmp_path / "ct2")],
+        ["average-checkpoints", str(random_checkpoint), str(bad), "-o", str(tmp_path / "avg.pt")],
+    ):
         code, _, err = run_here(capfd, *args)
         assert_one_line(code, err, str(bad), needle)
     assert not (tmp_path / "ct2").exists() and not (tmp_path / "avg.pt").exists()
 
 
 def test_a_model_of_the_other_direction_is_refused_in_an_ensemble_an_average_and_as_a_teacher(
-        random_checkpoint, raw_corpus, tmp_path, capfd):
+    random_checkpoint, raw_corpus, tmp_path, capfd
+):
     cfg = config_to_dict(load_config(TINY))
     cfg["data"].update(source_lang="de", target_lang="en")
-    ours = _save(tmp_path / "en-de.pt", random_checkpoint,
-                 config={**cfg, "data": {**cfg["data"], "source_lang": "en", "target_lang": "de"}})
+    ours = _save(
+        tmp_path / "en-de.pt",
+        random_checkpoint,
+        config={**cfg, "data": {**cfg["data"], "source_lang": "en", "target_lang": "de"}},
+    )
     other = _save(tmp_path / "de-en.pt", random_checkpoint, config=cfg)
-    for args in (["translate", "-c", str(ours), "-c", str(other), "-i", os.devnull],
-                 ["average-checkpoints", str(ours), str(other), "-o", str(tmp_path / "avg.pt")],
-                 ["distill", "--teacher", str(other), "-s", "en", "-t", "de", "--trainpref",
-                  raw_corpus.prefix("train"), "--out", str(tmp_path / "d")]):
+    for args in (
+        ["translate", "-c", str(ours), "-c", str(other), "-i", os.devnull],
+        ["average-checkpoints", str(ours), str(other), "-o", str(tmp_path / "avg.pt")],
+        [
+            "distill",
+            "--teacher",
+            str(other),
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            raw_corpus.prefix("train"),
+            "--out",
+            str(tmp_path / "d"),
+        ],
+    ):
         code, _, err = run_here(capfd, *args)
         assert_one_line(code, err, str(other), "translates de->en, not en->de")
 
 
-def test_a_terminology_file_that_is_not_utf8_is_one_line_naming_its_line(random_checkpoint, tmp_path, capfd):
+def test_a_terminology_file_that_is_not_utf8_is_one_line_naming_its_line(
+    random_checkpoint, tmp_path, capfd
+):
     terms = tmp_path / "terms.tsv"
     terms.write_bytes(b"cat\tKatze\ndog\tSch\xe4ferhund\n")  # Latin-1
-    code, _, err = run_here(capfd, "translate", "-c", str(random_checkpoint), "-i", os.devnull, "--terminology",
-                            str(terms))
+    code, _, err = run_here(
+        capfd,
+        "translate",
+        "-c",
+        str(random_checkpoint),
+        "-i",
+        os.devnull,
+        "--terminology",
+        str(terms),
+    )
     assert_one_line(code, err, f"{terms}:2: not UTF-8")
 
 
 def test_every_replaced_file_removes_a_killed_writers_temporary(random_checkpoint, tmp_path, capfd):
     left = tmp_path / f".avg.pt.tmp-{dead_pid()}-0badf00d"
     left.write_bytes(b"half a checkpoint")
-    code, _, err = run_here(capfd, "average-checkpoints", str(random_checkpoint), "-o", str(tmp_path / "avg.pt"))
+    code, _, err = run_here(
+        capfd, "average-checkpoints", str(random_checkpoint), "-o", str(tmp_path / "avg.pt")
+    )
     assert code == 0, err
     assert not left.exists() and (tmp_path / "avg.pt").is_file()
 
@@ -869,7 +1194,9 @@ def test_export_force_refuses_to_remove_what_it_did_not_write(random_checkpoint,
     assert sorted(p.name for p in out.iterdir()) == before
 
 
-def test_a_run_pruned_to_its_best_checkpoint_resumes_from_it_and_never_replaces_it(prepared, tmp_path, caplog):
+def test_a_run_pruned_to_its_best_checkpoint_resumes_from_it_and_never_replaces_it(
+    prepared, tmp_path, caplog
+):
     data, run_dir = prepared[0], tmp_path / "run"
     cfg = tiny(data, run_dir, max_updates=2, save_interval_updates=1, validate_interval_updates=1)
     train(cfg)
@@ -879,7 +1206,9 @@ def test_a_run_pruned_to_its_best_checkpoint_resumes_from_it_and_never_replaces_
     with pytest.raises(NmtError, match="model.ffn_dim"):  # a new run here would have replaced it
         train(with_overrides(cfg, model={"ffn_dim": 96}))
     kept = load_checkpoint(run_dir / "checkpoint_best.pt")
-    assert kept["update"] == best["update"] and all(torch.equal(kept["model"][k], t) for k, t in best["model"].items())
+    assert kept["update"] == best["update"] and all(
+        torch.equal(kept["model"][k], t) for k, t in best["model"].items()
+    )
     caplog.set_level(logging.INFO, logger="nmt")
     assert train(with_overrides(cfg, train={"max_updates": 3})).update == 3
     assert f"resumed from update {best['update']}" in caplog.text
@@ -908,13 +1237,22 @@ def test_a_finished_run_started_again_keeps_its_config(prepared, tmp_path):
     assert (tmp_path / "run" / "config.yaml").read_bytes() == written
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    ("model:\n  d_model: 64\ntrain:\n  lr: 0.1\nmodel:\n  heads: 4\n", "c.yaml:5:1: malformed YAML: key model given twice"),
-    ("train:\n  seed: -1\n", "train.seed must be in [0, 2^62), got -1"),
-    ("train:\n  threads: 100000\n", "train.threads must be in [0, 4096], got 100000"),
-    ("train:\n  pad_to_multiple: 300\nmodel:\n  max_positions: 256\n",
-     "train.pad_to_multiple (300) must not exceed model.max_positions (256)"),
-], ids=["duplicate key", "seed", "threads", "pad_to_multiple"])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            "model:\n  d_model: 64\ntrain:\n  lr: 0.1\nmodel:\n  heads: 4\n",
+            "c.yaml:5:1: malformed YAML: key model given twice",
+        ),
+        ("train:\n  seed: -1\n", "train.seed must be in [0, 2^62), got -1"),
+        ("train:\n  threads: 100000\n", "train.threads must be in [0, 4096], got 100000"),
+        (
+            "train:\n  pad_to_multiple: 300\nmodel:\n  max_positions: 256\n",
+            "train.pad_to_multiple (300) must not exceed model.max_positions (256)",
+        ),
+    ],
+    ids=["duplicate key", "seed", "threads", "pad_to_multiple"],
+)
 def test_config_mistakes_that_used_to_reach_training_are_one_line(tmp_path, text, needle):
     (tmp_path / "c.yaml").write_text(text)
     with pytest.raises(ConfigError) as e:
@@ -924,14 +1262,16 @@ def test_config_mistakes_that_used_to_reach_training_are_one_line(tmp_path, text
 
 def test_a_rejected_value_is_shown_short_even_from_a_yaml_alias_bomb(tmp_path):
     levels = ['&b0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    levels += [f'&b{i} [' + ",".join([f"*b{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    levels += [f"&b{i} [" + ",".join([f"*b{i - 1}"] * 10) + "]" for i in range(1, 9)]
     (tmp_path / "c.yaml").write_text("train:\n  lr: [" + ", ".join(levels) + "]\n")
     with pytest.raises(ConfigError, match="train.lr must be a number") as e:
         load_config(tmp_path / "c.yaml")
     assert len(str(e.value)) < 500
 
 
-def test_the_api_refuses_fp16_on_the_cpu_at_load_and_a_where_that_is_not_a_function(random_checkpoint):
+def test_the_api_refuses_fp16_on_the_cpu_at_load_and_a_where_that_is_not_a_function(
+    random_checkpoint,
+):
     with pytest.raises(NmtError, match="fp16 needs a CUDA device"):
         Translator.load(random_checkpoint, precision="fp16", device="cpu")
     translator = Translator.load(random_checkpoint, device="cpu", beam=1)
@@ -940,12 +1280,24 @@ def test_the_api_refuses_fp16_on_the_cpu_at_load_and_a_where_that_is_not_a_funct
 
 
 def test_a_best_metric_changed_on_resume_starts_a_new_best_and_patience(prepared, tmp_path, caplog):
-    """The best loss (9.4, lower is better) was compared with a BLEU, or the reverse: checkpoint_best.pt
-    was never replaced again and patience stopped a run that improved."""
+    """The best loss (9.4, lower is better) was compared with a BLEU, or the reverse:
+    checkpoint_best.pt was never replaced again and patience stopped a run that improved."""
     caplog.set_level(logging.INFO, logger="nmt")
     data, run_dir = prepared[0], tmp_path / "run"
-    cfg = tiny(data, run_dir, max_updates=2, validate_interval_updates=1, valid_bleu=False, best_metric="loss")
+    cfg = tiny(
+        data,
+        run_dir,
+        max_updates=2,
+        validate_interval_updates=1,
+        valid_bleu=False,
+        best_metric="loss",
+    )
     train(cfg)
-    assert train(with_overrides(cfg, train={"max_updates": 3, "valid_bleu": True, "best_metric": "bleu"})).update == 3
+    assert (
+        train(
+            with_overrides(cfg, train={"max_updates": 3, "valid_bleu": True, "best_metric": "bleu"})
+        ).update
+        == 3
+    )
     assert load_checkpoint(run_dir / "checkpoint_best.pt")["update"] == 3
     assert "the best validation so far is a loss" in caplog.text

@@ -40,8 +40,10 @@ from nmt.checkpoint import atomic_save, load_checkpoint
 from nmt.errors import NmtError
 from nmt.training.trainer import train
 
-pytestmark = [pytest.mark.usefixtures("one_thread", "restore_logging"),
-              pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
+pytestmark = [
+    pytest.mark.usefixtures("one_thread", "restore_logging"),
+    pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
+]
 
 Q = "model.encoder.layers.0.self_attn.q_proj.weight"
 K = "model.encoder.layers.0.self_attn.k_proj.weight"
@@ -54,8 +56,9 @@ class Folders:
 
     def __init__(self, raw_corpus: Any, factory: pytest.TempPathFactory):
         self.factory = factory
-        self.spm = train_spm_pair(raw_corpus.lines("train", "en"), raw_corpus.lines("train", "de"),
-                                  factory.mktemp("spm"))
+        self.spm = train_spm_pair(
+            raw_corpus.lines("train", "en"), raw_corpus.lines("train", "de"), factory.mktemp("spm")
+        )
         self.folders: dict[Variant, Path] = {}
         self.checkpoints: dict[Variant, Path] = {}
 
@@ -156,12 +159,21 @@ def overflowing(folders, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("options", [[], ["--sampling"], ["--beam", "1"]])
-def test_translating_with_a_model_that_computes_nan_is_an_error_naming_it(overflowing, tmp_path,
-                                                                         capfd, options):
+def test_translating_with_a_model_that_computes_nan_is_an_error_naming_it(
+    overflowing, tmp_path, capfd, options
+):
     source = tmp_path / "in.en"
     source.write_text("\n".join(SOURCES) + "\n")
-    refused(capfd, "translate", "-c", str(overflowing), "-i", str(source), *options,
-            needles=(str(overflowing), "NaN log-probabilities"))
+    refused(
+        capfd,
+        "translate",
+        "-c",
+        str(overflowing),
+        "-i",
+        str(source),
+        *options,
+        needles=(str(overflowing), "NaN log-probabilities"),
+    )
 
 
 def test_scoring_with_a_model_that_computes_nan_is_an_error_naming_it(overflowing):
@@ -181,12 +193,21 @@ def test_a_stored_position_table_that_differs_is_refused(folders, tmp_path, capf
     table = state["model.decoder.embed_positions.weight"]
     table[5:] = table[5:].roll(1, dims=0)  # positions 5.. one off
     as_bin(folder, state)
-    refused(capfd, "import", str(folder), "-o", str(tmp_path / "out.pt"),
-            needles=("model.decoder.embed_positions.weight", "not MarianMT's sinusoid table"))
+    refused(
+        capfd,
+        "import",
+        str(folder),
+        "-o",
+        str(tmp_path / "out.pt"),
+        needles=("model.decoder.embed_positions.weight", "not MarianMT's sinusoid table"),
+    )
 
 
-TIED = {"lm_head": "lm_head.weight", "shared": "model.shared.weight",
-        "encoder's table": "model.encoder.embed_tokens.weight"}
+TIED = {
+    "lm_head": "lm_head.weight",
+    "shared": "model.shared.weight",
+    "encoder's table": "model.encoder.embed_tokens.weight",
+}
 
 
 @pytest.mark.parametrize("case", TIED)
@@ -244,22 +265,33 @@ def test_a_run_whose_config_names_no_languages_saves_those_of_prepare_json(prepa
 def test_one_position_is_refused_at_import(folders, tmp_path, capfd):
     folder = copy_of(folders, tmp_path)
     edit_json(folder / "config.json", max_position_embeddings=1)
-    refused(capfd, "import", str(folder), "-o", str(tmp_path / "out.pt"),
-            needles=("config.json (max_position_embeddings)", "too few to translate"))
+    refused(
+        capfd,
+        "import",
+        str(folder),
+        "-o",
+        str(tmp_path / "out.pt"),
+        needles=("config.json (max_position_embeddings)", "too few to translate"),
+    )
 
 
-@pytest.mark.parametrize(("key", "value", "needle"), [
-    ("num_beams", 10**9, "num_beams must be smaller than the vocabulary"),
-    ("max_length", 1, "max_length 1 leaves no token"),
-    ("min_new_tokens", -1, "min_new_tokens must not be negative"),
-])
-def test_generation_settings_nothing_can_decode_with_are_refused_at_import(folders, tmp_path, capfd,
-                                                                           key, value, needle):
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("num_beams", 10**9, "num_beams must be smaller than the vocabulary"),
+        ("max_length", 1, "max_length 1 leaves no token"),
+        ("min_new_tokens", -1, "min_new_tokens must not be negative"),
+    ],
+)
+def test_generation_settings_nothing_can_decode_with_are_refused_at_import(
+    folders, tmp_path, capfd, key, value, needle
+):
     folder = copy_of(folders, tmp_path)
     edit_json(folder / "generation_config.json", **{key: value})
     out = tmp_path / "out.pt"
-    refused(capfd, "import", str(folder), "-o", str(out),
-            needles=("generation_config.json", needle))
+    refused(
+        capfd, "import", str(folder), "-o", str(out), needles=("generation_config.json", needle)
+    )
     assert not out.exists()
 
 
@@ -267,8 +299,14 @@ def test_a_marian_beam_size_of_10_to_the_12_is_refused_at_import(tmp_path, capfd
     release = write_release(tmp_path / "release")
     text = release.decoder_yml.read_text().replace("beam-size: 4", f"beam-size: {10**12}")
     release.decoder_yml.write_text(text)
-    refused(capfd, "import", str(release.folder), "-o", str(tmp_path / "out.pt"),
-            needles=("decoder.yml: beam-size must be smaller than the vocabulary",))
+    refused(
+        capfd,
+        "import",
+        str(release.folder),
+        "-o",
+        str(tmp_path / "out.pt"),
+        needles=("decoder.yml: beam-size must be smaller than the vocabulary",),
+    )
 
 
 # ------------------------------------------------------------------ past the address-space limit
@@ -288,8 +326,15 @@ cli.main(sys.argv[1:])
 def sparse_safetensors(path: Path, gib: int) -> None:
     """A valid safetensors file of one `gib` GiB float32 tensor of zeros, sparse (no disk space)."""
     rows = (gib << 30) // (40 * 4)
-    header = json.dumps({"model.shared.weight": {"dtype": "F32", "shape": [rows, 40],
-                                                 "data_offsets": [0, rows * 40 * 4]}}).encode()
+    header = json.dumps(
+        {
+            "model.shared.weight": {
+                "dtype": "F32",
+                "shape": [rows, 40],
+                "data_offsets": [0, rows * 40 * 4],
+            }
+        }
+    ).encode()
     header += b" " * (-len(header) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header)
@@ -301,8 +346,14 @@ def test_a_safetensors_file_past_the_address_space_limit_is_one_line(folders, tm
     sparse_safetensors(folder / "model.safetensors", 2)
     args = ["import", str(folder), "-o", str(tmp_path / "out.pt")]
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", LIMITED_IMPORT, *args], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", LIMITED_IMPORT, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert proc.returncode == 1, proc.stderr
     one_error_line(proc.stderr, "model.safetensors", "too large for this process's memory")
 
@@ -311,8 +362,9 @@ def test_a_safetensors_file_past_the_address_space_limit_is_one_line(folders, tm
 
 
 @pytest.mark.parametrize("format", ["hf", "ctranslate2"])
-def test_export_force_replaces_an_earlier_export_of_the_other_vocabulary_layout(folders, tmp_path,
-                                                                                format):
+def test_export_force_replaces_an_earlier_export_of_the_other_vocabulary_layout(
+    folders, tmp_path, format
+):
     """An export of separate vocabularies (target_vocab.json, source_ and target_vocabulary.json)
     replaced by one of a joint vocabulary: what the earlier export wrote goes with it."""
     out = tmp_path / "export"
@@ -321,8 +373,10 @@ def test_export_force_replaces_an_earlier_export_of_the_other_vocabulary_layout(
     earlier = {p.name for p in out.iterdir()}
     joint = folders.checkpoint()
     assert nmt_here("export", str(joint), str(out), "--format", format, "--force") == 0
-    gone = {"hf": {"target_vocab.json"},
-            "ctranslate2": {"source_vocabulary.json", "target_vocabulary.json"}}
+    gone = {
+        "hf": {"target_vocab.json"},
+        "ctranslate2": {"source_vocabulary.json", "target_vocabulary.json"},
+    }
     assert gone[format] <= earlier - {p.name for p in out.iterdir()}
     (out / "README.md").write_text("mine")  # a name no export writes is still never removed
     assert nmt_here("export", str(separate), str(out), "--format", format, "--force") == 1

@@ -60,36 +60,71 @@ def feed_fifo(path: Path, data: bytes) -> threading.Thread:
 
 
 def options(dest: Path, trainpref: str, **extra: object) -> PrepareOptions:
-    return PrepareOptions(source_lang="en", target_lang="de", trainpref=trainpref, destdir=str(dest), workers=1,
-                          **extra)  # type: ignore[arg-type]
+    return PrepareOptions(
+        source_lang="en",
+        target_lang="de",
+        trainpref=trainpref,
+        destdir=str(dest),
+        workers=1,
+        **extra,
+    )  # type: ignore[arg-type]
 
 
-# ------------------------------------------------------------------ every input of every command, a special file
+# ---------------------------------------------------- every input of every command, a special file
 
 
 def _walk_cases() -> list[tuple[str, str]]:
-    inputs = ["train CONFIG", "train --set train.init_from", "distill --config", "prepare-bpe --spm-model",
-              "prepare-bpe --tokenizer-from", "prepare-bpe --trainpref", "translate -c", "translate -i",
-              "translate --shortlist", "translate --terminology", "score --hyp", "score --ref",
-              "average-checkpoints", "export", "plot curves", "plot attention"]
+    inputs = [
+        "train CONFIG",
+        "train --set train.init_from",
+        "distill --config",
+        "prepare-bpe --spm-model",
+        "prepare-bpe --tokenizer-from",
+        "prepare-bpe --trainpref",
+        "translate -c",
+        "translate -i",
+        "translate --shortlist",
+        "translate --terminology",
+        "score --hyp",
+        "score --ref",
+        "average-checkpoints",
+        "export",
+        "plot curves",
+        "plot attention",
+    ]
     streams = {"prepare-bpe --trainpref", "translate -i", "score --hyp", "score --ref"}
     # a FIFO with no writer where a stream is read is waited on, as `cat` waits: a pipe is a
     # feature there (test_a_named_pipe_corpus_is_read_once_into_a_copy,
     # test_translate_decompresses_gzip_from_a_fifo_a_pipe_and_standard_input)
-    return [(role, kind) for role in inputs for kind in ("zero", "fifo", "dir")
-            if not (kind == "fifo" and role in streams)]
+    return [
+        (role, kind)
+        for role in inputs
+        for kind in ("zero", "fifo", "dir")
+        if not (kind == "fifo" and role in streams)
+    ]
 
 
 # the issue's own cases run in every suite; the whole walk (40 commands, ~4 minutes) is slow
-FAST = {("train CONFIG", "zero"), ("train CONFIG", "fifo"), ("distill --config", "zero"),
-        ("prepare-bpe --spm-model", "zero"), ("prepare-bpe --spm-model", "fifo"), ("translate -i", "zero")}
-WALK = [pytest.param(role, kind, id=f"{role}-{kind}", marks=() if (role, kind) in FAST else pytest.mark.slow)
-        for role, kind in _walk_cases()]
+FAST = {
+    ("train CONFIG", "zero"),
+    ("train CONFIG", "fifo"),
+    ("distill --config", "zero"),
+    ("prepare-bpe --spm-model", "zero"),
+    ("prepare-bpe --spm-model", "fifo"),
+    ("translate -i", "zero"),
+}
+WALK = [
+    pytest.param(
+        role, kind, id=f"{role}-{kind}", marks=() if (role, kind) in FAST else pytest.mark.slow
+    )
+    for role, kind in _walk_cases()
+]
 
 
 @pytest.mark.parametrize(("role", "kind"), WALK)
-def test_every_input_that_is_a_special_file_is_one_line_and_no_hang(role, kind, prepared, random_checkpoint,
-                                                                      raw_corpus, tmp_path):
+def test_every_input_that_is_a_special_file_is_one_line_and_no_hang(
+    role, kind, prepared, random_checkpoint, raw_corpus, tmp_path
+):
     """Issue 57, item 5: /dev/zero as a config was a MemoryError traceback (train, distill
     --config, prepare-bpe --spm-model), a FIFO config or sentencepiece model blocked for ever.
     Every file read whole goes through `nmt.atomic.read_regular`; a text stream refuses a
@@ -106,32 +141,100 @@ def test_every_input_that_is_a_special_file_is_one_line_and_no_hang(role, kind, 
         bad = run / "metrics.jsonl"
     else:
         plant(bad, kind)
-    sets = ["--set", f"data.dir={prepared[0]}", "--set", f"train.run_dir={run}", "--set", "train.device=cpu",
-            "--set", "train.max_updates=1"]
+    sets = [
+        "--set",
+        f"data.dir={prepared[0]}",
+        "--set",
+        f"train.run_dir={run}",
+        "--set",
+        "train.device=cpu",
+        "--set",
+        "train.max_updates=1",
+    ]
     args = {
         "train CONFIG": ["train", str(bad), *sets],
-        "train --set train.init_from": ["train", str(TINY), *sets, "--set", f"train.init_from={bad}"],
-        "distill --config": ["distill", "-s", "en", "-t", "de", "--trainpref", corpus, "-o", str(out),
-                             "--teacher", ckpt, "--config", str(bad)],
-        "prepare-bpe --spm-model": ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", corpus, "--destdir", str(out),
-                                    "--spm-model", str(bad)],
-        "prepare-bpe --tokenizer-from": ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", corpus, "--destdir",
-                                         str(out), "--tokenizer-from", str(bad)],
-        "prepare-bpe --trainpref": ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", str(tmp_path / "corpus"),
-                                    "--destdir", str(out), "--vocab-size", "100"],
+        "train --set train.init_from": [
+            "train",
+            str(TINY),
+            *sets,
+            "--set",
+            f"train.init_from={bad}",
+        ],
+        "distill --config": [
+            "distill",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            corpus,
+            "-o",
+            str(out),
+            "--teacher",
+            ckpt,
+            "--config",
+            str(bad),
+        ],
+        "prepare-bpe --spm-model": [
+            "prepare-bpe",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            corpus,
+            "--destdir",
+            str(out),
+            "--spm-model",
+            str(bad),
+        ],
+        "prepare-bpe --tokenizer-from": [
+            "prepare-bpe",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            corpus,
+            "--destdir",
+            str(out),
+            "--tokenizer-from",
+            str(bad),
+        ],
+        "prepare-bpe --trainpref": [
+            "prepare-bpe",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            str(tmp_path / "corpus"),
+            "--destdir",
+            str(out),
+            "--vocab-size",
+            "100",
+        ],
         "translate -c": ["translate", "-c", str(bad)],
         "translate -i": ["translate", "-c", ckpt, "-i", str(bad)],
         "translate --shortlist": ["translate", "-c", ckpt, "--shortlist", str(bad)],
         "translate --terminology": ["translate", "-c", ckpt, "--terminology", str(bad)],
         "score --hyp": ["score", "--ref", f"{corpus}.de", "--hyp", str(bad)],
         "score --ref": ["score", "--ref", str(bad), "--hyp", f"{corpus}.de"],
-        "average-checkpoints": ["average-checkpoints", ckpt, str(bad), "-o", str(tmp_path / "avg.pt")],
+        "average-checkpoints": [
+            "average-checkpoints",
+            ckpt,
+            str(bad),
+            "-o",
+            str(tmp_path / "avg.pt"),
+        ],
         "export": ["export", str(bad), str(out), "--format", "hf"],
         "plot curves": ["plot", "curves", str(run), "-o", str(tmp_path / "c.png")],
         "plot attention": ["plot", "attention", str(bad), "-o", str(out)],
     }[role]
     r = nmt(*args, stdin="A dog.\n", timeout=TIMEOUT, env={"OMP_NUM_THREADS": "1"})
-    if role.startswith(("train", "distill", "plot")):  # commands that may log first (matplotlib's first use)
+    if role.startswith(
+        ("train", "distill", "plot")
+    ):  # commands that may log first (matplotlib's first use)
         assert r.returncode == 1, r.stderr
         last_error_line(r.stderr, str(bad))
     else:
@@ -139,10 +242,12 @@ def test_every_input_that_is_a_special_file_is_one_line_and_no_hang(role, kind, 
     assert "MemoryError" not in r.stderr and "Traceback" not in r.stderr
 
 
-# ------------------------------------------------------------------ gzip through a pipe (items 4 and 6)
+# ------------------------------------------------------------- gzip through a pipe (items 4 and 6)
 
 
-def test_translate_decompresses_gzip_from_a_fifo_a_pipe_and_standard_input(random_checkpoint, tmp_path):
+def test_translate_decompresses_gzip_from_a_fifo_a_pipe_and_standard_input(
+    random_checkpoint, tmp_path
+):
     """Issue 57, items 4 and 6: `-i FIFO` carrying gzip never ended (the FIFO was peeked,
     closed and reopened, its writer gone); `-i <(gzip -c f)` failed "Not a gzipped file";
     `gzip -c f | nmt translate` translated the compressed bytes (21 lines for 200, exit 0).
@@ -167,9 +272,13 @@ def test_translate_decompresses_gzip_from_a_fifo_a_pipe_and_standard_input(rando
     assert from_fifo.returncode == 0 and from_fifo.stdout == expected, from_fifo.stderr
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    substituted = subprocess.run(["bash", "-c", f'"{sys.executable}" -m nmt translate -c "{ckpt}" '
-                                  f'-i <(gzip -c "{plain}")'], env=env, capture_output=True, text=True,
-                                 timeout=TIMEOUT)
+    substituted = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m nmt translate -c "{ckpt}" -i <(gzip -c "{plain}")'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert substituted.returncode == 0 and substituted.stdout == expected, substituted.stderr
 
 
@@ -191,20 +300,36 @@ def test_yaml_nested_thousands_deep_is_one_line(tmp_path, where):
             load_config(None, [f"train.lr={deep}"])
 
 
-def test_a_deep_yaml_config_is_one_line_from_train_and_distill(tmp_path, random_checkpoint, raw_corpus):
+def test_a_deep_yaml_config_is_one_line_from_train_and_distill(
+    tmp_path, random_checkpoint, raw_corpus
+):
     """The same through the command line: `nmt train` and `nmt distill --config`."""
     path = tmp_path / "deep.yaml"
     path.write_text("train:\n  lr: " + "[" * 5000 + "]" * 5000 + "\n")
     r = nmt("train", str(path), timeout=TIMEOUT)
     assert r.returncode == 1, r.stderr
     last_error_line(r.stderr, str(path), "nested too deep")
-    r = nmt("distill", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("train"), "-o", str(tmp_path / "d"),
-            "--teacher", str(random_checkpoint), "--config", str(path), timeout=TIMEOUT)
+    r = nmt(
+        "distill",
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        raw_corpus.prefix("train"),
+        "-o",
+        str(tmp_path / "d"),
+        "--teacher",
+        str(random_checkpoint),
+        "--config",
+        str(path),
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 1, r.stderr
     last_error_line(r.stderr, str(path), "nested too deep")
 
 
-# ------------------------------------------------------------------ a lone surrogate in a vocabulary (item 16)
+# ------------------------------------------------------ a lone surrogate in a vocabulary (item 16)
 
 
 def test_a_vocabulary_with_a_lone_surrogate_is_refused_naming_the_piece(test_tokenizer):
@@ -213,21 +338,36 @@ def test_a_vocabulary_with_a_lone_surrogate_is_refused_naming_the_piece(test_tok
     model = test_tokenizer.model_bytes
     pieces = [test_tokenizer.piece(i) for i in range(test_tokenizer.vocab_size)]
     pieces[7] = json.loads('"ab\\ud800"')
-    with pytest.raises(NmtError, match=r"^vocab\.json: piece 7 of the vocabulary holds a lone surrogate "
-                                       r"\('\\ud800'\), which is not text$"):
+    with pytest.raises(
+        NmtError,
+        match=r"^vocab\.json: piece 7 of the vocabulary holds a lone surrogate "
+        r"\('\\ud800'\), which is not text$",
+    ):
         VocabTokenizer(model, model, pieces, NMT_SPECIALS, name="vocab.json")
 
 
 # ------------------------------------------------------------------ prepare-bpe (item 20)
 
 
-def test_prepare_that_keeps_no_training_pair_fails_and_leaves_no_output(tmp_path, raw_corpus, prepared):
+def test_prepare_that_keeps_no_training_pair_fails_and_leaves_no_output(
+    tmp_path, raw_corpus, prepared
+):
     """Issue 57, item 20: prepare-bpe exited 0 after keeping 0 training pairs (every pair
     dropped by the filters): data nothing can be trained on."""
     dest = tmp_path / "out"
-    with pytest.raises(NmtError, match=r"kept 0 of \d+ training pairs, \d+ too_long; nothing to train on"):
-        prepare_bpe(options(dest, raw_corpus.prefix("train"), spm_model=str(prepared[0] / "spm.model"), max_len=1,
-                            min_len=0), progress=False)
+    with pytest.raises(
+        NmtError, match=r"kept 0 of \d+ training pairs, \d+ too_long; nothing to train on"
+    ):
+        prepare_bpe(
+            options(
+                dest,
+                raw_corpus.prefix("train"),
+                spm_model=str(prepared[0] / "spm.model"),
+                max_len=1,
+                min_len=0,
+            ),
+            progress=False,
+        )
     assert not dest.exists() and list(tmp_path.iterdir()) == []
 
 
@@ -235,12 +375,26 @@ def test_sentencepiece_errors_name_the_files_and_the_option(tmp_path, raw_corpus
     """Issue 57, item 20: sentencepiece's errors named no file or side, and a too-large
     --target-vocab-size was reported as --vocab-size."""
     prefix = raw_corpus.prefix("train")
-    with pytest.raises(NmtError, match=rf"^sentencepiece training on {prefix}\.de failed \(--target-vocab-size "
-                                       r"90000\): Vocabulary size too high"):
-        prepare_bpe(options(tmp_path / "sep", prefix, vocab_size=400, separate_vocab=True, target_vocab_size=90000),
-                    progress=False)
-    with pytest.raises(NmtError, match=rf"^sentencepiece training on {prefix}\.en \+ {prefix}\.de failed "
-                                       r"\(--vocab-size 90000\)"):
+    with pytest.raises(
+        NmtError,
+        match=rf"^sentencepiece training on {prefix}\.de failed \(--target-vocab-size "
+        r"90000\): Vocabulary size too high",
+    ):
+        prepare_bpe(
+            options(
+                tmp_path / "sep",
+                prefix,
+                vocab_size=400,
+                separate_vocab=True,
+                target_vocab_size=90000,
+            ),
+            progress=False,
+        )
+    with pytest.raises(
+        NmtError,
+        match=rf"^sentencepiece training on {prefix}\.en \+ {prefix}\.de failed "
+        r"\(--vocab-size 90000\)",
+    ):
         prepare_bpe(options(tmp_path / "joint", prefix, vocab_size=90000), progress=False)
 
 
@@ -249,12 +403,19 @@ def test_spm_model_with_another_vocab_size_is_refused(tmp_path, raw_corpus, prep
     """Issue 57, item 20: --spm-model ignored --vocab-size in silence (even -5); the same size
     as the model's is consistent and goes on."""
     spm = str(prepared[0] / "spm.model")
-    with pytest.raises(NmtError, match=rf"^--vocab-size {size}: --spm-model {spm} has a vocabulary of 500; leave "
-                                       "--vocab-size out$"):
-        prepare_bpe(options(tmp_path / "out", raw_corpus.prefix("train"), spm_model=spm, vocab_size=size),
-                    progress=False)
-    report = prepare_bpe(options(tmp_path / "out", raw_corpus.prefix("val"), spm_model=spm, vocab_size=500),
-                         progress=False)
+    with pytest.raises(
+        NmtError,
+        match=rf"^--vocab-size {size}: --spm-model {spm} has a vocabulary of 500; leave "
+        "--vocab-size out$",
+    ):
+        prepare_bpe(
+            options(tmp_path / "out", raw_corpus.prefix("train"), spm_model=spm, vocab_size=size),
+            progress=False,
+        )
+    report = prepare_bpe(
+        options(tmp_path / "out", raw_corpus.prefix("val"), spm_model=spm, vocab_size=500),
+        progress=False,
+    )
     assert report["vocab_size"] == 500
 
 
@@ -267,12 +428,30 @@ def test_a_named_pipe_corpus_is_read_once_into_a_copy(tmp_path, raw_corpus, prep
     shutil.copy(f"{raw_corpus.prefix('val')}.de", tmp_path / "piped.de")
     fifo = tmp_path / "piped.en"
     os.mkfifo(fifo)
-    writer = feed_fifo(fifo, gzip.compress(source.read_bytes()))  # gzip, as `<(zcat ...)` would not need
-    r = nmt("prepare-bpe", "-s", "en", "-t", "de", "--trainpref", str(tmp_path / "piped"), "--destdir",
-            str(tmp_path / "from-pipe"), "--spm-model", spm, "--workers", "1", timeout=TIMEOUT)
+    writer = feed_fifo(
+        fifo, gzip.compress(source.read_bytes())
+    )  # gzip, as `<(zcat ...)` would not need
+    r = nmt(
+        "prepare-bpe",
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        str(tmp_path / "piped"),
+        "--destdir",
+        str(tmp_path / "from-pipe"),
+        "--spm-model",
+        spm,
+        "--workers",
+        "1",
+        timeout=TIMEOUT,
+    )
     writer.join(timeout=60)
     assert r.returncode == 0, r.stderr
-    expected = prepare_bpe(options(tmp_path / "from-file", raw_corpus.prefix("val"), spm_model=spm), progress=False)
+    expected = prepare_bpe(
+        options(tmp_path / "from-file", raw_corpus.prefix("val"), spm_model=spm), progress=False
+    )
     got = json.loads((tmp_path / "from-pipe" / "prepare.json").read_text())
     assert got["fingerprint"] == expected["fingerprint"]
     assert got["splits"]["train"]["files"]["en"] == str(fifo)
@@ -286,7 +465,7 @@ def test_a_device_as_a_corpus_is_refused_naming_it(tmp_path, raw_corpus):
         prepare_bpe(options(tmp_path / "out", str(tmp_path / "c"), vocab_size=100), progress=False)
 
 
-# ------------------------------------------------------------------ plot curves on an empty metrics.jsonl (item 20)
+# ------------------------------------------------- plot curves on an empty metrics.jsonl (item 20)
 
 
 def test_plot_curves_of_an_empty_metrics_file_is_refused(tmp_path):
@@ -297,7 +476,9 @@ def test_plot_curves_of_an_empty_metrics_file_is_refused(tmp_path):
     (run / "metrics.jsonl").write_text("")
     r = nmt("plot", "curves", str(run), "-o", str(tmp_path / "c.png"), timeout=TIMEOUT)
     assert r.returncode == 1, r.stderr
-    last_error_line(r.stderr, str(run / "metrics.jsonl"), "no records to draw")  # after matplotlib's first-use log
+    last_error_line(
+        r.stderr, str(run / "metrics.jsonl"), "no records to draw"
+    )  # after matplotlib's first-use log
     assert not (tmp_path / "c.png").exists()
 
 
@@ -309,5 +490,7 @@ def test_a_megabyte_constraint_gives_a_short_error_line(random_checkpoint):
     cut short (`nmt.fields.shown`)."""
     line = json.dumps({"text": "A dog.", "constraints": ["dog " * 250_000]}) + "\n"
     r = nmt("translate", "-c", str(random_checkpoint), "--json-input", stdin=line, timeout=TIMEOUT)
-    error = assert_one_line(r.returncode, r.stderr, "<stdin>:1", "the constraint 'dog dog", "tokens, longer than")
+    error = assert_one_line(
+        r.returncode, r.stderr, "<stdin>:1", "the constraint 'dog dog", "tokens, longer than"
+    )
     assert len(error) < 500, len(error)

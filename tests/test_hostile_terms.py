@@ -33,7 +33,11 @@ def nfd(text: str) -> str:
 
 # (source term, text, whether the term is a word of the text): the issue's six and their siblings
 WHOLE_WORDS = [
-    ("stanbul", "A dog in İstanbul.", False),  # İ folds to i + a combining dot: a mark, not a word's start
+    (
+        "stanbul",
+        "A dog in İstanbul.",
+        False,
+    ),  # İ folds to i + a combining dot: a mark, not a word's start
     ("phone", "A new İPHONE.", False),
     ("te", nfd("Un été chaud."), False),  # NFD: the accents are marks after the letters
     ("ller", nfd("Frau Müller kommt."), False),
@@ -57,7 +61,9 @@ WHOLE_WORDS = [
 ]
 
 
-@pytest.mark.parametrize("term, text, found", WHOLE_WORDS, ids=[f"{i}-{c[0]}" for i, c in enumerate(WHOLE_WORDS)])
+@pytest.mark.parametrize(
+    "term, text, found", WHOLE_WORDS, ids=[f"{i}-{c[0]}" for i, c in enumerate(WHOLE_WORDS)]
+)
 def test_a_term_is_a_whole_word_after_normalization_and_case_folding(term, text, found):
     """Issue 57 (11): a term matches where the text equals it once both are NFC, NFKC and
     case-folded, between whole characters (a letter with its combining marks), never with a
@@ -67,7 +73,7 @@ def test_a_term_is_a_whole_word_after_normalization_and_case_folding(term, text,
     assert t.match(text) == (["TARGET"] if found else []), (term, text)
 
 
-# ------------------------------------------------------------------ item 12: terms a line cannot use
+# ---------------------------------------------------------------- item 12: terms a line cannot use
 
 
 def test_a_term_empty_once_normalized_is_refused_at_load_naming_its_line(tmp_path):
@@ -92,8 +98,23 @@ def test_a_term_too_long_for_a_line_goes_unmet_with_a_warning(random_checkpoint,
     src = tmp_path / "in.en"
     src.write_text("A cat.\nA bird.\nA dog and a cat.\n", encoding="utf-8")
     out = tmp_path / "out.de"
-    code = nmt_here("translate", "-c", str(random_checkpoint), "-i", str(src), "-o", str(out), "--terminology",
-                    str(terms), "--beam", "2", "--max-len-a", "0", "--max-len-b", "12")
+    code = nmt_here(
+        "translate",
+        "-c",
+        str(random_checkpoint),
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--terminology",
+        str(terms),
+        "--beam",
+        "2",
+        "--max-len-a",
+        "0",
+        "--max-len-b",
+        "12",
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     assert len(out.read_text(encoding="utf-8").split("\n")) == 4  # three lines and the last newline
@@ -105,21 +126,26 @@ def test_a_term_too_long_for_a_line_goes_unmet_with_a_warning(random_checkpoint,
 # ------------------------------------------------------------------ item 29: empty terms
 
 
-@pytest.mark.parametrize("pair, message", [
-    (("", "Katze"), "terminology['']: the source term is empty"),
-    (("  ", "Katze"), "terminology['  ']: the source term is empty"),
-    (("dog", " "), "terminology['dog']: the target term is empty"),
-    (("\u200b", "Katze"), "terminology['\\u200b']: the source term is empty once normalized"),
-    (("dog", "\u200b\u2060"), "terminology['dog']: the target term is empty once normalized"),
-    (("x" * 1001, "y"), "the source term is 1,001 characters; a term has at most 1,000"),
-])
+@pytest.mark.parametrize(
+    "pair, message",
+    [
+        (("", "Katze"), "terminology['']: the source term is empty"),
+        (("  ", "Katze"), "terminology['  ']: the source term is empty"),
+        (("dog", " "), "terminology['dog']: the target term is empty"),
+        (("\u200b", "Katze"), "terminology['\\u200b']: the source term is empty once normalized"),
+        (("dog", "\u200b\u2060"), "terminology['dog']: the target term is empty once normalized"),
+        (("x" * 1001, "y"), "the source term is 1,001 characters; a term has at most 1,000"),
+    ],
+)
 def test_an_empty_term_given_as_pairs_is_refused_naming_it(pair, message):
     """Issue 57 (29): `{"terminology": {"": "Katze"}}` forced "Katze" into every translation
     (an empty term matches everywhere); a file's empty term was refused, pairs' were not."""
     with pytest.raises(NmtError) as e:
         terminology_from_pairs([("dog", "Hund"), pair])
     assert message in str(e.value)
-    assert terminology_from_pairs([(" dog ", " Hund ")]).match("a dog") == ["Hund"]  # spaces around: stripped
+    assert terminology_from_pairs([(" dog ", " Hund ")]).match("a dog") == [
+        "Hund"
+    ]  # spaces around: stripped
 
 
 # ------------------------------------------------------------------ item 5: special files, bounds
@@ -129,8 +155,14 @@ def _load_in_a_child(path: Path) -> subprocess.CompletedProcess[str]:
     """load_terminology(path) in a child process, which a hang cannot take the suite with."""
     code = "import sys; from nmt.terminology import load_terminology; load_terminology(sys.argv[1])"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def test_a_request_s_terminology_is_not_kept_once_it_is_dropped():
@@ -167,7 +199,9 @@ def test_a_terminology_file_is_bounded(tmp_path, monkeypatch):
     path = tmp_path / "terms.tsv"
     path.write_text("dog\tHund\n" * 20, encoding="utf-8")
     monkeypatch.setattr("nmt.terminology.TERMINOLOGY_LIMIT", 100)
-    with pytest.raises(NmtError, match=rf"^{path}: the terminology file is 180 bytes, more than nmt reads \(100\)"):
+    with pytest.raises(
+        NmtError, match=rf"^{path}: the terminology file is 180 bytes, more than nmt reads \(100\)"
+    ):
         load_terminology(path)
     monkeypatch.undo()
     path.write_text("dog\tHund\n" + "a" * 5000 + "\tb\n", encoding="utf-8")
@@ -178,8 +212,16 @@ def test_a_terminology_file_is_bounded(tmp_path, monkeypatch):
 def test_the_terminology_cli_refuses_dev_zero_in_one_line(random_checkpoint):
     """The command says so in one line (in a child process: a hang must not take the suite)."""
     try:
-        done = nmt("translate", "-c", str(random_checkpoint), "-i", os.devnull, "--terminology", "/dev/zero",
-                   timeout=300)
+        done = nmt(
+            "translate",
+            "-c",
+            str(random_checkpoint),
+            "-i",
+            os.devnull,
+            "--terminology",
+            "/dev/zero",
+            timeout=300,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("translate --terminology /dev/zero never ended")
     assert_one_line(done.returncode, done.stderr, "/dev/zero", "not a regular file")
@@ -193,16 +235,26 @@ V = 40
 def _tokenizer(size: int = V, sha256: str = "abc") -> SimpleNamespace:
     """What load_shortlist reads of a tokenizer: a joint vocabulary of `size` and its hash."""
     pieces = [str(i) for i in range(size)]
-    return SimpleNamespace(vocab_size=size, sha256=sha256, source_vocab_size=None,
-                           vocabularies=lambda: (pieces, pieces))
+    return SimpleNamespace(
+        vocab_size=size,
+        sha256=sha256,
+        source_vocab_size=None,
+        vocabularies=lambda: (pieces, pieces),
+    )
 
 
 def _shortlist_file(path: Path, **changes: object) -> Path:
     """A shortlist file as `nmt shortlist` writes it, with `changes` to its keys (None: removed)."""
-    obj: dict[str, object] = {"format": "nmt-shortlist", "format_version": 1, "vocab_size": V, "spm_sha256": "abc",
-                              "source_lang": "en", "target_lang": "de",
-                              "candidates": torch.full((V, 3), -1, dtype=torch.int32),
-                              "frequent": torch.arange(5, 10, dtype=torch.int32)}
+    obj: dict[str, object] = {
+        "format": "nmt-shortlist",
+        "format_version": 1,
+        "vocab_size": V,
+        "spm_sha256": "abc",
+        "source_lang": "en",
+        "target_lang": "de",
+        "candidates": torch.full((V, 3), -1, dtype=torch.int32),
+        "frequent": torch.arange(5, 10, dtype=torch.int32),
+    }
     for key, value in changes.items():
         if value is None:
             del obj[key]
@@ -212,19 +264,37 @@ def _shortlist_file(path: Path, **changes: object) -> Path:
     return path
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"vocab_size": None}, "not a shortlist (no vocab_size)"),
-    ({"spm_sha256": None}, "not a shortlist (no spm_sha256)"),
-    ({"vocab_size": "40"}, "made for another vocabulary"),
-    ({"candidates": "abc"}, "not a shortlist (candidates is not an integer table of 40 rows)"),
-    ({"candidates": torch.zeros(V, 3)}, "not a shortlist (candidates is not an integer table"),
-    ({"candidates": torch.zeros(V - 1, 3, dtype=torch.int32)}, "not a shortlist (candidates is not an integer table"),
-    ({"candidates": torch.full((V, 3), V, dtype=torch.int32)}, "candidates holds token ids outside the vocabulary"),
-    ({"candidates": torch.full((V, 3), -7, dtype=torch.int32)}, "candidates holds token ids outside the vocabulary"),
-    ({"frequent": torch.tensor([1, 10**6])}, "frequent holds token ids outside the vocabulary (0 to 39)"),
-    ({"frequent": None}, "not a shortlist (no frequent)"),
-    ({"frequent": torch.ones(2, 2, dtype=torch.int64)}, "not a shortlist (frequent is not an integer table of one row)"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"vocab_size": None}, "not a shortlist (no vocab_size)"),
+        ({"spm_sha256": None}, "not a shortlist (no spm_sha256)"),
+        ({"vocab_size": "40"}, "made for another vocabulary"),
+        ({"candidates": "abc"}, "not a shortlist (candidates is not an integer table of 40 rows)"),
+        ({"candidates": torch.zeros(V, 3)}, "not a shortlist (candidates is not an integer table"),
+        (
+            {"candidates": torch.zeros(V - 1, 3, dtype=torch.int32)},
+            "not a shortlist (candidates is not an integer table",
+        ),
+        (
+            {"candidates": torch.full((V, 3), V, dtype=torch.int32)},
+            "candidates holds token ids outside the vocabulary",
+        ),
+        (
+            {"candidates": torch.full((V, 3), -7, dtype=torch.int32)},
+            "candidates holds token ids outside the vocabulary",
+        ),
+        (
+            {"frequent": torch.tensor([1, 10**6])},
+            "frequent holds token ids outside the vocabulary (0 to 39)",
+        ),
+        ({"frequent": None}, "not a shortlist (no frequent)"),
+        (
+            {"frequent": torch.ones(2, 2, dtype=torch.int64)},
+            "not a shortlist (frequent is not an integer table of one row)",
+        ),
+    ],
+)
 def test_a_hand_made_shortlist_is_refused_naming_the_file(tmp_path, changes, message):
     """Issue 57 (17): a missing `vocab_size` was a KeyError, `candidates` a string an
     AttributeError, ids past the vocabulary a RuntimeError or IndexError in the search; a table
@@ -250,8 +320,9 @@ def test_a_file_of_another_kind_says_what_a_shortlist_is(tmp_path, kind):
         torch.save({"format_version": 1, "model": {"w": torch.zeros(2)}, "config": {}}, path)
     with pytest.raises(NmtError) as e:
         load_shortlist(path, _tokenizer())
-    assert str(e.value).startswith(f"{path}: not a shortlist (a shortlist is the file `nmt shortlist DATA_DIR -o "
-                                   "FILE` writes"), str(e.value)
+    assert str(e.value).startswith(
+        f"{path}: not a shortlist (a shortlist is the file `nmt shortlist DATA_DIR -o FILE` writes"
+    ), str(e.value)
     assert "Error" not in str(e.value)
     assert ("this is a checkpoint" in str(e.value)) == (kind == "checkpoint")
 
@@ -261,9 +332,18 @@ def _data_dir(path: Path, src: list[list[int]], tgt: list[list[int]], vocab_size
     path.mkdir()
     for lang, seqs in (("en", src), ("de", tgt)):
         np.concatenate(seqs).astype("<u2").tofile(bin_path(path, "train", lang))
-        np.concatenate(([0], np.cumsum([len(s) for s in seqs]))).astype("<i8").tofile(idx_path(path, "train", lang))
-    meta = {"format_version": 1, "source_lang": "en", "target_lang": "de", "vocab_size": vocab_size,
-            "dtype": "uint16", "spm": {"model": "spm.model", "sha256": "abc"}, "splits": {"train": {"lines": len(src)}}}
+        np.concatenate(([0], np.cumsum([len(s) for s in seqs]))).astype("<i8").tofile(
+            idx_path(path, "train", lang)
+        )
+    meta = {
+        "format_version": 1,
+        "source_lang": "en",
+        "target_lang": "de",
+        "vocab_size": vocab_size,
+        "dtype": "uint16",
+        "spm": {"model": "spm.model", "sha256": "abc"},
+        "splits": {"train": {"lines": len(src)}},
+    }
     (path / "prepare.json").write_text(json.dumps(meta), encoding="utf-8")
     return path
 
@@ -276,21 +356,31 @@ def test_nmt_shortlist_refuses_a_vocabulary_its_tokens_cannot_hold(tmp_path, cap
     """Issue 57 (17): prepare.json's `vocab_size: 10**12` was trusted (an 8 TB table)."""
     data = _data_dir(tmp_path / "data", SRC, TGT, vocab_size=10**12)
     out = tmp_path / "sl.pt"
-    code = nmt_here("shortlist", str(data), "-o", str(out), "--top", "2", "--frequent", "2", "--iterations", "1")
-    assert_one_line(code, capsys.readouterr().err, f"{data / 'prepare.json'}: vocab_size 1,000,000,000,000 or "
-                    "source_vocab_size 1,000,000,000,000 is not a vocabulary of uint16 tokens (1 to 65,535)")
+    code = nmt_here(
+        "shortlist", str(data), "-o", str(out), "--top", "2", "--frequent", "2", "--iterations", "1"
+    )
+    assert_one_line(
+        code,
+        capsys.readouterr().err,
+        f"{data / 'prepare.json'}: vocab_size 1,000,000,000,000 or "
+        "source_vocab_size 1,000,000,000,000 is not a vocabulary of uint16 tokens (1 to 65,535)",
+    )
     assert not out.exists()
 
 
 def test_nmt_shortlist_refuses_ids_past_the_vocabulary(tmp_path):
     """Issue 57 (17): a `.bin` id past the vocabulary was an IndexError."""
     data = _data_dir(tmp_path / "data", SRC, [[20, 21], [21, 23, V + 5], [22, 20]])
-    with pytest.raises(NmtError, match=rf"^{bin_path(data, 'train', 'de')}: token ids outside the vocabulary \(0 to 39"):
+    with pytest.raises(
+        NmtError,
+        match=rf"^{bin_path(data, 'train', 'de')}: token ids outside the vocabulary \(0 to 39",
+    ):
         learn_shortlist(data, top=2, frequent=2, iterations=1)
 
 
 def test_nmt_shortlist_refuses_offsets_that_go_backwards(tmp_path):
-    """Issue 57 (17): non-increasing `.idx` offsets (first and last right) gave a shortlist and exit 0."""
+    """Issue 57 (17): non-increasing `.idx` offsets (first and last right) gave a shortlist and exit
+    0."""
     data = _data_dir(tmp_path / "data", SRC, TGT)
     np.array([0, 6, 2, 8], dtype="<i8").tofile(idx_path(data, "train", "en"))
     with pytest.raises(NmtError, match=rf"^{idx_path(data, 'train', 'en')}: offsets go backwards"):

@@ -40,7 +40,9 @@ from nmt.api import Translation, Translator
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.usefixtures("isolated")  # cli.main sets logging; train sets torch's threads
+pytestmark = pytest.mark.usefixtures(
+    "isolated"
+)  # cli.main sets logging; train sets torch's threads
 
 VICTIM = b"a file of someone else's, which no nmt command may change\n"
 KINDS = ["hardlink", "symlink", "fifo", "devfull"]
@@ -105,7 +107,9 @@ def victim_for(path: Path, tmp: Path) -> Path:
 def snapshot(path: Path) -> dict[str, bytes]:
     """The content of a file, or of each file under a folder, by name."""
     if path.is_dir():
-        return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+        }
     return {"": path.read_bytes()}
 
 
@@ -157,11 +161,14 @@ def test_a_file_appended_to_must_have_one_link(tmp_path):
 
 
 def test_outputs_written_together_leave_every_file_as_it_was_when_a_device_fails(tmp_path):
-    """A device is written into before any file is renamed; a FIFO nobody reads is refused at once."""
+    """A device is written into before any file is renamed; a FIFO nobody reads is refused at
+    once."""
     kept = tmp_path / "kept.txt"
     kept.write_bytes(b"old\n")
     with pytest.raises(NmtError, match="/dev/full: cannot write the config"):
-        with atomic.replacing_together([(kept, "the checkpoint"), (Path("/dev/full"), "the config")]) as tmps:
+        with atomic.replacing_together(
+            [(kept, "the checkpoint"), (Path("/dev/full"), "the config")]
+        ) as tmps:
             for tmp in tmps:
                 tmp.write_bytes(b"new\n")
     assert kept.read_bytes() == b"old\n" and sorted(os.listdir(tmp_path)) == ["kept.txt"]
@@ -173,21 +180,46 @@ def test_outputs_written_together_leave_every_file_as_it_was_when_a_device_fails
     assert kept.read_bytes() == b"old\n"
 
 
-# ------------------------------------------------------------------ names the file system almost refuses
+# ------------------------------------------------------------ names the file system almost refuses
 
 
-def test_a_long_output_name_is_written_and_one_too_long_is_one_line(random_checkpoint, tmp_path, capfd):
+def test_a_long_output_name_is_written_and_one_too_long_is_one_line(
+    random_checkpoint, tmp_path, capfd
+):
     """A 250-byte name (the file system takes 255) was refused because its temporary's name was
     15 bytes and a pid longer; 256 bytes and more was an OSError traceback."""
     src = tmp_path / "in.txt"
     src.write_text("a b c\n")
     fits = tmp_path / ("x" * 250)
-    assert nmt_here("translate", "-c", str(random_checkpoint), "-i", str(src), "-o", str(fits), "--beam", "1") == 0
+    assert (
+        nmt_here(
+            "translate",
+            "-c",
+            str(random_checkpoint),
+            "-i",
+            str(src),
+            "-o",
+            str(fits),
+            "--beam",
+            "1",
+        )
+        == 0
+    )
     assert fits.read_text().count("\n") == 1
     assert sorted(os.listdir(tmp_path)) == sorted(["in.txt", fits.name])
     capfd.readouterr()
     too_long = tmp_path / ("y" * 300)
-    code = nmt_here("translate", "-c", str(random_checkpoint), "-i", str(src), "-o", str(too_long), "--beam", "1")
+    code = nmt_here(
+        "translate",
+        "-c",
+        str(random_checkpoint),
+        "-i",
+        str(src),
+        "-o",
+        str(too_long),
+        "--beam",
+        "1",
+    )
     assert code == 1
     last_error_line(capfd.readouterr().err, "-o", "File name too long")
 
@@ -197,7 +229,9 @@ def test_a_temporary_of_a_long_name_is_found_by_the_cleaning(tmp_path):
     tmp = atomic.temporary_name(tmp_path / name)
     assert len(os.fsencode(tmp.name)) < 64
     tmp.write_bytes(b"partial")
-    os.rename(tmp, tmp.with_name(tmp.name.replace(f"-{os.getpid()}-", "-999999999-")))  # a writer gone
+    os.rename(
+        tmp, tmp.with_name(tmp.name.replace(f"-{os.getpid()}-", "-999999999-"))
+    )  # a writer gone
     assert atomic.clean_temporaries(tmp_path, name=name) == 1 and not list(tmp_path.iterdir())
 
 
@@ -205,34 +239,53 @@ def test_a_temporary_of_a_long_name_is_found_by_the_cleaning(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["export", "prepare-bpe"])
-def test_an_output_folder_under_a_regular_file_is_not_a_directory(command, random_checkpoint, raw_corpus,
-                                                                   tmp_path, capfd):
+def test_an_output_folder_under_a_regular_file_is_not_a_directory(
+    command, random_checkpoint, raw_corpus, tmp_path, capfd
+):
     """They said "no such directory" and "File exists"."""
     (tmp_path / "file").write_bytes(VICTIM)
     out = tmp_path / "file" / "sub" / "out"
     if command == "export":
         args = ["export", "--format", "hf", str(random_checkpoint), str(out)]
     else:
-        args = ["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("train"),
-                "--destdir", str(out), "--vocab-size", "100"]
+        args = [
+            "prepare-bpe",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            raw_corpus.prefix("train"),
+            "--destdir",
+            str(out),
+            "--vocab-size",
+            "100",
+        ]
     assert nmt_here(*args) == 1
     last_error_line(capfd.readouterr().err, f"{tmp_path / 'file'}: not a directory")
     assert (tmp_path / "file").read_bytes() == VICTIM
 
 
-# ------------------------------------------------------------------ nmt import: every output before any
+# ------------------------------------------------------------- nmt import: every output before any
 
 
 # the model settings a MarianMT folder can hold (nmt.convert.hf.HF_ONLY)
-MARIAN_LIKE = {"norm_first": False, "learned_positions": False, "positions": "hf_marian", "decoder_start": "bos",
-               "norm_eps": 1e-5}
+MARIAN_LIKE = {
+    "norm_first": False,
+    "learned_positions": False,
+    "positions": "hf_marian",
+    "decoder_start": "bos",
+    "norm_eps": 1e-5,
+}
 
 
 @pytest.fixture(scope="module")
 def marian_like(prepared, tmp_path_factory) -> Path:
     """A random tiny model that `nmt export --format hf` writes."""
     path = tmp_path_factory.mktemp("marian_like") / "m.pt"
-    return save_random_model(path, Tokenizer.from_file(prepared[0] / "spm.model"), seed=1, model=MARIAN_LIKE)
+    return save_random_model(
+        path, Tokenizer.from_file(prepared[0] / "spm.model"), seed=1, model=MARIAN_LIKE
+    )
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +297,9 @@ def hf_folder(marian_like, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("config", ["/dev/full", "fifo", "/proc/nmt-no-such.yaml"])
-def test_import_writes_no_checkpoint_when_its_config_cannot_be_written(config, hf_folder, tmp_path, capfd):
+def test_import_writes_no_checkpoint_when_its_config_cannot_be_written(
+    config, hf_folder, tmp_path, capfd
+):
     """`--config /dev/full` (or /proc/x.yaml) wrote the checkpoint, then failed; a FIFO nobody
     reads wrote the checkpoint, then blocked for ever."""
     if config == "fifo":
@@ -255,25 +310,44 @@ def test_import_writes_no_checkpoint_when_its_config_cannot_be_written(config, h
         code = nmt_here("import", str(hf_folder), "-o", str(out), "--config", config)
     assert code == 1
     last_error_line(capfd.readouterr().err, config)
-    assert not out.exists() and sorted(os.listdir(tmp_path)) == (["fifo"] if config.endswith("fifo") else [])
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == (
+        ["fifo"] if config.endswith("fifo") else []
+    )
 
 
-def test_import_with_the_checkpoint_onto_dev_full_leaves_the_config_as_it_was(hf_folder, tmp_path, capfd):
+def test_import_with_the_checkpoint_onto_dev_full_leaves_the_config_as_it_was(
+    hf_folder, tmp_path, capfd
+):
     config = tmp_path / "finetune.yaml"
     config.write_bytes(b"old: config\n")
     assert nmt_here("import", str(hf_folder), "-o", "/dev/full", "--config", str(config)) == 1
     last_error_line(capfd.readouterr().err, "/dev/full")
-    assert config.read_bytes() == b"old: config\n" and sorted(os.listdir(tmp_path)) == ["finetune.yaml"]
+    assert config.read_bytes() == b"old: config\n" and sorted(os.listdir(tmp_path)) == [
+        "finetune.yaml"
+    ]
 
 
 # ------------------------------------------------------------------ nmt train: the run directory
 
 
 def _train_args(prepared: tuple[Path, dict], run: Path, updates: int, **extra: object) -> list[str]:
-    return ["train", str(TINY), *set_args({"data.dir": prepared[0], "train.run_dir": run, "train.device": "cpu",
-                                           "train.threads": 1, "train.max_updates": updates,
-                                           "train.save_interval_updates": 1, "train.valid_bleu": False,
-                                           "train.log_interval": 1, **extra})]
+    return [
+        "train",
+        str(TINY),
+        *set_args(
+            {
+                "data.dir": prepared[0],
+                "train.run_dir": run,
+                "train.device": "cpu",
+                "train.threads": 1,
+                "train.max_updates": updates,
+                "train.save_interval_updates": 1,
+                "train.valid_bleu": False,
+                "train.log_interval": 1,
+                **extra,
+            }
+        ),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +390,9 @@ def test_training_never_writes_through_a_hard_link(prepared, trained_run, tmp_pa
     assert marker.read_bytes() == VICTIM
 
 
-def test_a_run_copied_with_hard_links_trains_without_changing_the_original(prepared, trained_run, tmp_path, capfd):
+def test_a_run_copied_with_hard_links_trains_without_changing_the_original(
+    prepared, trained_run, tmp_path, capfd
+):
     """`cp -al t1 snap; nmt train snap/config.yaml` changed t1's metrics.jsonl (records of updates
     it never trained) and train.log."""
     original = tmp_path / "t1"
@@ -330,8 +406,17 @@ def test_a_run_copied_with_hard_links_trains_without_changing_the_original(prepa
     assert b'"update": 3' in (snap / "metrics.jsonl").read_bytes()
 
 
-NAMES = ["metrics.jsonl", "train.log", "train.lock", "config.yaml", "spm.model", "checkpoint_last.pt",
-         "checkpoint_best.pt", "tensorboard", ".nmt-last-run"]
+NAMES = [
+    "metrics.jsonl",
+    "train.log",
+    "train.lock",
+    "config.yaml",
+    "spm.model",
+    "checkpoint_last.pt",
+    "checkpoint_best.pt",
+    "tensorboard",
+    ".nmt-last-run",
+]
 
 
 def _train_case(name: str, kind: str) -> Any:
@@ -344,15 +429,25 @@ def _train_case(name: str, kind: str) -> Any:
 
 
 def _train_params() -> list[Any]:
-    quick = {("metrics.jsonl", "symlink"), ("train.lock", "hardlink"), ("config.yaml", "fifo"),
-             ("tensorboard", "symlink"), ("checkpoint_best.pt", "devfull")}
-    return [pytest.param(name, kind, marks=() if (name, kind) in quick else pytest.mark.slow)
-            for name in NAMES for kind in KINDS if not (name == "tensorboard" and kind == "hardlink")]
+    quick = {
+        ("metrics.jsonl", "symlink"),
+        ("train.lock", "hardlink"),
+        ("config.yaml", "fifo"),
+        ("tensorboard", "symlink"),
+        ("checkpoint_best.pt", "devfull"),
+    }
+    return [
+        pytest.param(name, kind, marks=() if (name, kind) in quick else pytest.mark.slow)
+        for name in NAMES
+        for kind in KINDS
+        if not (name == "tensorboard" and kind == "hardlink")
+    ]
 
 
 @pytest.mark.parametrize(("name", "kind"), _train_params())
-def test_train_with_a_link_or_a_special_file_at_each_path_it_writes(name, kind, prepared, trained_run, tmp_path,
-                                                                     capfd):
+def test_train_with_a_link_or_a_special_file_at_each_path_it_writes(
+    name, kind, prepared, trained_run, tmp_path, capfd
+):
     """A symlink, a FIFO or a link to /dev/full in the run directory is one line before anything
     is written; a hard link is never written through; the file a link names keeps its content.
     (`RUN/tensorboard` linked elsewhere received the event files.)"""
@@ -363,7 +458,9 @@ def test_train_with_a_link_or_a_special_file_at_each_path_it_writes(name, kind, 
     victim = victim_for(path, tmp_path)
     before = snapshot(victim)
     plant(path, kind, victim)
-    run_files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and not p.is_symlink()}
+    run_files = {
+        p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and not p.is_symlink()
+    }
     with no_hang():
         code = nmt_here(*_train_args(prepared, run, 3, **{"train.tensorboard": True}))
     refused = _train_case(name, kind)
@@ -397,24 +494,54 @@ LINES, SHARD = 60, 30
 @pytest.fixture(scope="module")
 def distill_corpus(raw_corpus, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("distill_corpus")
-    pairs = list(zip(raw_corpus.lines("train", "en")[:LINES], raw_corpus.lines("train", "de")[:LINES], strict=True))
+    pairs = list(
+        zip(
+            raw_corpus.lines("train", "en")[:LINES],
+            raw_corpus.lines("train", "de")[:LINES],
+            strict=True,
+        )
+    )
     write_parallel(pairs, root / "train", "en", "de")
     return root
 
 
-def _distill_args(teacher: Path, corpus: Path, raw_corpus: Any, out: Path, *extra: str) -> list[str]:
-    return ["distill", "--teacher", str(teacher), "-s", "en", "-t", "de", "--trainpref", str(corpus / "train"),
-            "--validpref", raw_corpus.prefix("val"), "--out", str(out), "--shard-lines", str(SHARD),
-            "--threads", "1", *extra]
+def _distill_args(
+    teacher: Path, corpus: Path, raw_corpus: Any, out: Path, *extra: str
+) -> list[str]:
+    return [
+        "distill",
+        "--teacher",
+        str(teacher),
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        str(corpus / "train"),
+        "--validpref",
+        raw_corpus.prefix("val"),
+        "--out",
+        str(out),
+        "--shard-lines",
+        str(SHARD),
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
-def _references(monkeypatch: pytest.MonkeyPatch, corpus: Path, *, stop_at: int | None = None) -> list[int]:
+def _references(
+    monkeypatch: pytest.MonkeyPatch, corpus: Path, *, stop_at: int | None = None
+) -> list[int]:
     """The teacher's translations are the references (no decoding); with `stop_at`, that call
-    raises KeyboardInterrupt (a kill while a shard is translated). Returns the calls' first lines."""
+    raises KeyboardInterrupt (a kill while a shard is translated). Returns the calls' first
+    lines."""
     refs = (corpus / "train.de").read_text(encoding="utf-8").splitlines()
     calls: list[int] = []
 
-    def translate_nbest(self: Translator, texts: list[str], nbest: int = 1, **kw: Any) -> list[list[Translation]]:
+    def translate_nbest(
+        self: Translator, texts: list[str], nbest: int = 1, **kw: Any
+    ) -> list[list[Translation]]:
         first = kw.get("first_index", 0)
         calls.append(first)
         if stop_at is not None and len(calls) == stop_at:
@@ -425,8 +552,16 @@ def _references(monkeypatch: pytest.MonkeyPatch, corpus: Path, *, stop_at: int |
     return calls
 
 
-STUDENT = ["--config", str(TINY), "--set", "train.max_updates=1", "--set", "train.device=cpu",
-           "--set", "train.threads=1"]
+STUDENT = [
+    "--config",
+    str(TINY),
+    "--set",
+    "train.max_updates=1",
+    "--set",
+    "train.device=cpu",
+    "--set",
+    "train.threads=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -439,16 +574,21 @@ def distilled(random_checkpoint, distill_corpus, raw_corpus, tmp_path_factory) -
     with pytest.MonkeyPatch.context() as mp:
         _references(mp, distill_corpus)
         try:
-            assert nmt_here(*_distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)) == 0
+            assert (
+                nmt_here(
+                    *_distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)
+                )
+                == 0
+            )
         finally:
             os.chdir(here)
             torch.set_num_threads(threads)
     return out
 
 
-def test_a_distillation_killed_while_translating_a_shard_again_resumes(random_checkpoint, distill_corpus,
-                                                                      raw_corpus, distilled, tmp_path, monkeypatch,
-                                                                      capfd):
+def test_a_distillation_killed_while_translating_a_shard_again_resumes(
+    random_checkpoint, distill_corpus, raw_corpus, distilled, tmp_path, monkeypatch, capfd
+):
     """A shard deleted to translate it again, and the run killed meanwhile, left a manifest that
     every later run refused ("holds a student of other distilled pairs"), though nothing changed."""
     out = tmp_path / "d"
@@ -462,35 +602,70 @@ def test_a_distillation_killed_while_translating_a_shard_again_resumes(random_ch
     assert calls == [SHARD] and (out / "shards" / "00001.de").is_file()
 
 
-def test_a_student_on_a_device_it_cannot_use_is_refused_before_any_shard(random_checkpoint, distill_corpus,
-                                                                         raw_corpus, tmp_path, monkeypatch, capfd):
-    """`--set train.device=cuda` on a machine without one was refused once every shard was written."""
+def test_a_student_on_a_device_it_cannot_use_is_refused_before_any_shard(
+    random_checkpoint, distill_corpus, raw_corpus, tmp_path, monkeypatch, capfd
+):
+    """`--set train.device=cuda` on a machine without one was refused once every shard was
+    written."""
     calls = _references(monkeypatch, distill_corpus)
     out = tmp_path / "d"
     device = "cuda:9999" if torch.cuda.is_available() else "cuda"
-    args = _distill_args(random_checkpoint, distill_corpus, raw_corpus, out, "--config", str(TINY),
-                         "--set", f"train.device={device}")
+    args = _distill_args(
+        random_checkpoint,
+        distill_corpus,
+        raw_corpus,
+        out,
+        "--config",
+        str(TINY),
+        "--set",
+        f"train.device={device}",
+    )
     assert nmt_here(*args) == 1
     last_error_line(capfd.readouterr().err, "train.device", device)
     assert calls == [] and not out.exists()
 
 
-DISTILL_FILES = ["distill.lock", "manifest.json", "distill.json", "shards/00001.de", "distilled/train.de",
-                 "shards", "data-bin", "run"]
+DISTILL_FILES = [
+    "distill.lock",
+    "manifest.json",
+    "distill.json",
+    "shards/00001.de",
+    "distilled/train.de",
+    "shards",
+    "data-bin",
+    "run",
+]
 
 
 def _distill_params() -> list[Any]:
-    quick = {("manifest.json", "symlink"), ("distill.json", "symlink"), ("shards/00001.de", "symlink"),
-             ("shards/00001.de", "fifo"), ("distill.lock", "hardlink"), ("distilled/train.de", "symlink")}
-    return [pytest.param(name, kind, marks=() if (name, kind) in quick else pytest.mark.slow)
-            for name in DISTILL_FILES for kind in KINDS
-            if not (kind == "hardlink" and name in ("shards", "data-bin", "run"))]
+    quick = {
+        ("manifest.json", "symlink"),
+        ("distill.json", "symlink"),
+        ("shards/00001.de", "symlink"),
+        ("shards/00001.de", "fifo"),
+        ("distill.lock", "hardlink"),
+        ("distilled/train.de", "symlink"),
+    }
+    return [
+        pytest.param(name, kind, marks=() if (name, kind) in quick else pytest.mark.slow)
+        for name in DISTILL_FILES
+        for kind in KINDS
+        if not (kind == "hardlink" and name in ("shards", "data-bin", "run"))
+    ]
 
 
 @pytest.mark.parametrize(("name", "kind"), _distill_params())
-def test_distill_with_a_link_or_a_special_file_at_each_path_it_writes(name, kind, random_checkpoint, distill_corpus,
-                                                                       raw_corpus, distilled, tmp_path, monkeypatch,
-                                                                       capfd):
+def test_distill_with_a_link_or_a_special_file_at_each_path_it_writes(
+    name,
+    kind,
+    random_checkpoint,
+    distill_corpus,
+    raw_corpus,
+    distilled,
+    tmp_path,
+    monkeypatch,
+    capfd,
+):
     """A symlinked distill.json, manifest.json or shard was replaced by the report or the
     distilled lines; a FIFO shard blocked for ever. Each is one line before anything is written
     (the link's target unchanged); a hard link is refused (the lock) or replaced by rename."""
@@ -507,7 +682,9 @@ def test_distill_with_a_link_or_a_special_file_at_each_path_it_writes(name, kind
     args = _distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)
     with no_hang():
         code = nmt_here(*args)
-    refused = kind != "hardlink" or name == "distill.lock"  # the lock: its pid would reach the other name
+    refused = (
+        kind != "hardlink" or name == "distill.lock"
+    )  # the lock: its pid would reach the other name
     outcome(code, capfd.readouterr().err, path, kind, refused)
     assert (snapshot(victim) if victim.exists() else {}) == before
 
@@ -515,23 +692,67 @@ def test_distill_with_a_link_or_a_special_file_at_each_path_it_writes(name, kind
 # ------------------------------------------------------------------ outputs the user names
 
 
-def _user_outputs(random_checkpoint: Path, marian_like: Path, prepared: tuple[Path, dict], raw_corpus: Any,
-                  hf_folder: Path, tmp: Path) -> dict[str, tuple[list[str], Path, bool]]:
-    """Per command: its arguments with OUT where the output goes, the output, whether it is a folder."""
+def _user_outputs(
+    random_checkpoint: Path,
+    marian_like: Path,
+    prepared: tuple[Path, dict],
+    raw_corpus: Any,
+    hf_folder: Path,
+    tmp: Path,
+) -> dict[str, tuple[list[str], Path, bool]]:
+    """Per command: its arguments with OUT where the output goes, the output, whether it is a
+    folder."""
     src = tmp / "in.txt"
     src.write_text("a b c\nd e\n")
     return {
-        "translate": (["translate", "-c", str(random_checkpoint), "-i", str(src), "--beam", "1", "-o", "OUT"],
-                      tmp / "out.txt", False),
-        "average-checkpoints": (["average-checkpoints", str(random_checkpoint), "-o", "OUT"], tmp / "avg.pt", False),
+        "translate": (
+            ["translate", "-c", str(random_checkpoint), "-i", str(src), "--beam", "1", "-o", "OUT"],
+            tmp / "out.txt",
+            False,
+        ),
+        "average-checkpoints": (
+            ["average-checkpoints", str(random_checkpoint), "-o", "OUT"],
+            tmp / "avg.pt",
+            False,
+        ),
         "import": (["import", str(hf_folder), "-o", "OUT"], tmp / "imported.pt", False),
-        "import --config": (["import", str(hf_folder), "-o", str(tmp / "ck.pt"), "--config", "OUT"],
-                            tmp / "finetune.yaml", False),
-        "shortlist": (["shortlist", str(prepared[0]), "--iterations", "1", "--max-sentences", "50", "-o", "OUT"],
-                      tmp / "shortlist.pt", False),
+        "import --config": (
+            ["import", str(hf_folder), "-o", str(tmp / "ck.pt"), "--config", "OUT"],
+            tmp / "finetune.yaml",
+            False,
+        ),
+        "shortlist": (
+            [
+                "shortlist",
+                str(prepared[0]),
+                "--iterations",
+                "1",
+                "--max-sentences",
+                "50",
+                "-o",
+                "OUT",
+            ],
+            tmp / "shortlist.pt",
+            False,
+        ),
         "export": (["export", "--format", "hf", str(marian_like), "OUT"], tmp / "exported", True),
-        "prepare-bpe": (["prepare-bpe", "-s", "en", "-t", "de", "--trainpref", raw_corpus.prefix("train"),
-                         "--destdir", "OUT", "--vocab-size", "500"], tmp / "data", True),
+        "prepare-bpe": (
+            [
+                "prepare-bpe",
+                "-s",
+                "en",
+                "-t",
+                "de",
+                "--trainpref",
+                raw_corpus.prefix("train"),
+                "--destdir",
+                "OUT",
+                "--vocab-size",
+                "500",
+            ],
+            tmp / "data",
+            True,
+        ),
     }
 
 
@@ -543,17 +764,28 @@ def _user_params() -> list[Any]:
     """Each command with each kind; a hard link or a symlink only for translate unless slow."""
     cases = [(command, kind) for command in FILE_OUTPUTS for kind in KINDS]
     cases += [(command, kind) for command in FOLDER_OUTPUTS for kind in ("symlink", "fifo")]
-    return [pytest.param(command, kind, marks=pytest.mark.slow if kind in ("hardlink", "symlink")
-                         and command != "translate" else ()) for command, kind in cases]
+    return [
+        pytest.param(
+            command,
+            kind,
+            marks=pytest.mark.slow
+            if kind in ("hardlink", "symlink") and command != "translate"
+            else (),
+        )
+        for command, kind in cases
+    ]
 
 
 @pytest.mark.parametrize(("command", "kind"), _user_params())
-def test_an_output_the_user_names_keeps_its_documented_rule(command, kind, random_checkpoint, marian_like, prepared,
-                                                           raw_corpus, hf_folder, tmp_path, capfd):
+def test_an_output_the_user_names_keeps_its_documented_rule(
+    command, kind, random_checkpoint, marian_like, prepared, raw_corpus, hf_folder, tmp_path, capfd
+):
     """A hard link is replaced (its other name keeps its content); a symlink is written through
     (the link stays); a FIFO nobody reads and /dev/full are one line, without waiting, and the
     command's other output is not written."""
-    outputs = _user_outputs(random_checkpoint, marian_like, prepared, raw_corpus, hf_folder, tmp_path)
+    outputs = _user_outputs(
+        random_checkpoint, marian_like, prepared, raw_corpus, hf_folder, tmp_path
+    )
     args, out, folder = outputs[command]
     victim = tmp_path / "elsewhere" / "victim"
     victim.parent.mkdir()
@@ -575,9 +807,15 @@ def test_an_output_the_user_names_keeps_its_documented_rule(command, kind, rando
         return
     assert code == 0, err[-2000:]
     if kind == "hardlink":
-        assert victim.read_bytes() == VICTIM and os.stat(out).st_nlink == 1 and out.read_bytes() != VICTIM
+        assert (
+            victim.read_bytes() == VICTIM
+            and os.stat(out).st_nlink == 1
+            and out.read_bytes() != VICTIM
+        )
     else:  # written through, the link kept (docs/reliability.md)
-        assert out.is_symlink() and (any(victim.iterdir()) if folder else victim.read_bytes() != VICTIM)
+        assert out.is_symlink() and (
+            any(victim.iterdir()) if folder else victim.read_bytes() != VICTIM
+        )
 
 
 def test_a_command_in_a_subprocess_never_waits_on_a_fifo(random_checkpoint, tmp_path):
@@ -585,7 +823,23 @@ def test_a_command_in_a_subprocess_never_waits_on_a_fifo(random_checkpoint, tmp_
     fifo = tmp_path / "out.txt"
     os.mkfifo(fifo)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", str(random_checkpoint), "-i", os.devnull,
-                        "-o", str(fifo)], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nmt",
+            "translate",
+            "-c",
+            str(random_checkpoint),
+            "-i",
+            os.devnull,
+            "-o",
+            str(fifo),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1
     last_error_line(r.stderr, str(fifo), "no process reads")

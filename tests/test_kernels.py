@@ -53,7 +53,9 @@ def test_int8_linear_is_close_to_fp32_row_by_row(d_in, d_out, bias):
     xw = (x.abs() @ lin.weight.abs().t()).detach()  # bound on |x W^T| before cancellation
     err = (got - want).abs()
     assert (err <= 0.02 * xw + 1e-6).all()
-    assert torch.equal(got[20], lin.bias if bias else torch.zeros(d_out))  # the zero row: exactly the bias
+    assert torch.equal(
+        got[20], lin.bias if bias else torch.zeros(d_out)
+    )  # the zero row: exactly the bias
     assert err.max() > 0  # it really is quantised
 
 
@@ -63,8 +65,15 @@ MARIAN = {"tie_output": False, "output_bias": True, "activation": "swish", "deco
 
 def make(seed: int = 0, **model: object) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, ffn_dim=128, heads=4, max_positions=64,
-                      **model)  # type: ignore[arg-type]
+    cfg = ModelConfig(
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=64,
+        ffn_dim=128,
+        heads=4,
+        max_positions=64,
+        **model,
+    )  # type: ignore[arg-type]
     out = Transformer(cfg, V, pad_id=NMT_SPECIALS.pad).eval()
     if out.output_bias is not None:  # initialised to zeros: make it count
         with torch.no_grad():
@@ -92,7 +101,11 @@ def test_quantize_decoder_replaces_the_decoder_linears_and_the_output_only():
     decoder = [m for m in model.decoder.modules() if isinstance(m, (nn.Linear, Int8Linear))]
     assert decoder and all(isinstance(m, Int8Linear) for m in decoder)
     assert len(decoder) == 2 * (2 + 3 + 2)  # per layer: self qkv, out; cross q, kv, out; fc1, fc2
-    assert all(isinstance(m, nn.Linear) for m in model.encoder.modules() if isinstance(m, (nn.Linear, Int8Linear)))
+    assert all(
+        isinstance(m, nn.Linear)
+        for m in model.encoder.modules()
+        if isinstance(m, (nn.Linear, Int8Linear))
+    )
     assert isinstance(model.cpu_output, Int8Linear)
     assert model.tgt_embed.tokens.weight.dtype == torch.float32  # the embedding lookup stays fp32
 
@@ -121,7 +134,9 @@ def test_int8_where_it_cannot_run_is_one_line(monkeypatch):
         check_int8(torch.device("meta"))
 
     def missing():
-        raise RuntimeError("Could not run 'quantized::linear_with_input_q_dq_qweight_dq_output_fp32'\nmore")
+        raise RuntimeError(
+            "Could not run 'quantized::linear_with_input_q_dq_qweight_dq_output_fp32'\nmore"
+        )
 
     monkeypatch.setattr(kernels, "_int8_linear_op", missing)
     with pytest.raises(NmtError) as e:
@@ -132,7 +147,9 @@ def test_int8_where_it_cannot_run_is_one_line(monkeypatch):
 
 # ------------------------------------------------------------------ packed fp32
 
-packed_only = pytest.mark.skipif(not packing_works(), reason="this torch build has no oneDNN (mkldnn) linear kernels")
+packed_only = pytest.mark.skipif(
+    not packing_works(), reason="this torch build has no oneDNN (mkldnn) linear kernels"
+)
 
 
 @packed_only
@@ -146,7 +163,9 @@ def test_packed_linear_equals_nn_linear_to_rounding(d_in, d_out, bias):
         want, got = lin(x), packed(x)
         assert got.dtype == torch.float32 and got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * x.abs().max().item())
-        assert torch.equal(packed(x.view(1, 41, d_in)), got.view(1, 41, d_out))  # leading dims are rows
+        assert torch.equal(
+            packed(x.view(1, 41, d_in)), got.view(1, 41, d_out)
+        )  # leading dims are rows
         assert packed(x[:0]).shape == (0, d_out)
 
 
@@ -176,7 +195,9 @@ def test_packed_fp32_output_decodes_as_the_plain_one(options):
         vocab = torch.tensor([0, 3, 17, 59, 8])
         x = rows(6, 64)
         want = packed.projection()(x)[:, vocab]  # a shortlist's rows go through F.linear
-        torch.testing.assert_close(packed.projection(vocab)(x), want, rtol=1e-5, atol=1e-5 * x.abs().max().item())
+        torch.testing.assert_close(
+            packed.projection(vocab)(x), want, rtol=1e-5, atol=1e-5 * x.abs().max().item()
+        )
 
 
 KEPT = """
@@ -196,13 +217,18 @@ print((resident() - before) >> 20)
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc"
+)
 def test_cpu_decoding_keeps_the_memory_it_frees():
     """By default glibc maps a block above 32 MiB afresh at each allocation and unmaps it when
     it is freed, so that each use page-faults it in again; after configure_device(cpu) freed
     memory stays with the process for the next allocations."""
+
     def run(mode: str) -> list[int]:
-        out = subprocess.run([sys.executable, "-c", KEPT, mode], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", KEPT, mode], capture_output=True, text=True, check=True
+        )
         return [int(x) for x in out.stdout.split()]
 
     [returned] = run("default")

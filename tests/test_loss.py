@@ -18,9 +18,16 @@ from nmt.tokenizer import NMT_SPECIALS
 from nmt.training.loss import TranslationLoss, projected_smoothed_loss
 
 
-def reference(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float,
-              bias: torch.Tensor | None = None):
-    return label_smoothed_nll_loss(F.linear(states, weight, bias), target, eps, ignore_index=NMT_SPECIALS.pad)
+def reference(
+    states: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    eps: float,
+    bias: torch.Tensor | None = None,
+):
+    return label_smoothed_nll_loss(
+        F.linear(states, weight, bias), target, eps, ignore_index=NMT_SPECIALS.pad
+    )
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -34,7 +41,10 @@ def test_chunked_loss_and_gradients_equal_the_plain_loss(eps, chunk_rows, with_b
     target = torch.randint(4, 29, (37,))
     loss, nll = projected_smoothed_loss(states, weight, target, eps, chunk_rows, bias)
     (1.7 * loss).backward()
-    ref_states, ref_weight = states.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    ref_states, ref_weight = (
+        states.detach().clone().requires_grad_(),
+        weight.detach().clone().requires_grad_(),
+    )
     ref_bias = None if bias is None else bias.detach().clone().requires_grad_()
     ref_loss, ref_nll = reference(ref_states, ref_weight, target, eps, ref_bias)
     (1.7 * ref_loss).backward()
@@ -52,7 +62,8 @@ def test_chunked_loss_and_gradients_equal_the_plain_loss(eps, chunk_rows, with_b
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_chunked_loss_under_autocast_is_close_to_the_plain_loss(dtype, with_bias, device):
     # under autocast the chunks keep p in half precision and add the -b terms after the matmuls: the
-    # gradients are those of the fp64 loss within the half dtype's rounding (a wrong -b is ~10% off here)
+    # gradients are those of the fp64 loss within the half dtype's rounding (a wrong -b is ~10% off
+    # here)
     torch.manual_seed(1)
     states = torch.randn(50, 32).to(device).requires_grad_()
     weight = torch.randn(40, 32).to(device).requires_grad_()
@@ -61,7 +72,10 @@ def test_chunked_loss_under_autocast_is_close_to_the_plain_loss(dtype, with_bias
     with torch.autocast(device, dtype=dtype):
         loss, _ = projected_smoothed_loss(states, weight, target, 0.1, 8, bias)
     loss.backward()
-    leaves = [t.detach().double().requires_grad_() for t in (states, weight) + ((bias,) if with_bias else ())]
+    leaves = [
+        t.detach().double().requires_grad_()
+        for t in (states, weight) + ((bias,) if with_bias else ())
+    ]
     ref_loss, _ = reference(leaves[0], leaves[1], target, 0.1, leaves[2] if with_bias else None)
     ref_loss.backward()
     assert loss.dtype == torch.float32 and weight.grad.dtype == torch.float32
@@ -81,14 +95,23 @@ def test_without_gradients_the_loss_is_the_same():
 
 def small_model(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4, dropout=0.0,
-                      max_positions=64)
+    cfg = ModelConfig(
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=32,
+        ffn_dim=64,
+        heads=4,
+        dropout=0.0,
+        max_positions=64,
+    )
     return Transformer(cfg, 50, pad_id=NMT_SPECIALS.pad).eval()
 
 
 def test_decoder_states_at_host_indices_equal_the_masked_forward(prepared):
     data = datamod.ParallelData.load(prepared[0], "valid")
-    model = Transformer(small_model().cfg, prepared[1]["vocab_size"], pad_id=NMT_SPECIALS.pad).eval()
+    model = Transformer(
+        small_model().cfg, prepared[1]["vocab_size"], pad_id=NMT_SPECIALS.pad
+    ).eval()
     batch = datamod.collate(data, [3, 9, 1, 20, 7], NMT_SPECIALS)
     mask = batch.target != NMT_SPECIALS.pad
     assert torch.equal(batch.target_index, mask.reshape(-1).nonzero().squeeze(1))
@@ -104,8 +127,11 @@ def test_padding_to_a_multiple_of_8_changes_no_loss_or_gradient(prepared):
     vocab = prepared[1]["vocab_size"]
     model = Transformer(small_model().cfg, vocab, pad_id=NMT_SPECIALS.pad)
     objective = TranslationLoss(model, 0.1)
-    ids = next(list(range(i, i + 12)) for i in range(len(data))  # lengths that 8 changes
-               if datamod.collate(data, list(range(i, i + 12)), NMT_SPECIALS).src.size(1) % 8)
+    ids = next(
+        list(range(i, i + 12))
+        for i in range(len(data))  # lengths that 8 changes
+        if datamod.collate(data, list(range(i, i + 12)), NMT_SPECIALS).src.size(1) % 8
+    )
     results = []
     for pad_to in (1, 8):
         batch = datamod.collate(data, ids, NMT_SPECIALS, pad_to=pad_to)
@@ -113,7 +139,9 @@ def test_padding_to_a_multiple_of_8_changes_no_loss_or_gradient(prepared):
         model.zero_grad()
         loss, nll = objective(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
         loss.backward()
-        results.append((loss.detach(), nll, {k: p.grad.clone() for k, p in model.named_parameters()}))
+        results.append(
+            (loss.detach(), nll, {k: p.grad.clone() for k, p in model.named_parameters()})
+        )
     (loss1, nll1, grads1), (loss8, nll8, grads8) = results
     torch.testing.assert_close(loss8, loss1, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll8, nll1, rtol=1e-5, atol=1e-5)
@@ -138,9 +166,13 @@ def test_compiled_objective_gives_the_loss_and_gradients_of_the_eager_one(prepar
         results = []
         for objective in (eager, compiled):
             model.zero_grad()
-            loss, nll = objective(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
+            loss, nll = objective(
+                batch.src, batch.prev_output, batch.target_index, batch.target_tokens
+            )
             loss.backward()
-            results.append((loss.detach(), nll, {k: p.grad.clone() for k, p in model.named_parameters()}))
+            results.append(
+                (loss.detach(), nll, {k: p.grad.clone() for k, p in model.named_parameters()})
+            )
         (loss_e, nll_e, grads_e), (loss_c, nll_c, grads_c) = results
         torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(nll_c, nll_e, rtol=1e-5, atol=1e-4)
@@ -149,8 +181,15 @@ def test_compiled_objective_gives_the_loss_and_gradients_of_the_eager_one(prepar
 
     def graphs_after(first: int) -> int:
         batch = datamod.collate(data, list(range(first, first + 16)), NMT_SPECIALS, pad_to=8)
-        compiled(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)[0].backward()
+        compiled(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)[
+            0
+        ].backward()
         return counters["stats"]["unique_graphs"]
 
-    settled = graphs_after(150)  # a length that changes for the first time compiles once more (automatic dynamic)
-    assert [graphs_after(200), graphs_after(250)] == [settled, settled]  # 512 and 550 real target tokens
+    settled = graphs_after(
+        150
+    )  # a length that changes for the first time compiles once more (automatic dynamic)
+    assert [graphs_after(200), graphs_after(250)] == [
+        settled,
+        settled,
+    ]  # 512 and 550 real target tokens

@@ -1,5 +1,5 @@
-"""Properties of nmt.models.transformer.Transformer and nmt.models.rnn.RNN: causality, padding invariance,
-cached == full decoding (both architectures, every variant); for the Transformer also
+"""Properties of nmt.models.transformer.Transformer and nmt.models.rnn.RNN: causality, padding
+invariance, cached == full decoding (both architectures, every variant); for the Transformer also
 parameter counts against the closed form, weight tying, dropout, bf16 autocast."""
 
 import math
@@ -22,11 +22,26 @@ VARIANTS = {
     "learned-positions": {"learned_positions": True},
     "separate-embeddings": {"share_embeddings": False, "norm_first": True},
     # the options an OPUS-MT / Marian Transformer needs (issue 26)
-    "marian-like": {"activation": "swish", "output_bias": True, "tie_output": False,
-                    "positions": "marian", "decoder_start": "zeros", "norm_eps": 1e-6},
-    "hf-marian-like": {"activation": "gelu", "output_bias": True, "positions": "hf_marian",
-                       "decoder_start": "zeros", "share_embeddings": False},
-    "gelu-variants-pre-norm": {"activation": "gelu_sigmoid", "norm_first": True, "tie_output": False},
+    "marian-like": {
+        "activation": "swish",
+        "output_bias": True,
+        "tie_output": False,
+        "positions": "marian",
+        "decoder_start": "zeros",
+        "norm_eps": 1e-6,
+    },
+    "hf-marian-like": {
+        "activation": "gelu",
+        "output_bias": True,
+        "positions": "hf_marian",
+        "decoder_start": "zeros",
+        "share_embeddings": False,
+    },
+    "gelu-variants-pre-norm": {
+        "activation": "gelu_sigmoid",
+        "norm_first": True,
+        "tie_output": False,
+    },
     "gelu-tanh": {"activation": "gelu_tanh", "output_bias": True},
     # the RNN encoder-decoder (nmt.models.rnn) behind the same protocol
     "rnn-gru": {"arch": "rnn"},
@@ -38,8 +53,16 @@ RNNS = [name for name in VARIANTS if name.startswith("rnn")]
 
 
 def make(seed: int = 0, **overrides) -> Transformer:
-    cfg = dict(encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4,
-               max_positions=64, dropout=0.1, rnn_hidden=24)
+    cfg = dict(
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=32,
+        ffn_dim=64,
+        heads=4,
+        max_positions=64,
+        dropout=0.1,
+        rnn_hidden=24,
+    )
     cfg.update(overrides)
     torch.manual_seed(seed)
     return build_model(ModelConfig(**cfg), V, pad_id=PAD).eval()  # type: ignore[return-value]
@@ -57,7 +80,9 @@ def tokens(*lengths: int, width: int | None = None, bos: bool = False, seed: int
     return out
 
 
-@pytest.mark.parametrize("variant", ["post-norm", "pre-norm", "marian-like", "hf-marian-like", *RNNS])
+@pytest.mark.parametrize(
+    "variant", ["post-norm", "pre-norm", "marian-like", "hf-marian-like", *RNNS]
+)
 def test_future_target_tokens_do_not_change_earlier_logits(variant):
     model = make(**VARIANTS[variant])
     src, prev = tokens(6, 4), tokens(7, 7, bos=True)
@@ -68,7 +93,9 @@ def test_future_target_tokens_do_not_change_earlier_logits(variant):
     assert not torch.allclose(a[:, 4:], b[:, 4:])
 
 
-@pytest.mark.parametrize("variant", ["post-norm", "pre-norm", "marian-like", "hf-marian-like", *RNNS])
+@pytest.mark.parametrize(
+    "variant", ["post-norm", "pre-norm", "marian-like", "hf-marian-like", *RNNS]
+)
 def test_padding_does_not_change_logits(variant):
     model = make(**VARIANTS[variant])
     src, prev = tokens(5, 9, seed=3), tokens(4, 8, bos=True, seed=4)  # row 0 padded on both sides
@@ -122,13 +149,18 @@ def test_sentences_merged_into_a_running_decode_equal_the_full_forward(variant):
     full = torch.log_softmax(model(src, prev).float(), dim=-1)  # (4, 8, V)
     starts = [0, 0, 2, 4]
     with torch.inference_mode():
-        state, rows = model.encode(src[:2, :6]), torch.tensor([0, 1])  # rows: the sentence of each row
+        state, rows = (
+            model.encode(src[:2, :6]),
+            torch.tensor([0, 1]),
+        )  # rows: the sentence of each row
         state = model.reorder(state, torch.tensor([0, 0, 1, 1]))  # two rows a sentence
         rows = rows[torch.tensor([0, 0, 1, 1])]
         for t in range(6):
             if t in (2, 4):
                 s = starts.index(t)
-                joining = model.reorder(model.encode(src[s : s + 1, : 9 if s == 2 else 2]), torch.tensor([0, 0]))
+                joining = model.reorder(
+                    model.encode(src[s : s + 1, : 9 if s == 2 else 2]), torch.tensor([0, 0])
+                )
                 state, rows = model.merge(state, joining), torch.cat([rows, torch.tensor([s, s])])
             if t == 3:  # a swap within each sentence and one pruned: still two rows a sentence
                 index = torch.tensor([1, 0, 4, 5])
@@ -173,8 +205,13 @@ def closed_form(cfg: ModelConfig, vocab: int) -> int:
     final_norms = 2 * 2 * D if cfg.norm_first else 0
     embeddings = vocab * D * (1 + (not cfg.share_embeddings) + (not cfg.tie_output))
     output_bias = vocab if cfg.output_bias else 0
-    return (embeddings + cfg.encoder_layers * encoder_layer + cfg.decoder_layers * decoder_layer
-            + final_norms + output_bias)
+    return (
+        embeddings
+        + cfg.encoder_layers * encoder_layer
+        + cfg.decoder_layers * decoder_layer
+        + final_norms
+        + output_bias
+    )
 
 
 @pytest.mark.parametrize("name, low, high", [("base", 60e6, 66e6), ("big", 205e6, 215e6)])
@@ -221,7 +258,11 @@ def test_set_dropout_changes_sublayer_and_embedding_dropout_only():
     ffn = {name: p for name, p in rates.items() if ".ffn." in name}
     other = {name: p for name, p in rates.items() if ".ffn." not in name}
     assert len(ffn) == 4 and set(ffn.values()) == {0.02}
-    assert "src_embed.dropout" in other and "decoder.1.dropout" in other and set(other.values()) == {0.25}
+    assert (
+        "src_embed.dropout" in other
+        and "decoder.1.dropout" in other
+        and set(other.values()) == {0.25}
+    )
     assert {m.dropout for m in model.modules() if hasattr(m, "heads")} == {0.05}  # attention
     # with the other rates 0, set_dropout(0) makes training mode deterministic
     model = make(dropout=0.3)
@@ -325,7 +366,11 @@ def test_summary_ends_with_parameter_count():
 @pytest.mark.parametrize("share, tie", [(True, True), (True, False), (False, True), (False, False)])
 def test_source_target_and_output_tying_are_independent(share, tie):
     model = make(share_embeddings=share, tie_output=tie, output_bias=True)
-    src, tgt, out = model.src_embed.tokens.weight, model.tgt_embed.tokens.weight, model.output_weight
+    src, tgt, out = (
+        model.src_embed.tokens.weight,
+        model.tgt_embed.tokens.weight,
+        model.output_weight,
+    )
     assert (src is tgt) == share and (out is tgt) == tie and (out is src) == (share and tie)
     assert num_parameters(model) == closed_form(model.cfg, V)
     with torch.no_grad():
@@ -341,7 +386,9 @@ def hf_marian_table(n_pos: int, dim: int) -> torch.Tensor:
     """transformers' MarianSinusoidalPositionalEmbedding._init_weight, transcribed."""
     import numpy as np
 
-    enc = np.array([[pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)] for pos in range(n_pos)])
+    enc = np.array(
+        [[pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)] for pos in range(n_pos)]
+    )
     out = torch.empty(n_pos, dim)
     sentinel = dim // 2 if dim % 2 == 0 else dim // 2 + 1
     out[:, :sentinel] = torch.FloatTensor(np.sin(enc[:, 0::2]))
@@ -353,9 +400,16 @@ def marian_table(n_pos: int, dim: int) -> torch.Tensor:
     """Marian's SinusoidalPositionEmbeddings (src/tensors/cpu/tensor_operators.cpp), transcribed."""
     half = dim / 2
     step = math.log(10000.0) / (half - 1.0)
-    return torch.tensor([[math.sin(v) if i < int(half) else math.cos(v)
-                          for i in range(dim) for v in [p * math.exp((i % int(half)) * -step)]]
-                         for p in range(n_pos)])
+    return torch.tensor(
+        [
+            [
+                math.sin(v) if i < int(half) else math.cos(v)
+                for i in range(dim)
+                for v in [p * math.exp((i % int(half)) * -step)]
+            ]
+            for p in range(n_pos)
+        ]
+    )
 
 
 @pytest.mark.parametrize("dim", [32, 36, 7])
@@ -367,7 +421,9 @@ def test_position_tables_equal_their_references(dim):
         torch.testing.assert_close(ours["marian"], ours["nmt"], rtol=0, atol=0)
         assert not torch.allclose(ours["hf_marian"], ours["nmt"], atol=1e-2)
     model = make(positions="hf_marian")
-    torch.testing.assert_close(model.tgt_embed.sinusoids, sinusoids(64, 32, "hf_marian"), rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.tgt_embed.sinusoids, sinusoids(64, 32, "hf_marian"), rtol=0, atol=0
+    )
 
 
 def test_a_zero_decoder_start_ignores_the_start_token():
@@ -384,13 +440,19 @@ def test_a_zero_decoder_start_ignores_the_start_token():
     assert not torch.allclose(bos(src, prev), bos(src, other))
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("relu", lambda x: x.clamp(min=0)),
-    ("gelu", lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))),
-    ("gelu_tanh", lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))),
-    ("gelu_sigmoid", lambda x: x / (1 + torch.exp(-1.702 * x))),
-    ("swish", lambda x: x / (1 + torch.exp(-x))),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("relu", lambda x: x.clamp(min=0)),
+        ("gelu", lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))),
+        (
+            "gelu_tanh",
+            lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+        ),
+        ("gelu_sigmoid", lambda x: x / (1 + torch.exp(-1.702 * x))),
+        ("swish", lambda x: x / (1 + torch.exp(-x))),
+    ],
+)
 def test_feed_forward_activations(name, expected):
     ffn = make(activation=name).encoder[0].ffn
     x = torch.linspace(-5, 5, 101)
@@ -429,16 +491,34 @@ def test_a_few_updates_lower_the_loss(variant):
     assert {"output_bias", *(["output_embedding"] if not model.cfg.tie_output else [])} <= changed
 
 
-RNN_REFUSES = [("output_bias", True), ("tie_output", False), ("activation", "gelu"), ("positions", "marian"),
-               ("decoder_start", "zeros"), ("norm_eps", 1e-6)]
+RNN_REFUSES = [
+    ("output_bias", True),
+    ("tie_output", False),
+    ("activation", "gelu"),
+    ("positions", "marian"),
+    ("decoder_start", "zeros"),
+    ("norm_eps", 1e-6),
+]
 
 
-@pytest.mark.parametrize("model, message", [
-    *[pytest.param({"arch": "rnn", key: value}, f"model.{key} applies to model.arch transformer only",
-                   id=f"rnn-{key}-{value}") for key, value in RNN_REFUSES],
-    pytest.param({"learned_positions": True, "positions": "hf_marian"}, "model.positions hf_marian is a sinusoid table",
-                 id="hf-positions-learned"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        *[
+            pytest.param(
+                {"arch": "rnn", key: value},
+                f"model.{key} applies to model.arch transformer only",
+                id=f"rnn-{key}-{value}",
+            )
+            for key, value in RNN_REFUSES
+        ],
+        pytest.param(
+            {"learned_positions": True, "positions": "hf_marian"},
+            "model.positions hf_marian is a sinusoid table",
+            id="hf-positions-learned",
+        ),
+    ],
+)
 def test_model_options_that_do_not_go_together_are_refused(model, message):
     """Transformer-only options on the RNN; learned Hugging Face positions (a fixed table)."""
     from nmt.config import Config, ConfigError, validate
@@ -456,7 +536,10 @@ def test_a_checkpointed_marian_like_model_rebuilds_the_same(tmp_path):
     with torch.no_grad():
         model.output_bias.normal_()
     assert {"output_embedding", "output_bias"} <= set(model.state_dict())
-    torch.save({"model": model.state_dict(), "config": config_to_dict(Config(model=model.cfg))}, tmp_path / "m.pt")
+    torch.save(
+        {"model": model.state_dict(), "config": config_to_dict(Config(model=model.cfg))},
+        tmp_path / "m.pt",
+    )
     saved = torch.load(tmp_path / "m.pt", weights_only=True)
     again = build_model(config_from_dict(saved["config"]).model, V, pad_id=PAD).eval()
     again.load_state_dict(saved["model"])

@@ -39,9 +39,13 @@ def test_dropout_ramp_holds_then_rises_linearly_then_holds():
     assert [dropout_at(u, cfg, 0.1) for u in (300, 301, 10_000)] == [0.3, 0.3, 0.3]
     rates = [dropout_at(u, cfg, 0.1) for u in range(1, 400)]
     assert all(a <= b for a, b in zip(rates, rates[1:]))
-    down = TrainConfig(dropout_ramp_start=0, dropout_ramp_end=10, dropout_ramp_to=0.0)  # falling works too
+    down = TrainConfig(
+        dropout_ramp_start=0, dropout_ramp_end=10, dropout_ramp_to=0.0
+    )  # falling works too
     assert dropout_at(5, down, 0.2) == pytest.approx(0.1) and dropout_at(10, down, 0.2) == 0.0
-    assert dropout_at(10_000, TrainConfig(dropout_ramp_to=0.3), 0.1) == 0.1  # no ramp: model.dropout
+    assert (
+        dropout_at(10_000, TrainConfig(dropout_ramp_to=0.3), 0.1) == 0.1
+    )  # no ramp: model.dropout
 
 
 def test_label_smoothing_against_hand_computation():
@@ -118,7 +122,8 @@ def test_loss_scaler_floor_gives_an_actionable_error():
 
 
 def test_loss_scaler_not_enabled_is_a_no_op():
-    """Outside fp16 (enabled=False): scale 1, never an overflow, the norm not even read, no state."""
+    """Outside fp16 (enabled=False): scale 1, never an overflow, the norm not even read, no
+    state."""
     s = DynamicLossScaler(init_scale=128.0, enabled=False)
     assert s.scale == 1.0
     assert not s.overflowed(torch.tensor(float("inf")), at_update=1)

@@ -42,16 +42,22 @@ from nmt.checkpoint import ModelCheckpoint, load_model_checkpoint
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
 
-OPUS_MT_EN_MG = Path(os.environ.get("NMT_OPUS_MT_EN_MG") or ROOT.parent / "shared/data/opus-mt-en-mg")
+OPUS_MT_EN_MG = Path(
+    os.environ.get("NMT_OPUS_MT_EN_MG") or ROOT.parent / "shared/data/opus-mt-en-mg"
+)
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 pytestmark = [
-    pytest.mark.skipif(not all((OPUS_MT_EN_MG / f).is_file() for f in ("config.json", *TOKENIZER_FILES)),
-                       reason=f"{OPUS_MT_EN_MG}: no opus-mt-en-mg tokenizer files and config "
-                              "(set NMT_OPUS_MT_EN_MG to the folder)"),
-    pytest.mark.skipif(not HAVE_TRANSFORMERS, reason="transformers is not installed (pip install -e '.[dev]')"),
+    pytest.mark.skipif(
+        not all((OPUS_MT_EN_MG / f).is_file() for f in ("config.json", *TOKENIZER_FILES)),
+        reason=f"{OPUS_MT_EN_MG}: no opus-mt-en-mg tokenizer files and config "
+        "(set NMT_OPUS_MT_EN_MG to the folder)",
+    ),
+    pytest.mark.skipif(
+        not HAVE_TRANSFORMERS, reason="transformers is not installed (pip install -e '.[dev]')"
+    ),
     pytest.mark.usefixtures("one_thread"),
 ]
 
@@ -64,7 +70,7 @@ ENGLISH = [
     "The price rose from $1,299.99 to €1.450,00 (+11.6%).",
     "Call +261 20 22 123 45 or e-mail info@example.mg.",
     "Visit https://www.example.com/path?q=1&lang=en#top now.",
-    "She said: \"Don't go!\" — and left…",
+    'She said: "Don\'t go!" — and left…',
     "“Curly quotes” and ‘single ones’ are typographic.",
     "Naïve café owners in Zürich serve crème brûlée.",
     "São Paulo, Kraków, Reykjavík and Ålesund are cities.",
@@ -130,8 +136,11 @@ MALAGASY = [
     "",
 ]
 
-HF_CONFIG = json.loads((OPUS_MT_EN_MG / "config.json").read_text()) if (OPUS_MT_EN_MG / "config.json").is_file() \
+HF_CONFIG = (
+    json.loads((OPUS_MT_EN_MG / "config.json").read_text())
+    if (OPUS_MT_EN_MG / "config.json").is_file()
     else {}
+)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +191,9 @@ def imported(hf_folder: Path) -> ModelCheckpoint:
 def marian_tokenizer(hf_folder: Path):
     from transformers import MarianTokenizer
 
-    with warnings.catch_warnings():  # "Recommended: pip install sacremoses": its normalizer is not used
+    with (
+        warnings.catch_warnings()
+    ):  # "Recommended: pip install sacremoses": its normalizer is not used
         warnings.simplefilter("ignore")
         return MarianTokenizer.from_pretrained(hf_folder)
 
@@ -201,24 +212,45 @@ def target_ids(tok: Tokenizer, text: str) -> list[int]:
 def test_special_ids_and_shape_are_config_json(imported: ModelCheckpoint, marian_tokenizer) -> None:
     tok, model = imported.tokenizer, imported.config.model
     vocab = json.loads((OPUS_MT_EN_MG / "vocab.json").read_text(encoding="utf-8"))
-    assert tok.vocab_size == HF_CONFIG["vocab_size"] == len(vocab)  # opus-mt-en-mg's vocab.json lists <pad>
+    assert (
+        tok.vocab_size == HF_CONFIG["vocab_size"] == len(vocab)
+    )  # opus-mt-en-mg's vocab.json lists <pad>
     assert vocab["<pad>"] == tok.specials.pad
     assert tok.specials.pad == HF_CONFIG["pad_token_id"] == marian_tokenizer.pad_token_id
-    assert tok.specials.eos == HF_CONFIG["eos_token_id"] == vocab["</s>"] == marian_tokenizer.eos_token_id
+    assert (
+        tok.specials.eos
+        == HF_CONFIG["eos_token_id"]
+        == vocab["</s>"]
+        == marian_tokenizer.eos_token_id
+    )
     assert tok.specials.unk == vocab["<unk>"] == marian_tokenizer.unk_token_id
     assert tok.specials.bos == HF_CONFIG["decoder_start_token_id"]
     assert [tok.piece(i) for i in range(tok.vocab_size)] == sorted(vocab, key=vocab.__getitem__)
     assert tok.language_tokens() == []
-    assert (model.encoder_layers, model.decoder_layers, model.d_model, model.heads, model.ffn_dim) == (
-        HF_CONFIG["encoder_layers"], HF_CONFIG["decoder_layers"], HF_CONFIG["d_model"],
-        HF_CONFIG["encoder_attention_heads"], HF_CONFIG["encoder_ffn_dim"])
-    assert (model.activation, model.max_positions) == (HF_CONFIG["activation_function"],
-                                                       HF_CONFIG["max_position_embeddings"])
+    assert (
+        model.encoder_layers,
+        model.decoder_layers,
+        model.d_model,
+        model.heads,
+        model.ffn_dim,
+    ) == (
+        HF_CONFIG["encoder_layers"],
+        HF_CONFIG["decoder_layers"],
+        HF_CONFIG["d_model"],
+        HF_CONFIG["encoder_attention_heads"],
+        HF_CONFIG["encoder_ffn_dim"],
+    )
+    assert (model.activation, model.max_positions) == (
+        HF_CONFIG["activation_function"],
+        HF_CONFIG["max_position_embeddings"],
+    )
     assert imported.config.decode.beam == HF_CONFIG["num_beams"]
 
 
 @pytest.mark.parametrize("text", ENGLISH, ids=range(len(ENGLISH)))
-def test_source_ids_are_marian_tokenizers(imported: ModelCheckpoint, marian_tokenizer, text: str) -> None:
+def test_source_ids_are_marian_tokenizers(
+    imported: ModelCheckpoint, marian_tokenizer, text: str
+) -> None:
     assert source_ids(imported.tokenizer, text) == marian_tokenizer(text)["input_ids"]
 
 
@@ -231,7 +263,9 @@ def test_the_sentences_cover_what_they_claim(imported: ModelCheckpoint) -> None:
 
 
 @pytest.mark.parametrize("text", MALAGASY, ids=range(len(MALAGASY)))
-def test_target_ids_are_marian_tokenizers(imported: ModelCheckpoint, marian_tokenizer, text: str) -> None:
+def test_target_ids_are_marian_tokenizers(
+    imported: ModelCheckpoint, marian_tokenizer, text: str
+) -> None:
     assert target_ids(imported.tokenizer, text) == marian_tokenizer(text_target=text)["input_ids"]
 
 
@@ -250,7 +284,9 @@ def test_decode_is_marian_tokenizers(imported: ModelCheckpoint, marian_tokenizer
     rng = torch.Generator().manual_seed(3)
     sequences = [[start, *(i for i in target_ids(tok, t) if i != unk)] for t in MALAGASY]
     for _ in range(200):
-        ids = torch.randint(0, tok.vocab_size, (int(torch.randint(1, 16, (1,), generator=rng)),), generator=rng)
+        ids = torch.randint(
+            0, tok.vocab_size, (int(torch.randint(1, 16, (1,), generator=rng)),), generator=rng
+        )
         sequences.append([i for i in ids.tolist() if i != unk])
     for ids in sequences:
         want = marian_tokenizer.decode(ids, skip_special_tokens=True, use_source_tokenizer=False)
@@ -264,7 +300,9 @@ def test_unk_and_special_strings_are_nmts_own(imported: ModelCheckpoint, marian_
     tok = imported.tokenizer
     ids = target_ids(tok, "Manao ahoana")
     with_unk = [*ids[:1], tok.specials.unk, *ids[1:]]
-    assert marian_tokenizer.decode(with_unk, skip_special_tokens=True, use_source_tokenizer=False) == tok.decode(ids)
+    assert marian_tokenizer.decode(
+        with_unk, skip_special_tokens=True, use_source_tokenizer=False
+    ) == tok.decode(ids)
     assert "⁇" in tok.decode(with_unk)
     text = "a </s> b"
     assert marian_tokenizer(text)["input_ids"].count(tok.specials.eos) == 2
@@ -282,8 +320,11 @@ def test_forced_decoding_equals_hf(hf_folder: Path, imported: ModelCheckpoint) -
     tok = imported.tokenizer
     hf = MarianMTModel.from_pretrained(hf_folder).eval()
     ours = Transformer(imported.config.model, tok.vocab_size, tok.specials.pad)
-    zero_start = Transformer(dataclasses.replace(imported.config.model, decoder_start="zeros"), tok.vocab_size,
-                             tok.specials.pad)
+    zero_start = Transformer(
+        dataclasses.replace(imported.config.model, decoder_start="zeros"),
+        tok.vocab_size,
+        tok.specials.pad,
+    )
     for model in (ours, zero_start):
         imported.load_into(model)
         model.eval()
@@ -318,14 +359,22 @@ def test_surfaces_are_what_decode_writes(imported: ModelCheckpoint) -> None:
         assert tok.decode(ids) == b"".join(surfaces[i] for i in ids).decode().strip(), ids
 
 
-def test_an_unknown_language_token_is_read_as_unk_with_one_warning(imported: ModelCheckpoint, caplog) -> None:
+def test_an_unknown_language_token_is_read_as_unk_with_one_warning(
+    imported: ModelCheckpoint, caplog
+) -> None:
     """Issue 33 (15): this model has no language tokens; a source that starts with one is read as
     <unk>, as MarianTokenizer reads it, and said once a token, naming the first text."""
-    translator = Translator.load(imported.path, device="cpu", threads=1, beam=1, max_len_a=0.0, max_len_b=2)
+    translator = Translator.load(
+        imported.path, device="cpu", threads=1, beam=1, max_len_a=0.0, max_len_b=2
+    )
     with caplog.at_level(logging.WARNING):
         translator.translate([">>fra<< Hello.", ">>fra<< A dog.", "Hello."])
-    warnings = [r.getMessage() for r in caplog.records if "not a token of this model" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].startswith("texts[0]: >>fra<< is not a token of this model")
+    warnings = [
+        r.getMessage() for r in caplog.records if "not a token of this model" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "texts[0]: >>fra<< is not a token of this model"
+    )
 
 
 @pytest.mark.usefixtures("isolated")  # conftest: cli.main sets logging and threads; undone after
@@ -335,8 +384,26 @@ def test_translate_answers_every_line(imported: ModelCheckpoint, tmp_path: Path)
     blank inputs."""
     src, out = tmp_path / "input.en", tmp_path / "output.mg"
     src.write_text("".join(line + "\n" for line in ENGLISH), encoding="utf-8")
-    assert nmt_here("translate", "-c", str(imported.path), "-i", str(src), "-o", str(out), "--beam", "2",
-                    "--max-len-a", "0", "--max-len-b", "4", "--threads", "1") == 0
+    assert (
+        nmt_here(
+            "translate",
+            "-c",
+            str(imported.path),
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+            "--beam",
+            "2",
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            "4",
+            "--threads",
+            "1",
+        )
+        == 0
+    )
     lines = out.read_text(encoding="utf-8").split("\n")
     assert lines[-1] == "" and len(lines) - 1 == len(ENGLISH)
     for line, text in zip(lines[:-1], ENGLISH, strict=True):
@@ -352,7 +419,9 @@ def test_translate_answers_every_line(imported: ModelCheckpoint, tmp_path: Path)
         (True, "num_beams is True, not an integer"),
     ],
 )
-def test_a_bad_num_beams_is_one_line(hf_folder: Path, tmp_path: Path, capsys, value, reason) -> None:
+def test_a_bad_num_beams_is_one_line(
+    hf_folder: Path, tmp_path: Path, capsys, value, reason
+) -> None:
     """generation_config.json's num_beams is the checkpoint's beam (checked above); a value that
     is not a positive integer is an error naming the file and the key, not a traceback."""
     folder = tmp_path / "folder"
@@ -360,7 +429,9 @@ def test_a_bad_num_beams_is_one_line(hf_folder: Path, tmp_path: Path, capsys, va
     for path in hf_folder.iterdir():
         (folder / path.name).symlink_to(path)
     (folder / "generation_config.json").unlink()
-    (folder / "generation_config.json").write_text(json.dumps({"num_beams": value}), encoding="utf-8")
+    (folder / "generation_config.json").write_text(
+        json.dumps({"num_beams": value}), encoding="utf-8"
+    )
     assert nmt_here("import", str(folder), "-o", str(tmp_path / "out.pt")) == 1
     err = capsys.readouterr().err.strip()
     assert err == f"nmt: error: {folder / 'generation_config.json'}: {reason}"
@@ -381,8 +452,12 @@ def separate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tokenizer, Any]:
     from transformers import MarianTokenizer
 
     folder = tmp_path_factory.mktemp("opus-mt-en-mg-separate")
-    write_hf_marian(folder / "hf", Variant(share_embeddings=False, tie_output=False, separate_vocabs=True),
-                    OPUS_MT_EN_MG / "source.spm", OPUS_MT_EN_MG / "target.spm")
+    write_hf_marian(
+        folder / "hf",
+        Variant(share_embeddings=False, tie_output=False, separate_vocabs=True),
+        OPUS_MT_EN_MG / "source.spm",
+        OPUS_MT_EN_MG / "target.spm",
+    )
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
@@ -402,12 +477,18 @@ def test_separate_vocabularies_segment_and_number_as_marian_tokenizer(separate) 
     tok, hf = separate
     source_pieces, target_pieces = tok.vocabularies()
     assert tok.source_vocab_size == len(hf.encoder) != tok.vocab_size == len(hf.target_encoder)
-    assert (tok.specials.pad, tok.specials.eos, tok.specials.unk) == (hf.pad_token_id, hf.eos_token_id, hf.unk_token_id)
+    assert (tok.specials.pad, tok.specials.eos, tok.specials.unk) == (
+        hf.pad_token_id,
+        hf.eos_token_id,
+        hf.unk_token_id,
+    )
     for text in ENGLISH:
         ids = hf(text)["input_ids"]
         assert source_ids(tok, text) == ids, text
         pieces = hf.tokenize(text)  # <unk>: a piece the source vocabulary lacks
-        assert [source_pieces[i] for i in ids[:-1]] == [p if p in hf.encoder else "<unk>" for p in pieces], text
+        assert [source_pieces[i] for i in ids[:-1]] == [
+            p if p in hf.encoder else "<unk>" for p in pieces
+        ], text
     assert tok.specials.unk in {i for text in ENGLISH for i in tok.encode(text)}  # >>fra<< at least
     for text in MALAGASY:
         ids = hf(text_target=text)["input_ids"]

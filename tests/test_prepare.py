@@ -305,7 +305,13 @@ def test_missing_files_are_named(tmp_path, raw_corpus):
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(max_ratio=0.5), dict(min_len=300), dict(workers=0), dict(model_type="char"), dict(vocab_size=2)],
+    [
+        dict(max_ratio=0.5),
+        dict(min_len=300),
+        dict(workers=0),
+        dict(model_type="char"),
+        dict(vocab_size=2),
+    ],
     ids=lambda bad: ",".join(f"{k}={v}" for k, v in bad.items()),
 )
 def test_bad_options_are_errors_naming_the_option(tmp_path, raw_corpus, bad):
@@ -354,7 +360,8 @@ def test_destdir_needs_force_and_failures_keep_old_output(
 
 @pytest.mark.parametrize("inside", ["--trainpref", "--spm-model"])
 def test_destdir_that_holds_an_input_is_refused(tmp_path, prepared, raw_corpus, inside):
-    """--destdir is replaced as a whole: an input in it would be deleted (or rewritten) after it was read."""
+    """--destdir is replaced as a whole: an input in it would be deleted (or rewritten) after it was
+    read."""
     dest = tmp_path / "data"
     shutil.copytree(prepared[0], dest)
     for lang in ("en", "de"):
@@ -362,7 +369,9 @@ def test_destdir_that_holds_an_input_is_refused(tmp_path, prepared, raw_corpus, 
     train = str(dest / "corpus") if inside == "--trainpref" else raw_corpus.prefix("train")
     spm = str(dest / "spm.model") if inside == "--spm-model" else None
     before = {p.name: p.read_bytes() for p in dest.iterdir()}
-    with pytest.raises(NmtError, match=rf"--destdir {dest} contains the .* \({inside} {dest}/.*\); choose another"):
+    with pytest.raises(
+        NmtError, match=rf"--destdir {dest} contains the .* \({inside} {dest}/.*\); choose another"
+    ):
         prepare_bpe(options(dest, train, spm_model=spm, force=True, vocab_size=500), progress=False)
     assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]

@@ -31,12 +31,21 @@ def script_env() -> dict[str, str]:
     return env
 
 
-def run_script(args: list[str], env: dict[str, str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run_script(
+    args: list[str], env: dict[str, str], timeout: float, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
     """A recipe script in a process group of its own. `timeout` guards against a hang, it is no
     budget (a loaded machine makes these runs several times slower): past it the whole group is
     killed, so that no training the script started runs on after the test."""
-    with subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -48,14 +57,20 @@ def run_script(args: list[str], env: dict[str, str], timeout: float, cwd: Path =
 
 def need_multi30k() -> None:
     if not (MULTI30K / "train.en.gz").exists():
-        pytest.fail(f"Multi30k not found in {MULTI30K} (set NMT_MULTI30K); the recipe tests need it")
+        pytest.fail(
+            f"Multi30k not found in {MULTI30K} (set NMT_MULTI30K); the recipe tests need it"
+        )
 
 
 @pytest.mark.slow
 def test_wmt14_recipe_smoke(tmp_path):
     need_multi30k()
-    r = run_script(["bash", str(ROOT / "scripts/wmt14_en_de.sh"), "--smoke", "--work", str(tmp_path / "w")],
-                   script_env(), timeout=3600, cwd=tmp_path)
+    r = run_script(
+        ["bash", str(ROOT / "scripts/wmt14_en_de.sh"), "--smoke", "--work", str(tmp_path / "w")],
+        script_env(),
+        timeout=3600,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "w/run_base"
     hyp = (run / "newstest2014.hyp.de").read_text(encoding="utf-8").split("\n")
@@ -73,8 +88,14 @@ def test_demo_pipeline_reaches_a_bleu_floor(tmp_path, src, tgt):
     busy machine makes the test slower, not flaky. The recipe reached greedy val BLEU 10.5
     after its first epoch (485 updates) and 22.1 at 808 updates (docs/benchmarks.md)."""
     need_multi30k()
-    env = script_env() | {"SRC": src, "TGT": tgt, "DATA": str(tmp_path / "data"), "BIN": str(tmp_path / "bin"),
-                          "RUN": str(tmp_path / "run"), "EXTRA": "--set train.max_time=0 --set train.max_updates=800"}
+    env = script_env() | {
+        "SRC": src,
+        "TGT": tgt,
+        "DATA": str(tmp_path / "data"),
+        "BIN": str(tmp_path / "bin"),
+        "RUN": str(tmp_path / "run"),
+        "EXTRA": "--set train.max_time=0 --set train.max_updates=800",
+    }
     r = run_script(["bash", str(ROOT / "scripts/demo.sh")], env, timeout=5400)
     assert r.returncode == 0, r.stderr[-3000:]
     valid = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
@@ -90,8 +111,13 @@ def test_demo_pipeline_reaches_a_bleu_floor(tmp_path, src, tgt):
 @pytest.mark.slow
 def test_distill_recipe_smoke(tmp_path, trained_checkpoint):
     need_multi30k()
-    env = script_env() | {"SMOKE": "1", "REFERENCE": "1", "DATA": str(tmp_path / "data"), "OUT": str(tmp_path / "d"),
-                          "TEACHER": str(trained_checkpoint)}
+    env = script_env() | {
+        "SMOKE": "1",
+        "REFERENCE": "1",
+        "DATA": str(tmp_path / "data"),
+        "OUT": str(tmp_path / "d"),
+        "TEACHER": str(trained_checkpoint),
+    }
     r = run_script(["bash", str(ROOT / "scripts/distill.sh")], env, timeout=3600)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = (tmp_path / "d_eval/summary.txt").read_text()
@@ -105,11 +131,19 @@ def test_distill_recipe_smoke(tmp_path, trained_checkpoint):
     # the reference: the same config on the original lines, with the teacher's vocabulary
     ref_prepared = json.loads((tmp_path / "d_reference/data-bin/prepare.json").read_text())
     assert ref_prepared["splits"]["train"]["kept"] == 300
-    assert (tmp_path / "d_reference/data-bin/spm.model").read_bytes() == (tmp_path / "d/data-bin/spm.model").read_bytes()
+    assert (tmp_path / "d_reference/data-bin/spm.model").read_bytes() == (
+        tmp_path / "d/data-bin/spm.model"
+    ).read_bytes()
     saved = sorted(p.name for p in (tmp_path / "d_reference/run").glob("checkpoint_[0-9]*.pt"))
-    assert saved[-1] == "checkpoint_30.pt", saved  # the student's 30 updates, as in SMOKE's settings
+    assert saved[-1] == "checkpoint_30.pt", (
+        saved
+    )  # the student's 30 updates, as in SMOKE's settings
     assert (tmp_path / "d_reference/run/checkpoint_avg.pt").exists()
     # a second run translates and trains nothing again
     r2 = run_script(["bash", str(ROOT / "scripts/distill.sh")], env, timeout=1800)
-    assert r2.returncode == 0 and "all 3 shards" in r2.stderr and r2.stderr.count("already finished") == 2
+    assert (
+        r2.returncode == 0
+        and "all 3 shards" in r2.stderr
+        and r2.stderr.count("already finished") == 2
+    )
     assert "reusing " + str(tmp_path / "d_reference/data-bin") in r2.stderr

@@ -52,12 +52,20 @@ from nmt.config import load_config
 from nmt.training.oom import FAULT_OOM_ENV
 from nmt.training.trainer import train
 
-pytestmark = pytest.mark.usefixtures("isolated")  # conftest: temporary cwd, logging and threads undone
+pytestmark = pytest.mark.usefixtures(
+    "isolated"
+)  # conftest: temporary cwd, logging and threads undone
 
 
 def train_sets(data_dir: Path, run_dir: Path, **extra: object) -> dict[str, object]:
-    return {"data.dir": data_dir, "train.run_dir": run_dir, "train.log_interval": 1, "train.device": "cpu",
-            "train.threads": THREADS, **extra}
+    return {
+        "data.dir": data_dir,
+        "train.run_dir": run_dir,
+        "train.log_interval": 1,
+        "train.device": "cpu",
+        "train.threads": THREADS,
+        **extra,
+    }
 
 
 def nmt_train_here(sets: dict[str, object]) -> int:
@@ -65,11 +73,19 @@ def nmt_train_here(sets: dict[str, object]) -> int:
     return nmt_here("train", str(TINY), *set_args(sets))
 
 
-def nmt_train_process(sets: dict[str, object], cwd: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen:
+def nmt_train_process(
+    sets: dict[str, object], cwd: Path, stderr: Any = subprocess.PIPE
+) -> subprocess.Popen:
     """`nmt train configs/tiny.yaml --set ...` in a subprocess (stderr: a pipe or an open file)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "nmt", "train", str(TINY), *set_args(sets)], cwd=cwd, env=env,
-                            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "nmt", "train", str(TINY), *set_args(sets)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+    )
 
 
 def temporaries(run_dir: Path) -> list[str]:
@@ -100,7 +116,10 @@ def _kill_once(proc: subprocess.Popen, run_dir: Path, mode: str, rng: random.Ran
             time.sleep(rng.uniform(0.0, 0.3))
         else:
             while proc.poll() is None and time.monotonic() < deadline:
-                if any(e.name.startswith(".checkpoint_") and ".tmp-" in e.name for e in os.scandir(run_dir)):
+                if any(
+                    e.name.startswith(".checkpoint_") and ".tmp-" in e.name
+                    for e in os.scandir(run_dir)
+                ):
                     break
                 time.sleep(0.0005)
             time.sleep(rng.choice([0.0, rng.uniform(0.0, 0.01)]))
@@ -114,8 +133,12 @@ def test_sigkill_twenty_times_then_resume_equals_an_uninterrupted_run(prepared, 
     rng = random.Random(6)
     total = 120
     run_dir = tmp_path / "killed"
-    sets = train_sets(prepared[0], run_dir, **KILL_MODEL, **{
-        "train.max_updates": total, "train.save_interval_updates": 1, "train.keep_last": 3})
+    sets = train_sets(
+        prepared[0],
+        run_dir,
+        **KILL_MODEL,
+        **{"train.max_updates": total, "train.save_interval_updates": 1, "train.keep_last": 3},
+    )
     landed_in_write, newest, leftovers = 0, 0, set()
     for i in range(20):
         # stderr to a file: a full pipe that nobody reads would stall the run
@@ -129,7 +152,9 @@ def test_sigkill_twenty_times_then_resume_equals_an_uninterrupted_run(prepared, 
                     proc.kill()
                     proc.wait()
         if mode != "any" and leftovers:
-            assert not leftovers & set(temporaries(run_dir)), "a restart left temporaries of a killed run"
+            assert not leftovers & set(temporaries(run_dir)), (
+                "a restart left temporaries of a killed run"
+            )
             leftovers.clear()
         own = {name for name in temporaries(run_dir) if f".tmp-{proc.pid}-" in name}
         landed_in_write += any(name.startswith(".checkpoint_") for name in own)
@@ -176,7 +201,9 @@ def test_resume_takes_a_checkpoint_newer_than_checkpoint_last(prepared, tmp_path
     train(with_overrides(cfg, train={"max_updates": 5}))
     assert "checkpoint_3.pt is newer than checkpoint_last.pt (update 2)" in caplog.text
     assert "resumed from update 3" in caplog.text
-    assert sorted(losses(run_dir)) == [1, 2, 3, 4, 5] and len(records(run_dir, "train")) == 5  # nothing redone
+    assert (
+        sorted(losses(run_dir)) == [1, 2, 3, 4, 5] and len(records(run_dir, "train")) == 5
+    )  # nothing redone
     train(with_overrides(cfg, train={"run_dir": str(tmp_path / "straight"), "max_updates": 5}))
     assert_same_weights(weights(tmp_path / "straight"), weights(run_dir))
 
@@ -187,10 +214,14 @@ def test_resume_takes_a_checkpoint_newer_than_checkpoint_last(prepared, tmp_path
 # ------------------------------------------------------------------ corrupt checkpoints
 
 
-@pytest.mark.parametrize("damage", ["last-replaced-by-a-truncated-copy", "last-and-its-links-garbled", "all"])
+@pytest.mark.parametrize(
+    "damage", ["last-replaced-by-a-truncated-copy", "last-and-its-links-garbled", "all"]
+)
 def test_resume_past_corrupt_checkpoints_or_stop_naming_them(prepared, tmp_path, capfd, damage):
     run_dir = tmp_path / "run"
-    sets = train_sets(prepared[0], run_dir, **{"train.max_updates": 4, "train.save_interval_updates": 2})
+    sets = train_sets(
+        prepared[0], run_dir, **{"train.max_updates": 4, "train.save_interval_updates": 2}
+    )
     assert nmt_train_here(sets) == 0
     last = run_dir / "checkpoint_last.pt"
     assert last.samefile(run_dir / "checkpoint_4.pt")  # a hard link: one inode, two names
@@ -210,8 +241,14 @@ def test_resume_past_corrupt_checkpoints_or_stop_naming_them(prepared, tmp_path,
     err = capfd.readouterr().err
     if damage == "all":
         assert code == 1
-        last_error_line(err, "no checkpoint loads", "checkpoint_last.pt", "checkpoint_4.pt", "checkpoint_2.pt",
-                        "checkpoint_best.pt")
+        last_error_line(
+            err,
+            "no checkpoint loads",
+            "checkpoint_last.pt",
+            "checkpoint_4.pt",
+            "checkpoint_2.pt",
+            "checkpoint_best.pt",
+        )
         return
     assert code == 0, err
     assert all(f"{name}: corrupt or truncated" in err for name in passed_over), err
@@ -222,7 +259,7 @@ def test_resume_past_corrupt_checkpoints_or_stop_naming_them(prepared, tmp_path,
     assert_same_weights(weights(tmp_path / "straight"), weights(run_dir))
 
 
-# ------------------------------------------------------------------ disk full, unusable run directory
+# --------------------------------------------------------------- disk full, unusable run directory
 
 
 def _enospc(*args: Any, **kwargs: Any) -> None:
@@ -237,20 +274,30 @@ def _enospc_on(path: Path) -> Any:
         if os.readlink(f"/proc/self/fd/{fd}") == str(path):
             _enospc()
         return write(fd, data)
+
     return enospc_on
 
 
-@pytest.mark.parametrize("fault", ["checkpoint", "metrics", "log", "config", "run-dir-under-a-file"])
-def test_write_failure_stops_with_one_line_naming_the_path(prepared, tmp_path, capfd, monkeypatch, fault):
+@pytest.mark.parametrize(
+    "fault", ["checkpoint", "metrics", "log", "config", "run-dir-under-a-file"]
+)
+def test_write_failure_stops_with_one_line_naming_the_path(
+    prepared, tmp_path, capfd, monkeypatch, fault
+):
     run_dir = tmp_path / "run"
-    sets = train_sets(prepared[0], run_dir, **{"train.max_updates": 2, "train.save_interval_updates": 1})
+    sets = train_sets(
+        prepared[0], run_dir, **{"train.max_updates": 2, "train.save_interval_updates": 1}
+    )
     assert nmt_train_here(sets) == 0
     sets["train.max_updates"] = 4
-    expected = {"checkpoint": run_dir / "checkpoint_3.pt: cannot write checkpoint (No space left on device)",
-                "metrics": run_dir / "metrics.jsonl: cannot write metrics (No space left on device)",
-                "log": run_dir / "train.log: cannot write the training log (No space left on device)",
-                "config": run_dir / "config.yaml: cannot write the config (No space left on device)",
-                "run-dir-under-a-file": tmp_path / "a-file/run: cannot write the run directory"}[fault]
+    expected = {
+        "checkpoint": run_dir
+        / "checkpoint_3.pt: cannot write checkpoint (No space left on device)",
+        "metrics": run_dir / "metrics.jsonl: cannot write metrics (No space left on device)",
+        "log": run_dir / "train.log: cannot write the training log (No space left on device)",
+        "config": run_dir / "config.yaml: cannot write the config (No space left on device)",
+        "run-dir-under-a-file": tmp_path / "a-file/run: cannot write the run directory",
+    }[fault]
     if fault == "run-dir-under-a-file":
         (tmp_path / "a-file").write_text("not a directory\n")
         sets["train.run_dir"] = tmp_path / "a-file" / "run"
@@ -260,13 +307,22 @@ def test_write_failure_stops_with_one_line_naming_the_path(prepared, tmp_path, c
             patch.setattr(torch, "save", _enospc)
         elif fault == "config":
             patch.setattr(os, "replace", _enospc)
-        elif fault in ("metrics", "log"):  # a run directory's file cannot be a link to /dev/full: writes to it fail
-            patch.setattr(os, "write", _enospc_on(run_dir / {"metrics": "metrics.jsonl", "log": "train.log"}[fault]))
+        elif fault in (
+            "metrics",
+            "log",
+        ):  # a run directory's file cannot be a link to /dev/full: writes to it fail
+            patch.setattr(
+                os,
+                "write",
+                _enospc_on(run_dir / {"metrics": "metrics.jsonl", "log": "train.log"}[fault]),
+            )
         code = nmt_train_here(sets)
     err = capfd.readouterr().err
     assert code == 1, err
     last_error_line(err, str(expected))
-    assert ckpt.load_checkpoint(run_dir / "checkpoint_last.pt")["update"] == 2  # the previous one, intact
+    assert (
+        ckpt.load_checkpoint(run_dir / "checkpoint_last.pt")["update"] == 2
+    )  # the previous one, intact
     assert ckpt.load_latest(run_dir)["update"] == 2
     assert temporaries(run_dir) == []
 
@@ -274,14 +330,24 @@ def test_write_failure_stops_with_one_line_naming_the_path(prepared, tmp_path, c
 # ------------------------------------------------------------------ out of memory
 
 
-@pytest.mark.parametrize("error", [
-    torch.OutOfMemoryError("CUDA out of memory (simulated)"),
-    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
-                 "you tried to allocate 140737488355328 bytes. Error code 12 (Cannot allocate memory)"),  # torch's CPU text
-], ids=["cuda", "cpu"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory (simulated)"),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 140737488355328 bytes. Error code 12 (Cannot allocate "
+            "memory)"
+        ),  # torch's CPU text
+    ],
+    ids=["cuda", "cpu"],
+)
 def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, tmp_path, error):
     cfg = tiny(prepared[0], tmp_path / "oom", update_freq=2, max_tokens=1024)
-    oomed, clean = make_trainer(cfg), make_trainer(with_overrides(cfg, train={"run_dir": str(tmp_path / "clean")}))
+    oomed, clean = (
+        make_trainer(cfg),
+        make_trainer(with_overrides(cfg, train={"run_dir": str(tmp_path / "clean")})),
+    )
     try:
         groups = oomed.epoch_updates(1)
         real_forward, calls = oomed.model.decoder_states, []  # the forward pass of training
@@ -304,13 +370,23 @@ def test_oom_skips_the_update_clears_gradients_and_does_not_count_it(prepared, t
         oomed.close()
         clean.close()
     assert after_oom == pytest.approx(expected, rel=1e-6)  # same lr (update 2), same gradients
-    assert_same_weights(dict(oomed.model.named_parameters()), dict(clean.model.named_parameters()), 0.0)
+    assert_same_weights(
+        dict(oomed.model.named_parameters()), dict(clean.model.named_parameters()), 0.0
+    )
 
 
 def torchrun_or_kill(sets: dict[str, object], cwd: Path, timeout: float) -> tuple[int, str]:
-    """test_ddp's torchrun, in its own process group: a hang fails the test and leaves no workers."""
-    proc = subprocess.Popen(torchrun_command(sets), cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    """test_ddp's torchrun, in its own process group: a hang fails the test and leaves no
+    workers."""
+    proc = subprocess.Popen(
+        torchrun_command(sets),
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -321,7 +397,9 @@ def torchrun_or_kill(sets: dict[str, object], cwd: Path, timeout: float) -> tupl
 
 
 @needs_torchrun
-def test_oom_on_one_ddp_rank_makes_every_rank_skip_the_update(prepared, tmp_path, monkeypatch, caplog):
+def test_oom_on_one_ddp_rank_makes_every_rank_skip_the_update(
+    prepared, tmp_path, monkeypatch, caplog
+):
     """Rank 1 runs out of memory at update 3 (the NMT_FAULT_OOM_AT seam): both ranks skip it and
     the run equals one process with update_freq 2 that skips the same batches; no hang."""
     monkeypatch.chdir(tmp_path)
@@ -347,8 +425,10 @@ def test_oom_on_one_ddp_rank_makes_every_rank_skip_the_update(prepared, tmp_path
 @pytest.mark.slow
 def test_memory_stays_flat_over_2000_updates(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    proc = nmt_train_process(train_sets(prepared[0], run_dir, **{"train.max_updates": 2000,
-                                                                  "train.log_interval": 250}), tmp_path)
+    proc = nmt_train_process(
+        train_sets(prepared[0], run_dir, **{"train.max_updates": 2000, "train.log_interval": 250}),
+        tmp_path,
+    )
     _, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:]
     rss = {r["update"]: r["rss_mb"] for r in records(run_dir, "train")}
@@ -365,7 +445,9 @@ def _fuzz_line(rng: random.Random) -> bytes:
     if kind == 1:
         return b""
     if kind == 2:
-        return rng.choice([b" ", b"\t", b"\r", b" \t\r", "\u3000\u00a0".encode()]) * rng.randrange(1, 5)
+        return rng.choice([b" ", b"\t", b"\r", b" \t\r", "\u3000\u00a0".encode()]) * rng.randrange(
+            1, 5
+        )
     pools = {
         3: "\x00\x01\x07\x0b\x0c\x1b\x1c\x7f\r\u0085\u2028\u2029\u200b\u200d\ufeff\ufffe",
         4: "😀🎉👍🏽👩‍👩‍👧🇩🇪🧪✨🤖" + "a b ",
@@ -374,9 +456,13 @@ def _fuzz_line(rng: random.Random) -> bytes:
         7: "A man is riding a bike . , ! ? ",
     }
     if kind in pools:
-        return "".join(rng.choice(pools[kind]) for _ in range(rng.randrange(1, 60))).encode("utf-8", "surrogatepass")
+        return "".join(rng.choice(pools[kind]) for _ in range(rng.randrange(1, 60))).encode(
+            "utf-8", "surrogatepass"
+        )
     words = ["A", "dog", "runs", "in", "the", "park", "😀", "漢字", "\x00", "\u2028", "é"]
-    return " ".join(rng.choice(words) for _ in range(rng.randrange(2000, 8000))).encode()  # very long
+    return " ".join(
+        rng.choice(words) for _ in range(rng.randrange(2000, 8000))
+    ).encode()  # very long
 
 
 @pytest.mark.slow
@@ -390,9 +476,29 @@ def test_translate_fuzz_one_well_formed_line_per_input_line(test_tokenizer, tmp_
     rng = random.Random(7)
     lines = [_fuzz_line(rng) for _ in range(1000)]
     lines[0] = b"\xef\xbb\xbf" + lines[0]  # a BOM
-    args = ["--beam", "5", "--nbest", "5", "--scores", "--max-len-a", "0", "--max-len-b", "4", "--threads", "1"]
-    done = nmt("translate", "-c", str(model), *args, stdin=b"\n".join(lines) + b"\n", cwd=tmp_path,
-               env={"OMP_NUM_THREADS": "1"}, timeout=600)
+    args = [
+        "--beam",
+        "5",
+        "--nbest",
+        "5",
+        "--scores",
+        "--max-len-a",
+        "0",
+        "--max-len-b",
+        "4",
+        "--threads",
+        "1",
+    ]
+    done = nmt(
+        "translate",
+        "-c",
+        str(model),
+        *args,
+        stdin=b"\n".join(lines) + b"\n",
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout.decode("utf-8")  # strict: valid UTF-8
     rows = out.split("\n")
@@ -401,10 +507,20 @@ def test_translate_fuzz_one_well_formed_line_per_input_line(test_tokenizer, tmp_
     torch.set_num_threads(1)  # as the command: the same floats, the same choices among near-ties
     loaded = load_models([model], torch.device("cpu"))
     cfg = dataclasses.replace(loaded.config.decode, beam=5, max_len_a=0.0, max_len_b=4)
-    texts = [t for chunk in read_chunks(io.BytesIO(b"\n".join(lines) + b"\n"), "fuzz", 4096) for t in chunk]
+    texts = [
+        t
+        for chunk in read_chunks(io.BytesIO(b"\n".join(lines) + b"\n"), "fuzz", 4096)
+        for t in chunk
+    ]
     seqs = [loaded.tokenizer.encode(t) if t.strip() else [] for t in texts]
-    results = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=5,
-                                    max_positions=loaded.max_positions)
+    results = translate_token_lists(
+        loaded.model,
+        seqs,
+        cfg,
+        specials=loaded.tokenizer.specials,
+        nbest=5,
+        max_positions=loaded.max_positions,
+    )
     api = Translator(loaded, cfg, device=torch.device("cpu")).translate_nbest(texts, 5)
     for row, seq, hyps, translations in zip(rows, seqs, results, api):
         assert format_line(translations, 5, True) == row  # the CLI prints what the library found
@@ -414,7 +530,9 @@ def test_translate_fuzz_one_well_formed_line_per_input_line(test_tokenizer, tmp_
             continue
         fields = row.split("\t")
         assert len(fields) == 10, repr(row)
-        assert not any(c in field for field in fields for c in "\r\n\u2028\u2029\x0b\x0c\x85"), repr(row)
+        assert not any(c in field for field in fields for c in "\r\n\u2028\u2029\x0b\x0c\x85"), (
+            repr(row)
+        )
         scores = [float(s) for s in fields[0::2]]
         assert scores == sorted(scores, reverse=True)
         assert len({tuple(h.tokens) for h in hyps}) == 5  # no duplicate token sequences

@@ -23,8 +23,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thr
 @pytest.fixture(scope="module")
 def checkpoints(test_tokenizer, tmp_path_factory) -> dict[str, Path]:
     root, spm = tmp_path_factory.mktemp("sampling"), test_tokenizer
-    return {"transformer": save_random_model(root / "t.pt", spm, seed=1),
-            "rnn": save_random_model(root / "r.pt", spm, seed=2, model={"arch": "rnn", "rnn_hidden": 32})}
+    return {
+        "transformer": save_random_model(root / "t.pt", spm, seed=1),
+        "rnn": save_random_model(
+            root / "r.pt", spm, seed=2, model={"arch": "rnn", "rnn_hidden": 32}
+        ),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +51,18 @@ def test_a_seed_repeats_whatever_the_batching(checkpoints, lines, tmp_path, arch
     ckpt = str(checkpoints[arch])
     ref = sample_file(tmp_path, lines, "-c", ckpt, "--seed", "7", "--batch-size", "64", name="ref")
     assert ref[5] == "" and all(ref[i] for i in range(len(lines)) if i != 5)
-    for args in (["--batch-size", "1"], ["--batch-size", "3", "--workers", "2"], ["--buffer-lines", "4"],
-                 ["--batch-size", "64"]):
+    for args in (
+        ["--batch-size", "1"],
+        ["--batch-size", "3", "--workers", "2"],
+        ["--buffer-lines", "4"],
+        ["--batch-size", "64"],
+    ):
         assert sample_file(tmp_path, lines, "-c", ckpt, "--seed", "7", *args) == ref, args
     other = sample_file(tmp_path, lines, "-c", ckpt, "--seed", "8", name="other")
     assert other != ref  # another seed, other samples
-    assert sample_file(tmp_path, lines, "-c", ckpt, "--seed", "7", "--topk", "5", name="topk") != ref
+    assert (
+        sample_file(tmp_path, lines, "-c", ckpt, "--seed", "7", "--topk", "5", name="topk") != ref
+    )
 
 
 @pytest.mark.parametrize("arch", ["transformer", "rnn"])
@@ -69,7 +79,9 @@ def test_topk_1_equals_greedy(checkpoints, lines, arch):
     assert [h[0].tokens for h in sampled] == greedy
     # and through the API, text for text
     tr = Translator.load(checkpoints[arch], device="cpu", sampling=True, topk=1)
-    assert tr.translate(lines) == Translator.load(checkpoints[arch], device="cpu", beam=1).translate(lines)
+    assert tr.translate(lines) == Translator.load(
+        checkpoints[arch], device="cpu", beam=1
+    ).translate(lines)
 
 
 def test_sampled_scores_are_the_model_logprobs(checkpoints, lines):
@@ -79,10 +91,13 @@ def test_sampled_scores_are_the_model_logprobs(checkpoints, lines):
     ids = loaded.tokenizer.specials
     hyp = translate_token_lists(loaded.model, [seq], cfg, specials=ids, max_positions=256)[0][0]
     with torch.inference_mode():
-        logits = loaded.model(torch.tensor([seq + [ids.eos]]), torch.tensor([[ids.bos, *hyp.tokens]]))
+        logits = loaded.model(
+            torch.tensor([seq + [ids.eos]]), torch.tensor([[ids.bos, *hyp.tokens]])
+        )
     lprobs = torch.log_softmax(logits.float(), -1)[0]
     assert hyp.positional_scores[:-1] == pytest.approx(
-        [lprobs[t, tok].item() for t, tok in enumerate(hyp.tokens)], abs=1e-4)
+        [lprobs[t, tok].item() for t, tok in enumerate(hyp.tokens)], abs=1e-4
+    )
     assert hyp.logprob == pytest.approx(sum(hyp.positional_scores))
 
 
@@ -108,11 +123,19 @@ def test_topk_topp_and_temperature_keep_the_right_tokens():
 
 
 def test_sampling_options_are_checked(checkpoints):
-    for option, value, needle in (("topk", -1, "topk="), ("topp", 0.0, "topp="), ("temperature", 0.0, "temperature=")):
+    for option, value, needle in (
+        ("topk", -1, "topk="),
+        ("topp", 0.0, "topp="),
+        ("temperature", 0.0, "temperature="),
+    ):
         with pytest.raises(NmtError, match=needle):
-            Translator.load(checkpoints["transformer"], device="cpu", sampling=True, **{option: value})
+            Translator.load(
+                checkpoints["transformer"], device="cpu", sampling=True, **{option: value}
+            )
     with pytest.raises(NmtError, match="sampling gives one output"):
-        Translator.load(checkpoints["transformer"], device="cpu", sampling=True).translate_nbest(["A dog."], 2)
+        Translator.load(checkpoints["transformer"], device="cpu", sampling=True).translate_nbest(
+            ["A dog."], 2
+        )
 
 
 @pytest.mark.parametrize("temperature", [1e-300, 1e-46, 1e-5])
@@ -122,16 +145,22 @@ def test_a_temperature_near_zero_is_greedy(checkpoints, lines, tmp_path, tempera
     ckpt = checkpoints["transformer"]
     greedy = Translator.load(ckpt, device="cpu", beam=1).translate(lines)
     assert sum(map(bool, greedy)) == len(lines) - 1
-    assert Translator.load(ckpt, device="cpu", sampling=True, temperature=temperature).translate(lines) == greedy
+    assert (
+        Translator.load(ckpt, device="cpu", sampling=True, temperature=temperature).translate(lines)
+        == greedy
+    )
     if temperature == 1e-300:  # and through the command
         assert sample_file(tmp_path, lines, "-c", str(ckpt), "--temperature", "1e-300") == greedy
 
 
 @pytest.mark.parametrize("temperature", [1e39, 1e300, 1.7e308])
-def test_a_huge_temperature_draws_uniformly_from_the_allowed_tokens(checkpoints, lines, temperature):
+def test_a_huge_temperature_draws_uniformly_from_the_allowed_tokens(
+    checkpoints, lines, temperature
+):
     probs = [0.97, 0.01, 0.01, 0.01, 0.0]
     assert draws(DecodeConfig(sampling=True, temperature=temperature), probs) == {0, 1, 2, 3}
     assert draws(DecodeConfig(sampling=True, temperature=temperature, topk=2), probs) == {0, 1}
-    out = Translator.load(checkpoints["transformer"], device="cpu", sampling=True,
-                          temperature=temperature).translate(lines)
+    out = Translator.load(
+        checkpoints["transformer"], device="cpu", sampling=True, temperature=temperature
+    ).translate(lines)
     assert len(out) == len(lines) and out[5] == "" and sum(map(bool, out)) >= len(lines) - 2

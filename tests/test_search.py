@@ -23,7 +23,12 @@ from nmt.decoding.search import (
 )
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-IDS = {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS}  # the fake vocabulary's special ids, for beam_search
+IDS = {
+    "pad": PAD,
+    "unk": UNK,
+    "bos": BOS,
+    "eos": EOS,
+}  # the fake vocabulary's special ids, for beam_search
 A, B, C, D, E, F = 4, 5, 6, 7, 8, 9
 V = 10
 
@@ -288,7 +293,10 @@ def alternating(src, prefix):
 def test_no_repeat_ngram(n, expected):
     cfg = replace(CFG, no_repeat_ngram_size=n)
     assert greedy_search(FakeModel(alternating), ONE, cfg) == [expected]
-    assert beam_search(FakeModel(alternating), ONE, replace(cfg, beam=1), **IDS)[0][0].tokens == expected
+    assert (
+        beam_search(FakeModel(alternating), ONE, replace(cfg, beam=1), **IDS)[0][0].tokens
+        == expected
+    )
 
 
 def ngrams(tokens, n):
@@ -355,28 +363,49 @@ def test_scores_equal_teacher_forced_logprobs(style, alpha, dtype):
             assert h.score == approx(h.logprob / length_penalty(len(h.tokens) + 1, alpha, style))
 
 
-@pytest.mark.parametrize("cfg", [
-    DecodeConfig(beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=3),  # the exact stopping rule
-    DecodeConfig(beam=3, lenpen_style="gnmt", lenpen=0.6, min_len=3, no_repeat_ngram_size=2, max_len_b=6),
-    DecodeConfig(beam=2, lenpen_style="length", lenpen=1.0, max_len_a=0.0, max_len_b=4, allow_unk=True),
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        DecodeConfig(
+            beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=3
+        ),  # the exact stopping rule
+        DecodeConfig(
+            beam=3, lenpen_style="gnmt", lenpen=0.6, min_len=3, no_repeat_ngram_size=2, max_len_b=6
+        ),
+        DecodeConfig(
+            beam=2, lenpen_style="length", lenpen=1.0, max_len_a=0.0, max_len_b=4, allow_unk=True
+        ),
+    ],
+)
 def test_sentences_joining_a_running_search_get_what_they_get_alone(cfg):
     """Continuous batching (nmt serve): sentences join between steps, each at its own step, and
     end with exactly the hypotheses they have when decoded alone (length limits, min_len and
     repeated n-grams counted per sentence)."""
     model = FakeModel(random_logprobs)
     search = BeamSearch(model, cfg, nbest=2, **IDS, max_len=9)
-    joins = {0: [0, 1], 1: [2], 3: [3, 4], 4: [1]}  # step -> the sentences (of SOURCES) that join; 1 twice
+    joins = {
+        0: [0, 1],
+        1: [2],
+        3: [3, 4],
+        4: [1],
+    }  # step -> the sentences (of SOURCES) that join; 1 twice
     got, step = [], 0
     while step in joins or step < max(joins) or len(search):
         if step in joins:
-            search.add(src_batch(*[SOURCES[i] for i in joins[step]]), [(step, i) for i in joins[step]])
+            search.add(
+                src_batch(*[SOURCES[i] for i in joins[step]]), [(step, i) for i in joins[step]]
+            )
         got += search.step() if len(search) else []
         step += 1
     assert sorted(tag for tag, _ in got) == sorted((t, i) for t, ids in joins.items() for i in ids)
     assert max(model.rows) > 2 * cfg.beam  # sentences of different steps shared steps
     for (_, i), hyps in got:
-        assert hyps == beam_search(FakeModel(random_logprobs), src_batch(SOURCES[i]), cfg, nbest=2, **IDS, max_len=9)[0]
+        assert (
+            hyps
+            == beam_search(
+                FakeModel(random_logprobs), src_batch(SOURCES[i]), cfg, nbest=2, **IDS, max_len=9
+            )[0]
+        )
     search.add(ONE, ["x"])
     with pytest.raises(ValueError, match="constraints"):
         search.add(ONE, ["y"], [Constraints(include=((A,),))])
@@ -390,7 +419,9 @@ def test_finished_sentences_leave_the_batch():
 
     model = FakeModel(no_eos)
     cfg = DecodeConfig(beam=3, lenpen_style="none", max_len_a=1.0, max_len_b=0)
-    hyps = beam_search(model, src_batch([A, EOS], [A, B, C, D, EOS]), cfg, **IDS)  # max 2 and 5 tokens
+    hyps = beam_search(
+        model, src_batch([A, EOS], [A, B, C, D, EOS]), cfg, **IDS
+    )  # max 2 and 5 tokens
     assert [len(h[0].tokens) for h in hyps] == [2, 5]
     assert model.rows == [2, 6, 6, 3, 3, 3]  # step 0: one row per sentence
     model = FakeModel(no_eos)
@@ -446,7 +477,9 @@ def test_top_candidates_rank_negative_zero_as_zero():
     assert index.tolist() == [[1, 2, 5]] and values.tolist() == [[0.0, 0.0, 0.0]]
 
 
-@pytest.mark.parametrize("cfg", [*RANDOM_CFGS, DecodeConfig(beam=4, lenpen_style="length", lenpen=1.0)])
+@pytest.mark.parametrize(
+    "cfg", [*RANDOM_CFGS, DecodeConfig(beam=4, lenpen_style="length", lenpen=1.0)]
+)
 def test_search_with_two_stage_selection_equals_one_stage(cfg, monkeypatch):
     src = src_batch(*SOURCES)
     nbest = cfg.beam
@@ -470,5 +503,7 @@ def test_an_expired_sentence_ends_at_the_next_step_and_the_others_decode_as_alon
     rest = []
     while len(search):
         rest += search.step()
-    alone = beam_search(FakeModel(random_logprobs), src_batch(SOURCES[2]), cfg, nbest=2, **IDS, max_len=9)[0]
+    alone = beam_search(
+        FakeModel(random_logprobs), src_batch(SOURCES[2]), cfg, nbest=2, **IDS, max_len=9
+    )[0]
     assert rest == [("kept", alone)]

@@ -54,7 +54,12 @@ def server(trained_checkpoint: Path) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+    ):
         options.add_argument(arg)
     options.binary_location = BROWSER
     d = webdriver.Chrome(options=options, service=Service(DRIVER))
@@ -70,10 +75,17 @@ def sentence(raw_corpus: Any) -> str:
     return raw_corpus.lines("test", "en")[0].strip()
 
 
-def body(text: str, constraints: Sequence[str] = (), avoid: Sequence[str] = (), **extra: Any) -> dict[str, Any]:
+def body(
+    text: str, constraints: Sequence[str] = (), avoid: Sequence[str] = (), **extra: Any
+) -> dict[str, Any]:
     """The request the page sends for `text`."""
-    return {"model": MODEL, "texts": [{"text": text, "constraints": list(constraints), "avoid": list(avoid)}],
-            "nbest": NBEST, "alignment": True, **extra}
+    return {
+        "model": MODEL,
+        "texts": [{"text": text, "constraints": list(constraints), "avoid": list(avoid)}],
+        "nbest": NBEST,
+        "alignment": True,
+        **extra,
+    }
 
 
 def translate(server: Server, text: str, **kw: Any) -> dict[str, Any]:
@@ -113,12 +125,18 @@ def open_page(d: Any, url: str, source: str | None = None, **fields: str) -> Non
 
 
 def wait_translation(d: Any, expected: str) -> None:
-    wait(d, lambda d: text_of(find(d, "#translation")) == expected, f"#translation shows {expected!r}")
+    wait(
+        d,
+        lambda d: text_of(find(d, "#translation")) == expected,
+        f"#translation shows {expected!r}",
+    )
 
 
 def spans(d: Any, css: str) -> dict[Span, WebElement]:
-    return {(int(e.get_attribute("data-start")), int(e.get_attribute("data-end"))): e
-            for e in d.find_elements(By.CSS_SELECTOR, css)}
+    return {
+        (int(e.get_attribute("data-start")), int(e.get_attribute("data-end"))): e
+        for e in d.find_elements(By.CSS_SELECTOR, css)
+    }
 
 
 def linked(alignment: list[dict[str, Any]], side: str, span: Span) -> set[Span]:
@@ -136,7 +154,9 @@ def save_png(d: Any, folder: Path, name: str) -> Path:
 # ------------------------------------------------------------------ the tests
 
 
-def test_translates_as_you_type_what_the_api_answers(server: Server, driver: Any, sentence: str) -> None:
+def test_translates_as_you_type_what_the_api_answers(
+    server: Server, driver: Any, sentence: str
+) -> None:
     expected = translate(server, sentence)
     assert expected["text"]
     open_page(driver, server.url, sentence)
@@ -147,17 +167,26 @@ def test_translates_as_you_type_what_the_api_answers(server: Server, driver: Any
     assert text_of(find(driver, "#error")) == ""
     # emptying the source empties the translation
     find(driver, "#source").send_keys(Keys.BACKSPACE * (len(sentence) + 2))
-    wait(driver, lambda d: text_of(find(d, "#translation")) == "" and text_of(find(d, "#source-view")) == "",
-         "an empty source clears the output")
+    wait(
+        driver,
+        lambda d: text_of(find(d, "#translation")) == "" and text_of(find(d, "#source-view")) == "",
+        "an empty source clears the output",
+    )
     assert driver.find_elements(By.CSS_SELECTOR, "#alternatives li") == []
 
 
 def test_text_is_never_markup(server: Server, driver: Any) -> None:
     source = '<img src=x onerror="document.title=1"> <b>A man</b> & a dog .'
     open_page(driver, server.url, source)
-    wait(driver, lambda d: text_of(find(d, "#source-view")) == source, "#source-view shows the source")
+    wait(
+        driver,
+        lambda d: text_of(find(d, "#source-view")) == source,
+        "#source-view shows the source",
+    )
     assert not driver.find_elements(By.CSS_SELECTOR, "main img, main b")
-    assert {e.tag_name for e in driver.find_elements(By.CSS_SELECTOR, "#source-view *, #translation *")} <= {"span"}
+    assert {
+        e.tag_name for e in driver.find_elements(By.CSS_SELECTOR, "#source-view *, #translation *")
+    } <= {"span"}
 
 
 def test_hovering_highlights_the_aligned_pieces(server: Server, driver: Any, sentence: str) -> None:
@@ -170,25 +199,34 @@ def test_hovering_highlights_the_aligned_pieces(server: Server, driver: Any, sen
     assert set(targets) == {tuple(link["target"]) for link in alignment}
     assert set(sources) == {tuple(link["source"]) for link in alignment}
     for span, element in targets.items():
-        assert text_of(element) == expected["text"][span[0]:span[1]]
+        assert text_of(element) == expected["text"][span[0] : span[1]]
     for span, element in sources.items():
-        assert text_of(element) == sentence[span[0]:span[1]]
+        assert text_of(element) == sentence[span[0] : span[1]]
 
     def highlighted(css: str) -> set[Span]:
         return set(spans(driver, f"{css} .seg.hl"))
 
     # each way: a few pieces of one side, each lighting exactly its linked pieces of the other
-    for side, pieces, here, there in (("target", targets, "#translation", "#source-view"),
-                                      ("source", sources, "#source-view", "#translation")):
+    for side, pieces, here, there in (
+        ("target", targets, "#translation", "#source-view"),
+        ("source", sources, "#source-view", "#translation"),
+    ):
         for span in list(pieces)[:3]:
             ActionChains(driver).move_to_element(pieces[span]).perform()
             want = linked(alignment, side, span)
-            wait(driver, lambda d, want=want, there=there: highlighted(there) == want,
-                 f"hovering {side} {span} highlights {sorted(want)} in {there}")
+            wait(
+                driver,
+                lambda d, want=want, there=there: highlighted(there) == want,
+                f"hovering {side} {span} highlights {sorted(want)} in {there}",
+            )
             assert highlighted(here) == set()
     # leaving clears
     ActionChains(driver).move_to_element(find(driver, "h1")).perform()
-    wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".seg.hl"), "leaving clears the highlight")
+    wait(
+        driver,
+        lambda d: not d.find_elements(By.CSS_SELECTOR, ".seg.hl"),
+        "leaving clears the highlight",
+    )
 
 
 def test_alternatives_are_listed_with_scores(server: Server, driver: Any, sentence: str) -> None:
@@ -203,7 +241,9 @@ def test_alternatives_are_listed_with_scores(server: Server, driver: Any, senten
     # clicking an alternative shows it, with its own alignment
     items[1].find_element(By.TAG_NAME, "button").click()
     wait_translation(driver, expected[1]["text"])
-    assert set(spans(driver, "#translation .seg")) == {tuple(link["target"]) for link in expected[1]["alignment"]}
+    assert set(spans(driver, "#translation .seg")) == {
+        tuple(link["target"]) for link in expected[1]["alignment"]
+    }
 
 
 def test_attention_map(server: Server, driver: Any, sentence: str) -> None:
@@ -213,10 +253,14 @@ def test_attention_map(server: Server, driver: Any, sentence: str) -> None:
     wait_translation(driver, expected["text"])
     assert not driver.find_elements(By.CSS_SELECTOR, "#attention table")
     find(driver, "#attention-button").click()
-    table = wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#attention table"), "the attention map")[0]
+    table = wait(
+        driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#attention table"), "the attention map"
+    )[0]
     rows = table.find_elements(By.CSS_SELECTOR, "tbody tr")
     assert len(rows) == len(attention["target"]) == len(attention["weights"])
-    assert [text_of(th) for th in table.find_elements(By.CSS_SELECTOR, "thead th")][1:] == attention["source"]
+    assert [text_of(th) for th in table.find_elements(By.CSS_SELECTOR, "thead th")][
+        1:
+    ] == attention["source"]
     for row, piece, weights in zip(rows, attention["target"], attention["weights"], strict=True):
         assert text_of(row.find_element(By.TAG_NAME, "th")) == piece
         cells = row.find_elements(By.TAG_NAME, "td")
@@ -224,7 +268,11 @@ def test_attention_map(server: Server, driver: Any, sentence: str) -> None:
         assert [float(c.get_attribute("data-weight")) for c in cells] == pytest.approx(weights)
     # typing on: the map is of the old text, and goes
     find(driver, "#source").send_keys(" x")
-    wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, "#attention table"), "a new text clears the map")
+    wait(
+        driver,
+        lambda d: not d.find_elements(By.CSS_SELECTOR, "#attention table"),
+        "a new text clears the map",
+    )
 
 
 def test_must_include(server: Server, driver: Any, sentence: str) -> None:
@@ -251,25 +299,44 @@ def test_an_error_of_the_server_is_shown(server: Server, driver: Any, sentence: 
     assert status == 400 and "5000" in answer["error"], answer
     open_page(driver, server.url, sentence)
     wait_translation(driver, translate(server, sentence)["text"])
-    driver.execute_script("const s = document.getElementById('source'); s.value = arguments[0];"
-                          "s.dispatchEvent(new Event('input'));", too_long)
-    wait(driver, lambda d: text_of(find(d, "#error")) == answer["error"], "#error shows the 400's message")
+    driver.execute_script(
+        "const s = document.getElementById('source'); s.value = arguments[0];"
+        "s.dispatchEvent(new Event('input'));",
+        too_long,
+    )
+    wait(
+        driver,
+        lambda d: text_of(find(d, "#error")) == answer["error"],
+        "#error shows the 400's message",
+    )
     assert find(driver, "#error").get_attribute("role") == "alert"
     assert text_of(find(driver, "#translation")) == ""  # no stale translation next to the error
     # a good text again: the error goes
-    driver.execute_script("const s = document.getElementById('source'); s.value = arguments[0];"
-                          "s.dispatchEvent(new Event('input'));", sentence)
-    wait(driver, lambda d: text_of(find(d, "#error")) == "" and text_of(find(d, "#translation")),
-         "the error is cleared by the next translation")
+    driver.execute_script(
+        "const s = document.getElementById('source'); s.value = arguments[0];"
+        "s.dispatchEvent(new Event('input'));",
+        sentence,
+    )
+    wait(
+        driver,
+        lambda d: text_of(find(d, "#error")) == "" and text_of(find(d, "#translation")),
+        "the error is cleared by the next translation",
+    )
 
 
-def test_api_key_and_network_errors(trained_checkpoint: Path, driver: Any, sentence: str, tmp_path: Path) -> None:
+def test_api_key_and_network_errors(
+    trained_checkpoint: Path, driver: Any, sentence: str, tmp_path: Path
+) -> None:
     keys = tmp_path / "keys"
     keys.write_text("s3cret\n")
     with Server("--model", f"{MODEL}={trained_checkpoint}", "--api-keys", str(keys)) as keyed:
         open_page(driver, keyed.url, sentence)
         assert find(driver, "#api-key").is_displayed()
-        wait(driver, lambda d: text_of(find(d, "#error")) == "Invalid API key", "#error shows the 403's message")
+        wait(
+            driver,
+            lambda d: text_of(find(d, "#error")) == "Invalid API key",
+            "#error shows the 403's message",
+        )
         status, answer, _ = keyed.post("/v1/translate", {**body(sentence), "api_key": "s3cret"})
         assert status == 200, answer
         find(driver, "#api-key").send_keys("s3cret")
@@ -277,7 +344,11 @@ def test_api_key_and_network_errors(trained_checkpoint: Path, driver: Any, sente
         assert text_of(find(driver, "#error")) == ""
     # the server is gone: a network error, shown the same way
     find(driver, "#source").send_keys(" again")
-    wait(driver, lambda d: text_of(find(d, "#error")).startswith("Network error"), "#error shows a network error")
+    wait(
+        driver,
+        lambda d: text_of(find(d, "#error")).startswith("Network error"),
+        "#error shows a network error",
+    )
 
 
 def test_screenshots(server: Server, driver: Any, sentence: str, tmp_path: Path) -> None:
@@ -288,6 +359,8 @@ def test_screenshots(server: Server, driver: Any, sentence: str, tmp_path: Path)
     wait_translation(driver, expected["text"])
     save_png(driver, folder, "serve-page.png")
     find(driver, "#attention-button").click()
-    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#attention table"), "the attention map")
+    wait(
+        driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#attention table"), "the attention map"
+    )
     driver.execute_script("document.getElementById('attention').scrollIntoView()")
     save_png(driver, folder, "serve-page-attention.png")

@@ -20,8 +20,12 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("starlette", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'")
-pytest.importorskip("uvicorn", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'")
+pytest.importorskip(
+    "starlette", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
+)
+pytest.importorskip(
+    "uvicorn", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
+)
 
 from helpers import nmt  # noqa: E402
 from serving import Server  # noqa: E402
@@ -38,16 +42,31 @@ BIG = 10**400  # 1e400 written out: JSON has integers of any length
 LINE = "A dog runs through the park."
 
 
-async def asgi(app: Any, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-               ) -> tuple[int, dict[str, str], Any]:
+async def asgi(
+    app: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], Any]:
     """One request to the ASGI `app`, as uvicorn hands it over: (status, headers, the JSON answer
     or its text). The client stays connected until answered."""
     raw = body if isinstance(body, bytes) else b"" if body is None else json.dumps(body).encode()
     head = {"content-type": "application/json", **(headers or {})}
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in head.items()],
-             "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8080)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in head.items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8080),
+    }
     delivered = False
     sent: list[dict[str, Any]] = []
 
@@ -71,7 +90,9 @@ async def asgi(app: Any, method: str, path: str, body: Any = None, headers: dict
         return start["status"], answer_headers, content.decode("utf-8", "replace")
 
 
-def call(app: Any, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, dict[str, str], Any]:
+def call(
+    app: Any, method: str, path: str, body: Any = None, **kw: Any
+) -> tuple[int, dict[str, str], Any]:
     return asyncio.run(asgi(app, method, path, body, **kw))
 
 
@@ -89,7 +110,9 @@ def roomy(random_checkpoint: Path) -> Translator:
 @contextmanager
 def serving(translator: Translator, **options: Any) -> Iterator[tuple[Service, Any]]:
     """A Service of the translator as model en-de, with these ServeOptions, and its application."""
-    service = Service({"en-de": Model("en-de", translator, "en", "de")}, ServeOptions(**options), [])
+    service = Service(
+        {"en-de": Model("en-de", translator, "en", "de")}, ServeOptions(**options), []
+    )
     try:
         yield service, service.app()
     finally:
@@ -101,13 +124,24 @@ def serving(translator: Translator, **options: Any) -> Iterator[tuple[Service, A
 
 LONG = "Katze " * 10  # 60 characters, over a --max-chars of 50
 CARRIED = [
-    ("constraints", {"texts": [{"text": LINE, "constraints": ["Hund", LONG]}]}, 'texts[0]: "constraints" has 64'),
+    (
+        "constraints",
+        {"texts": [{"text": LINE, "constraints": ["Hund", LONG]}]},
+        'texts[0]: "constraints" has 64',
+    ),
     ("avoid", {"texts": [LINE, {"text": LINE, "avoid": [LONG]}]}, 'texts[1]: "avoid" has 60'),
     ("prefix", {"texts": [{"text": LINE, "prefix": LONG}]}, 'texts[0]: "prefix" has 60'),
     ("terminology", {"texts": [LINE], "terminology": {"dog": LONG}}, '"terminology" has 63'),
-    ("many terms", {"texts": [LINE], "terminology": {f"t{i}": "x" for i in range(20)}}, '"terminology" has 70'),
-    ("a lone surrogate in avoid", {"texts": [{"text": LINE, "avoid": ["\ud800"]}]},
-     'texts[0]: "avoid" holds a NUL or a lone surrogate'),
+    (
+        "many terms",
+        {"texts": [LINE], "terminology": {f"t{i}": "x" for i in range(20)}},
+        '"terminology" has 70',
+    ),
+    (
+        "a lone surrogate in avoid",
+        {"texts": [{"text": LINE, "avoid": ["\ud800"]}]},
+        'texts[0]: "avoid" holds a NUL or a lone surrogate',
+    ),
 ]
 
 
@@ -119,7 +153,10 @@ def test_max_chars_bounds_every_phrase_and_term_a_request_carries(roomy, body, m
         assert (status, list(answer)) == (400, ["error"]), answer
         assert message in answer["error"], answer
         assert "more than this server's limit of 50" in answer["error"] or "surrogate" in message
-        assert call(app, "POST", "/v1/translate", {"texts": [{"text": LINE, "avoid": ["Katze"]}]})[0] == 200
+        assert (
+            call(app, "POST", "/v1/translate", {"texts": [{"text": LINE, "avoid": ["Katze"]}]})[0]
+            == 200
+        )
 
 
 def _reachable(root: Any) -> Iterator[Any]:
@@ -145,12 +182,17 @@ def test_nothing_a_request_sends_is_kept_once_it_is_answered(translator):
         body = {"texts": [{"text": LINE, "avoid": [f"{marker} Katze"]}], "lenpen": lenpen}
         status, _, answer = call(app, "POST", "/v1/translate", body)
         assert status == 200, answer
-        kept = [o for o in _reachable(service) if _holds(o, marker) or (isinstance(o, float) and o == lenpen)]
+        kept = [
+            o
+            for o in _reachable(service)
+            if _holds(o, marker) or (isinstance(o, float) and o == lenpen)
+        ]
     assert not kept, kept[:3]
 
 
 def _holds(obj: Any, marker: str) -> bool:
-    """Whether `obj` is a str or bytes holding `marker` (as text, or as the UTF-8 of an avoided text)."""
+    """Whether `obj` is a str or bytes holding `marker` (as text, or as the UTF-8 of an avoided
+    text)."""
     if isinstance(obj, str):
         return marker in obj
     return isinstance(obj, bytes) and marker.encode() in obj
@@ -165,16 +207,21 @@ def test_alignment_or_attention_past_max_attention_is_400_naming_the_cap(transla
         small = call(app, "POST", "/v1/translate", {"texts": [LINE], "attention": True, "nbest": 2})
         assert small[0] == 200, small
         att = small[2]["translations"][0]["nbest"][0]["attention"]
-        assert len(att["weights"]) == len(att["target"]) and len(att["weights"][0]) == len(att["source"])
+        assert len(att["weights"]) == len(att["target"]) and len(att["weights"][0]) == len(
+            att["source"]
+        )
         for flag in ("attention", "alignment"):
-            status, _, answer = call(app, "POST", "/v1/translate",
-                                     {"texts": [LINE] * 8, flag: True, "nbest": 2})
+            status, _, answer = call(
+                app, "POST", "/v1/translate", {"texts": [LINE] * 8, flag: True, "nbest": 2}
+            )
             assert status == 400, answer
             assert f'"{flag}" of these texts may need' in answer["error"], answer
             assert "more than this server's limit of 1,000 (--max-attention)" in answer["error"]
 
 
-def _blocking(monkeypatch: pytest.MonkeyPatch, name: str, release: threading.Event, events: list[str]) -> None:
+def _blocking(
+    monkeypatch: pytest.MonkeyPatch, name: str, release: threading.Event, events: list[str]
+) -> None:
     """Make the function `name` (module.function, of nmt.serve) wait (at most 60 s) until
     `release` is set, noting when it is called and when it goes on."""
     module, function = name.split(".")
@@ -189,10 +236,14 @@ def _blocking(monkeypatch: pytest.MonkeyPatch, name: str, release: threading.Eve
     monkeypatch.setattr(f"nmt.serve.{name}", held)
 
 
-@pytest.mark.parametrize(("name", "body"), [
-    ("app.terminology_from_pairs", {"texts": [LINE], "terminology": {"dog": "Hund"}}),
-    ("answers._hypothesis", {"texts": [LINE], "attention": True}),
-], ids=["terminology", "answer"])
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [
+        ("app.terminology_from_pairs", {"texts": [LINE], "terminology": {"dog": "Hund"}}),
+        ("answers._hypothesis", {"texts": [LINE], "attention": True}),
+    ],
+    ids=["terminology", "answer"],
+)
 def test_a_request_s_work_never_holds_up_the_event_loop(translator, monkeypatch, name, body):
     """A request's terminology was compiled and matched, and its answer built, on the event loop:
     25,000 terms froze every client, /health included, for 13.5 s. Here that work is held until
@@ -202,7 +253,9 @@ def test_a_request_s_work_never_holds_up_the_event_loop(translator, monkeypatch,
 
     async def both(app: Any) -> tuple[int, int]:
         slow = asyncio.ensure_future(asgi(app, "POST", "/v1/translate", body))
-        for _ in range(6000):  # until the request's work is held (on the old code: never, the loop is)
+        for _ in range(
+            6000
+        ):  # until the request's work is held (on the old code: never, the loop is)
             if events:
                 break
             await asyncio.sleep(0.01)
@@ -223,7 +276,9 @@ def test_an_answer_is_built_within_the_deadline(translator, monkeypatch):
     _blocking(monkeypatch, "answers._hypothesis", release, events)
 
     async def late(app: Any) -> tuple[int, Any]:
-        status, _, answer = await asgi(app, "POST", "/v1/translate", {"texts": [LINE], "attention": True})
+        status, _, answer = await asgi(
+            app, "POST", "/v1/translate", {"texts": [LINE], "attention": True}
+        )
         release.set()  # the thread building it goes on once released, its answer dropped
         return status, answer
 
@@ -239,7 +294,9 @@ def test_an_answer_is_built_within_the_deadline(translator, monkeypatch):
 @pytest.mark.parametrize("key", ["lenpen", "max_len_a", "topp", "temperature"])
 def test_a_float_setting_of_400_digits_is_400(translator, key):
     """1e400 written out as an integer was a 500 (OverflowError in nmt.fields.coerce)."""
-    raw = f'{{"texts": ["{LINE}"], "{key}": {BIG}}}'.encode()  # json.dumps would write the number too
+    raw = (
+        f'{{"texts": ["{LINE}"], "{key}": {BIG}}}'.encode()
+    )  # json.dumps would write the number too
     with serving(translator) as (_, app):
         status, _, answer = call(app, "POST", "/v1/translate", raw)
     assert status == 400 and f'"{key}" must be a finite number' in answer["error"], answer
@@ -252,13 +309,24 @@ def test_a_max_len_b_of_400_digits_means_no_limit_as_1e30_does(translator, rando
     """It passed the checks and failed in the search: a 500 from the server, a traceback from
     `nmt translate --max-len-b 1000...0`. Like --max-len-b 1e30, it leaves the model's positions
     as the only limit."""
-    want = Translator.load(random_checkpoint, device="cpu", beam=2, max_len_b=10**30).translate([LINE])
+    want = Translator.load(random_checkpoint, device="cpu", beam=2, max_len_b=10**30).translate(
+        [LINE]
+    )
     raw = f'{{"texts": ["{LINE}"], "max_len_b": {BIG}}}'.encode()
     with serving(translator) as (_, app):
         status, _, answer = call(app, "POST", "/v1/translate", raw)
     assert status == 200 and [t["text"] for t in answer["translations"]] == want, answer
-    r = nmt("translate", "-c", str(random_checkpoint), "--beam", "2", "--max-len-b", str(BIG), stdin=LINE + "\n",
-            timeout=300)
+    r = nmt(
+        "translate",
+        "-c",
+        str(random_checkpoint),
+        "--beam",
+        "2",
+        "--max-len-b",
+        str(BIG),
+        stdin=LINE + "\n",
+        timeout=300,
+    )
     assert r.returncode == 0 and r.stdout.splitlines() == want, r.stderr[-2000:]
 
 
@@ -269,8 +337,12 @@ def test_a_max_len_b_of_400_digits_means_no_limit_as_1e30_does(translator, rando
 def test_an_empty_term_of_a_request_is_400(translator, term):
     """{"terminology": {"": "Katze"}} forced "Katze" into every translation."""
     with serving(translator) as (_, app):
-        status, _, answer = call(app, "POST", "/v1/translate", {"texts": [LINE], "terminology": {term: "Katze"}})
-    assert status == 400 and '"terminology"' in answer["error"] and "empty" in answer["error"], answer
+        status, _, answer = call(
+            app, "POST", "/v1/translate", {"texts": [LINE], "terminology": {term: "Katze"}}
+        )
+    assert status == 400 and '"terminology"' in answer["error"] and "empty" in answer["error"], (
+        answer
+    )
 
 
 def test_a_refused_cors_preflight_is_a_json_error_and_the_page_refuses_frames(translator):
@@ -279,11 +351,18 @@ def test_a_refused_cors_preflight_is_a_json_error_and_the_page_refuses_frames(tr
         status, headers, answer = call(app, "OPTIONS", "/v1/translate", headers=preflight)
         assert (status, answer) == (400, {"error": "Disallowed CORS origin"}), answer
         assert headers["content-type"] == "application/json"
-        allowed = call(app, "OPTIONS", "/v1/translate", headers={**preflight, "origin": "https://ok.example"})
-        assert allowed[0] == 200 and allowed[1]["access-control-allow-origin"] == "https://ok.example"
+        allowed = call(
+            app, "OPTIONS", "/v1/translate", headers={**preflight, "origin": "https://ok.example"}
+        )
+        assert (
+            allowed[0] == 200 and allowed[1]["access-control-allow-origin"] == "https://ok.example"
+        )
         status, headers, page = call(app, "GET", "/")
     assert status == 200 and "<html" in page.lower()
-    assert "frame-ancestors 'none'" in headers["content-security-policy"] and headers["x-frame-options"] == "DENY"
+    assert (
+        "frame-ancestors 'none'" in headers["content-security-policy"]
+        and headers["x-frame-options"] == "DENY"
+    )
 
 
 # ------------------------------------------------------------------ API keys
@@ -298,6 +377,9 @@ def test_api_keys_file_comments_bom_and_the_bearer_scheme_in_any_case(random_che
     with Server("--model", f"en-de={random_checkpoint}", "--api-keys", str(keys)) as s:
         assert s.post("/v1/translate", {**body, "api_key": "first-key"})[0] == 200
         for scheme in ("Bearer", "bearer", "BEARER"):
-            assert s.post("/v1/translate", body, headers={"Authorization": f"{scheme} second-key"})[0] == 200, scheme
+            assert (
+                s.post("/v1/translate", body, headers={"Authorization": f"{scheme} second-key"})[0]
+                == 200
+            ), scheme
         for wrong in ("# old-key", "old-key", "\ufefffirst-key"):
             assert s.post("/v1/translate", {**body, "api_key": wrong})[0] == 403, wrong

@@ -16,8 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-pytest.importorskip("starlette", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'")
-pytest.importorskip("uvicorn", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'")
+pytest.importorskip(
+    "starlette", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
+)
+pytest.importorskip(
+    "uvicorn", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
+)
 
 from serving import ROOT, Server  # noqa: E402
 
@@ -34,8 +38,16 @@ LONG = "a dog and a cat and " * 20
 
 @pytest.fixture(scope="module")
 def server(trained_checkpoint):
-    with Server("--model", f"en-de={trained_checkpoint}", "--head-timeout", "2", "--max-head-bytes",
-                str(HEAD_LIMIT), "--max-connections", str(CONNECTIONS)) as s:
+    with Server(
+        "--model",
+        f"en-de={trained_checkpoint}",
+        "--head-timeout",
+        "2",
+        "--max-head-bytes",
+        str(HEAD_LIMIT),
+        "--max-connections",
+        str(CONNECTIONS),
+    ) as s:
         yield s
 
 
@@ -83,8 +95,13 @@ def healthy(s: Server) -> None:
 def test_a_head_over_the_limit_is_431_whether_it_comes_in_pieces_or_at_once(server):
     """uvicorn's httptools parser kept every byte of an endless header (310 MB -> 3.3 GB for
     one connection): the head is bounded, in header lines, in one header, in the URL."""
-    too_large = (431, {"error": f"the request head (request line and headers) is larger than this server's "
-                                f"limit of {HEAD_LIMIT} bytes"})
+    too_large = (
+        431,
+        {
+            "error": f"the request head (request line and headers) is larger than this server's "
+            f"limit of {HEAD_LIMIT} bytes"
+        },
+    )
     lines = connect(server)
     lines.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
     send_until_refused(lines, 100_000, b"X-Line: " + b"a" * 90 + b"\r\n")  # ~10 MB offered
@@ -93,7 +110,9 @@ def test_a_head_over_the_limit_is_431_whether_it_comes_in_pieces_or_at_once(serv
     send_until_refused(url, 100_000, b"GET /" + b"a" * 100)
     assert error_of(answer(url)) == too_large
     whole = connect(server)  # a complete head in one read, parsed before any bound was reached
-    whole.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2 * HEAD_LIMIT + b"\r\n\r\n")
+    whole.sendall(
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2 * HEAD_LIMIT + b"\r\n\r\n"
+    )
     assert error_of(answer(whole)) == too_large
     healthy(server)
     assert server.get("/health", headers={"X-Fits": "a" * (HEAD_LIMIT // 2)})[0] == 200
@@ -128,7 +147,9 @@ def test_silent_connections_past_the_limit_cannot_lock_new_clients_out(server):
         if status == 503:
             break
         assert time.monotonic() < deadline, (status, error)
-    assert error == {"error": f"this server has {CONNECTIONS} connections open, its limit; retry later"}
+    assert error == {
+        "error": f"this server has {CONNECTIONS} connections open, its limit; retry later"
+    }
     assert [error_of(answer(s))[0] for s in silent] == [408] * CONNECTIONS
     healthy(server)
 
@@ -159,14 +180,20 @@ class LateJob(Job):
         pass
 
 
-@pytest.mark.parametrize(("overrides", "first"), [({}, LONG), ({}, Request(LONG, constraints=("Hund",))),
-                                                 ({"sampling": True, "seed": 1}, LONG)],
-                         ids=["beam", "constraints", "sampling"])
-def test_a_batch_ends_the_sentences_nobody_waits_for_at_their_next_step(trained_checkpoint, overrides, first):
+@pytest.mark.parametrize(
+    ("overrides", "first"),
+    [({}, LONG), ({}, Request(LONG, constraints=("Hund",))), ({"sampling": True, "seed": 1}, LONG)],
+    ids=["beam", "constraints", "sampling"],
+)
+def test_a_batch_ends_the_sentences_nobody_waits_for_at_their_next_step(
+    trained_checkpoint, overrides, first
+):
     """A request answered 504 (or whose client went away) kept its batch decoding to the end
     with sampling, constraints or --no-continuous; later clients got 504 too, and SIGTERM
     waited for it. Its sentences now end at their search's next step; the others' are whole."""
-    model = Model("en-de", Translator.load(trained_checkpoint, device="cpu"), "en", "de", continuous=False)
+    model = Model(
+        "en-de", Translator.load(trained_checkpoint, device="cpu"), "en", "de", continuous=False
+    )
     settings, tr = model.variant(overrides, 1)
     key = ("translate", *settings, False, None, False)
     whole = [h[0].text for h in tr.translate_nbest([first, "A dog runs."])]
@@ -179,18 +206,29 @@ def test_a_batch_ends_the_sentences_nobody_waits_for_at_their_next_step(trained_
     assert got[1] == whole[1]
 
 
-def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(trained_checkpoint, monkeypatch):
+def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(
+    trained_checkpoint, monkeypatch
+):
     """Every 504 or disconnect logged `ERROR asyncio _GatheringFuture exception was never
     retrieved`; `/health/` redirected to the Host the client named. Also: a lone search's
     OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE) unless the environment says."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    with Server("--model", f"en-de={trained_checkpoint}", "--max-wait-ms", "8000", "--timeout", "1",
-                env={"OMP_DISPLAY_ENV": "TRUE"}) as s:
+    with Server(
+        "--model",
+        f"en-de={trained_checkpoint}",
+        "--max-wait-ms",
+        "8000",
+        "--timeout",
+        "1",
+        env={"OMP_DISPLAY_ENV": "TRUE"},
+    ) as s:
         assert s.post("/v1/translate", {"texts": ["A dog."]})[0] == 504
         body = json.dumps({"texts": ["A cat."]}).encode()
         gone = connect(s)
-        gone.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        gone.sendall(
+            b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         time.sleep(0.3)
         gone.close()
         other = connect(s)
@@ -198,7 +236,9 @@ def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(tr
         redirected = answer(other)
         assert s.post("/v1/translate", {"texts": ["A dog."]})[0] == 504
         code, err = s.stop()
-    assert error_of(redirected) == (404, {"error": "Not Found"}) and b"evil.example" not in redirected
+    assert (
+        error_of(redirected) == (404, {"error": "Not Found"}) and b"evil.example" not in redirected
+    )
     assert code == 0 and "never retrieved" not in err and "Traceback" not in err, err
     assert "OMP_WAIT_POLICY = 'PASSIVE'" in err, err
 
@@ -210,8 +250,15 @@ def test_sigterm_drains_within_the_drain_timeout_and_exits(trained_checkpoint):
     """SIGTERM with requests in flight that would run long (here, held 60 s for company) left
     the process running: those still running after --drain-timeout are answered 503, and it
     exits 0. The environment's OpenMP wait policy is kept."""
-    s = Server("--model", f"en-de={trained_checkpoint}", "--max-wait-ms", "60000", "--drain-timeout", "1",
-               env={"OMP_DISPLAY_ENV": "TRUE", "OMP_WAIT_POLICY": "ACTIVE"})
+    s = Server(
+        "--model",
+        f"en-de={trained_checkpoint}",
+        "--max-wait-ms",
+        "60000",
+        "--drain-timeout",
+        "1",
+        env={"OMP_DISPLAY_ENV": "TRUE", "OMP_WAIT_POLICY": "ACTIVE"},
+    )
     with ThreadPoolExecutor(2) as pool:
         answers = [pool.submit(s.post, "/v1/translate", {"texts": ["A dog."]}) for _ in range(2)]
         wait_for_queue(s, 2)
@@ -239,7 +286,9 @@ def test_a_second_ctrl_c_answers_what_is_in_flight_503_without_a_traceback(train
         got = [f.result(120)[:2] for f in answers]
     assert code == 130 and "nmt: interrupted" in err, err
     assert got == [(503, STOPPED)] * 4
-    assert "Traceback" not in err and "Exception in ASGI" not in err and "never retrieved" not in err, err
+    assert (
+        "Traceback" not in err and "Exception in ASGI" not in err and "never retrieved" not in err
+    ), err
 
 
 def wait_for_queue(s: Server, sentences: int) -> None:
@@ -254,10 +303,26 @@ def test_more_connections_than_the_process_may_open_files_for_is_one_line(traine
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY:
         pytest.skip("no hard limit of open files here")
-    out = subprocess.run([sys.executable, "-m", "nmt", "serve", "-c", str(trained_checkpoint), "--port", "0",
-                          "--max-connections", str(hard)], capture_output=True, text=True, timeout=300,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nmt",
+            "serve",
+            "-c",
+            str(trained_checkpoint),
+            "--port",
+            "0",
+            "--max-connections",
+            str(hard),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 1 and out.stdout == "", out
     assert out.stderr.strip().splitlines() == [
-        f"nmt: error: --max-connections {hard} needs {hard + 256} open files, and this process may open at most "
-        f"{hard} (ulimit -Hn): lower --max-connections"]
+        f"nmt: error: --max-connections {hard} needs {hard + 256} open files, and this process may "
+        f"open at most {hard} (ulimit -Hn): lower --max-connections"
+    ]

@@ -32,7 +32,13 @@ from nmt.tokenizer import NMT_SPECIALS
 def _vocabulary(size: int, sha256: str) -> SimpleNamespace:
     """What load_shortlist reads of a tokenizer: a joint vocabulary of `size` and its hash."""
     pieces = [str(i) for i in range(size)]
-    return SimpleNamespace(vocab_size=size, sha256=sha256, source_vocab_size=None, vocabularies=lambda: (pieces, pieces))
+    return SimpleNamespace(
+        vocab_size=size,
+        sha256=sha256,
+        source_vocab_size=None,
+        vocabularies=lambda: (pieces, pieces),
+    )
+
 
 V = 80
 WORDS = range(10, 50)  # source words; word w translates to TRANSLATION[w]
@@ -54,9 +60,18 @@ def _write_data_dir(path: Path, pairs: list[tuple[list[int], list[int]]], sha: s
     for side, lang in enumerate(("en", "de")):
         seqs = [p[side] for p in pairs]
         np.concatenate(seqs).astype("<u2").tofile(bin_path(path, "train", lang))
-        np.concatenate(([0], np.cumsum([len(s) for s in seqs]))).astype("<i8").tofile(idx_path(path, "train", lang))
-    meta = {"format_version": 1, "source_lang": "en", "target_lang": "de", "vocab_size": V, "dtype": "uint16",
-            "spm": {"model": "spm.model", "sha256": sha}, "splits": {"train": {"lines": len(pairs)}}}
+        np.concatenate(([0], np.cumsum([len(s) for s in seqs]))).astype("<i8").tofile(
+            idx_path(path, "train", lang)
+        )
+    meta = {
+        "format_version": 1,
+        "source_lang": "en",
+        "target_lang": "de",
+        "vocab_size": V,
+        "dtype": "uint16",
+        "spm": {"model": "spm.model", "sha256": sha},
+        "splits": {"train": {"lines": len(pairs)}},
+    }
     (path / "prepare.json").write_text(json.dumps(meta), encoding="utf-8")
     return path
 
@@ -100,8 +115,12 @@ def test_each_sentence_gets_its_own_list():
     cand[11] = torch.tensor([42, -1])
     cand[12] = torch.tensor([43, 44])
     sl = Shortlist(cand, torch.tensor([70, 71]), V, "abc")
-    src = torch.tensor([[10, 11, 3, 0],   # pad (0) is not a source token
-                        [12, 12, 12, 3]])
+    src = torch.tensor(
+        [
+            [10, 11, 3, 0],  # pad (0) is not a source token
+            [12, 12, 12, 3],
+        ]
+    )
     lists = [[0, 1, 2, 3, 10, 11, 40, 41, 42, 70, 71], [0, 1, 2, 3, 12, 43, 44, 70, 71]]
     allowed = sl.allowed(src, NMT_SPECIALS)
     assert [row.nonzero().view(-1).tolist() for row in allowed] == lists
@@ -140,8 +159,12 @@ def test_the_shortlist_never_replaces_a_data_file_it_reads(data_dir, tmp_path, n
     data = tmp_path / "data"
     shutil.copytree(data_dir, data)
     before = {p.name: p.read_bytes() for p in data.iterdir()}
-    with pytest.raises(NmtError, match=rf"-o {data / name} is the .* \(DATA_DIR {data / name}\); choose another"):
+    with pytest.raises(
+        NmtError, match=rf"-o {data / name} is the .* \(DATA_DIR {data / name}\); choose another"
+    ):
         shortlist_command(data, data / name, top=3, frequent=1, iterations=1, max_sentences=100)
     assert {p.name: p.read_bytes() for p in data.iterdir()} == before
-    shortlist_command(data, data / "shortlist.pt", top=3, frequent=1, iterations=1, max_sentences=100)  # beside them: fine
+    shortlist_command(
+        data, data / "shortlist.pt", top=3, frequent=1, iterations=1, max_sentences=100
+    )  # beside them: fine
     assert load_shortlist(data / "shortlist.pt", _vocabulary(V, "abc")).frequent.numel() == 1

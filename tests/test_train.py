@@ -59,20 +59,43 @@ RESUME_CASES = {
 
 
 # (case, dropout); the other combinations run with the slow tests
-FAST_RESUME = {("mid-epoch", 0.0), ("mid-epoch", 0.3), ("across-epoch-end", 0.3), ("at-epoch-end", 0.0),
-               ("update-freq-2", 0.0)}
+FAST_RESUME = {
+    ("mid-epoch", 0.0),
+    ("mid-epoch", 0.3),
+    ("across-epoch-end", 0.3),
+    ("at-epoch-end", 0.0),
+    ("update-freq-2", 0.0),
+}
 
 
-@pytest.mark.parametrize("case, dropout", [
-    pytest.param(case, dropout, id=f"{case}-{'dropout' if dropout else 'no-dropout'}",
-                 marks=() if (case, dropout) in FAST_RESUME else pytest.mark.slow)
-    for case in RESUME_CASES for dropout in (0.0, 0.3)
-])
+@pytest.mark.parametrize(
+    "case, dropout",
+    [
+        pytest.param(
+            case,
+            dropout,
+            id=f"{case}-{'dropout' if dropout else 'no-dropout'}",
+            marks=() if (case, dropout) in FAST_RESUME else pytest.mark.slow,
+        )
+        for case in RESUME_CASES
+        for dropout in (0.0, 0.3)
+    ],
+)
 def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
     spec = RESUME_CASES[case]
-    model = {"dropout": dropout, "attention_dropout": dropout / 2, "activation_dropout": dropout / 2}
-    cfg = tiny(prepared[0], tmp_path / "a", model, update_freq=spec["update_freq"], max_tokens=1024,
-               validate_interval_updates=4)
+    model = {
+        "dropout": dropout,
+        "attention_dropout": dropout / 2,
+        "activation_dropout": dropout / 2,
+    }
+    cfg = tiny(
+        prepared[0],
+        tmp_path / "a",
+        model,
+        update_freq=spec["update_freq"],
+        max_tokens=1024,
+        validate_interval_updates=4,
+    )
     per_epoch = updates_per_epoch(cfg)
     stop, total = spec["stop"](per_epoch), spec["total"](per_epoch)
     assert 0 < stop <= total and (case == "at-epoch-end" or stop < per_epoch)
@@ -82,7 +105,9 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
     first = train(with_overrides(cfg, train={"run_dir": str(run_b), "max_updates": stop}))
     assert first.update == stop
     state = ckpt.load_checkpoint(run_b / "checkpoint_last.pt")["train_state"]["progress"]
-    assert (state["epoch"], state["updates_in_epoch"]) == ((1, stop) if stop < per_epoch else (2, 0))
+    assert (state["epoch"], state["updates_in_epoch"]) == (
+        (1, stop) if stop < per_epoch else (2, 0)
+    )
     second = train(with_overrides(cfg, train={"run_dir": str(run_b), "max_updates": total}))
     assert second.update == total
 
@@ -95,13 +120,22 @@ def test_resume_equals_uninterrupted(prepared, tmp_path, case, dropout):
     valid_b = [(r["update"], r["valid_loss"]) for r in records(run_b, "valid")]
     assert [u for u, _ in valid_b] == sorted(set(valid_a) | {stop})
     assert all(loss == pytest.approx(valid_a[u], abs=1e-6) for u, loss in valid_b if u in valid_a)
-    elapsed = [r["elapsed"] for r in records(run_b, "valid")]  # training seconds, over the resume too
+    elapsed = [
+        r["elapsed"] for r in records(run_b, "valid")
+    ]  # training seconds, over the resume too
     assert elapsed == sorted(elapsed) and all(r["valid_s"] > 0 for r in records(run_b, "valid"))
 
 
 def test_dropout_ramp_applies_per_update_and_resumes_exactly(prepared, tmp_path):
-    cfg = tiny(prepared[0], tmp_path / "a", {"dropout": 0.0}, max_tokens=1024,
-               dropout_ramp_start=2, dropout_ramp_end=6, dropout_ramp_to=0.4)
+    cfg = tiny(
+        prepared[0],
+        tmp_path / "a",
+        {"dropout": 0.0},
+        max_tokens=1024,
+        dropout_ramp_start=2,
+        dropout_ramp_end=6,
+        dropout_ramp_to=0.4,
+    )
     train(with_overrides(cfg, train={"max_updates": 8}))
     logged = {r["update"]: r["dropout"] for r in records(tmp_path / "a", "train")}
     assert logged == {u: pytest.approx(dropout_at(u, cfg.train, 0.0)) for u in range(1, 9)}
@@ -114,7 +148,9 @@ def test_dropout_ramp_applies_per_update_and_resumes_exactly(prepared, tmp_path)
     assert_same_weights(weights(tmp_path / "a"), weights(run_b))
 
     run_c = tmp_path / "c"  # no ramp: the same until the ramp starts, then different
-    train(with_overrides(cfg, train={"run_dir": str(run_c), "max_updates": 3, "dropout_ramp_end": 0}))
+    train(
+        with_overrides(cfg, train={"run_dir": str(run_c), "max_updates": 3, "dropout_ramp_end": 0})
+    )
     a, c = losses(tmp_path / "a"), losses(run_c)
     assert [a[1], a[2]] == pytest.approx([c[1], c[2]], abs=1e-6)
     assert abs(a[3] - c[3]) > 1e-4
@@ -124,7 +160,9 @@ def test_logged_loss_is_the_interval_mean_per_target_token(prepared, tmp_path):
     """With log_interval 3 each train record holds the token-weighted loss and nll of its 3
     updates and their mean gnorm (as fairseq logs), not the last batch's, which swings with
     the batch's sentence lengths. A save in between does not cut the interval."""
-    cfg = tiny(prepared[0], tmp_path / "each", max_tokens=512, max_updates=6, save_interval_updates=2)
+    cfg = tiny(
+        prepared[0], tmp_path / "each", max_tokens=512, max_updates=6, save_interval_updates=2
+    )
     train(cfg)
     each = records(tmp_path / "each", "train")
     assert [r["update"] for r in each] == list(range(1, 7))
@@ -135,11 +173,15 @@ def test_logged_loss_is_the_interval_mean_per_target_token(prepared, tmp_path):
         tokens = sum(r["tgt_tokens"] for r in window)
         assert rec["tgt_tokens"] == tokens and rec["updates_logged"] == 3
         for key in ("loss", "nll"):
-            assert rec[key] == pytest.approx(sum(r[key] * r["tgt_tokens"] for r in window) / tokens, rel=1e-6)
+            assert rec[key] == pytest.approx(
+                sum(r[key] * r["tgt_tokens"] for r in window) / tokens, rel=1e-6
+            )
         assert rec["gnorm"] == pytest.approx(sum(r["gnorm"] for r in window) / 3, rel=1e-6)
         assert rec["ppl"] == pytest.approx(2 ** rec["nll"])
         assert rec["lr"] == window[-1]["lr"]
-    assert len({round(r["loss"], 6) for r in each[:3]}) > 1  # the batches differ: the mean is not trivial
+    assert (
+        len({round(r["loss"], 6) for r in each[:3]}) > 1
+    )  # the batches differ: the mean is not trivial
 
 
 def test_finished_run_started_again_changes_nothing(prepared, tmp_path, caplog):
@@ -147,7 +189,9 @@ def test_finished_run_started_again_changes_nothing(prepared, tmp_path, caplog):
     train(cfg)
     before = snapshot(tmp_path / "run")
     metrics = (tmp_path / "run" / "metrics.jsonl").read_bytes()
-    assert {"checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_5.pt", "checkpoint_last.pt"} <= set(before)
+    assert {"checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_5.pt", "checkpoint_last.pt"} <= set(
+        before
+    )
     caplog.set_level("INFO", logger="nmt.training.trainer")
     result = train(cfg)
     assert result.update == 5 and "max_updates=5" in result.reason
@@ -172,9 +216,18 @@ def other_data(prepared, raw_corpus, tmp_path_factory) -> Path:
         lines = raw_corpus.lines("train", lang)[:200]
         (raw / f"train.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     dest = raw / "data-bin"
-    prepare_bpe(PrepareOptions(source_lang="en", target_lang="de", trainpref=str(raw / "train"),
-                               validpref=raw_corpus.prefix("val"), destdir=str(dest),
-                               spm_model=str(prepared[0] / "spm.model"), workers=1), progress=False)
+    prepare_bpe(
+        PrepareOptions(
+            source_lang="en",
+            target_lang="de",
+            trainpref=str(raw / "train"),
+            validpref=raw_corpus.prefix("val"),
+            destdir=str(dest),
+            spm_model=str(prepared[0] / "spm.model"),
+            workers=1,
+        ),
+        progress=False,
+    )
     return dest
 
 
@@ -185,7 +238,11 @@ def test_a_run_written_before_a_config_key_existed_resumes(prepared, tmp_path):
     train(cfg)
     last = tmp_path / "run" / "checkpoint_last.pt"
     state = torch.load(last, weights_only=True)
-    for section, key in (("model", "arch"), ("model", "cell"), ("train", "pad_to_multiple")):  # at defaults
+    for section, key in (
+        ("model", "arch"),
+        ("model", "cell"),
+        ("train", "pad_to_multiple"),
+    ):  # at defaults
         del state["config"][section][key]
     ckpt.atomic_save(state, last)
     assert train(with_overrides(cfg, train={"max_updates": 4})).update == 4
@@ -199,7 +256,9 @@ def test_resume_on_changed_data_needs_reset_data(prepared, other_data, tmp_path)
         train(moved)
     result = train(moved, reset_data=True)
     assert result.update == 6
-    progress = ckpt.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]["progress"]
+    progress = ckpt.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"][
+        "progress"
+    ]
     assert progress["updates_in_epoch"] == 3  # the epoch restarted at the reset
     assert progress["history"] == ["reset data at update 3"]
 
@@ -208,12 +267,24 @@ def test_resume_refuses_another_tokenizer_even_with_reset_data(prepared, tmp_pat
     raw = tmp_path / "raw"
     write_parallel(synthetic_pairs("copy", 50, seed=3), raw / "train", "en", "de")
     other = tmp_path / "copy-bin"
-    prepare_bpe(PrepareOptions(source_lang="en", target_lang="de", trainpref=str(raw / "train"),
-                               destdir=str(other), vocab_size=24, byte_fallback=False, workers=1), progress=False)
+    prepare_bpe(
+        PrepareOptions(
+            source_lang="en",
+            target_lang="de",
+            trainpref=str(raw / "train"),
+            destdir=str(other),
+            vocab_size=24,
+            byte_fallback=False,
+            workers=1,
+        ),
+        progress=False,
+    )
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=2)
     train(cfg)
     with pytest.raises(NmtError, match="tokenizer"):
-        train(with_overrides(cfg, data={"dir": str(other)}, train={"max_updates": 4}), reset_data=True)
+        train(
+            with_overrides(cfg, data={"dir": str(other)}, train={"max_updates": 4}), reset_data=True
+        )
 
 
 def test_reset_optimizer_restarts_the_schedule(prepared, tmp_path):
@@ -235,20 +306,34 @@ def test_reset_optimizer_restarts_the_schedule(prepared, tmp_path):
 def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     # adam_eps well above the gradients' rounding noise: Adam's first step is lr * g / (|g| + eps),
     # which turns a difference of 1e-12 in a near-zero gradient into one of lr when eps is 1e-9.
-    cfg = tiny(prepared[0], tmp_path / "acc", update_freq=2, label_smoothing=0.1, clip_norm=0.0, adam_eps=1e-3)
+    cfg = tiny(
+        prepared[0],
+        tmp_path / "acc",
+        update_freq=2,
+        label_smoothing=0.1,
+        clip_norm=0.0,
+        adam_eps=1e-3,
+    )
     accumulating = make_trainer(cfg)
-    big = make_trainer(with_overrides(cfg, train={"run_dir": str(tmp_path / "big"), "update_freq": 1}))
+    big = make_trainer(
+        with_overrides(cfg, train={"run_dir": str(tmp_path / "big"), "update_freq": 1})
+    )
     b1, b2 = accumulating.epoch_updates(1)[0]
     specials = big.tokenizer.specials
-    assert len(b1) != len(b2) or datamod.collate(big.train_data, b1, specials).num_target_tokens != \
-        datamod.collate(big.train_data, b2, specials).num_target_tokens  # unequal batches: a mean of means would differ
+    assert (
+        len(b1) != len(b2)
+        or datamod.collate(big.train_data, b1, specials).num_target_tokens
+        != datamod.collate(big.train_data, b2, specials).num_target_tokens
+    )  # unequal batches: a mean of means would differ
 
     grads: dict[str, dict[str, torch.Tensor]] = {}
     for name, trainer in (("acc", accumulating), ("big", big)):
         step = trainer.optimizer.step
 
         def recording_step(name: str = name, trainer: Trainer = trainer, step: Any = step) -> Any:
-            grads[name] = {k: p.grad.clone() for k, p in trainer.model.named_parameters() if p.grad is not None}
+            grads[name] = {
+                k: p.grad.clone() for k, p in trainer.model.named_parameters() if p.grad is not None
+            }
             return step()
 
         trainer.optimizer.step = recording_step  # type: ignore[method-assign]
@@ -257,12 +342,17 @@ def test_accumulation_equals_one_big_batch(prepared, tmp_path):
     accumulating.close()
     big.close()
     assert stats_acc is not None and stats_big is not None
-    assert stats_acc["tokens"] == stats_big["tokens"] and stats_acc["sentences"] == stats_big["sentences"]
+    assert (
+        stats_acc["tokens"] == stats_big["tokens"]
+        and stats_acc["sentences"] == stats_big["sentences"]
+    )
     assert stats_acc["loss"] == pytest.approx(stats_big["loss"], rel=1e-6)
     assert stats_acc["gnorm"] == pytest.approx(stats_big["gnorm"], rel=1e-5)
     for key, g in grads["big"].items():
         assert torch.allclose(grads["acc"][key], g, rtol=1e-4, atol=1e-7), key
-    assert_same_weights(dict(accumulating.model.named_parameters()), dict(big.model.named_parameters()), 1e-5)
+    assert_same_weights(
+        dict(accumulating.model.named_parameters()), dict(big.model.named_parameters()), 1e-5
+    )
 
 
 def test_the_dummy_batch_adds_nothing_to_the_gradients(prepared, tmp_path):
@@ -294,6 +384,7 @@ def test_an_update_reads_nothing_back_from_the_device(prepared, tmp_path, monkey
         def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             reads.append(name)
             return real(self, *args, **kwargs)
+
         return read
 
     for name in ("item", "tolist", "__float__", "__bool__", "__int__", "__index__", "nonzero"):
@@ -307,24 +398,38 @@ def test_an_update_reads_nothing_back_from_the_device(prepared, tmp_path, monkey
     trainer.check_finite()
     assert trainer.unchecked.updates() == []
     trainer.close()
-    assert all(math.isfinite(s["loss"]) and s["loss"] > 0 and math.isfinite(s["gnorm"]) for s in stats)
+    assert all(
+        math.isfinite(s["loss"]) and s["loss"] > 0 and math.isfinite(s["gnorm"]) for s in stats
+    )
 
 
 # ------------------------------------------------------------------ signals, NaN, overflow
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run(prepared, tmp_path, sig):
+def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run(
+    prepared, tmp_path, sig
+):
     """SIGTERM (schedulers, torchrun) and Ctrl-C: the update in progress is saved, exit 128+N
     without a traceback, and resuming ends where an uninterrupted run ends."""
     run_dir = tmp_path / "run"
     # 256-token batches: ~100 updates an epoch, so the signal lands mid-epoch even when this
     # process is slow to see the child's third update on a loaded machine.
-    sets = [f"data.dir={prepared[0]}", f"train.run_dir={run_dir}", "train.max_updates=100000",
-            "train.log_interval=1", "train.device=cpu", "train.max_tokens=256",
-            f"train.threads={THREADS}"]
-    cmd = [sys.executable, "-m", "nmt", "train", str(TINY)] + [a for s in sets for a in ("--set", s)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sets = [
+        f"data.dir={prepared[0]}",
+        f"train.run_dir={run_dir}",
+        "train.max_updates=100000",
+        "train.log_interval=1",
+        "train.device=cpu",
+        "train.max_tokens=256",
+        f"train.threads={THREADS}",
+    ]
+    cmd = [sys.executable, "-m", "nmt", "train", str(TINY)] + [
+        a for s in sets for a in ("--set", s)
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
@@ -344,7 +449,9 @@ def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run
     assert last is not None
     stopped_at = last["update"]
     cfg = tiny(prepared[0], run_dir, max_updates=stopped_at + 3, max_tokens=256)
-    assert 3 <= stopped_at == max(losses(run_dir)) < updates_per_epoch(cfg)  # the update it was in, mid-epoch
+    assert (
+        3 <= stopped_at == max(losses(run_dir)) < updates_per_epoch(cfg)
+    )  # the update it was in, mid-epoch
     assert last["train_state"]["progress"]["updates_in_epoch"] == stopped_at
     assert_same_weights(weights(run_dir, f"checkpoint_{stopped_at}.pt"), last["model"], 0.0)
 
@@ -354,7 +461,9 @@ def test_signal_saves_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run
     assert losses(tmp_path / "straight") == pytest.approx(losses(run_dir), abs=1e-6)
 
 
-def test_nan_loss_stops_naming_the_update_and_leaves_checkpoints_intact(prepared, tmp_path, monkeypatch):
+def test_nan_loss_stops_naming_the_update_and_leaves_checkpoints_intact(
+    prepared, tmp_path, monkeypatch
+):
     import nmt.training.loss as lossmod
 
     cfg = tiny(prepared[0], tmp_path / "run", max_updates=3, save_interval_updates=2)
@@ -392,7 +501,9 @@ def test_overflow_with_a_loss_scaler_skips_the_update(prepared, tmp_path):
     assert (p.update, p.skipped_overflow, p.updates_in_epoch) == (4, 1, 5)
     assert trainer.scaler.scale == 4.0
     lrs = [r["lr"] for r in records(tmp_path / "run", "train")]
-    assert lrs == pytest.approx([lr_at(u, trainer.cfg.train, trainer.cfg.model.d_model) for u in (1, 2, 3, 4)])
+    assert lrs == pytest.approx(
+        [lr_at(u, trainer.cfg.train, trainer.cfg.model.d_model) for u in (1, 2, 3, 4)]
+    )
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
     saved = ckpt.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]
     assert saved["scaler"] == {"scale": 4.0, "clean_updates": 3}
@@ -406,19 +517,40 @@ def fake_validation(monkeypatch: pytest.MonkeyPatch, loss: list[float], bleu: li
 
     def validate(self: Trainer) -> dict[str, float]:
         i = next(calls)
-        return {"valid_loss": loss[i], "valid_nll": loss[i], "valid_ppl": 2 ** loss[i], "valid_bleu": bleu[i]}
+        return {
+            "valid_loss": loss[i],
+            "valid_nll": loss[i],
+            "valid_ppl": 2 ** loss[i],
+            "valid_bleu": bleu[i],
+        }
 
     monkeypatch.setattr(Trainer, "validate", validate)
 
 
-def test_keep_last_prunes_numbered_checkpoints_but_never_the_best(prepared, tmp_path, monkeypatch, caplog):
+def test_keep_last_prunes_numbered_checkpoints_but_never_the_best(
+    prepared, tmp_path, monkeypatch, caplog
+):
     caplog.set_level("INFO")  # the CLI sets INFO; train.log gets what the root logger lets through
     fake_validation(monkeypatch, loss=[1.0, 2.0, 3.0], bleu=[9.0, 8.0, 7.0])
     run_dir = tmp_path / "run"
-    train(tiny(prepared[0], run_dir, max_updates=12, save_interval_updates=2, validate_interval_updates=4,
-               keep_last=2, best_metric="loss"))
+    train(
+        tiny(
+            prepared[0],
+            run_dir,
+            max_updates=12,
+            save_interval_updates=2,
+            validate_interval_updates=4,
+            keep_last=2,
+            best_metric="loss",
+        )
+    )
     names = sorted(p.name for p in run_dir.glob("*.pt"))
-    assert names == ["checkpoint_10.pt", "checkpoint_12.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    assert names == [
+        "checkpoint_10.pt",
+        "checkpoint_12.pt",
+        "checkpoint_best.pt",
+        "checkpoint_last.pt",
+    ]
     assert ckpt.load_checkpoint(run_dir / "checkpoint_best.pt")["update"] == 4
     assert ckpt.load_checkpoint(run_dir / "checkpoint_last.pt")["update"] == 12
     valid = records(run_dir, "valid")
@@ -429,20 +561,40 @@ def test_keep_last_prunes_numbered_checkpoints_but_never_the_best(prepared, tmp_
 
 
 @pytest.mark.parametrize("metric, best_update", [("bleu", 9), ("loss", 6)])
-def test_best_checkpoint_follows_the_configured_metric(prepared, tmp_path, monkeypatch, metric, best_update):
+def test_best_checkpoint_follows_the_configured_metric(
+    prepared, tmp_path, monkeypatch, metric, best_update
+):
     fake_validation(monkeypatch, loss=[2.0, 1.0, 1.5, 3.0], bleu=[10.0, 11.0, 20.0, 5.0])
     run_dir = tmp_path / "run"
-    train(tiny(prepared[0], run_dir, max_updates=12, validate_interval_updates=3, best_metric=metric))
+    train(
+        tiny(prepared[0], run_dir, max_updates=12, validate_interval_updates=3, best_metric=metric)
+    )
     assert ckpt.load_checkpoint(run_dir / "checkpoint_best.pt")["update"] == best_update
 
 
 def test_patience_stops_after_validations_without_improvement(prepared, tmp_path, monkeypatch):
     fake_validation(monkeypatch, loss=[2.0, 1.0, 1.2, 1.1, 0.5], bleu=[0.0] * 5)
-    result = train(tiny(prepared[0], tmp_path / "run", max_updates=100, validate_interval_updates=2,
-                        best_metric="loss", patience=2))
+    result = train(
+        tiny(
+            prepared[0],
+            tmp_path / "run",
+            max_updates=100,
+            validate_interval_updates=2,
+            best_metric="loss",
+            patience=2,
+        )
+    )
     assert result.update == 8 and "no improvement in 2 validations" in result.reason
-    again = train(tiny(prepared[0], tmp_path / "run", max_updates=100, validate_interval_updates=2,
-                       best_metric="loss", patience=2))
+    again = train(
+        tiny(
+            prepared[0],
+            tmp_path / "run",
+            max_updates=100,
+            validate_interval_updates=2,
+            best_metric="loss",
+            patience=2,
+        )
+    )
     assert again.update == 8  # a run stopped by patience is finished
 
 
@@ -472,10 +624,18 @@ def test_run_directory_files_are_closed_after_train(prepared, tmp_path):
 
 @pytest.mark.slow
 def test_tiny_model_learns_to_copy(copy_data, tmp_path):
-    cfg = tiny(copy_data, tmp_path / "run",
-               model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128, "heads": 4},
-               max_tokens=1024, lr=3e-3, warmup_updates=100, max_updates=700, validate_interval_updates=700,
-               valid_bleu=True, log_interval=50)
+    cfg = tiny(
+        copy_data,
+        tmp_path / "run",
+        model={"encoder_layers": 2, "decoder_layers": 2, "d_model": 64, "ffn_dim": 128, "heads": 4},
+        max_tokens=1024,
+        lr=3e-3,
+        warmup_updates=100,
+        max_updates=700,
+        validate_interval_updates=700,
+        valid_bleu=True,
+        log_interval=50,
+    )
     train(cfg)
     valid = records(tmp_path / "run", "valid")
     assert valid[-1]["valid_bleu"] > 80, valid

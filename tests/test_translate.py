@@ -38,7 +38,8 @@ class Setup:
     a: Path  # random model, seed 1
     b: Path  # random model, seed 2, same sentencepiece model
     other_spm: Path  # random model with another sentencepiece model
-    rnn: Path  # random RNN encoder-decoder with attention (nmt.models.rnn), seed 4, same sentencepiece model
+    # random RNN encoder-decoder with attention (nmt.models.rnn), seed 4, same sentencepiece model
+    rnn: Path
     sentences: list[str]  # 40 source sentences of varied length
     words: list[str]
 
@@ -56,7 +57,9 @@ def setup(raw_corpus, test_tokenizer, tmp_path_factory) -> Setup:
         a=save_random_model(root / "a.pt", spm, seed=1),
         b=save_random_model(root / "b.pt", spm, seed=2),
         other_spm=save_random_model(root / "other.pt", other, seed=3),
-        rnn=save_random_model(root / "rnn.pt", spm, seed=4, model={"arch": "rnn", "rnn_hidden": 32}),
+        rnn=save_random_model(
+            root / "rnn.pt", spm, seed=4, model={"arch": "rnn", "rnn_hidden": 32}
+        ),
         sentences=sentences,
         words=" ".join(train).split(),
     )
@@ -113,7 +116,9 @@ def test_empty_input_gives_empty_output(setup):
 
 
 def test_missing_checkpoint_is_one_line(tmp_path):
-    one_line_error(nmt("translate", "-c", str(tmp_path / "nope.pt"), stdin=b"hi\n", env=ENV), "nope.pt")
+    one_line_error(
+        nmt("translate", "-c", str(tmp_path / "nope.pt"), stdin=b"hi\n", env=ENV), "nope.pt"
+    )
 
 
 def test_corrupt_checkpoint_is_one_line(setup, tmp_path):
@@ -127,8 +132,13 @@ def test_batching_does_not_change_the_output(setup, tmp_path, model):
     lines, checkpoint = setup.sentences, str(getattr(setup, model))
     ref = translate_file(tmp_path, lines, "-c", checkpoint, "--batch-size", "64", name="ref")
     assert ref.count(b"\n") == len(lines)
-    for args in (["--batch-size", "1"], ["--batch-size", "3"], ["--max-tokens", "50"],
-                 ["--batch-size", "3", "--workers", "3"], ["--batch-size", "64"]):
+    for args in (
+        ["--batch-size", "1"],
+        ["--batch-size", "3"],
+        ["--max-tokens", "50"],
+        ["--batch-size", "3", "--workers", "3"],
+        ["--batch-size", "64"],
+    ):
         assert translate_file(tmp_path, lines, "-c", checkpoint, *args) == ref, args
 
 
@@ -138,15 +148,28 @@ def test_workers_give_the_same_hypotheses_and_scores(setup):
     loaded = load_models([setup.a], torch.device("cpu"))
     cfg = replace(loaded.config.decode, batch_size=4)
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:30]]
-    one = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
-                                max_positions=MAX_POSITIONS)
+    one = translate_token_lists(
+        loaded.model,
+        seqs,
+        cfg,
+        specials=loaded.tokenizer.specials,
+        nbest=2,
+        max_positions=MAX_POSITIONS,
+    )
     threads = torch.get_num_threads()
     for workers in (2, 3):
-        many = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
-                                     max_positions=MAX_POSITIONS,
-                                     workers=workers)
-        assert [[(h.tokens, h.score) for h in hs] for hs in many] == \
-            [[(h.tokens, h.score) for h in hs] for hs in one]
+        many = translate_token_lists(
+            loaded.model,
+            seqs,
+            cfg,
+            specials=loaded.tokenizer.specials,
+            nbest=2,
+            max_positions=MAX_POSITIONS,
+            workers=workers,
+        )
+        assert [[(h.tokens, h.score) for h in hs] for hs in many] == [
+            [(h.tokens, h.score) for h in hs] for hs in one
+        ]
         assert torch.get_num_threads() == threads
 
 
@@ -161,17 +184,27 @@ def test_a_failing_batch_stops_the_workers_with_its_error(setup, monkeypatch):
     monkeypatch.setattr("nmt.decoding.predict.beam_search", failing)
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="out of memory in batch"):
-        translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials,
-                              max_positions=MAX_POSITIONS, workers=2)
+        translate_token_lists(
+            loaded.model,
+            seqs,
+            cfg,
+            specials=loaded.tokenizer.specials,
+            max_positions=MAX_POSITIONS,
+            workers=2,
+        )
     assert torch.get_num_threads() == threads
 
 
 def test_negative_workers_is_one_line(setup):
-    one_line_error(nmt("translate", "-c", str(setup.a), "--workers", "-1", stdin=b"a\n", env=ENV), "--workers")
+    one_line_error(
+        nmt("translate", "-c", str(setup.a), "--workers", "-1", stdin=b"a\n", env=ENV), "--workers"
+    )
 
 
 def test_nbest_with_scores(setup, tmp_path):
-    out = translate_file(tmp_path, setup.sentences[:8], "-c", str(setup.a), "--nbest", "3", "--scores")
+    out = translate_file(
+        tmp_path, setup.sentences[:8], "-c", str(setup.a), "--nbest", "3", "--scores"
+    )
     rows = out.decode().split("\n")[:-1]
     assert len(rows) == 8
     for row in rows:
@@ -182,24 +215,33 @@ def test_nbest_with_scores(setup, tmp_path):
     # distinct hypotheses (on tokens: distinct token sequences may detokenize identically)
     loaded = load_models([setup.a], torch.device("cpu"))
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:8]]
-    for hyps in translate_token_lists(loaded.model, seqs, loaded.config.decode,
-                                      specials=loaded.tokenizer.specials, nbest=3,
-                                      max_positions=MAX_POSITIONS):
+    for hyps in translate_token_lists(
+        loaded.model,
+        seqs,
+        loaded.config.decode,
+        specials=loaded.tokenizer.specials,
+        nbest=3,
+        max_positions=MAX_POSITIONS,
+    ):
         assert len({tuple(h.tokens) for h in hyps}) == 3
 
 
 # ------------------------------------------------------------------ the search through the model
 
 
-@pytest.mark.parametrize(("style", "alpha", "model"),
-                         [("length", 1.0, "a"), ("gnmt", 0.6, "a"), ("none", 0.0, "a"), ("length", 1.0, "rnn")])
+@pytest.mark.parametrize(
+    ("style", "alpha", "model"),
+    [("length", 1.0, "a"), ("gnmt", 0.6, "a"), ("none", 0.0, "a"), ("length", 1.0, "rnn")],
+)
 def test_scores_are_teacher_forced_logprobs(setup, style, alpha, model):
     loaded = load_models([getattr(setup, model)], torch.device("cpu"))
     model, tok = loaded.model, loaded.tokenizer
     ids = tok.specials
     cfg = replace(loaded.config.decode, lenpen_style=style, lenpen=alpha)
     seqs = [tok.encode(s) for s in setup.sentences[:5]]
-    results = translate_token_lists(model, seqs, cfg, specials=ids, nbest=cfg.beam, max_positions=MAX_POSITIONS)
+    results = translate_token_lists(
+        model, seqs, cfg, specials=ids, nbest=cfg.beam, max_positions=MAX_POSITIONS
+    )
     with torch.inference_mode():
         for seq, hyps in zip(seqs, results, strict=True):
             src = torch.tensor([seq + [ids.eos]])
@@ -230,8 +272,13 @@ def test_beam_one_equals_greedy(setup, model):
 def test_empty_sequences_are_not_translated(setup):
     loaded = load_models([setup.a], torch.device("cpu"))
     seqs = [[], loaded.tokenizer.encode(setup.sentences[0]), []]
-    out = translate_token_lists(loaded.model, seqs, loaded.config.decode, specials=loaded.tokenizer.specials,
-                                max_positions=MAX_POSITIONS)
+    out = translate_token_lists(
+        loaded.model,
+        seqs,
+        loaded.config.decode,
+        specials=loaded.tokenizer.specials,
+        max_positions=MAX_POSITIONS,
+    )
     assert out[0] == out[2] == [] and len(out[1]) == 1
 
 
@@ -333,7 +380,7 @@ def test_same_input_twice_gives_the_same_output(setup, tmp_path):
     assert translate_file(tmp_path, lines, "-c", str(setup.a), name="second") == first
 
 
-# ------------------------------------------------------------------ no output is an input (nmt.atomic.check_outputs)
+# ------------------------------------------------ no output is an input (nmt.atomic.check_outputs)
 
 
 def _files(directory: Path) -> dict[str, bytes]:
@@ -342,15 +389,30 @@ def _files(directory: Path) -> dict[str, bytes]:
 
 # case: (translate's arguments, files named in tmp_path; the one-line error)
 OVERWRITES = {
-    "-o CK": (["-i", "in.txt", "-o", "ck.pt"], "-o {d}/ck.pt is the checkpoint (--checkpoint {d}/ck.pt)"),
-    "-i X -o X": (["-i", "in.txt", "-o", "in.txt"], "-o {d}/in.txt is the input (--input {d}/in.txt)"),
-    "-o a symlink to X": (["-i", "in.txt", "-o", "link.txt"], "-o {d}/link.txt is the input (--input {d}/in.txt)"),
-    "--attention OUT -o OUT": (["-i", "in.txt", "--attention", "out.txt", "-o", "out.txt"],
-                               "--attention {d}/out.txt is the translations (-o {d}/out.txt)"),
-    "--attention CK": (["-i", "in.txt", "--attention", "ck.pt", "-o", "new.txt"],
-                       "--attention {d}/ck.pt is the checkpoint (--checkpoint {d}/ck.pt)"),
-    "--shortlist SL -o SL": (["-i", "in.txt", "--shortlist", "sl.pt", "-o", "sl.pt"],
-                             "-o {d}/sl.pt is the shortlist (--shortlist {d}/sl.pt)"),
+    "-o CK": (
+        ["-i", "in.txt", "-o", "ck.pt"],
+        "-o {d}/ck.pt is the checkpoint (--checkpoint {d}/ck.pt)",
+    ),
+    "-i X -o X": (
+        ["-i", "in.txt", "-o", "in.txt"],
+        "-o {d}/in.txt is the input (--input {d}/in.txt)",
+    ),
+    "-o a symlink to X": (
+        ["-i", "in.txt", "-o", "link.txt"],
+        "-o {d}/link.txt is the input (--input {d}/in.txt)",
+    ),
+    "--attention OUT -o OUT": (
+        ["-i", "in.txt", "--attention", "out.txt", "-o", "out.txt"],
+        "--attention {d}/out.txt is the translations (-o {d}/out.txt)",
+    ),
+    "--attention CK": (
+        ["-i", "in.txt", "--attention", "ck.pt", "-o", "new.txt"],
+        "--attention {d}/ck.pt is the checkpoint (--checkpoint {d}/ck.pt)",
+    ),
+    "--shortlist SL -o SL": (
+        ["-i", "in.txt", "--shortlist", "sl.pt", "-o", "sl.pt"],
+        "-o {d}/sl.pt is the shortlist (--shortlist {d}/sl.pt)",
+    ),
 }
 
 
@@ -361,10 +423,20 @@ def test_no_output_may_be_an_input_or_another_output(setup, tmp_path, capfd, cas
     (d / "in.txt").write_text("A dog runs.\nTwo cats.\n", encoding="utf-8")
     (d / "link.txt").symlink_to("in.txt")
     (d / "out.txt").write_text("earlier translations\n", encoding="utf-8")
-    save_shortlist(_random_shortlist(load_models([setup.a], torch.device("cpu")), seed=1), d / "sl.pt")
+    save_shortlist(
+        _random_shortlist(load_models([setup.a], torch.device("cpu")), seed=1), d / "sl.pt"
+    )
     args, needle = OVERWRITES[case]
     before = _files(d)
-    assert nmt_here("translate", "-c", str(d / "ck.pt"), *(a if a.startswith("-") else str(d / a) for a in args)) == 1
+    assert (
+        nmt_here(
+            "translate",
+            "-c",
+            str(d / "ck.pt"),
+            *(a if a.startswith("-") else str(d / a) for a in args),
+        )
+        == 1
+    )
     err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and needle.format(d=d) in err[0] and "choose another output" in err[0], err
     assert _files(d) == before  # nothing written, nothing lost
@@ -378,14 +450,24 @@ def test_standard_streams_that_are_an_input_are_refused(setup, tmp_path):
     command = [sys.executable, "-m", "nmt", "translate", "-c", str(setup.a)]
     env = {**os.environ, **ENV}
     with open(src, "rb") as stdin:
-        r = subprocess.run([*command, "-o", str(src)], stdin=stdin, capture_output=True, env=env, cwd=ROOT)
+        r = subprocess.run(
+            [*command, "-o", str(src)], stdin=stdin, capture_output=True, env=env, cwd=ROOT
+        )
     one_line_error(r, f"-o {src} is the input (standard input)")
     with open(src, "ab") as stdout:
-        r = subprocess.run([*command, "-i", str(src)], stdout=stdout, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+        r = subprocess.run(
+            [*command, "-i", str(src)], stdout=stdout, stderr=subprocess.PIPE, env=env, cwd=ROOT
+        )
     err = [line for line in r.stderr.decode().splitlines() if line.strip()]
-    assert r.returncode == 1 and len(err) == 1 and f"standard output is the input (--input {src})" in err[0], err
+    assert (
+        r.returncode == 1
+        and len(err) == 1
+        and f"standard output is the input (--input {src})" in err[0]
+    ), err
     assert src.read_bytes() == b"A dog runs.\n"
-    piped = nmt("translate", "-c", str(setup.a), stdin=b"A dog runs.\n", env=ENV)  # a pipe is no file
+    piped = nmt(
+        "translate", "-c", str(setup.a), stdin=b"A dog runs.\n", env=ENV
+    )  # a pipe is no file
     assert piped.returncode == 0 and piped.stdout.count(b"\n") == 1
 
 
@@ -393,11 +475,14 @@ def test_standard_streams_that_are_an_input_are_refused(setup, tmp_path):
 
 
 def _random_shortlist(loaded, seed: int, top: int = 3, frequent: int = 5) -> Shortlist:
-    """A shortlist of random candidates over the model's vocabulary (a few dozen tokens a sentence)."""
+    """A shortlist of random candidates over the model's vocabulary (a few dozen tokens a
+    sentence)."""
     g = torch.Generator().manual_seed(seed)
     V = loaded.tokenizer.vocab_size
     candidates = torch.randint(FIRST_WORD, V, (V, top), generator=g)
-    frequent_ids = (torch.randperm(V - FIRST_WORD, generator=g)[:frequent] + FIRST_WORD).sort().values
+    frequent_ids = (
+        (torch.randperm(V - FIRST_WORD, generator=g)[:frequent] + FIRST_WORD).sort().values
+    )
     return Shortlist(candidates, frequent_ids, V, loaded.tokenizer.sha256)
 
 
@@ -427,9 +512,18 @@ def test_shortlist_decoding_equals_the_masked_full_vocabulary(setup):
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:20]]
     shortlist = _random_shortlist(loaded, seed=0)
     ids = loaded.tokenizer.specials
-    got = translate_token_lists(loaded.model, seqs, cfg, specials=ids, nbest=2, max_positions=MAX_POSITIONS,
-                                shortlist=shortlist)
-    exact = translate_token_lists(loaded.model, seqs, cfg, specials=ids, max_positions=MAX_POSITIONS)
+    got = translate_token_lists(
+        loaded.model,
+        seqs,
+        cfg,
+        specials=ids,
+        nbest=2,
+        max_positions=MAX_POSITIONS,
+        shortlist=shortlist,
+    )
+    exact = translate_token_lists(
+        loaded.model, seqs, cfg, specials=ids, max_positions=MAX_POSITIONS
+    )
     outside = 0
     with torch.inference_mode():
         for seq, hyps, full in zip(seqs, got, exact, strict=True):
@@ -437,8 +531,17 @@ def test_shortlist_decoding_equals_the_masked_full_vocabulary(setup):
             allowed = shortlist.allowed(src, ids)
             listed = set(allowed[0].nonzero().view(-1).tolist())
             outside += any(t not in listed for t in full[0].tokens)
-            want = beam_search(_Masked(loaded.model, allowed), src, cfg, nbest=2, pad=ids.pad, unk=ids.unk,
-                               bos=ids.bos, eos=ids.eos, max_len=MAX_POSITIONS)[0]
+            want = beam_search(
+                _Masked(loaded.model, allowed),
+                src,
+                cfg,
+                nbest=2,
+                pad=ids.pad,
+                unk=ids.unk,
+                bos=ids.bos,
+                eos=ids.eos,
+                max_len=MAX_POSITIONS,
+            )[0]
             assert [h.tokens for h in hyps] == [h.tokens for h in want]
             assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-5)
             assert all(t in listed for h in hyps for t in h.tokens)
@@ -448,15 +551,32 @@ def test_shortlist_decoding_equals_the_masked_full_vocabulary(setup):
 def test_a_shortlist_of_every_token_changes_nothing(setup):
     loaded = load_models([setup.a], torch.device("cpu"))
     V = loaded.tokenizer.vocab_size
-    everything = Shortlist(torch.full((V, 1), -1), torch.arange(FIRST_WORD, V), V, loaded.tokenizer.sha256)
+    everything = Shortlist(
+        torch.full((V, 1), -1), torch.arange(FIRST_WORD, V), V, loaded.tokenizer.sha256
+    )
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:10]]
     cfg = loaded.config.decode
-    got = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
-                                max_positions=MAX_POSITIONS, shortlist=everything)
-    want = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
-                                 max_positions=MAX_POSITIONS)
+    got = translate_token_lists(
+        loaded.model,
+        seqs,
+        cfg,
+        specials=loaded.tokenizer.specials,
+        nbest=2,
+        max_positions=MAX_POSITIONS,
+        shortlist=everything,
+    )
+    want = translate_token_lists(
+        loaded.model,
+        seqs,
+        cfg,
+        specials=loaded.tokenizer.specials,
+        nbest=2,
+        max_positions=MAX_POSITIONS,
+    )
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
-    assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
+    assert [h.score for hs in got for h in hs] == pytest.approx(
+        [h.score for hs in want for h in hs], abs=1e-5
+    )
 
 
 def test_shortlist_in_the_cli_batching_changes_nothing(setup, tmp_path):
@@ -464,32 +584,74 @@ def test_shortlist_in_the_cli_batching_changes_nothing(setup, tmp_path):
     path = tmp_path / "sl.pt"
     save_shortlist(_random_shortlist(loaded, seed=1), path)
     lines = setup.sentences
-    ref = translate_file(tmp_path, lines, "-c", str(setup.a), "--shortlist", str(path), "--batch-size", "64",
-                         name="ref")
+    ref = translate_file(
+        tmp_path,
+        lines,
+        "-c",
+        str(setup.a),
+        "--shortlist",
+        str(path),
+        "--batch-size",
+        "64",
+        name="ref",
+    )
     assert ref.count(b"\n") == len(lines)
     assert ref != translate_file(tmp_path, lines, "-c", str(setup.a), name="exact")
-    for args in (["--batch-size", "1"], ["--batch-size", "3", "--workers", "3"], ["--max-tokens", "50"]):
-        assert translate_file(tmp_path, lines, "-c", str(setup.a), "--shortlist", str(path), *args) == ref, args
+    for args in (
+        ["--batch-size", "1"],
+        ["--batch-size", "3", "--workers", "3"],
+        ["--max-tokens", "50"],
+    ):
+        assert (
+            translate_file(tmp_path, lines, "-c", str(setup.a), "--shortlist", str(path), *args)
+            == ref
+        ), args
 
 
 def test_shortlist_of_another_vocabulary_is_one_line(setup, tmp_path):
     other = load_models([setup.other_spm], torch.device("cpu"))
     path = tmp_path / "other.pt"
     save_shortlist(_random_shortlist(other, seed=2), path)
-    one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(path), stdin=b"A dog.\n", env=ENV),
-                   "other.pt: made for another vocabulary")
-    one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(tmp_path / "none.pt"),
-                       stdin=b"A dog.\n", env=ENV), "none.pt: shortlist file not found")
+    one_line_error(
+        nmt("translate", "-c", str(setup.a), "--shortlist", str(path), stdin=b"A dog.\n", env=ENV),
+        "other.pt: made for another vocabulary",
+    )
+    one_line_error(
+        nmt(
+            "translate",
+            "-c",
+            str(setup.a),
+            "--shortlist",
+            str(tmp_path / "none.pt"),
+            stdin=b"A dog.\n",
+            env=ENV,
+        ),
+        "none.pt: shortlist file not found",
+    )
     loaded = load_models([setup.a], torch.device("cpu"))
     save_shortlist(_random_shortlist(loaded, seed=3, frequent=0), tmp_path / "short.pt")
-    one_line_error(nmt("translate", "-c", str(setup.a), "--shortlist", str(tmp_path / "short.pt"), "--beam", "5",
-                       stdin=b"A dog.\n", env=ENV), "short.pt: 0 frequent tokens are too few for beam 5")
+    one_line_error(
+        nmt(
+            "translate",
+            "-c",
+            str(setup.a),
+            "--shortlist",
+            str(tmp_path / "short.pt"),
+            "--beam",
+            "5",
+            stdin=b"A dog.\n",
+            env=ENV,
+        ),
+        "short.pt: 0 frequent tokens are too few for beam 5",
+    )
 
 
 def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
     data_dir, report = prepared
     out = tmp_path / "sl.pt"
-    assert nmt_here("shortlist", str(data_dir), "-o", str(out), "--top", "10", "--frequent", "20") == 0
+    assert (
+        nmt_here("shortlist", str(data_dir), "-o", str(out), "--top", "10", "--frequent", "20") == 0
+    )
     sl = load_shortlist(out, Tokenizer.from_file(data_dir / "spm.model"))
     assert sl.candidates.shape == (report["vocab_size"], 10) and sl.frequent.numel() == 20
     assert (sl.candidates[:, 0] >= FIRST_WORD).sum() > 100  # most source tokens have a translation
@@ -497,7 +659,7 @@ def test_nmt_shortlist_learns_from_a_prepared_directory(prepared, tmp_path):
     one_line_error(r, "--top")
 
 
-# ------------------------------------------------------------------ CPU kernels (nmt.models.kernels)
+# ---------------------------------------------------------------- CPU kernels (nmt.models.kernels)
 
 
 def test_fp32_on_the_cpu_decodes_through_packed_linears_as_the_plain_ones(setup, monkeypatch):
@@ -507,35 +669,68 @@ def test_fp32_on_the_cpu_decodes_through_packed_linears_as_the_plain_ones(setup,
     plain = load_models([setup.a], torch.device("cpu"))
     assert plain.model.cpu_output is None
     seqs = [plain.tokenizer.encode(s) for s in setup.sentences[:16]]
-    got, want = (translate_token_lists(m.model, seqs, m.config.decode, specials=m.tokenizer.specials, nbest=2,
-                                       max_positions=MAX_POSITIONS) for m in (packed, plain))
+    got, want = (
+        translate_token_lists(
+            m.model,
+            seqs,
+            m.config.decode,
+            specials=m.tokenizer.specials,
+            nbest=2,
+            max_positions=MAX_POSITIONS,
+        )
+        for m in (packed, plain)
+    )
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
-    assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-4)
-
-
+    assert [h.score for hs in got for h in hs] == pytest.approx(
+        [h.score for hs in want for h in hs], abs=1e-4
+    )
 
 
 def test_int8_in_the_cli_keeps_the_io_contract_and_is_repeatable(setup, tmp_path):
     lines = [*setup.sentences[:12], "", "   ", setup.sentences[12]]
     first = translate_file(tmp_path, lines, "-c", str(setup.a), "--precision", "int8", name="first")
     assert first.count(b"\n") == len(lines) and first.split(b"\n")[12:14] == [b"", b""]
-    assert translate_file(tmp_path, lines, "-c", str(setup.a), "--precision", "int8", name="again") == first
+    assert (
+        translate_file(tmp_path, lines, "-c", str(setup.a), "--precision", "int8", name="again")
+        == first
+    )
 
 
 def test_int8_with_a_shortlist_of_every_token_changes_nothing(setup):
     loaded = load_models([setup.a], torch.device("cpu"), precision="int8")
     V = loaded.tokenizer.vocab_size
-    everything = Shortlist(torch.full((V, 1), -1), torch.arange(FIRST_WORD, V), V, loaded.tokenizer.sha256)
+    everything = Shortlist(
+        torch.full((V, 1), -1), torch.arange(FIRST_WORD, V), V, loaded.tokenizer.sha256
+    )
     seqs = [loaded.tokenizer.encode(s) for s in setup.sentences[:10]]
     cfg = loaded.config.decode
-    got = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
-                                max_positions=MAX_POSITIONS, precision="int8", shortlist=everything)
-    want = translate_token_lists(loaded.model, seqs, cfg, specials=loaded.tokenizer.specials, nbest=2,
-                                 max_positions=MAX_POSITIONS, precision="int8")
+    got = translate_token_lists(
+        loaded.model,
+        seqs,
+        cfg,
+        specials=loaded.tokenizer.specials,
+        nbest=2,
+        max_positions=MAX_POSITIONS,
+        precision="int8",
+        shortlist=everything,
+    )
+    want = translate_token_lists(
+        loaded.model,
+        seqs,
+        cfg,
+        specials=loaded.tokenizer.specials,
+        nbest=2,
+        max_positions=MAX_POSITIONS,
+        precision="int8",
+    )
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
-    assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
+    assert [h.score for hs in got for h in hs] == pytest.approx(
+        [h.score for hs in want for h in hs], abs=1e-5
+    )
 
 
 def test_unknown_precision_is_one_line(setup):
-    one_line_error(nmt("translate", "-c", str(setup.a), "--precision", "int4", stdin=b"a\n", env=ENV),
-                   "--precision must be one of fp32, bf16, fp16, int8, got 'int4'")
+    one_line_error(
+        nmt("translate", "-c", str(setup.a), "--precision", "int4", stdin=b"a\n", env=ENV),
+        "--precision must be one of fp32, bf16, fp16, int8, got 'int4'",
+    )

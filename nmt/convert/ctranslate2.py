@@ -2,7 +2,8 @@
 
 The model is described with CTranslate2's own converter API (`ctranslate2.specs.TransformerSpec`
 filled through the weight table's `CTRANSLATE2` layout, `nmt.convert.table`, written by a
-`ctranslate2.converters.Converter`), never by writing its binary format by hand. `ctranslate2` is an optional dependency (`pip install nmt[ctranslate2]`).
+`ctranslate2.converters.Converter`), never by writing its binary format by hand. `ctranslate2` is an
+optional dependency (`pip install nmt[ctranslate2]`).
 
 What has to line up (docs/architecture.md, "Exporting"):
 - positions: CTranslate2's built-in sinusoids count positions from 1, ours from 0 (and may be
@@ -47,30 +48,83 @@ from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 FORMATS = ("ctranslate2", "hf")
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16", "float32")
+QUANTIZATIONS = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
 INSTALL_HINT = "pip install 'nmt[ctranslate2]' (or pip install ctranslate2)"
 # The model settings this export maps. A setting added to ModelConfig later is refused (unless
 # it has its default) until the mapping handles it. Dropouts do not exist at inference.
-EXPORTED_FIELDS = frozenset({"encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "dropout",
-                             "attention_dropout", "activation_dropout", "norm_first", "share_embeddings",
-                             "learned_positions", "max_positions", "tie_output", "output_bias", "activation",
-                             "norm_eps", "positions", "decoder_start",
-                             # arch is checked first (transformer only); the rnn keys do not apply
-                             "arch", "cell", "attention", "rnn_hidden", "rnn_layers"})
+EXPORTED_FIELDS = frozenset(
+    {
+        "encoder_layers",
+        "decoder_layers",
+        "d_model",
+        "ffn_dim",
+        "heads",
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "norm_first",
+        "share_embeddings",
+        "learned_positions",
+        "max_positions",
+        "tie_output",
+        "output_bias",
+        "activation",
+        "norm_eps",
+        "positions",
+        "decoder_start",
+        # arch is checked first (transformer only); the rnn keys do not apply
+        "arch",
+        "cell",
+        "attention",
+        "rnn_hidden",
+        "rnn_layers",
+    }
+)
 # an existing OUT_DIR is replaced (--force) only if it looks like an export of the format
 MARKERS = {"ctranslate2": ("config.json", "model.bin"), "hf": ("config.json", "model.safetensors")}
 # every name an export writes, in either vocabulary layout (one joint, or a source's and a target's)
 WRITES = {
-    "ctranslate2": frozenset({*MARKERS["ctranslate2"], "shared_vocabulary.json",
-                              "source_vocabulary.json", "target_vocabulary.json", "spm.model",
-                              "source.spm", "target.spm"}),
-    "hf": frozenset({*MARKERS["hf"], "generation_config.json", "tokenizer_config.json",
-                     "vocab.json", "target_vocab.json", "source.spm", "target.spm"}),
+    "ctranslate2": frozenset(
+        {
+            *MARKERS["ctranslate2"],
+            "shared_vocabulary.json",
+            "source_vocabulary.json",
+            "target_vocabulary.json",
+            "spm.model",
+            "source.spm",
+            "target.spm",
+        }
+    ),
+    "hf": frozenset(
+        {
+            *MARKERS["hf"],
+            "generation_config.json",
+            "tokenizer_config.json",
+            "vocab.json",
+            "target_vocab.json",
+            "source.spm",
+            "target.spm",
+        }
+    ),
 }
 
 
-def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2",
-           quantization: str | None = None, force: bool = False) -> Path:
+def export(
+    checkpoint: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    format: str = "ctranslate2",
+    quantization: str | None = None,
+    force: bool = False,
+) -> Path:
     """Write `checkpoint` as a `format` model directory `out_dir` (whole or not at all):
     model.bin, config.json and shared_vocabulary.json of CTranslate2, and the sentencepiece
     model(s) to tokenize with: spm.model, or an imported model's source.spm and target.spm;
@@ -78,26 +132,43 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
     if format not in FORMATS:
         raise NmtError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     if quantization is not None and quantization not in QUANTIZATIONS:
-        raise NmtError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+        raise NmtError(
+            f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
+        )
     if quantization is not None and format == "hf":
-        raise NmtError("--quantization is for --format ctranslate2: a MarianMT folder holds float32 weights")
+        raise NmtError(
+            "--quantization is for --format ctranslate2: a MarianMT folder holds float32 weights"
+        )
     out = _destination(Path(checkpoint), Path(out_dir), force, format)
     ckpt = load_model_checkpoint(Path(checkpoint))
-    cfg, tokenizer = ckpt.config.model, ckpt.tokenizer
+    cfg = ckpt.config.model
+    tokenizer = ckpt.tokenizer
     if cfg.arch != "transformer":
-        raise NmtError(f"{checkpoint}: model.arch {cfg.arch} cannot be exported; nmt export maps a Transformer only")
+        raise NmtError(
+            f"{checkpoint}: model.arch {cfg.arch} cannot be exported; nmt export maps a "
+            "Transformer only"
+        )
     from nmt.convert.hf import HF_ONLY, write_hf_folder
 
-    _check_exportable(cfg, str(checkpoint), *(("a MarianMT", HF_ONLY) if format == "hf" else ("a CTranslate2", {})))
-    model = Transformer(cfg, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
+    _check_exportable(
+        cfg,
+        str(checkpoint),
+        *(("a MarianMT", HF_ONLY) if format == "hf" else ("a CTranslate2", {})),
+    )
+    model = Transformer(
+        cfg, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size
+    )
     ckpt.load_into(model)
     own = _holds_others(out, format)
     if format == "hf":
         with replacing_directory(out, "the export", "OUT_DIR", own=own) as work:
             write_hf_folder(ckpt, model.eval(), work)
-        log.info("wrote %s (a Hugging Face MarianMT folder, vocabulary %d)", out, tokenizer.vocab_size)
+        log.info(
+            "wrote %s (a Hugging Face MarianMT folder, vocabulary %d)", out, tokenizer.vocab_size
+        )
         return out
-    converters, spec = _import_ctranslate2(), transformer_spec(model.eval(), tokenizer)
+    converters = _import_ctranslate2()
+    spec = transformer_spec(model.eval(), tokenizer)
 
     class _Converter(converters.Converter):  # type: ignore[name-defined]
         def _load(self) -> Any:
@@ -105,10 +176,17 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format:
 
     with replacing_directory(out, "the export", "OUT_DIR", own=own) as work:
         _Converter().convert(str(work), quantization=quantization, force=True)
-        for name, data in tokenizer.files().items():  # spm.model, or an imported model's source/target.spm
+        for (
+            name,
+            data,
+        ) in tokenizer.files().items():  # spm.model, or an imported model's source/target.spm
             (work / name).write_bytes(data)
-    log.info("wrote %s (CTranslate2%s, vocabulary %d)", out, f", {quantization}" if quantization else "",
-             tokenizer.vocab_size)
+    log.info(
+        "wrote %s (CTranslate2%s, vocabulary %d)",
+        out,
+        f", {quantization}" if quantization else "",
+        tokenizer.vocab_size,
+    )
     return out
 
 
@@ -116,7 +194,9 @@ def _import_ctranslate2() -> Any:
     try:
         import ctranslate2.converters as converters
     except ImportError:
-        raise NmtError(f"nmt export --format ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}") from None
+        raise NmtError(
+            f"nmt export --format ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}"
+        ) from None
     return converters
 
 
@@ -124,12 +204,19 @@ def _destination(checkpoint: Path, out_dir: Path, force: bool, format: str) -> P
     """The directory to write (a symlink's target), checked before the work: not one holding
     the checkpoint, and (with --force) only an earlier export is replaced."""
     out = directory_target(out_dir, "OUT_DIR")
-    check_outputs([FileArg("CHECKPOINT", checkpoint, "the checkpoint")],
-                  [FileArg("OUT_DIR", out_dir, directory=True)])
+    check_outputs(
+        [FileArg("CHECKPOINT", checkpoint, "the checkpoint")],
+        [FileArg("OUT_DIR", out_dir, directory=True)],
+    )
     if not out.parent.is_dir():
         raise NmtError(f"{out.parent}: no such directory")
-    check_replaceable(out, force, MARKERS[format], "a CTranslate2 model" if format == "ctranslate2" else "a MarianMT folder",
-                      "OUT_DIR")
+    check_replaceable(
+        out,
+        force,
+        MARKERS[format],
+        "a CTranslate2 model" if format == "ctranslate2" else "a MarianMT folder",
+        "OUT_DIR",
+    )
     return out
 
 
@@ -145,11 +232,15 @@ def _check_exportable(cfg: ModelConfig, where: str, model: str, only: dict[str, 
     the one value it computes."""
     for f in fields(ModelConfig):
         if f.name in only and getattr(cfg, f.name) != only[f.name]:
-            raise NmtError(f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be exported exactly: a MarianMT "
-                           f"model has {f.name} {only[f.name]!r}")
+            raise NmtError(
+                f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be exported exactly: a "
+                f"MarianMT model has {f.name} {only[f.name]!r}"
+            )
         if f.name not in EXPORTED_FIELDS and getattr(cfg, f.name) != f.default:
-            raise NmtError(f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be represented in "
-                           f"{model} model by this version of nmt export")
+            raise NmtError(
+                f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be represented in "
+                f"{model} model by this version of nmt export"
+            )
 
 
 # ------------------------------------------------------------------ the mapping (nmt.convert.table)
@@ -164,21 +255,39 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
     from ctranslate2.specs.model_spec import index_spec
 
     cfg = model.cfg
-    activation = {"relu": Activation.RELU, "gelu": Activation.GELU, "gelu_tanh": Activation.GELUTanh,
-                  "gelu_sigmoid": Activation.GELUSigmoid, "swish": Activation.SWISH}[cfg.activation]
-    spec = ts.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads,
-                                          pre_norm=cfg.norm_first, activation=activation)
-    for name, tensor in write(CTRANSLATE2, cfg, model.state_dict(), dict(model.named_buffers())).items():
-        scope, _, attr = name.rpartition("/")  # index_spec: "decoder/layer_0/ffn" -> spec.decoder.layer[0].ffn
-        setattr(index_spec(spec, scope), attr, tensor.detach().float().cpu().numpy())  # a spec refuses a new name
-    spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = True  # x sqrt(d_model), as nmt.models.layers.Embedding
+    activation = {
+        "relu": Activation.RELU,
+        "gelu": Activation.GELU,
+        "gelu_tanh": Activation.GELUTanh,
+        "gelu_sigmoid": Activation.GELUSigmoid,
+        "swish": Activation.SWISH,
+    }[cfg.activation]
+    spec = ts.TransformerSpec.from_config(
+        (cfg.encoder_layers, cfg.decoder_layers),
+        cfg.heads,
+        pre_norm=cfg.norm_first,
+        activation=activation,
+    )
+    for name, tensor in write(
+        CTRANSLATE2, cfg, model.state_dict(), dict(model.named_buffers())
+    ).items():
+        scope, _, attr = name.rpartition(
+            "/"
+        )  # index_spec: "decoder/layer_0/ffn" -> spec.decoder.layer[0].ffn
+        setattr(
+            index_spec(spec, scope), attr, tensor.detach().float().cpu().numpy()
+        )  # a spec refuses a new name
+    spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = (
+        True  # x sqrt(d_model), as nmt.models.layers.Embedding
+    )
     spec.decoder.start_from_zero_embedding = model.tgt_embed.zero_start
     source, pieces = tokenizer.vocabularies()
     spec.register_source_vocabulary(source)
     spec.register_target_vocabulary(pieces)
     ids = tokenizer.specials
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (
-        pieces[ids.unk], pieces[ids.bos], pieces[ids.eos])
+    spec.config.unk_token = pieces[ids.unk]
+    spec.config.bos_token = pieces[ids.bos]
+    spec.config.eos_token = pieces[ids.eos]
     spec.config.decoder_start_token = pieces[ids.bos]  # [bos] + tokens, as nmt.tokenizer
     spec.config.add_source_eos = True  # tokens + [eos]
     spec.config.layer_norm_epsilon = cfg.norm_eps  # every LayerNorm's

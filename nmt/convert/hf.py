@@ -46,53 +46,113 @@ from nmt.tokenizer import SpecialIds, VocabTokenizer
 
 log = logging.getLogger(__name__)
 
-_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                "swish": "swish", "silu": "swish", "quick_gelu": "gelu_sigmoid"}
+_ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "swish": "swish",
+    "silu": "swish",
+    "quick_gelu": "gelu_sigmoid",
+}
 # what MarianMT computes, where nmt has a choice: an export of anything else is refused
-HF_ONLY = {"arch": "transformer", "norm_first": False, "learned_positions": False, "positions": "hf_marian",
-           "decoder_start": "bos", "norm_eps": 1e-5}
+HF_ONLY = {
+    "arch": "transformer",
+    "norm_first": False,
+    "learned_positions": False,
+    "positions": "hf_marian",
+    "decoder_start": "bos",
+    "norm_eps": 1e-5,
+}
 # nmt's model keys -> config.json's, for the messages of the config's validation
-_KEYS = {"encoder_layers": "encoder_layers", "decoder_layers": "decoder_layers", "d_model": "d_model",
-         "ffn_dim": "encoder_ffn_dim", "heads": "encoder_attention_heads", "dropout": "dropout",
-         "attention_dropout": "attention_dropout", "activation_dropout": "activation_dropout",
-         "max_positions": "max_position_embeddings"}
+_KEYS = {
+    "encoder_layers": "encoder_layers",
+    "decoder_layers": "decoder_layers",
+    "d_model": "d_model",
+    "ffn_dim": "encoder_ffn_dim",
+    "heads": "encoder_attention_heads",
+    "dropout": "dropout",
+    "attention_dropout": "attention_dropout",
+    "activation_dropout": "activation_dropout",
+    "max_positions": "max_position_embeddings",
+}
 POSITIONS_TOLERANCE = 1e-4  # rounding of transformers' table (computed in float64 or float32)
 # generation_config.json's keys (else config.json's) -> nmt's decode settings; max_length is mapped
 # to max_len_b by `_hf_decode`
-GENERATION = {"num_beams": "beam", "length_penalty": "lenpen", "min_new_tokens": "min_len",
-              "no_repeat_ngram_size": "no_repeat_ngram_size", "max_length": "max_len_b"}
+GENERATION = {
+    "num_beams": "beam",
+    "length_penalty": "lenpen",
+    "min_new_tokens": "min_len",
+    "no_repeat_ngram_size": "no_repeat_ngram_size",
+    "max_length": "max_len_b",
+}
 
 
 def read_hf_folder(folder: Path) -> Imported:
     reader = Reader()
     cfg = reader.json(folder / "config.json")
-    cfg.need(cfg.text("model_type", "") == "marian", f"model_type {cfg.raw.get('model_type')!r}, not marian")
-    d_model, heads, ffn = cfg.int("d_model", 512), cfg.int("encoder_attention_heads", 8), cfg.int("encoder_ffn_dim", 2048)
-    dec_heads, dec_ffn = cfg.int("decoder_attention_heads", 8), cfg.int("decoder_ffn_dim", 2048)
-    cfg.need(heads == dec_heads, f"encoder_attention_heads {heads} != decoder_attention_heads {dec_heads}")
+    cfg.need(
+        cfg.text("model_type", "") == "marian",
+        f"model_type {cfg.raw.get('model_type')!r}, not marian",
+    )
+    d_model = cfg.int("d_model", 512)
+    heads = cfg.int("encoder_attention_heads", 8)
+    ffn = cfg.int("encoder_ffn_dim", 2048)
+    dec_heads = cfg.int("decoder_attention_heads", 8)
+    dec_ffn = cfg.int("decoder_ffn_dim", 2048)
+    cfg.need(
+        heads == dec_heads,
+        f"encoder_attention_heads {heads} != decoder_attention_heads {dec_heads}",
+    )
     cfg.need(ffn == dec_ffn, f"encoder_ffn_dim {ffn} != decoder_ffn_dim {dec_ffn}")
     cfg.need(cfg.flag("scale_embedding", False), "scale_embedding is not true")
     cfg.need(not cfg.flag("normalize_before", False), "normalize_before (pre-norm) is true")
     cfg.need(not cfg.flag("normalize_embedding", False), "normalize_embedding is true")
     cfg.need(not cfg.flag("add_final_layer_norm", False), "add_final_layer_norm is true")
     act = cfg.text("activation_function", "gelu")
-    cfg.need(act in _ACTIVATIONS, f"activation_function {act!r} (supported: {', '.join(_ACTIVATIONS)})")
+    cfg.need(
+        act in _ACTIVATIONS, f"activation_function {act!r} (supported: {', '.join(_ACTIVATIONS)})"
+    )
     vocab_size = cfg.int("vocab_size")  # the source's; the target's is decoder_vocab_size
     sizes = (vocab_size, cfg.int("decoder_vocab_size", vocab_size))
-    pad, eos, share = cfg.int("pad_token_id"), cfg.int("eos_token_id"), cfg.flag("share_encoder_decoder_embeddings", True)
-    cfg.need(not share or sizes[1] == vocab_size, f"decoder_vocab_size {sizes[1]} != vocab_size {vocab_size} while "
-             "share_encoder_decoder_embeddings is true")
+    pad = cfg.int("pad_token_id")
+    eos = cfg.int("eos_token_id")
+    share = cfg.flag("share_encoder_decoder_embeddings", True)
+    cfg.need(
+        not share or sizes[1] == vocab_size,
+        f"decoder_vocab_size {sizes[1]} != vocab_size {vocab_size} while "
+        "share_encoder_decoder_embeddings is true",
+    )
     model = ModelConfig(
-        arch="transformer", encoder_layers=cfg.int("encoder_layers"), decoder_layers=cfg.int("decoder_layers"),
-        d_model=d_model, ffn_dim=ffn, heads=heads, dropout=cfg.number("dropout", 0.1),
-        attention_dropout=cfg.number("attention_dropout", 0.0), activation_dropout=cfg.number("activation_dropout", 0.0),
-        norm_first=False, share_embeddings=share,
-        tie_output=cfg.flag("tie_word_embeddings", True), output_bias=True, activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
-        norm_eps=1e-5, positions="hf_marian", decoder_start="bos", max_positions=cfg.int("max_position_embeddings", 512))
+        arch="transformer",
+        encoder_layers=cfg.int("encoder_layers"),
+        decoder_layers=cfg.int("decoder_layers"),
+        d_model=d_model,
+        ffn_dim=ffn,
+        heads=heads,
+        dropout=cfg.number("dropout", 0.1),
+        attention_dropout=cfg.number("attention_dropout", 0.0),
+        activation_dropout=cfg.number("activation_dropout", 0.0),
+        norm_first=False,
+        share_embeddings=share,
+        tie_output=cfg.flag("tie_word_embeddings", True),
+        output_bias=True,
+        activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
+        norm_eps=1e-5,
+        positions="hf_marian",
+        decoder_start="bos",
+        max_positions=cfg.int("max_position_embeddings", 512),
+    )
     check_config(model, cfg.where, _KEYS)
     tok_cfg = _optional_json(reader, folder / "tokenizer_config.json")
-    tok = _hf_tokenizer(reader, folder, tok_cfg, sizes, share,
-                        SpecialIds(pad, 0, cfg.int("decoder_start_token_id", pad), eos))
+    tok = _hf_tokenizer(
+        reader,
+        folder,
+        tok_cfg,
+        sizes,
+        share,
+        SpecialIds(pad, 0, cfg.int("decoder_start_token_id", pad), eos),
+    )
     # checked before the weights are read
     decode = _hf_decode(reader, folder, cfg, tok.vocab_size, model.max_positions)
     model, weights = _map_hf(reader, folder, model, tok)
@@ -104,8 +164,9 @@ def _optional_json(reader: Reader, path: Path) -> Keys:
     return reader.json(path) if os.path.lexists(path) else Keys({}, str(path))
 
 
-def _hf_decode(reader: Reader, folder: Path, cfg: Keys, vocab_size: int,
-               positions: int) -> dict[str, Any]:
+def _hf_decode(
+    reader: Reader, folder: Path, cfg: Keys, vocab_size: int, positions: int
+) -> dict[str, Any]:
     """The decode settings (`GENERATION`) of generation_config.json, which transformers' generate()
     prefers and where recent transformers versions write them (5.x keeps them nowhere else), else
     of config.json, checked as any config's decode section is (`decode_settings`). length_penalty
@@ -125,8 +186,10 @@ def _hf_decode(reader: Reader, folder: Path, cfg: Keys, vocab_size: int,
         raise NmtError(f"{names['lenpen']} {settings['lenpen']!r} is not a number between 0 and 10")
     length = settings.pop("max_len_b", positions)
     if length < 2:
-        raise NmtError(f"{names['max_len_b']} {length} leaves no token to generate (it counts the "
-                       "decoder start)")
+        raise NmtError(
+            f"{names['max_len_b']} {length} leaves no token to generate (it counts the decoder "
+            "start)"
+        )
     if length < positions:
         settings.update(max_len_a=0.0, max_len_b=length - 1)
     return decode_settings(settings, names, vocab_size)
@@ -142,29 +205,62 @@ def _hf_languages(tok_cfg: Keys) -> dict[str, str]:
         if isinstance(value, str) and LANGUAGE_CODE.fullmatch(value):
             languages[key] = value
         elif value is not None:
-            log.warning("%s: %s %s is not a language code; the checkpoint does not name it",
-                        tok_cfg.where, key, shown(value))
+            log.warning(
+                "%s: %s %s is not a language code; the checkpoint does not name it",
+                tok_cfg.where,
+                key,
+                shown(value),
+            )
     return languages
 
 
-def _hf_tokenizer(reader: Reader, folder: Path, tok_cfg: Keys, sizes: tuple[int, int], share: bool,
-                  ids: SpecialIds) -> VocabTokenizer:
+def _hf_tokenizer(
+    reader: Reader,
+    folder: Path,
+    tok_cfg: Keys,
+    sizes: tuple[int, int],
+    share: bool,
+    ids: SpecialIds,
+) -> VocabTokenizer:
     """vocab.json, and with separate_vocabs the target's target_vocab.json (`sizes`: config.json's
     vocab_size and decoder_vocab_size; `tok_cfg`: tokenizer_config.json); the unk id is theirs."""
     separate = tok_cfg.flag("separate_vocabs", False)
-    tok_cfg.need(not (separate and share), "separate_vocabs is true, but config.json shares the embeddings "
-                 "(share_encoder_decoder_embeddings)")
-    tok_cfg.need(separate or sizes[0] == sizes[1], f"separate_vocabs is not true, but config.json's decoder_vocab_size "
-                 f"{sizes[1]} != vocab_size {sizes[0]}")
+    tok_cfg.need(
+        not (separate and share),
+        "separate_vocabs is true, but config.json shares the embeddings "
+        "(share_encoder_decoder_embeddings)",
+    )
+    tok_cfg.need(
+        separate or sizes[0] == sizes[1],
+        f"separate_vocabs is not true, but config.json's decoder_vocab_size "
+        f"{sizes[1]} != vocab_size {sizes[0]}",
+    )
     files = [("vocab.json", "vocab_size", sizes[0])]
-    files += [(Path(tok_cfg.text("target_vocab_file", "target_vocab.json")).name, "decoder_vocab_size", sizes[1])] * separate
-    source, *rest = (_hf_vocab(reader, folder / name, key, size, ids.pad) for name, key, size in files)
+    files += [
+        (
+            Path(tok_cfg.text("target_vocab_file", "target_vocab.json")).name,
+            "decoder_vocab_size",
+            sizes[1],
+        )
+    ] * separate
+    source, *rest = (
+        _hf_vocab(reader, folder / name, key, size, ids.pad) for name, key, size in files
+    )
     target = rest[0] if rest else source
     if source.index("<unk>") != target.index("<unk>"):
         raise NmtError(f"{folder}: <unk> has two ids in vocab.json and {files[-1][0]}")
-    src_spm, tgt_spm = (reader.bytes(folder / name, "a sentencepiece model") for name in ("source.spm", "target.spm"))
-    return VocabTokenizer(src_spm, tgt_spm, target, dataclasses.replace(ids, unk=target.index("<unk>")),
-                          name=f"{folder}: its tokenizer", source_pieces=source if separate else None)
+    src_spm, tgt_spm = (
+        reader.bytes(folder / name, "a sentencepiece model")
+        for name in ("source.spm", "target.spm")
+    )
+    return VocabTokenizer(
+        src_spm,
+        tgt_spm,
+        target,
+        dataclasses.replace(ids, unk=target.index("<unk>")),
+        name=f"{folder}: its tokenizer",
+        source_pieces=source if separate else None,
+    )
 
 
 def _hf_vocab(reader: Reader, path: Path, key: str, size: int, pad: int) -> list[str]:
@@ -182,19 +278,37 @@ def _hf_vocab(reader: Reader, path: Path, key: str, size: int, pad: int) -> list
     return pieces
 
 
-def _map_hf(reader: Reader, folder: Path, cfg: ModelConfig, tok: VocabTokenizer) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    names = [name for name in ("model.safetensors", "pytorch_model.bin") if os.path.lexists(folder / name)]
+def _map_hf(
+    reader: Reader, folder: Path, cfg: ModelConfig, tok: VocabTokenizer
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    names = [
+        name
+        for name in ("model.safetensors", "pytorch_model.bin")
+        if os.path.lexists(folder / name)
+    ]
     if not names:
         raise NmtError(f"{folder}: neither model.safetensors nor pytorch_model.bin")
     w = reader.weights(folder / names[0], prefix="model.")
-    w.hint = f" (d_model {cfg.d_model}, encoder_ffn_dim {cfg.ffn_dim}, vocab_size {tok.source_vocab_size or tok.vocab_size})"
-    weights = read(HF_MARIAN, w, cfg, tok.vocab_size, f"that {folder / 'config.json'} describes", tok.source_vocab_size)
+    w.hint = (
+        f" (d_model {cfg.d_model}, encoder_ffn_dim {cfg.ffn_dim}, vocab_size "
+        f"{tok.source_vocab_size or tok.vocab_size})"
+    )
+    weights = read(
+        HF_MARIAN,
+        w,
+        cfg,
+        tok.vocab_size,
+        f"that {folder / 'config.json'} describes",
+        tok.source_vocab_size,
+    )
     _check_position_tables(w, cfg)
     _check_tied_copies(w, cfg, weights)
-    # transformers 5 ties the encoder's and decoder's tables to `shared` only while tie_word_embeddings
-    # is true: a folder it wrote with share_encoder_decoder_embeddings true and tie_word_embeddings false
-    # holds three different tables, and the model reads two of them
-    share = cfg.share_embeddings and torch.equal(weights["src_embed.tokens.weight"], weights["tgt_embed.tokens.weight"])
+    # transformers 5 ties the encoder's and decoder's tables to `shared` only while
+    # tie_word_embeddings is true: a folder it wrote with share_encoder_decoder_embeddings true and
+    # tie_word_embeddings false holds three different tables, and the model reads two of them
+    share = cfg.share_embeddings and torch.equal(
+        weights["src_embed.tokens.weight"], weights["tgt_embed.tokens.weight"]
+    )
     return dataclasses.replace(cfg, share_embeddings=share), weights
 
 
@@ -208,9 +322,11 @@ def _check_position_tables(w: Weights, cfg: ModelConfig) -> None:
             continue
         error = float((w.take(name, *table.shape) - table).abs().max())
         if error > POSITIONS_TOLERANCE:
-            raise NmtError(f"{w.path}: weight {w.keys[name]} is not MarianMT's sinusoid table "
-                           f"(it differs by up to {error:.3g}), which nmt computes; nmt import "
-                           "refuses a model it would run otherwise")
+            raise NmtError(
+                f"{w.path}: weight {w.keys[name]} is not MarianMT's sinusoid table (it differs by "
+                f"up to {error:.3g}), which nmt computes; nmt import refuses a model it would run "
+                "otherwise"
+            )
 
 
 def _check_tied_copies(w: Weights, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
@@ -226,9 +342,11 @@ def _check_tied_copies(w: Weights, cfg: ModelConfig, weights: dict[str, torch.Te
         copies += ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
     for name in copies:
         if w.has(name) and not torch.equal(w.take(name, *table.shape), table):
-            raise NmtError(f"{w.path}: weight {w.keys[name]} differs from its tied copies "
-                           "(tie_word_embeddings: transformers reads one of them); nmt import "
-                           "refuses a model it might run otherwise")
+            raise NmtError(
+                f"{w.path}: weight {w.keys[name]} differs from its tied copies "
+                "(tie_word_embeddings: transformers reads one of them); nmt import refuses a "
+                "model it might run otherwise"
+            )
 
 
 def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path) -> None:
@@ -236,28 +354,58 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     directory), for `MarianMTModel.from_pretrained` and `MarianTokenizer`."""
     from safetensors.torch import save
 
-    cfg, tok, ids, decode = ckpt.config.model, ckpt.tokenizer, ckpt.tokenizer.specials, ckpt.config.decode
+    cfg = ckpt.config.model
+    tok = ckpt.tokenizer
+    ids = ckpt.tokenizer.specials
+    decode = ckpt.config.decode
     source, pieces = tok.vocabularies()
     sides = [pieces] if source is pieces else [source, pieces]
-    vocabs = [{piece: i for i, piece in enumerate(side)} for side in sides]  # vocab.json (, target_vocab.json)
+    vocabs = [
+        {piece: i for i, piece in enumerate(side)} for side in sides
+    ]  # vocab.json (, target_vocab.json)
     if any(len(vocab) != len(side) for vocab, side in zip(vocabs, sides, strict=True)):
         raise NmtError(f"{ckpt.path}: its vocabulary holds a piece twice; vocab.json cannot map it")
-    tensors = {("" if name in ("lm_head.weight", "final_logits_bias") else "model.") + name: t.detach().float().contiguous().clone()
-               for name, t in write(HF_MARIAN, cfg, model.state_dict()).items()
-               if cfg.share_embeddings or name != "shared.weight"}  # MarianMT has `shared` only when it shares
-    tensors["final_logits_bias"] = tensors.get("final_logits_bias", torch.zeros(tok.vocab_size)).view(1, -1)
-    # written as every other file is (safetensors' save_file makes it 0600: unreadable to a server's account)
+    tensors = {
+        ("" if name in ("lm_head.weight", "final_logits_bias") else "model.") + name: t.detach()
+        .float()
+        .contiguous()
+        .clone()
+        for name, t in write(HF_MARIAN, cfg, model.state_dict()).items()
+        if cfg.share_embeddings or name != "shared.weight"
+    }  # MarianMT has `shared` only when it shares
+    tensors["final_logits_bias"] = tensors.get(
+        "final_logits_bias", torch.zeros(tok.vocab_size)
+    ).view(1, -1)
+    # written as every other file is (safetensors' save_file makes it 0600: unreadable to a server's
+    # account)
     (folder / "model.safetensors").write_bytes(save(tensors, metadata={"format": "pt"}))
     activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[cfg.activation]
-    config = {"architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": len(sides[0]),
-              "decoder_vocab_size": tok.vocab_size, "d_model": cfg.d_model, "encoder_layers": cfg.encoder_layers,
-              "decoder_layers": cfg.decoder_layers, "encoder_attention_heads": cfg.heads,
-              "decoder_attention_heads": cfg.heads, "encoder_ffn_dim": cfg.ffn_dim, "decoder_ffn_dim": cfg.ffn_dim,
-              "activation_function": activation, "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout,
-              "activation_dropout": cfg.activation_dropout, "max_position_embeddings": cfg.max_positions,
-              "scale_embedding": True, "static_position_embeddings": True, "normalize_embedding": False,
-              "share_encoder_decoder_embeddings": cfg.share_embeddings, "tie_word_embeddings": cfg.tie_output,
-              "pad_token_id": ids.pad, "eos_token_id": ids.eos, "decoder_start_token_id": ids.bos}
+    config = {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": len(sides[0]),
+        "decoder_vocab_size": tok.vocab_size,
+        "d_model": cfg.d_model,
+        "encoder_layers": cfg.encoder_layers,
+        "decoder_layers": cfg.decoder_layers,
+        "encoder_attention_heads": cfg.heads,
+        "decoder_attention_heads": cfg.heads,
+        "encoder_ffn_dim": cfg.ffn_dim,
+        "decoder_ffn_dim": cfg.ffn_dim,
+        "activation_function": activation,
+        "dropout": cfg.dropout,
+        "attention_dropout": cfg.attention_dropout,
+        "activation_dropout": cfg.activation_dropout,
+        "max_position_embeddings": cfg.max_positions,
+        "scale_embedding": True,
+        "static_position_embeddings": True,
+        "normalize_embedding": False,
+        "share_encoder_decoder_embeddings": cfg.share_embeddings,
+        "tie_word_embeddings": cfg.tie_output,
+        "pad_token_id": ids.pad,
+        "eos_token_id": ids.eos,
+        "decoder_start_token_id": ids.bos,
+    }
     # generate() as nmt's search: the tokens it never writes suppressed, the beam stopped as
     # nmt stops it (early_stopping: at `beam` finished; without a length penalty, exactly); no
     # forced_eos_token_id, which would give </s> log-prob 0 at the length limit
@@ -268,21 +416,48 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     length = cfg.max_positions
     if decode.max_len_a == 0:
         length = min(length, decode.max_len_b + 1)
-    generation = {"num_beams": decode.beam, "early_stopping": not exact, "max_length": length,
-                  "min_new_tokens": decode.min_len, "no_repeat_ngram_size": decode.no_repeat_ngram_size,
-                  "suppress_tokens": never, "length_penalty": 0.0 if exact else decode.lenpen,
-                  "pad_token_id": ids.pad, "eos_token_id": ids.eos, "decoder_start_token_id": ids.bos}
+    generation = {
+        "num_beams": decode.beam,
+        "early_stopping": not exact,
+        "max_length": length,
+        "min_new_tokens": decode.min_len,
+        "no_repeat_ngram_size": decode.no_repeat_ngram_size,
+        "suppress_tokens": never,
+        "length_penalty": 0.0 if exact else decode.lenpen,
+        "pad_token_id": ids.pad,
+        "eos_token_id": ids.eos,
+        "decoder_start_token_id": ids.bos,
+    }
     if decode.lenpen_style == "gnmt":  # generate() divides by length^alpha only
-        log.warning("decode.lenpen_style gnmt has no equivalent in transformers: generation_config.json divides "
-                    "by length^%g (nmt's length style, the </s> counted)", decode.lenpen)
+        log.warning(
+            "decode.lenpen_style gnmt has no equivalent in transformers: generation_config.json "
+            "divides "
+            "by length^%g (nmt's length style, the </s> counted)",
+            decode.lenpen,
+        )
     data = ckpt.config.data
-    tokenizer = {"tokenizer_class": "MarianTokenizer", "source_lang": data.source_lang or None,
-                 "target_lang": data.target_lang or None, "model_max_length": cfg.max_positions,
-                 "separate_vocabs": len(sides) == 2, "clean_up_tokenization_spaces": False,
-                 "eos_token": pieces[ids.eos], "unk_token": pieces[ids.unk], "pad_token": pieces[ids.pad]}
-    files = tok.files()  # an imported model's source.spm and target.spm, or nmt's one joint spm.model
+    tokenizer = {
+        "tokenizer_class": "MarianTokenizer",
+        "source_lang": data.source_lang or None,
+        "target_lang": data.target_lang or None,
+        "model_max_length": cfg.max_positions,
+        "separate_vocabs": len(sides) == 2,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": pieces[ids.eos],
+        "unk_token": pieces[ids.unk],
+        "pad_token": pieces[ids.pad],
+    }
+    files = (
+        tok.files()
+    )  # an imported model's source.spm and target.spm, or nmt's one joint spm.model
     for name in ("source.spm", "target.spm"):
         (folder / name).write_bytes(files.get(name) or files["spm.model"])
-    for name, content in (("config.json", config), ("generation_config.json", generation),
-                          ("tokenizer_config.json", tokenizer), *zip(("vocab.json", "target_vocab.json"), vocabs)):
-        (folder / name).write_text(json.dumps(content, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    for name, content in (
+        ("config.json", config),
+        ("generation_config.json", generation),
+        ("tokenizer_config.json", tokenizer),
+        *zip(("vocab.json", "target_vocab.json"), vocabs),
+    ):
+        (folder / name).write_text(
+            json.dumps(content, ensure_ascii=False, indent=2) + "\n", encoding="utf-8"
+        )

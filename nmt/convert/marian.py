@@ -55,9 +55,16 @@ from nmt.tokenizer import SpecialIds, VocabTokenizer, spm_pieces
 MARIAN_LAYERNORM_EPS = 1e-6
 _MODEL_YML_LIMIT = 1 << 20  # bytes of special:model.yml (a few kB in every release)
 # nmt's model keys -> special:model.yml's, for the messages of the config's validation
-_KEYS = {"encoder_layers": "enc-depth", "decoder_layers": "dec-depth", "d_model": "dim-emb",
-         "ffn_dim": "transformer-dim-ffn", "heads": "transformer-heads", "dropout": "transformer-dropout",
-         "attention_dropout": "transformer-dropout-attention", "activation_dropout": "transformer-dropout-ffn"}
+_KEYS = {
+    "encoder_layers": "enc-depth",
+    "decoder_layers": "dec-depth",
+    "d_model": "dim-emb",
+    "ffn_dim": "transformer-dim-ffn",
+    "heads": "transformer-heads",
+    "dropout": "transformer-dropout",
+    "attention_dropout": "transformer-dropout-attention",
+    "activation_dropout": "transformer-dropout-ffn",
+}
 
 
 # ---------------------------------------------------------------- entry point
@@ -80,8 +87,10 @@ def _read(path: Path) -> Imported:
         return read_marian(path)
     if not os.path.lexists(path):
         raise NmtError(f"{path}: not found")
-    raise NmtError(f"{path}: neither a Hugging Face MarianMT folder (config.json) nor a Marian release "
-                   "(a folder with decoder.yml, or the decoder.yml)")
+    raise NmtError(
+        f"{path}: neither a Hugging Face MarianMT folder (config.json) nor a Marian release (a "
+        "folder with decoder.yml, or the decoder.yml)"
+    )
 
 
 def imported_checkpoint(imported: Imported, base: Config | None = None) -> dict[str, Any]:
@@ -102,21 +111,27 @@ def _imported_config(base: Config, imported: Imported) -> Config:
 
 def read_marian(decoder_yml: Path) -> Imported:
     """A Marian release: decoder.yml -> its first model and its vocabularies."""
-    reader, where = Reader(), str(decoder_yml)
+    reader = Reader()
+    where = str(decoder_yml)
     dec = Keys(load_yaml(reader.text(decoder_yml, "the decoder config"), where), where)
-    models, vocabs = dec.names("models"), dec.names("vocabs")
+    models = dec.names("models")
+    vocabs = dec.names("vocabs")
     if not models or not vocabs:
         raise NmtError(f"{where}: needs models: and vocabs: lists")
     if len(models) != 1:
-        raise NmtError(f"{where}: {len(models)} models (an ensemble); import each and pass them all to "
-                       "nmt translate --checkpoint")
+        raise NmtError(
+            f"{where}: {len(models)} models (an ensemble); import each and pass them all to nmt "
+            "translate --checkpoint"
+        )
     if len(vocabs) != 2:
         raise NmtError(f"{where}: vocabs: must list a source and a target vocabulary")
     decode: dict[str, Any] = {"lenpen_style": "length"}
     if dec.raw.get("beam-size") is not None:
         decode["beam"] = dec.int("beam-size")
         dec.need(decode["beam"] > 0, f"beam-size {decode['beam']} is not positive")
-    decode["lenpen"] = dec.number("normalize", 0.0)  # Marian: score / len^normalize, len counting </s> (History::add)
+    decode["lenpen"] = dec.number(
+        "normalize", 0.0
+    )  # Marian: score / len^normalize, len counting </s> (History::add)
     if not 0 <= decode["lenpen"] <= 10:
         raise NmtError(f"{where}: normalize {decode['lenpen']!r} is not a number between 0 and 10")
     root = decoder_yml.parent
@@ -135,7 +150,8 @@ def _model_yml(w: Npz, npz: Path) -> Keys:
         raise NmtError(f"{npz}: no special:model.yml (not a Marian model)")
     raw = w.member("special:model.yml", _MODEL_YML_LIMIT)[2]
     assert raw is not None
-    text, where = raw.tobytes().rstrip(b"\0").decode("utf-8", "replace"), f"{npz}: special:model.yml"
+    text = raw.tobytes().rstrip(b"\0").decode("utf-8", "replace")
+    where = f"{npz}: special:model.yml"
     return Keys(load_yaml(text, where), where)
 
 
@@ -168,33 +184,53 @@ def read_marian_vocab(path: Path, reader: Reader | None = None) -> list[str]:
     return pieces_in_id_order(ids, path)
 
 
-def _marian_tokenizer(reader: Reader, src_vocab: Path, tgt_vocab: Path, where: str) -> VocabTokenizer:
+def _marian_tokenizer(
+    reader: Reader, src_vocab: Path, tgt_vocab: Path, where: str
+) -> VocabTokenizer:
     """Yml vocabularies with source.spm/target.spm beside them, or .spm vocabularies (whose ids
     are Marian's ids), one or two (separate vocabularies, of one size); the pad row is appended."""
     if src_vocab.suffix == ".spm" or tgt_vocab.suffix == ".spm":
-        src_bytes, tgt_bytes = (reader.bytes(p, "a sentencepiece model") for p in (src_vocab, tgt_vocab))
+        src_bytes, tgt_bytes = (
+            reader.bytes(p, "a sentencepiece model") for p in (src_vocab, tgt_vocab)
+        )
         sides = [spm_pieces(b, str(p)) for b, p in ((src_bytes, src_vocab), (tgt_bytes, tgt_vocab))]
     else:
         sides = [read_marian_vocab(p, reader) for p in dict.fromkeys((src_vocab, tgt_vocab))]
         folder = src_vocab.parent
         for name in ("source.spm", "target.spm"):
             if not os.path.lexists(folder / name):
-                raise NmtError(f"{folder}: {name} is missing (a .yml vocabulary needs the release's source.spm "
-                               "and target.spm beside it)")
-        src_bytes, tgt_bytes = (reader.bytes(folder / n, "a sentencepiece model") for n in ("source.spm", "target.spm"))
-    source, pieces = sides[0], sides[-1]
+                raise NmtError(
+                    f"{folder}: {name} is missing (a .yml vocabulary needs the release's "
+                    "source.spm and target.spm beside it)"
+                )
+        src_bytes, tgt_bytes = (
+            reader.bytes(folder / n, "a sentencepiece model") for n in ("source.spm", "target.spm")
+        )
+    source = sides[0]
+    pieces = sides[-1]
     for piece in ("</s>", "<unk>"):
         if piece not in source or piece not in pieces:
-            raise NmtError(f"{src_vocab if piece not in source else tgt_vocab}: no {piece} in the vocabulary")
+            raise NmtError(
+                f"{src_vocab if piece not in source else tgt_vocab}: no {piece} in the vocabulary"
+            )
         if source.index(piece) != pieces.index(piece):
             raise NmtError(f"{where}: {piece} has two ids in the source and target vocabularies")
     if len(source) != len(pieces):
-        raise NmtError(f"{where}: the source and target vocabularies have {len(source)} and {len(pieces)} pieces; "
-                       "nmt import maps separate vocabularies of one size (the pad row after both)")
-    pad, padded = len(pieces), [[*side, "<pad>" if "<pad>" not in side else "<nmt-pad>"] for side in (source, pieces)]
+        raise NmtError(
+            f"{where}: the source and target vocabularies have {len(source)} and {len(pieces)} "
+            "pieces; nmt import maps separate vocabularies of one size (the pad row after both)"
+        )
+    pad = len(pieces)
+    padded = [[*side, "<pad>" if "<pad>" not in side else "<nmt-pad>"] for side in (source, pieces)]
     specials = SpecialIds(pad=pad, unk=pieces.index("<unk>"), bos=pad, eos=pieces.index("</s>"))
-    return VocabTokenizer(src_bytes, tgt_bytes, padded[1], specials, name=f"{src_vocab.parent}: its tokenizer",
-                          source_pieces=padded[0] if source != pieces else None)
+    return VocabTokenizer(
+        src_bytes,
+        tgt_bytes,
+        padded[1],
+        specials,
+        name=f"{src_vocab.parent}: its tokenizer",
+        source_pieces=padded[0] if source != pieces else None,
+    )
 
 
 _MARIAN_ACTIVATIONS = ("relu", "swish", "gelu")
@@ -207,67 +243,134 @@ def _marian_gelu(version: str) -> str:
     return "gelu_sigmoid" if m and tuple(map(int, m.groups())) <= (1, 12, 2) else "gelu"
 
 
-def _map_marian(w: Npz, o: Keys, tok: VocabTokenizer) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _map_marian(
+    w: Npz, o: Keys, tok: VocabTokenizer
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     need = o.need
     need(o.text("type", "") == "transformer", f"type {o.raw.get('type')!r} (only transformer)")
     autoreg = o.text("transformer-decoder-autoreg", "self-attention")
-    need(autoreg == "self-attention", f"transformer-decoder-autoreg {autoreg!r} (only self-attention)")
-    for key, what in (("transformer-no-projection", ""), ("transformer-train-position-embeddings", ""),
-                      ("transformer-disable-position-embeddings", ""), ("right-left", ""),
-                      ("ulr", " (universal language representation embeddings)")):
+    need(
+        autoreg == "self-attention",
+        f"transformer-decoder-autoreg {autoreg!r} (only self-attention)",
+    )
+    for key, what in (
+        ("transformer-no-projection", ""),
+        ("transformer-train-position-embeddings", ""),
+        ("transformer-disable-position-embeddings", ""),
+        ("right-left", ""),
+        ("ulr", " (universal language representation embeddings)"),
+    ):
         need(not o.flag(key, False), f"{key} is true{what}")
     need(not o.raw.get("transformer-tied-layers"), "transformer-tied-layers is set")
-    need(not o.flag("transformer-pool", False), "transformer-pool is true (pooling in place of self-attention)")
-    need(not o.int("factors-dim-emb", 0) and not o.raw.get("factors-combine"), "factors-dim-emb / factors-combine "
-         "are set (factored vocabulary)")
-    need(o.int("transformer-ffn-depth", 2) == 2, f"transformer-ffn-depth {o.int('transformer-ffn-depth', 2)} (only 2)")
-    need(o.int("transformer-decoder-ffn-depth", 0) in (0, 2),
-         f"transformer-decoder-ffn-depth {o.int('transformer-decoder-ffn-depth', 0)} (only 2)")
+    need(
+        not o.flag("transformer-pool", False),
+        "transformer-pool is true (pooling in place of self-attention)",
+    )
+    need(
+        not o.int("factors-dim-emb", 0) and not o.raw.get("factors-combine"),
+        "factors-dim-emb / factors-combine are set (factored vocabulary)",
+    )
+    need(
+        o.int("transformer-ffn-depth", 2) == 2,
+        f"transformer-ffn-depth {o.int('transformer-ffn-depth', 2)} (only 2)",
+    )
+    need(
+        o.int("transformer-decoder-ffn-depth", 0) in (0, 2),
+        f"transformer-decoder-ffn-depth {o.int('transformer-decoder-ffn-depth', 0)} (only 2)",
+    )
     need(o.int("lemma-dim-emb", 0) == 0, "lemma-dim-emb is set (factored vocabulary)")
-    pre, post = o.text("transformer-preprocess", ""), o.text("transformer-postprocess", "dan")
-    top, emb = o.text("transformer-postprocess-top", ""), o.text("transformer-postprocess-emb", "d")
+    pre = o.text("transformer-preprocess", "")
+    post = o.text("transformer-postprocess", "dan")
+    top = o.text("transformer-postprocess-top", "")
+    emb = o.text("transformer-postprocess-emb", "d")
     need(emb in ("", "d"), f"transformer-postprocess-emb {emb!r} (a LayerNorm on the embeddings)")
     if pre:
-        need((pre, post) == ("n", "da") and top in ("n", ""), f"pre-norm options {pre!r}/{post!r}/{top!r} "
-             "(supported: preprocess n, postprocess da, postprocess-top n or '')")
+        need(
+            (pre, post) == ("n", "da") and top in ("n", ""),
+            f"pre-norm options {pre!r}/{post!r}/{top!r} "
+            "(supported: preprocess n, postprocess da, postprocess-top n or '')",
+        )
     else:
-        need((post, top) == ("dan", ""), f"post-norm options {post!r}/{top!r} (supported: postprocess dan, "
-             "postprocess-top '')")
+        need(
+            (post, top) == ("dan", ""),
+            f"post-norm options {post!r}/{top!r} (supported: postprocess dan, postprocess-top '')",
+        )
     act = o.text("transformer-ffn-activation", "swish")
-    need(act in _MARIAN_ACTIVATIONS, f"transformer-ffn-activation {act!r} (supported: {', '.join(_MARIAN_ACTIVATIONS)})")
-    D, F = o.int("dim-emb", 512), o.int("transformer-dim-ffn", 2048)
+    need(
+        act in _MARIAN_ACTIVATIONS,
+        f"transformer-ffn-activation {act!r} (supported: {', '.join(_MARIAN_ACTIVATIONS)})",
+    )
+    D = o.int("dim-emb", 512)
+    F = o.int("transformer-dim-ffn", 2048)
     dec_ffn = o.int("transformer-decoder-dim-ffn", 0) or F
     need(dec_ffn == F, f"transformer-decoder-dim-ffn {dec_ffn} != transformer-dim-ffn {F}")
-    share = o.flag("tied-embeddings-all", False) or o.flag("tied-embeddings-src", False) or w.has("Wemb")
-    need(not share or tok.source_vocab_size is None, "tied-embeddings-all or tied-embeddings-src with separate source "
-         "and target vocabularies")
+    share = (
+        o.flag("tied-embeddings-all", False)
+        or o.flag("tied-embeddings-src", False)
+        or w.has("Wemb")
+    )
+    need(
+        not share or tok.source_vocab_size is None,
+        "tied-embeddings-all or tied-embeddings-src with separate source and target vocabularies",
+    )
     tie = o.flag("tied-embeddings-all", False) or o.flag("tied-embeddings", False)
+    activation = _marian_gelu(o.text("version", "")) if act == "gelu" else act
     cfg = ModelConfig(
-        arch="transformer", encoder_layers=o.int("enc-depth", 6), decoder_layers=o.int("dec-depth", 6),
-        d_model=D, ffn_dim=F, heads=o.int("transformer-heads", 8), dropout=o.number("transformer-dropout", 0.1),
+        arch="transformer",
+        encoder_layers=o.int("enc-depth", 6),
+        decoder_layers=o.int("dec-depth", 6),
+        d_model=D,
+        ffn_dim=F,
+        heads=o.int("transformer-heads", 8),
+        dropout=o.number("transformer-dropout", 0.1),
         attention_dropout=o.number("transformer-dropout-attention", 0.0),
-        activation_dropout=o.number("transformer-dropout-ffn", 0.0), norm_first=bool(pre), final_norm=top == "n" or not pre,
-        share_embeddings=share, tie_output=tie, output_bias=True, norm_eps=MARIAN_LAYERNORM_EPS, positions="marian",
-        decoder_start="zeros", max_positions=1024,
-        activation=_marian_gelu(o.text("version", "")) if act == "gelu" else act)  # type: ignore[arg-type]
+        activation_dropout=o.number("transformer-dropout-ffn", 0.0),
+        norm_first=bool(pre),
+        final_norm=top == "n" or not pre,
+        share_embeddings=share,
+        tie_output=tie,
+        output_bias=True,
+        norm_eps=MARIAN_LAYERNORM_EPS,
+        positions="marian",
+        decoder_start="zeros",
+        max_positions=1024,
+        activation=activation,  # type: ignore[arg-type]
+    )
     check_config(cfg, o.where, _KEYS)
     w.hint = f" (dim-emb {D}, transformer-dim-ffn {F}, a vocabulary of {tok.vocab_size - 1})"
-    return cfg, read(MARIAN, w, cfg, tok.vocab_size, "that its special:model.yml describes", tok.source_vocab_size)
+    return cfg, read(
+        MARIAN,
+        w,
+        cfg,
+        tok.vocab_size,
+        "that its special:model.yml describes",
+        tok.source_vocab_size,
+    )
 
 
 # ---------------------------------------------------------------- the command
 
 
-# starting points for fine-tuning an imported model on in-domain data (the pretrained-models guide's recipe)
-FINETUNE_TRAIN: dict[str, Any] = {"lr": 5e-5, "warmup_updates": 500, "warmup_init_lr": 1e-7, "label_smoothing": 0.1,
-                  "max_tokens": 4096, "save_interval_updates": 500, "keep_last": 5}
+# starting points for fine-tuning an imported model on in-domain data (the pretrained-models guide's
+# recipe)
+FINETUNE_TRAIN: dict[str, Any] = {
+    "lr": 5e-5,
+    "warmup_updates": 500,
+    "warmup_init_lr": 1e-7,
+    "label_smoothing": 0.1,
+    "max_tokens": 4096,
+    "save_interval_updates": 500,
+    "keep_last": 5,
+}
 
 
 def finetune_config(imported: Imported, checkpoint: Path) -> Config:
     """A training config to fine-tune the imported checkpoint: its model section, train.init_from
     set to it, conservative fine-tuning settings (`FINETUNE_TRAIN`), data.dir to fill in."""
     base = Config()
-    train = dataclasses.replace(base.train, init_from=str(checkpoint), run_dir="runs/finetune", **FINETUNE_TRAIN)
+    train = dataclasses.replace(
+        base.train, init_from=str(checkpoint), run_dir="runs/finetune", **FINETUNE_TRAIN
+    )
     data = dataclasses.replace(base.data, dir="data-bin/finetune")
     return _imported_config(dataclasses.replace(base, data=data, train=train), imported)
 
@@ -288,8 +391,12 @@ def import_command(source: Path, output: Path, config: Path | None = None) -> Im
     imported = import_model(source)
     folder = source if source.is_dir() else source.parent  # its other files too, read or not
     files = [*imported.files, *(p for p in sorted(folder.iterdir()) if p.is_file())]
-    check_outputs([FileArg("SOURCE", p, "a file of the model being imported") for p in files], outputs)
-    written = [(output, "the checkpoint")] + ([(config, "the config")] if config is not None else [])
+    check_outputs(
+        [FileArg("SOURCE", p, "a file of the model being imported") for p in files], outputs
+    )
+    written = [(output, "the checkpoint")] + (
+        [(config, "the config")] if config is not None else []
+    )
     with replacing_together(written) as temporaries:
         with open(temporaries[0], "xb") as f:
             torch.save(imported_checkpoint(imported), f)

@@ -41,7 +41,9 @@ from nmt.errors import NmtError
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
 
-MAX_POSITIONS = 1 << 16  # Marian and OPUS-MT use 512 to 1024; a longer table is a broken config, not a model
+MAX_POSITIONS = (
+    1 << 16
+)  # Marian and OPUS-MT use 512 to 1024; a longer table is a broken config, not a model
 _FLOATS = {"F16", "BF16", "F32", "F64"}  # safetensors' names of the floating-point types
 _NPY_HEADER = 1 << 16  # more than numpy writes before a .npy member's data
 # a language of data.source_lang / target_lang: en, deu, zh_Hant, pt-BR
@@ -86,8 +88,11 @@ class Keys:
 
     def __init__(self, raw: Any, where: str):
         if not isinstance(raw, dict):
-            raise NmtError(f"{where}: not a mapping of keys (it is {'empty' if raw is None else shown(raw)})")
-        self.raw, self.where = raw, where
+            raise NmtError(
+                f"{where}: not a mapping of keys (it is {'empty' if raw is None else shown(raw)})"
+            )
+        self.raw = raw
+        self.where = where
 
     def _get(self, key: str, default: Any, ok: Callable[[Any], bool], what: str) -> Any:
         value = self.raw.get(key)
@@ -99,11 +104,21 @@ class Keys:
         return value
 
     def int(self, key: str, default: int | None = None) -> int:
-        return self._get(key, default, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+        return self._get(
+            key, default, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"
+        )
 
     def number(self, key: str, default: float) -> float:
-        return float(self._get(key, default, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                               and math.isfinite(v), "a finite number"))
+        return float(
+            self._get(
+                key,
+                default,
+                lambda v: (
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                ),
+                "a finite number",
+            )
+        )
 
     def flag(self, key: str, default: bool) -> bool:
         return self._get(key, default, lambda v: isinstance(v, bool), "true or false")
@@ -112,8 +127,12 @@ class Keys:
         return self._get(key, default, lambda v: isinstance(v, str), "a string")
 
     def names(self, key: str) -> list[str]:
-        return self._get(key, [], lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v),
-                         "a list of file names")
+        return self._get(
+            key,
+            [],
+            lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v),
+            "a list of file names",
+        )
 
     def need(self, ok: bool, what: str) -> None:
         if not ok:
@@ -149,11 +168,14 @@ class Reader:
             return Keys(json.loads(self.text(path, "a JSON file")), str(path))
         except RecursionError:
             raise NmtError(f"{path}: nested too deeply to be a model's JSON") from None
-        except ValueError as e:  # JSONDecodeError, or an integer of more digits than Python converts
+        except (
+            ValueError
+        ) as e:  # JSONDecodeError, or an integer of more digits than Python converts
             raise NmtError(f"{path}: not readable JSON ({one_line(e)})") from None
 
     def weights(self, path: Path, prefix: str = "") -> Weights:
-        """The tensors of a .safetensors or .bin (a pickled state dict) file, named without `prefix`."""
+        """The tensors of a .safetensors or .bin (a pickled state dict) file, named without
+        `prefix`."""
         with self.open(path, "the weights file", limit=None) as f:
             w = _Safetensors(path) if path.suffix == ".safetensors" else _StateDict(path, f)
         w.keys = {key.removeprefix(prefix): key for key in w.keys}
@@ -169,7 +191,10 @@ def load_yaml(text: str, where: str, loader: Any = yaml.SafeLoader) -> Any:
         return yaml.load(text, Loader=loader)
     except RecursionError:
         raise NmtError(f"{where}: nested too deeply to be a model's YAML") from None
-    except (yaml.YAMLError, ValueError) as e:  # ValueError: an integer of more digits than Python converts
+    except (
+        yaml.YAMLError,
+        ValueError,
+    ) as e:  # ValueError: an integer of more digits than Python converts
         raise NmtError(f"{where}: not readable YAML ({one_line(e)})") from None
 
 
@@ -177,7 +202,9 @@ def pieces_in_id_order(vocab: dict[str, int], path: Path) -> list[str]:
     pieces: list[str | None] = [None] * len(vocab)
     for piece, i in vocab.items():
         if not 0 <= i < len(vocab) or pieces[i] is not None:
-            raise NmtError(f"{path}: ids are not 0..{len(vocab) - 1}, each once (id {i} of {piece!r})")
+            raise NmtError(
+                f"{path}: ids are not 0..{len(vocab) - 1}, each once (id {i} of {piece!r})"
+            )
         pieces[i] = piece
     return [p for p in pieces if p is not None]
 
@@ -185,18 +212,26 @@ def pieces_in_id_order(vocab: dict[str, int], path: Path) -> list[str]:
 def check_config(cfg: ModelConfig, where: str, keys: dict[str, str]) -> None:
     """The imported model config under nmt's own validation; `keys` maps nmt's model keys to the
     source's, so that a refusal names the file, the source's key and nmt's."""
-    validate(Config(model=cfg), {"_file": where, **{f"model.{k}": f"{where} ({v})" for k, v in keys.items()}})
+    validate(
+        Config(model=cfg),
+        {"_file": where, **{f"model.{k}": f"{where} ({v})" for k, v in keys.items()}},
+    )
     key = keys.get("max_positions", "max_positions")
     if cfg.max_positions > MAX_POSITIONS:
-        raise NmtError(f"{where} ({key}): {cfg.max_positions} positions, more than nmt imports "
-                       f"({MAX_POSITIONS:,})")
+        raise NmtError(
+            f"{where} ({key}): {cfg.max_positions} positions, more than nmt imports "
+            f"({MAX_POSITIONS:,})"
+        )
     if cfg.max_positions < 2:  # a source token and </s>; a first target token after the start
-        raise NmtError(f"{where} ({key}): {cfg.max_positions} position, too few to translate "
-                       "anything (at least 2)")
+        raise NmtError(
+            f"{where} ({key}): {cfg.max_positions} position, too few to translate anything (at "
+            "least 2)"
+        )
 
 
-def decode_settings(settings: dict[str, Any], names: dict[str, str],
-                    vocab_size: int) -> dict[str, Any]:
+def decode_settings(
+    settings: dict[str, Any], names: dict[str, str], vocab_size: int
+) -> dict[str, Any]:
     """`settings` (DecodeConfig keys read from the model's files), checked as training checks a
     config's decode section (`nmt.config.check_decode`, the beam below the vocabulary too): a
     value nothing can decode with is refused naming its file and key (`names`: nmt's key ->
@@ -210,7 +245,8 @@ def check_computes(imported: Imported) -> None:
     """Refuse a model whose log-probabilities of `PROBE` (its translation forced, step by step
     as the search decodes) are not all finite, naming its source: every weight finite, yet
     their products overflow float32, and each translation would come out empty."""
-    tok, cfg = imported.tokenizer, imported.model
+    tok = imported.tokenizer
+    cfg = imported.model
     model = Transformer(cfg, tok.vocab_size, tok.specials.pad, tok.source_vocab_size).eval()
     model.load_state_dict(imported.weights)
     limit = cfg.max_positions - 1
@@ -221,9 +257,10 @@ def check_computes(imported: Imported) -> None:
         for token in feed:
             lprobs, state = model.decode_step(torch.tensor([token]), state)  # (1, V)
             if not lprobs.isfinite().all():
-                raise NmtError(f"{imported.source}: the model computes NaN or infinite "
-                               "log-probabilities (on a probe sentence): its weights overflow "
-                               "float32; nmt import refuses it")
+                raise NmtError(
+                    f"{imported.source}: the model computes NaN or infinite log-probabilities (on "
+                    "a probe sentence): its weights overflow float32; nmt import refuses it"
+                )
 
 
 # ---------------------------------------------------------------- weights
@@ -235,7 +272,9 @@ class Weights:
     mapping never took refused by `check_all_used`. `hint` ends shape errors (the sizes meant)."""
 
     def __init__(self, path: Path, keys: list[str]):
-        self.path, self.used, self.hint = path, set[str](), ""
+        self.path = path
+        self.used = set[str]()
+        self.hint = ""
         self.keys = {key: key for key in keys}  # name -> the file's key
 
     def take(self, name: str, *shape: int) -> torch.Tensor:
@@ -267,8 +306,10 @@ class Weights:
     def check_all_used(self, why: str) -> None:
         if unused := sorted(set(self.keys) - self.used):
             more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
-            raise NmtError(f"{self.path}: weight {self.keys[unused[0]]}{more} is not part of the model {why}; "
-                           "nmt import refuses weights it would drop")
+            raise NmtError(
+                f"{self.path}: weight {self.keys[unused[0]]}{more} is not part of the model {why}; "
+                "nmt import refuses weights it would drop"
+            )
 
     def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
         """(shape, dtype name, whether floating-point) of `name`, its data not read."""
@@ -279,26 +320,34 @@ class Weights:
 
 
 class _StateDict(Weights):
-    """pytorch_model.bin: a state dict pickled by torch.save, loaded with weights_only (no code runs)."""
+    """pytorch_model.bin: a state dict pickled by torch.save, loaded with weights_only (no code
+    runs)."""
 
     def __init__(self, path: Path, f: BinaryIO):
         try:
-            with warnings.catch_warnings():  # torch's deprecation notes on a quantized tensor: the refusal says it all
+            with (
+                warnings.catch_warnings()
+            ):  # torch's deprecation notes on a quantized tensor: the refusal says it all
                 warnings.simplefilter("ignore")
                 state = torch.load(f, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - whatever a damaged or forged file raises is the user's to fix
+        except Exception as e:  # noqa: BLE001 - a damaged or forged file's error is the user's
             if zipfile.is_zipfile(path) and "Weights only load failed" in str(e):
-                raise NmtError(f"{path}: holds objects that safe loading (weights_only) refuses") from None
+                raise NmtError(
+                    f"{path}: holds objects that safe loading (weights_only) refuses"
+                ) from None
             raise NmtError(f"{path}: cannot read ({one_line(e)})") from None
-        if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
-                                                  for k, t in state.items()):
+        if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in state.items()
+        ):
             raise NmtError(f"{path}: not a state dict of tensors")
         super().__init__(path, list(state))
         self.state = state
 
     def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
         t = self.state[name]
-        if t.layout != torch.strided or t.is_meta:  # sparse, or no data at all: no array of floats either
+        if (
+            t.layout != torch.strided or t.is_meta
+        ):  # sparse, or no data at all: no array of floats either
             return tuple(t.shape), f"a {'meta' if t.is_meta else t.layout} tensor", False
         return tuple(t.shape), str(t.dtype).removeprefix("torch."), t.dtype.is_floating_point
 
@@ -341,14 +390,17 @@ class Npz(Weights):
         except (zipfile.BadZipFile, OSError, ValueError) as e:
             f.close()
             raise NmtError(f"{path}: not a .npz archive of arrays ({one_line(e)})") from None
-        self.file, self.members = f, {info.filename.removesuffix(".npy"): info for info in self.zip.infolist()}
+        self.file = f
+        self.members = {info.filename.removesuffix(".npy"): info for info in self.zip.infolist()}
         super().__init__(path, [name for name in self.members if not name.startswith("special:")])
 
     def close(self) -> None:
         self.zip.close()
         self.file.close()
 
-    def member(self, name: str, limit: int | None) -> tuple[tuple[int, ...], np.dtype, np.ndarray | None]:
+    def member(
+        self, name: str, limit: int | None
+    ) -> tuple[tuple[int, ...], np.dtype, np.ndarray | None]:
         """(shape, dtype, array) of member `name`; with `limit` None only its header is read (the
         array is None), else its data too, unless the member stores more than `limit` bytes of
         data: its declared size is checked before its data is decompressed."""
@@ -356,20 +408,35 @@ class Npz(Weights):
         try:
             with self.zip.open(info) as f:
                 version = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                read = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
                 shape, fortran, dtype = read(f)
                 if dtype.hasobject:
-                    raise NmtError(f"{self.path}: {name} holds Python objects (pickles), which nmt never loads")
+                    raise NmtError(
+                        f"{self.path}: {name} holds Python objects (pickles), which nmt never loads"
+                    )
                 if limit is None:
                     return shape, dtype, None
                 if info.file_size > limit + _NPY_HEADER:
-                    raise NmtError(f"{self.path}: {name} stores {info.file_size:,} bytes, more than the {limit:,} "
-                                   "it may hold")
+                    raise NmtError(
+                        f"{self.path}: {name} stores {info.file_size:,} bytes, more than the "
+                        f"{limit:,} it may hold"
+                    )
                 size = math.prod(shape) * dtype.itemsize
                 raw = f.read(size)
         except MemoryError as e:
             raise NmtError(f"{self.path}: {name}: {TOO_LARGE} ({one_line(e)})") from None
-        except (ValueError, OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile) as e:
+        except (
+            ValueError,
+            OSError,
+            EOFError,
+            RuntimeError,
+            NotImplementedError,
+            zipfile.BadZipFile,
+        ) as e:
             raise NmtError(f"{self.path}: {name} is not a readable array ({one_line(e)})") from None
         if len(raw) < size:
             raise NmtError(f"{self.path}: {name} is truncated ({len(raw):,} of {size:,} bytes)")

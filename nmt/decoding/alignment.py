@@ -57,20 +57,32 @@ def default_layer(layers: int) -> int:
 
 
 def resolve_layer(layer: int | None, layers: int, name: str = "--alignment-layer") -> int:
-    """A layer number as given (0-based, negative from the end, None = `default_layer`) -> 0-based."""
+    """A layer number as given (0-based, negative from the end, None = `default_layer`) ->
+    0-based."""
     if layers == 0:
-        raise NmtError("this model has no attention (model.attention none): no alignment or attention to report")
+        raise NmtError(
+            "this model has no attention (model.attention none): no alignment or attention to "
+            "report"
+        )
     if layer is None:
         return default_layer(layers)
     if not -layers <= layer < layers:
-        raise NmtError(f"{name} {layer}: the model has {layers} decoder layer(s) with attention "
-                       f"(0 .. {layers - 1}, or negative from the end)")
+        raise NmtError(
+            f"{name} {layer}: the model has {layers} decoder layer(s) with attention (0 .. "
+            f"{layers - 1}, or negative from the end)"
+        )
     return layer % layers
 
 
-def attention_matrices(model: Any, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
-                       specials: SpecialIds, device: torch.device | str = "cpu",
-                       precision: str = "fp32") -> list[np.ndarray]:
+def attention_matrices(
+    model: Any,
+    sources: Sequence[Sequence[int]],
+    targets: Sequence[Sequence[int]],
+    *,
+    specials: SpecialIds,
+    device: torch.device | str = "cpu",
+    precision: str = "fp32",
+) -> list[np.ndarray]:
     """For each (source, target) token-id pair (without eos) the cross-attention weights
     (L, H, T, S) float32 of the teacher-forced target; rows sum to one over the source.
     `specials` are the special ids of the model's vocabulary (`Tokenizer.specials`)."""
@@ -80,7 +92,8 @@ def attention_matrices(model: Any, sources: Sequence[Sequence[int]], targets: Se
     out: list[np.ndarray] = []
     amp = decode_autocast(device, precision)
     for first in range(0, len(sources), ATTENTION_BATCH):
-        srcs, tgts = sources[first:first + ATTENTION_BATCH], targets[first:first + ATTENTION_BATCH]
+        srcs = sources[first : first + ATTENTION_BATCH]
+        tgts = targets[first : first + ATTENTION_BATCH]
         src = pad_rows([[*s, specials.eos] for s in srcs], specials.pad).to(device)  # (B, S)
         prev = pad_rows([[specials.bos, *t] for t in tgts], specials.pad).to(device)  # (B, T)
         with torch.inference_mode(), amp:
@@ -105,7 +118,9 @@ def pharaoh(pairs: Sequence[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-AttentionItem = tuple[int, np.ndarray, list[str], list[str]]  # (index, weights (L, H, T, S), source, target)
+AttentionItem = tuple[
+    int, np.ndarray, list[str], list[str]
+]  # (index, weights (L, H, T, S), source, target)
 
 
 class AttentionWriter:
@@ -114,7 +129,8 @@ class AttentionWriter:
     were kept until the end, ~62 KB each)."""
 
     def __init__(self, archive: zipfile.ZipFile):
-        self.archive, self.indices = archive, []  # type: tuple[zipfile.ZipFile, list[int]]
+        self.archive = archive
+        self.indices: list[int] = []
 
     def add(self, index: int, weights: np.ndarray, source: list[str], target: list[str]) -> None:
         self._array(f"attention_{index}", weights.astype(np.float32))
@@ -127,7 +143,8 @@ class AttentionWriter:
         self._array("index", np.array(self.indices, dtype=np.int64))
 
     def _array(self, key: str, array: np.ndarray) -> None:
-        # what np.savez_compressed writes for one array, so that np.load reads the file as one of its own
+        # what np.savez_compressed writes for one array, so that np.load reads the file as one of
+        # its own
         with self.archive.open(f"{key}.npy", "w", force_zip64=True) as f:
             np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
 
@@ -139,8 +156,11 @@ def writing_attention(path: str | Path) -> Iterator[AttentionWriter]:
     `source_<index>` (S,) and `target_<index>` (T,) pieces (each ending in `</s>`) per sentence
     in the order added, then `index`, the indices in that order. A killed run's temporary is
     removed first."""
-    with (replacing(target(path, "--attention"), "the attention") as tmp, open(tmp, "xb") as f,
-          zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as archive):
+    with (
+        replacing(target(path, "--attention"), "the attention") as tmp,
+        open(tmp, "xb") as f,
+        zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as archive,
+    ):
         writer = AttentionWriter(archive)
         yield writer
         writer.finish()
@@ -150,7 +170,15 @@ def writing_attention(path: str | Path) -> Iterator[AttentionWriter]:
 _NOT_OURS = "not an attention file from `nmt translate --attention`"
 # what a damaged or forged .npz raises when opened or when an array is read from it (RuntimeError:
 # zipfile on an encrypted member, NotImplementedError on an unknown compression)
-_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, RuntimeError, zipfile.BadZipFile, zlib.error)
+_READ_ERRORS = (
+    OSError,
+    ValueError,
+    EOFError,
+    KeyError,
+    RuntimeError,
+    zipfile.BadZipFile,
+    zlib.error,
+)
 
 
 def load_attention(path: str | Path, sentences: int = 0) -> list[AttentionItem]:
@@ -168,24 +196,32 @@ def load_attention(path: str | Path, sentences: int = 0) -> list[AttentionItem]:
         index = _array(data, path, "index")
         line_numbers = index.ndim == 1 and index.dtype.kind in "iu" and (index >= 0).all()
         if not line_numbers or len(set(index.tolist())) < index.size:
-            raise NmtError(f"{path}: index: {_NOT_OURS} (expected distinct line numbers, got {index.dtype} "
-                           f"{index.shape})")
+            raise NmtError(
+                f"{path}: index: {_NOT_OURS} (expected distinct line numbers, got {index.dtype} "
+                f"{index.shape})"
+            )
         return [_item(data, path, int(i)) for i in index[: sentences or None]]
 
 
 def _item(data: Any, path: str | Path, i: int) -> AttentionItem:
     weights = _array(data, path, f"attention_{i}")
     if weights.ndim != 4 or weights.dtype.kind != "f" or 0 in weights.shape:
-        raise NmtError(f"{path}: attention_{i}: {_NOT_OURS} (expected real weights (layers, heads, target, "
-                       f"source), none empty, got {weights.dtype} {weights.shape})")
+        raise NmtError(
+            f"{path}: attention_{i}: {_NOT_OURS} (expected real weights (layers, heads, target, "
+            f"source), none empty, got {weights.dtype} {weights.shape})"
+        )
     if not np.isfinite(weights).all():
-        raise NmtError(f"{path}: attention_{i}: {_NOT_OURS} (weights that are not finite: NaN or inf)")
+        raise NmtError(
+            f"{path}: attention_{i}: {_NOT_OURS} (weights that are not finite: NaN or inf)"
+        )
     pieces = []
     for side, size in (("source", weights.shape[3]), ("target", weights.shape[2])):
         array = _array(data, path, f"{side}_{i}")
         if array.dtype.kind != "U" or array.shape != (size,):
-            raise NmtError(f"{path}: {side}_{i}: {_NOT_OURS} (expected {size} pieces for attention_{i} "
-                           f"{weights.shape}, got {array.dtype} {array.shape})")
+            raise NmtError(
+                f"{path}: {side}_{i}: {_NOT_OURS} (expected {size} pieces for attention_{i} "
+                f"{weights.shape}, got {array.dtype} {array.shape})"
+            )
         pieces.append(array.tolist())
     return i, weights.astype(np.float32), pieces[0], pieces[1]
 
@@ -196,16 +232,20 @@ def _array(data: Any, path: str | Path, key: str) -> np.ndarray:
     try:
         with data.zip.open(f"{key}.npy") as f:
             version = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
             shape, _, dtype = read_header(f)
             stored = data.zip.getinfo(f"{key}.npy").file_size
         if math.prod(shape) * dtype.itemsize > stored:
-            raise NmtError(f"{path}: {key}: {_NOT_OURS} (its header declares a {dtype} array of shape {shape}, "
-                           f"more than the {stored} bytes stored)")
+            raise NmtError(
+                f"{path}: {key}: {_NOT_OURS} (its header declares a {dtype} array of shape "
+                f"{shape}, more than the {stored} bytes stored)"
+            )
         return data[key]
     except KeyError:
         raise NmtError(f"{path}: {key}: {_NOT_OURS} (no such array)") from None
     except _READ_ERRORS as e:
         raise NmtError(f"{path}: {key}: {_NOT_OURS} ({one_line(e)})") from None
-

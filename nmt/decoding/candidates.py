@@ -36,7 +36,9 @@ def _rank_keys(values: Tensor, index: Tensor) -> Tensor:
     return order * 2**32 + (2**32 - 1 - index)
 
 
-def top_candidates(lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = None) -> tuple[Tensor, Tensor]:
+def top_candidates(
+    lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = None
+) -> tuple[Tensor, Tensor]:
     """The k best continuations of each sentence: their scores and indices, best first.
 
     lprobs (Bn*width, V) contiguous next-token log-probs of Bn sentences' `width` rows each,
@@ -61,16 +63,19 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = N
     full = vocab // chunk  # chunks of `chunk` columns, then one shorter chunk if any columns remain
     maxima = lprobs[:, : full * chunk].view(-1, full, chunk).amax(2)  # (Bn*width, full)
     if vocab > full * chunk:
-        maxima = torch.cat([maxima, lprobs[:, full * chunk:].amax(1, keepdim=True)], 1)
+        maxima = torch.cat([maxima, lprobs[:, full * chunk :].amax(1, keepdim=True)], 1)
     per_row = maxima.size(1)
     chunk_scores = (scores.view(-1, 1) + maxima).view(n_sent, width * per_row)
     chunk_index = torch.arange(width * per_row, device=lprobs.device).expand(n_sent, -1)
     best = _rank_keys(chunk_scores, chunk_index).topk(min(k, width * per_row)).indices  # (Bn, c)
-    row, first = best // per_row, best % per_row * chunk  # row of the sentence, first column
+    row = best // per_row  # row of the sentence, first column
+    first = best % per_row * chunk
     cols = first.unsqueeze(2) + torch.arange(chunk, device=lprobs.device)  # (Bn, c, chunk)
     outside = cols >= vocab  # the shorter last chunk's padding
     cols = cols.clamp(max=vocab - 1)
-    rows = row + torch.arange(n_sent, device=lprobs.device).unsqueeze(1) * width  # (Bn, c) of lprobs
+    rows = (
+        row + torch.arange(n_sent, device=lprobs.device).unsqueeze(1) * width
+    )  # (Bn, c) of lprobs
     lp = lprobs.view(-1)[(rows * vocab).unsqueeze(2) + cols].masked_fill_(outside, -math.inf)
     cand = (scores.view(-1)[rows].unsqueeze(2) + lp).view(n_sent, -1)  # (Bn, c * chunk)
     index = ((row * vocab).unsqueeze(2) + cols).view(n_sent, -1)
@@ -78,8 +83,9 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = N
     return cand.gather(1, pick), index.gather(1, pick)
 
 
-def bank_candidates(lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTracker,
-                    blocked: EosBlocked) -> tuple[Tensor, Tensor, RowState]:
+def bank_candidates(
+    lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTracker, blocked: EosBlocked
+) -> tuple[Tensor, Tensor, RowState]:
     """The candidates of each sentence in the order a constrained search takes them: dynamic
     beam allocation (Post & Vilar 2018), vectorised over sentences x rows (Hu et al. 2019).
 
@@ -105,26 +111,42 @@ def bank_candidates(lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTrac
     first k are those.
     """
     n_sent, width = scores.shape
-    vocab, device = lprobs.size(1), lprobs.device
+    vocab = lprobs.size(1)
+    device = lprobs.device
     row_scores = scores.reshape(-1, 1)  # (N, 1)
     best_score, best_tok = top_candidates(lprobs, row_scores, 1)  # (N, 1): each row's best
-    eos, stuck = cons.eos, cons.unblock_stuck_(lprobs, best_score.view(-1), blocked).unsqueeze(1)
+    eos = cons.eos
+    stuck = cons.unblock_stuck_(lprobs, best_score.view(-1), blocked).unsqueeze(1)
     best_score = torch.where(stuck, row_scores + lprobs[:, eos : eos + 1], best_score)
     best_tok = best_tok.masked_fill(stuck, eos)
     top_scores, top_idx = top_candidates(lprobs, scores, k)  # (Bn, k)
     need = cons.next_tokens(lprobs, k)  # (N, M'), -1: none
-    need_scores = torch.where(need >= 0, row_scores + lprobs.gather(1, need.clamp(min=0)), -math.inf)
-    first = (torch.arange(width, device=device) * vocab).view(1, width, 1)  # index of each row's token 0
+    need_scores = torch.where(
+        need >= 0, row_scores + lprobs.gather(1, need.clamp(min=0)), -math.inf
+    )
+    first = (torch.arange(width, device=device) * vocab).view(
+        1, width, 1
+    )  # index of each row's token 0
     cand = torch.cat([top_scores, best_score.view(n_sent, width), need_scores.view(n_sent, -1)], 1)
-    index = torch.cat([top_idx, (first + best_tok.view(n_sent, width, 1)).view(n_sent, width),
-                       (first + need.clamp(min=0).view(n_sent, width, -1)).view(n_sent, -1)], 1)
+    index = torch.cat(
+        [
+            top_idx,
+            (first + best_tok.view(n_sent, width, 1)).view(n_sent, width),
+            (first + need.clamp(min=0).view(n_sent, width, -1)).view(n_sent, -1),
+        ],
+        1,
+    )
 
-    # best first: score descending, then the lower index; of a repeated continuation the first counts
+    # best first: score descending, then the lower index; of a repeated continuation the first
+    # counts
     by_score = _rank_keys(cand, index).argsort(dim=1, descending=True, stable=True)
-    cand, index = cand.gather(1, by_score), index.gather(1, by_score)
+    cand = cand.gather(1, by_score)
+    index = index.gather(1, by_score)
     by_index = index.argsort(dim=1, stable=True)
     grouped = index.gather(1, by_index)
-    repeat = torch.cat([torch.zeros_like(grouped[:, :1], dtype=torch.bool), grouped[:, 1:] == grouped[:, :-1]], 1)
+    repeat = torch.cat(
+        [torch.zeros_like(grouped[:, :1], dtype=torch.bool), grouped[:, 1:] == grouped[:, :-1]], 1
+    )
     dead = torch.zeros_like(repeat).scatter_(1, by_index, repeat) | cand.isneginf()
     cand = cand.masked_fill(dead, -math.inf)  # a repeat may neither end nor live twice
 
@@ -137,7 +159,9 @@ def bank_candidates(lprobs: Tensor, scores: Tensor, k: int, cons: ConstraintTrac
     by_bank = bank.argsort(dim=1, descending=True, stable=True)
     bank = bank.gather(1, by_bank)
     position = torch.arange(bank.size(1), device=device).expand_as(bank)
-    new_bank = torch.cat([torch.ones_like(bank[:, :1], dtype=torch.bool), bank[:, 1:] != bank[:, :-1]], 1)
+    new_bank = torch.cat(
+        [torch.ones_like(bank[:, :1], dtype=torch.bool), bank[:, 1:] != bank[:, :-1]], 1
+    )
     rank = position - torch.where(new_bank, position, 0).cummax(1).values
     top = cons.total
     key = torch.where(bank >= 0, rank * (top + 1) + top - bank, (top + 1) * bank.size(1) + position)

@@ -42,7 +42,9 @@ from nmt.decoding.candidates import bank_candidates
 from nmt.terminology import Surfaces
 
 Phrases = tuple[tuple[int, ...], ...]
-EosBlocked = tuple[Tensor, Tensor]  # `block_`'s: the rows (N,) whose EOS it took away, EOS's log-prob (N,) before
+EosBlocked = tuple[
+    Tensor, Tensor
+]  # `block_`'s: the rows (N,) whose EOS it took away, EOS's log-prob (N,) before
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,11 @@ class Constraints:
         if self.ordered:
             return sum(map(len, self.include))
         lengths = Counter(map(len, set(self.include)))
-        return max(0, len({t for phrase in self.include for t in phrase}), *(n + k - 1 for n, k in lengths.items()))
+        return max(
+            0,
+            len({t for phrase in self.include for t in phrase}),
+            *(n + k - 1 for n, k in lengths.items()),
+        )
 
     def mapped(self, column: Callable[[int], int]) -> Constraints:
         """The same constraints with every token id replaced by `column(id)` (e.g. its column
@@ -104,8 +110,14 @@ class Constraints:
         def phrases(ps: Phrases) -> Phrases:
             return tuple(tuple(column(t) for t in p) for p in ps)
 
-        return Constraints(phrases(self.include), self.ordered, phrases(self.avoid), tuple(column(t) for t in self.prefix),
-                           self.avoid_text and self.avoid_text.mapped(column), self.texts)
+        return Constraints(
+            phrases(self.include),
+            self.ordered,
+            phrases(self.avoid),
+            tuple(column(t) for t in self.prefix),
+            self.avoid_text and self.avoid_text.mapped(column),
+            self.texts,
+        )
 
 
 @dataclass(frozen=True)
@@ -133,7 +145,8 @@ class _Tokens:
     width = 1
 
     def __init__(self, size: int) -> None:
-        self.size, self.tensors = size, dict[Any, Any]()
+        self.size = size
+        self.tensors = dict[Any, Any]()
 
     def index(self, phrase: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
         n = len(phrase)  # only the last unit completes a phrase, from the state before it
@@ -149,7 +162,9 @@ def _tensors(surfaces: Surfaces | _Tokens, device: torch.device) -> tuple[Tensor
         else:
             lengths = torch.tensor([len(p) for p in surfaces.pieces], dtype=torch.long)
             row = torch.arange(surfaces.size).repeat_interleave(lengths)
-            column = torch.arange(row.numel()) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+            column = torch.arange(row.numel()) - torch.repeat_interleave(
+                lengths.cumsum(0) - lengths, lengths
+            )
             units = torch.full((surfaces.size, max(1, surfaces.width)), -1, dtype=torch.long)
             units[row, column] = torch.tensor(list(b"".join(surfaces.pieces)), dtype=torch.long)
             rank = torch.empty(surfaces.size, dtype=torch.long)
@@ -164,7 +179,10 @@ def _borders(phrase: Sequence[int]) -> tuple[list[int], list[int], int, int]:
     the starts followed by unit q too (Knuth's `next`: a unit unlike unit q is unlike theirs);
     and the longest chain of each (the most units a mismatch compares)."""
     n = len(phrase)
-    fail, skip, fails, skips = [-1] * n, [-1] * n, [1] * n, [1] * n
+    fail = [-1] * n
+    skip = [-1] * n
+    fails = [1] * n
+    skips = [1] * n
     for q in range(1, n):
         k = fail[q - 1]
         while k >= 0 and phrase[k] != phrase[q - 1]:
@@ -184,13 +202,23 @@ class _Table:
     def __init__(self, sentences: Sequence[Sequence[Sequence[int]]], device: torch.device) -> None:
         phrases = [phrase for ps in sentences for phrase in ps]
         tables = [_borders(phrase) for phrase in phrases]
-        self.chain, self.depth = max((t[2] for t in tables), default=1), max((t[3] for t in tables), default=1)
-        self.units, self.fail, self.skip = (torch.tensor([*x, -1], dtype=torch.long, device=device) for x in (
-            [u for p in phrases for u in p], [f for t in tables for f in t[0]], [k for t in tables for k in t[1]]))
-        width, starts = max(1, *map(len, sentences)), accumulate(map(len, phrases), initial=0)  # P
+        self.chain = max((t[2] for t in tables), default=1)
+        self.depth = max((t[3] for t in tables), default=1)
+        self.units, self.fail, self.skip = (
+            torch.tensor([*x, -1], dtype=torch.long, device=device)
+            for x in (
+                [u for p in phrases for u in p],
+                [f for t in tables for f in t[0]],
+                [k for t in tables for k in t[1]],
+            )
+        )
+        width = max(1, *map(len, sentences))  # P
+        starts = accumulate(map(len, phrases), initial=0)
         offset = [[next(starts) for _ in ps] + [0] * (width - len(ps)) for ps in sentences]
         length = [[len(p) for p in ps] + [0] * (width - len(ps)) for ps in sentences]
-        self.offset, self.length = (torch.tensor(x, dtype=torch.long, device=device) for x in (offset, length))
+        self.offset, self.length = (
+            torch.tensor(x, dtype=torch.long, device=device) for x in (offset, length)
+        )
 
     def step(self, offset: Tensor, state: Tensor, unit: Tensor) -> Tensor:
         """The states (..., P) of phrases at `offset` (..., P) after one more unit (broadcast)."""
@@ -209,26 +237,44 @@ class _Avoided:
     (over a shortlist, `columns` (K,) the token id of each column), and `state` (N, P): each
     live row's state in each (never the whole phrase)."""
 
-    def __init__(self, sentences: Sequence[Sequence[Any]], surfaces: Surfaces | _Tokens,
-                 columns: Sequence[int] | None, device: torch.device) -> None:
-        self.surfaces, self.table = surfaces, _Table(sentences, device)
-        self.columns = None if columns is None else torch.tensor(columns, dtype=torch.long, device=device)
-        found = [(b, surfaces.index(phrase)) for b, phrases in enumerate(sentences) for phrase in phrases]
-        self.lo, self.hi = (torch.tensor([x for _, f in found for x in f[i]] + [0], dtype=torch.long, device=device)
-                            for i in (0, 1))  # (T,) the range of tokens completing a phrase from each state
+    def __init__(
+        self,
+        sentences: Sequence[Sequence[Any]],
+        surfaces: Surfaces | _Tokens,
+        columns: Sequence[int] | None,
+        device: torch.device,
+    ) -> None:
+        self.surfaces = surfaces
+        self.table = _Table(sentences, device)
+        self.columns = (
+            None if columns is None else torch.tensor(columns, dtype=torch.long, device=device)
+        )
+        found = [
+            (b, surfaces.index(phrase)) for b, phrases in enumerate(sentences) for phrase in phrases
+        ]
+        self.lo, self.hi = (
+            torch.tensor([x for _, f in found for x in f[i]] + [0], dtype=torch.long, device=device)
+            for i in (0, 1)
+        )  # (T,) the range of tokens completing a phrase from each state
         inside = torch.zeros(len(sentences), surfaces.size, dtype=torch.bool)
         for b, f in found:
             inside[b, f[2]] = True
         self.inside = inside.to(device)  # (Bn, V) tokens that hold a whole phrase
         self.state = torch.zeros_like(self.table.length)
-        # a token completes a phrase from a start at most W units short of its end: the first W of a chain
+        # a token completes a phrase from a start at most W units short of its end: the first W of a
+        # chain
         self.walk = min(self.table.chain, surfaces.width)
 
     def banned(self, sentence: Tensor) -> Tensor:
         """(N, V or K) the tokens each live row (of `sentence` (N,)) may not produce."""
-        t, size = self.table, self.surfaces.size
-        offset, length, j = t.offset[sentence], t.length[sentence], self.state
-        ends = torch.zeros(j.size(0), size + 1, dtype=torch.long, device=j.device)  # +1 at lo, -1 at hi
+        t = self.table
+        size = self.surfaces.size
+        offset = t.offset[sentence]
+        length = t.length[sentence]
+        j = self.state
+        ends = torch.zeros(
+            j.size(0), size + 1, dtype=torch.long, device=j.device
+        )  # +1 at lo, -1 at hi
         for _ in range(self.walk):  # j: the state, then the starts that also end the output
             on = ((j >= 0) & (length > 0) & (length - j <= self.surfaces.width)).long()
             at = offset + j.clamp(min=0)
@@ -240,15 +286,23 @@ class _Avoided:
         return banned if self.columns is None else banned[:, self.columns]
 
     def advance(self, rows: Tensor, tokens: Tensor, sentence: Tensor) -> None:
-        """The live rows are now `rows` (N,) of the previous ones, each with its token of `tokens`."""
+        """The live rows are now `rows` (N,) of the previous ones, each with its token of
+        `tokens`."""
         t = self.table
-        offset, state = t.offset[sentence], self.state[rows]
+        offset = t.offset[sentence]
+        state = self.state[rows]
         table = _tensors(self.surfaces, tokens.device)[0]
-        units = tokens.unsqueeze(1) if table is None else table[tokens if self.columns is None else self.columns[tokens]]
+        units = (
+            tokens.unsqueeze(1)
+            if table is None
+            else table[tokens if self.columns is None else self.columns[tokens]]
+        )
         for w in range(1 if units.size(1) == 1 else int((units >= 0).sum(1).max())):
             unit = units[:, w : w + 1]
             state = torch.where(unit >= 0, t.step(offset, state, unit), state)
-        self.state = torch.minimum(state, (t.length[sentence] - 1).clamp(min=0))  # only a dead row gets there
+        self.state = torch.minimum(
+            state, (t.length[sentence] - 1).clamp(min=0)
+        )  # only a dead row gets there
 
     def keep(self, sentences: Tensor, rows: Tensor) -> None:
         self.table.keep(sentences)
@@ -279,21 +333,37 @@ class ConstraintTracker:
     """
 
     def __init__(self, constraints: Sequence[Constraints], eos: int, device: torch.device) -> None:
-        self.eos, self.include = eos, _Table([c.include for c in constraints], device)
-        self.ordered = torch.tensor([c.ordered for c in constraints], dtype=torch.bool, device=device)
+        self.eos = eos
+        self.include = _Table([c.include for c in constraints], device)
+        self.ordered = torch.tensor(
+            [c.ordered for c in constraints], dtype=torch.bool, device=device
+        )
         self.total = int(self.lengths.sum(1).max())  # the highest bank
         self.avoided: list[_Avoided] = []
         if any(c.avoid for c in constraints):
             size = 1 + max(t for c in constraints for p in c.avoid for t in p)
-            self.avoided.append(_Avoided([c.avoid for c in constraints], _Tokens(size), None, device))
+            self.avoided.append(
+                _Avoided([c.avoid for c in constraints], _Tokens(size), None, device)
+            )
         if texts := [c.avoid_text for c in constraints if c.avoid_text is not None]:
-            if any(a.surfaces is not texts[0].surfaces or a.columns != texts[0].columns for a in texts):
+            if any(
+                a.surfaces is not texts[0].surfaces or a.columns != texts[0].columns for a in texts
+            ):
                 raise ValueError("avoided texts over different vocabularies in one batch")
-            self.avoided.append(_Avoided([c.avoid_text.texts if c.avoid_text else ()
-                                          for c in constraints], texts[0].surfaces, texts[0].columns, device))
+            self.avoided.append(
+                _Avoided(
+                    [c.avoid_text.texts if c.avoid_text else () for c in constraints],
+                    texts[0].surfaces,
+                    texts[0].columns,
+                    device,
+                )
+            )
         self.prefix_len = max(len(c.prefix) for c in constraints)
-        self.prefix = torch.tensor([c.prefix + (-1,) * (self.prefix_len - len(c.prefix)) for c in constraints],
-                                   dtype=torch.long, device=device)  # (Bn, F)
+        self.prefix = torch.tensor(
+            [c.prefix + (-1,) * (self.prefix_len - len(c.prefix)) for c in constraints],
+            dtype=torch.long,
+            device=device,
+        )  # (Bn, F)
         self.max_token = max(max(c.tokens(), default=-1) for c in constraints)
 
         # step 0: one row per sentence (the search's first reorder makes `beam` of it)
@@ -304,8 +374,9 @@ class ConstraintTracker:
         return self.include.length
 
     @staticmethod
-    def build(constraints: Sequence[Constraints | None] | None, bsz: int, eos: int,
-              device: torch.device) -> ConstraintTracker | None:
+    def build(
+        constraints: Sequence[Constraints | None] | None, bsz: int, eos: int, device: torch.device
+    ) -> ConstraintTracker | None:
         """The tracker of a batch of `bsz` sentences, or None when no sentence has a constraint
         (the search then runs exactly as without). Raises ValueError for a list of the wrong
         length or a constraint naming EOS; the search checks `max_token` against the vocabulary."""
@@ -344,13 +415,16 @@ class ConstraintTracker:
         token = self.prefix[self._sentence_of(self._rows()), step]  # (N,)
         return token, lprobs.gather(1, token.clamp(min=0).unsqueeze(1)).squeeze(1)
 
-    def block_(self, lprobs: Tensor, at_max: Tensor | None, forced: tuple[Tensor, Tensor] | None) -> EosBlocked:
+    def block_(
+        self, lprobs: Tensor, at_max: Tensor | None, forced: tuple[Tensor, Tensor] | None
+    ) -> EosBlocked:
         """After the search's token rules, set to -inf in place (lprobs (N, V) of the live rows):
         the tokens that would complete an avoided phrase or text, EOS while a positive phrase is
         unmet (not at the maximum length, `at_max`), and at a prefix step every token but the
         prefix's (`forced`, from `prefix_logprobs`, which then keeps its model log-prob).
         Returns what it took of EOS, for `candidates` (`unblock_stuck_`)."""
-        eos, sentence = self.eos, self._sentence_of(self._rows())
+        eos = self.eos
+        sentence = self._sentence_of(self._rows())
         for avoided in self.avoided:
             banned = avoided.banned(sentence)
             lprobs[:, : banned.size(1)].masked_fill_(banned, -math.inf)
@@ -387,25 +461,32 @@ class ConstraintTracker:
         offers k distinct ones: those that continue a begun phrase, then the likeliest
         (lprobs (N, V))."""
         sentence = self._sentence_of(self._rows())
-        progress, active = self.state.progress, self._active(self.state.met, sentence)
-        token = torch.where(active, self.include.units[self.include.offset[sentence] + progress], -1)  # (N, M)
+        progress = self.state.progress
+        active = self._active(self.state.met, sentence)
+        token = torch.where(
+            active, self.include.units[self.include.offset[sentence] + progress], -1
+        )  # (N, M)
         if token.size(1) <= k:
             return token
         begun = active & (progress > 0)
         order = (token * 2 + (~begun).long()).argsort(dim=1)  # by token, a begun phrase's first
-        token, begun = token.gather(1, order), begun.gather(1, order)
+        token = token.gather(1, order)
+        begun = begun.gather(1, order)
         repeat = torch.cat([torch.zeros_like(begun[:, :1]), token[:, 1:] == token[:, :-1]], 1)
-        token, begun = token.masked_fill(repeat, -1), begun & ~repeat
+        token = token.masked_fill(repeat, -1)
+        begun = begun & ~repeat
         score = torch.where(token >= 0, lprobs.gather(1, token.clamp(min=0)), -math.inf)
         by_score = score.argsort(dim=1, descending=True, stable=True)
-        token, begun = token.gather(1, by_score), begun.gather(1, by_score)
+        token = token.gather(1, by_score)
+        begun = begun.gather(1, by_score)
         return token.gather(1, (~begun).long().argsort(dim=1, stable=True)[:, :k])
 
     def advance(self, rows: Tensor, tokens: Tensor) -> RowState:
         """The state after each row of `rows` (any shape, flat indices of the live rows) takes
         the token of `tokens` (same shape): (..., M)."""
         sentence = self._sentence_of(rows)
-        progress, met = self.state.progress[rows], self.state.met[rows]  # (..., M)
+        progress = self.state.progress[rows]  # (..., M)
+        met = self.state.met[rows]
         new = self.include.step(self.include.offset[sentence], progress, tokens.unsqueeze(-1))
         active = self._active(met, sentence)
         complete = active & (new == self.lengths[sentence])
@@ -422,8 +503,11 @@ class ConstraintTracker:
 
     # ---------------------------------------------------------------- the search's moves
 
-    def candidates(self, lprobs: Tensor, scores: Tensor, k: int, blocked: EosBlocked) -> tuple[Tensor, Tensor, RowState]:
-        """A step's candidates in the order of the banks (`nmt.decoding.candidates.bank_candidates`)."""
+    def candidates(
+        self, lprobs: Tensor, scores: Tensor, k: int, blocked: EosBlocked
+    ) -> tuple[Tensor, Tensor, RowState]:
+        """A step's candidates in the order of the banks
+        (`nmt.decoding.candidates.bank_candidates`)."""
         return bank_candidates(lprobs, scores, k, self, blocked)
 
     def choose(self, state: RowState, order: Tensor, rows: Tensor, tokens: Tensor) -> None:
@@ -431,8 +515,10 @@ class ConstraintTracker:
         whose states are `state` (Bn, C, M), the rows they extend (indices of the previous live
         rows) and their tokens."""
         state = state.gather(order)
-        self.state = RowState(state.progress.reshape(-1, state.progress.size(-1)),
-                              state.met.reshape(-1, state.met.size(-1)))
+        self.state = RowState(
+            state.progress.reshape(-1, state.progress.size(-1)),
+            state.met.reshape(-1, state.met.size(-1)),
+        )
         sentence = self._sentence_of(self._rows())
         for avoided in self.avoided:
             avoided.advance(rows.reshape(-1), tokens.reshape(-1), sentence)
@@ -440,7 +526,9 @@ class ConstraintTracker:
     def keep(self, sentences: Tensor) -> None:
         """Only `sentences` (indices of the live ones) go on; call after `choose`."""
         width = self.state.met.size(0) // self.lengths.size(0)
-        rows = (sentences.unsqueeze(1) * width + torch.arange(width, device=sentences.device)).view(-1)
+        rows = (sentences.unsqueeze(1) * width + torch.arange(width, device=sentences.device)).view(
+            -1
+        )
         self.state = RowState(self.state.progress[rows], self.state.met[rows])
         self.include.keep(sentences)
         self.ordered, self.prefix = self.ordered[sentences], self.prefix[sentences]

@@ -31,16 +31,26 @@ class LexicalConstraints:
     """The requests' constraints over `tokenizer`'s target side, for a model of `max_positions`."""
 
     def __init__(self, tokenizer: Tokenizer, max_positions: int) -> None:
-        self.tokenizer, self.max_positions = tokenizer, max_positions
+        self.tokenizer = tokenizer
+        self.max_positions = max_positions
 
     @cached_property
     def surfaces(self) -> Surfaces:
         """The target tokens' text as translations show it (a line break is a space)."""
-        return Surfaces([on_one_line(s.decode(errors="surrogateescape")).encode(errors="surrogateescape")
-                         for s in self.tokenizer.surfaces()])
+        return Surfaces(
+            [
+                on_one_line(s.decode(errors="surrogateescape")).encode(errors="surrogateescape")
+                for s in self.tokenizer.surfaces()
+            ]
+        )
 
-    def constraints(self, requests: Sequence[Request], seqs: Sequence[Sequence[int]], cfg: DecodeConfig,
-                    where: Callable[[int], str]) -> list[Constraints | None] | None:
+    def constraints(
+        self,
+        requests: Sequence[Request],
+        seqs: Sequence[Sequence[int]],
+        cfg: DecodeConfig,
+        where: Callable[[int], str],
+    ) -> list[Constraints | None] | None:
         """Each request's phrases as target token ids and its avoided texts (None where it asks
         nothing or its source `seqs[i]` is empty; None for all when none asks anything). An
         NmtError naming `where(i)`: constraints under sampling, what cannot fit in its sentence's
@@ -58,8 +68,14 @@ class LexicalConstraints:
             if not request.asks() or not seq:
                 out.append(None)
                 continue
-            limit = int(max_output_lengths(pad_rows([[*seq, specials.eos]], specials.pad), cfg,
-                                           specials.pad, self.max_positions)[0])
+            limit = int(
+                max_output_lengths(
+                    pad_rows([[*seq, specials.eos]], specials.pad),
+                    cfg,
+                    specials.pad,
+                    self.max_positions,
+                )[0]
+            )
             own = request.constraints[: len(request.constraints) - len(request.terms)]
             include = [self._encoded("constraint", p, limit, where(i)) for p in own]
             texts = list(own)
@@ -68,41 +84,75 @@ class LexicalConstraints:
                 if ids:
                     include.append(ids)
                     texts.append(term)
-            prefix = self._encoded("prefix", request.prefix, limit, where(i)) if request.prefix.strip() else ()
+            prefix = (
+                self._encoded("prefix", request.prefix, limit, where(i))
+                if request.prefix.strip()
+                else ()
+            )
             avoid = tuple(avoided_text(p).encode() for p in request.avoid)
             for phrase, text in zip(request.avoid, avoid, strict=True):
                 if not text or text in self.surfaces.text(prefix):
-                    raise NmtError(f"{where(i)}: the avoided {shown(phrase)} is empty once normalized" if not text else
-                                   f"{where(i)}: the prefix {shown(request.prefix)} holds the avoided {shown(phrase)}")
-            c = Constraints(tuple(include), request.ordered, prefix=prefix, texts=tuple(texts),
-                            avoid_text=AvoidText(avoid, self.surfaces) if avoid else None)
+                    raise NmtError(
+                        f"{where(i)}: the avoided {shown(phrase)} is empty once normalized"
+                        if not text
+                        else f"{where(i)}: the prefix {shown(request.prefix)} holds the avoided "
+                        f"{shown(phrase)}"
+                    )
+            c = Constraints(
+                tuple(include),
+                request.ordered,
+                prefix=prefix,
+                texts=tuple(texts),
+                avoid_text=AvoidText(avoid, self.surfaces) if avoid else None,
+            )
             asked = Constraints(tuple(include[: len(own)]), request.ordered)  # terms may go unmet
             if asked.min_length() > limit:
-                raise NmtError(f"{where(i)}: the {len(asked.include)} constraints need at least {asked.min_length()} "
-                               f"tokens, more than the {limit} this line's translation may have (decode.max_len_a/b)")
+                raise NmtError(
+                    f"{where(i)}: the {len(asked.include)} constraints need at least "
+                    f"{asked.min_length()} tokens, more than the {limit} this line's translation "
+                    "may have (decode.max_len_a/b)"
+                )
             if specials.unk in prefix:
-                log.warning("%s: the prefix %s has pieces the model's vocabulary lacks: forced as <unk>", where(i),
-                            shown(request.prefix))
+                log.warning(
+                    "%s: the prefix %s has pieces the model's vocabulary lacks: forced as <unk>",
+                    where(i),
+                    shown(request.prefix),
+                )
             out.append(c)
         return out
 
-    def _encoded(self, kind: str, text: str, limit: int, where: str, refuse: bool = True) -> tuple[int, ...]:
+    def _encoded(
+        self, kind: str, text: str, limit: int, where: str, refuse: bool = True
+    ) -> tuple[int, ...]:
         """`text` (a constraint, a term, a prefix) as target token ids, segmented as an output
         would be; where it has none or more than `limit`, an NmtError naming `where`, or with
         `refuse=False` a warning and () (a term left unmet)."""
         ids = tuple(self.tokenizer.encode_target(clean_text(text)))
         if ids and len(ids) <= limit:
             return ids
-        why = (f"is {len(ids)} tokens, longer than the {limit} tokens this line's translation may have "
-               "(decode.max_len_a/b)") if ids else "is empty once normalized (only invisible or control characters)"
+        why = (
+            (
+                f"is {len(ids)} tokens, longer than the {limit} tokens this line's translation may "
+                "have (decode.max_len_a/b)"
+            )
+            if ids
+            else "is empty once normalized (only invisible or control characters)"
+        )
         if refuse:
             raise NmtError(f"{where}: the {kind} {shown(text)} {why}")
         log.warning("%s: the %s %s %s: left unmet", where, kind, shown(text), why)
         return ()
 
-    def report(self, requests: Sequence[Request], cons: Sequence[Constraints | None],
-               hyps: Sequence[Sequence[Hypothesis]], texts: Sequence[Sequence[str]], cfg: DecodeConfig,
-               where: Callable[[int], str], term_stats: dict[str, int]) -> None:
+    def report(
+        self,
+        requests: Sequence[Request],
+        cons: Sequence[Constraints | None],
+        hyps: Sequence[Sequence[Hypothesis]],
+        texts: Sequence[Sequence[str]],
+        cfg: DecodeConfig,
+        where: Callable[[int], str],
+        term_stats: dict[str, int],
+    ) -> None:
         """Warn, naming the line, where the best translation leaves constraints unmet, and why
         (a phrase the search may not write: pieces the vocabulary lacks, an avoided phrase
         inside; else the length limit), or where a translation (`texts[i]`, the text of each of
@@ -114,18 +164,39 @@ class LexicalConstraints:
                 continue
             avoid = c.avoid_text.texts if c.avoid_text else ()
             if hs[0].unmet:
-                why = [f"{shown(text)} " + ("has pieces the model's vocabulary lacks (<unk>)" if unk in ids else
-                                      "holds an avoided phrase") for text, ids in zip(c.texts, c.include, strict=True)
-                       if unk in ids or any(a in self.surfaces.text(ids) for a in avoid)]
+                why = [
+                    f"{shown(text)} "
+                    + (
+                        "has pieces the model's vocabulary lacks (<unk>)"
+                        if unk in ids
+                        else "holds an avoided phrase"
+                    )
+                    for text, ids in zip(c.texts, c.include, strict=True)
+                    if unk in ids or any(a in self.surfaces.text(ids) for a in avoid)
+                ]
                 if hs[0].unmet > len(why):
-                    why.append(f"{hs[0].unmet - len(why)} not within the length limit"
-                               + (" or after one of those in the order" if why and c.ordered else ""))
-                log.warning("%s: %d of %d constraints not met: %s", where(i), hs[0].unmet, len(c.include),
-                            "; ".join(why))
-            seen = next((a.decode() for a in avoid for text in texts[i] if a.decode() in text), None)
+                    why.append(
+                        f"{hs[0].unmet - len(why)} not within the length limit"
+                        + (" or after one of those in the order" if why and c.ordered else "")
+                    )
+                log.warning(
+                    "%s: %d of %d constraints not met: %s",
+                    where(i),
+                    hs[0].unmet,
+                    len(c.include),
+                    "; ".join(why),
+                )
+            seen = next(
+                (a.decode() for a in avoid for text in texts[i] if a.decode() in text), None
+            )
             if seen is not None:
-                log.warning("%s: the avoided %s is in the translation all the same: its text has it where its "
-                            "tokens' bytes do not (an undecodable byte shows as U+FFFD)", where(i), shown(seen))
+                log.warning(
+                    "%s: the avoided %s is in the translation all the same: its text has it where "
+                    "its "
+                    "tokens' bytes do not (an undecodable byte shows as U+FFFD)",
+                    where(i),
+                    shown(seen),
+                )
             if request.terms:
                 term_stats["lines"] += 1
                 term_stats["terms"] += len(request.terms)

@@ -48,10 +48,14 @@ class Ensemble:
     def __init__(self, models: Sequence[Any]):
         self.models = list(models)
 
-    def encode(self, src: torch.Tensor, shortlist: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[Any]:
+    def encode(
+        self, src: torch.Tensor, shortlist: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> list[Any]:
         return [m.encode(src, shortlist) for m in self.models]
 
-    def decode_step(self, tokens: torch.Tensor, states: list[Any]) -> tuple[torch.Tensor, list[Any]]:
+    def decode_step(
+        self, tokens: torch.Tensor, states: list[Any]
+    ) -> tuple[torch.Tensor, list[Any]]:
         outs = [m.decode_step(tokens, s) for m, s in zip(self.models, states)]
         lprobs = torch.stack([o[0] for o in outs]).mean(dim=0)  # (N, V)
         return lprobs, [o[1] for o in outs]
@@ -64,11 +68,13 @@ class Ensemble:
 
 
 class _Shortlisted:
-    """A model behind the search protocol over a batch's shortlist (nmt.decoding.shortlist): the search
-    sees columns 0 .. K-1 of `vocab` (K,) instead of token ids; `allowed` (B, K) per sentence."""
+    """A model behind the search protocol over a batch's shortlist (nmt.decoding.shortlist): the
+    search sees columns 0 .. K-1 of `vocab` (K,) instead of token ids; `allowed` (B, K) per
+    sentence."""
 
     def __init__(self, model: Any, vocab: torch.Tensor, allowed: torch.Tensor):
-        self.model, self.shortlist = model, (vocab, allowed)
+        self.model = model
+        self.shortlist = (vocab, allowed)
 
     def encode(self, src: torch.Tensor) -> Any:
         return self.model.encode(src, self.shortlist)
@@ -110,8 +116,10 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
     try:  # never through a symlink, never blocking on a FIFO (nmt.atomic.open_regular_file)
         fd = open_regular_file(marker, os.O_RDONLY, "the last-run marker", create=False)
     except FileNotFoundError:
-        raise NmtError("no --checkpoint given and no `nmt train` run recorded in this directory "
-                       f"({LAST_RUN_FILE} not found)") from None
+        raise NmtError(
+            "no --checkpoint given and no `nmt train` run recorded in this directory "
+            f"({LAST_RUN_FILE} not found)"
+        ) from None
     except NmtError as e:
         raise NmtError(f"{e}, or give --checkpoint") from None
     try:
@@ -119,12 +127,16 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
             run_dir = Path(f.read(65536).decode("utf-8").strip())
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a UTF-8 path"
-        raise NmtError(f"{marker.resolve()}: cannot read the last run ({reason}); give --checkpoint") from None
+        raise NmtError(
+            f"{marker.resolve()}: cannot read the last run ({reason}); give --checkpoint"
+        ) from None
     for name in ("checkpoint_avg.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
         if (run_dir / name).exists():
             log.info("using %s (the last `nmt train` run here)", run_dir / name)
             return [run_dir / name]
-    raise NmtError(f"{run_dir}: no checkpoint_avg.pt, checkpoint_best.pt or checkpoint_last.pt found")
+    raise NmtError(
+        f"{run_dir}: no checkpoint_avg.pt, checkpoint_best.pt or checkpoint_last.pt found"
+    )
 
 
 def load_models(paths: list[Path], device: torch.device, precision: str = "fp32") -> Loaded:
@@ -134,23 +146,44 @@ def load_models(paths: list[Path], device: torch.device, precision: str = "fp32"
     if precision == "int8":
         check_int8(device)
     configure_device(device)
-    models, tokenizer, first_cfg = [], None, None
+    models = []
+    tokenizer = None
+    first_cfg = None
     for path in paths:
         ckpt = load_model_checkpoint(path, mmap=True)  # the weights are copied into the model once
         cfg = ckpt.config
         if tokenizer is None:
-            tokenizer, first_cfg = ckpt.tokenizer, cfg
+            tokenizer = ckpt.tokenizer
+            first_cfg = cfg
         elif ckpt.tokenizer.sha256 != tokenizer.sha256:
-            raise NmtError(f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one vocabulary")
-        check_direction(path, cfg, (first_cfg or cfg).data, f"as {paths[0]} does; an ensemble needs one direction")
+            raise NmtError(
+                f"{path}: its sentencepiece model differs from {paths[0]}'s; an ensemble needs one "
+                "vocabulary"
+            )
+        check_direction(
+            path,
+            cfg,
+            (first_cfg or cfg).data,
+            f"as {paths[0]} does; an ensemble needs one direction",
+        )
         if precision == "int8" and cfg.model.arch != "transformer":
-            raise NmtError(f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch {cfg.model.arch}")
-        model: Any = build_model(cfg.model, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size)
+            raise NmtError(
+                f"{path}: --precision int8 quantises a Transformer's decoder; this is model.arch "
+                f"{cfg.model.arch}"
+            )
+        model: Any = build_model(
+            cfg.model, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size
+        )
         ckpt.load_into(model)
         model = model.to(device).eval()
         if precision == "int8":
             model = quantize_decoder(model)
-        elif precision == "fp32" and device.type == "cpu" and cfg.model.arch == "transformer" and packing_works():
+        elif (
+            precision == "fp32"
+            and device.type == "cpu"
+            and cfg.model.arch == "transformer"
+            and packing_works()
+        ):
             model.cpu_output = PackedLinear(model.output_weight, model.output_bias)
         models.append(model)
         del ckpt
@@ -165,8 +198,10 @@ def nan_error(name: str, precision: str) -> NmtError:
     """The error of a model (`name`: its checkpoints) that computed NaN log-probabilities at
     `precision`, where its translations would otherwise come out empty, with no score."""
     hint = "" if precision == "fp32" else f" at precision {precision} (try fp32)"
-    return NmtError(f"{name}: {NAN_LOGPROBS}{hint}; its weights overflow float32 or are damaged, "
-                    "it cannot translate")
+    return NmtError(
+        f"{name}: {NAN_LOGPROBS}{hint}; its weights overflow float32 or are damaged, it cannot "
+        "translate"
+    )
 
 
 # ------------------------------------------------------------------ the prediction path
@@ -190,9 +225,13 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterat
 def load_shortlist_for(path: str, loaded: Loaded, beam: int) -> Shortlist:
     """A file from `nmt shortlist`, checked against the loaded model's vocabulary and the beam."""
     shortlist = load_shortlist(path, loaded.tokenizer)
-    if len(loaded.tokenizer.specials.ids()) + shortlist.frequent.numel() <= beam:  # a list must outnumber the beam
-        raise NmtError(f"{path}: {shortlist.frequent.numel()} frequent tokens are too few for "
-                       f"beam {beam}; rebuild it with nmt shortlist --frequent {beam}")
+    if (
+        len(loaded.tokenizer.specials.ids()) + shortlist.frequent.numel() <= beam
+    ):  # a list must outnumber the beam
+        raise NmtError(
+            f"{path}: {shortlist.frequent.numel()} frequent tokens are too few for beam {beam}; "
+            f"rebuild it with nmt shortlist --frequent {beam}"
+        )
     return shortlist
 
 
@@ -200,7 +239,9 @@ def need_beam_search(cfg: DecodeConfig, where: str) -> None:
     """The one rule that lexical constraints need beam search (sampling picks each token
     regardless): an NmtError naming `where` under `cfg.sampling`."""
     if cfg.sampling:
-        raise NmtError(f"{where}: lexical constraints need beam search; they cannot be combined with sampling")
+        raise NmtError(
+            f"{where}: lexical constraints need beam search; they cannot be combined with sampling"
+        )
 
 
 def decode_workers(workers: int, device: torch.device) -> int:
@@ -256,16 +297,21 @@ def translate_token_lists(
     """
     if constraints is not None and any(c is not None for c in constraints):
         need_beam_search(cfg, "translate_token_lists: constraints")
-    device, limit = torch.device(device), (max_positions - 1) if max_positions else None
+    device = torch.device(device)
+    limit = (max_positions - 1) if max_positions else None
     seqs = [list(s[:limit]) if limit else list(s) for s in seqs]
     results: list[list[Hypothesis]] = [[] for _ in seqs]
     todo = [i for i, s in enumerate(seqs) if s]
     lengths = [len(seqs[i]) for i in todo]
-    batches = [[todo[j] for j in batch] for batch in _batches(lengths, cfg.batch_size, cfg.max_tokens)]
+    batches = [
+        [todo[j] for j in batch] for batch in _batches(lengths, cfg.batch_size, cfg.max_tokens)
+    ]
 
     def run(ids: list[int]) -> None:
         src = pad_rows([[*seqs[i], specials.eos] for i in ids], specials.pad)  # (B, S)
-        search_model, vocab, ids_out = model, None, asdict(specials)
+        search_model = model
+        vocab = None
+        ids_out = asdict(specials)
         cons = None if constraints is None else [constraints[i] for i in ids]
         gone = None if abandoned is None else lambda row: abandoned(ids[row])
         if shortlist is not None:  # the search numbers outputs by columns of the batch's vocabulary
@@ -277,11 +323,31 @@ def translate_token_lists(
         with torch.inference_mode(), decode_autocast(device, precision):  # both are per thread
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])
-                hyps = [[h] for h in token_search(search_model, src.to(device), cfg, pick, **ids_out,
-                                                  max_len=max_positions, source_pad=specials.pad, gone=gone)]
+                hyps = [
+                    [h]
+                    for h in token_search(
+                        search_model,
+                        src.to(device),
+                        cfg,
+                        pick,
+                        **ids_out,
+                        max_len=max_positions,
+                        source_pad=specials.pad,
+                        gone=gone,
+                    )
+                ]
             else:
-                hyps = beam_search(search_model, src.to(device), cfg, nbest=nbest, **ids_out,
-                                   max_len=max_positions, source_pad=specials.pad, constraints=cons, gone=gone)
+                hyps = beam_search(
+                    search_model,
+                    src.to(device),
+                    cfg,
+                    nbest=nbest,
+                    **ids_out,
+                    max_len=max_positions,
+                    source_pad=specials.pad,
+                    constraints=cons,
+                    gone=gone,
+                )
         for i, h in zip(ids, hyps):
             if vocab is not None:  # token columns -> token ids
                 h = [replace(hyp, tokens=vocab[hyp.tokens].tolist()) for hyp in h]
@@ -307,7 +373,9 @@ def _run_batches(run: Callable[[list[int]], None], batches: list[list[int]], wor
         for _ in pool.map(run, batches):  # re-raises a worker's exception (or Ctrl-C) here
             pass
     finally:
-        pool.shutdown(cancel_futures=True)  # after an error, the batches not yet started are dropped
+        pool.shutdown(
+            cancel_futures=True
+        )  # after an error, the batches not yet started are dropped
         torch.set_num_threads(threads)
 
 
@@ -354,9 +422,15 @@ def score_token_lists(
     return results
 
 
-def decode_config(base: DecodeConfig, overrides: dict[str, Any], nbest: int = 1, *,
-                  source: str = "the checkpoint", vocab_size: int | None = None,
-                  option: Callable[[str], str] | None = None) -> DecodeConfig:
+def decode_config(
+    base: DecodeConfig,
+    overrides: dict[str, Any],
+    nbest: int = 1,
+    *,
+    source: str = "the checkpoint",
+    vocab_size: int | None = None,
+    option: Callable[[str], str] | None = None,
+) -> DecodeConfig:
     """The checkpoint's decode settings with the command's (or the API's) on top, checked
     where they came from: `--beam 0` is named as an option (or as `option(key)`, e.g. the
     API's `beam=`), a value stored in the checkpoint `source` as its key (`a.pt: decode.beam`);

@@ -41,7 +41,8 @@ def tempered(ordered: Tensor, temperature: float) -> Tensor:
 
 
 def sampler(cfg: DecodeConfig, indices: Sequence[int]) -> Pick:
-    """The `Pick` of `nmt.decoding.search.token_search` for a batch whose sentence b is input sentence
+    """The `Pick` of `nmt.decoding.search.token_search` for a batch whose sentence b is input
+    sentence
     `indices[b]`: a token drawn from each row's distribution as `cfg` shapes it."""
     generators = [sentence_generator(cfg.seed, i) for i in indices]
 
@@ -53,14 +54,18 @@ def sampler(cfg: DecodeConfig, indices: Sequence[int]) -> Pick:
         probs = torch.softmax(tempered(ordered, cfg.temperature), dim=-1).nan_to_num_(0.0)
         keep = torch.ones_like(probs, dtype=torch.bool)
         if cfg.topk:
-            keep[:, cfg.topk:] = False
+            keep[:, cfg.topk :] = False
         if cfg.topp < 1.0:  # the mass before a token must be below p for it to be kept
             keep &= (probs.cumsum(-1) - probs) < cfg.topp
         keep[:, 0] = True  # the likeliest token is always a candidate
         probs = probs.masked_fill_(~keep, 0.0)
         cdf = probs.cumsum(-1)  # (N, V), cdf[:, -1] = the kept mass
-        draws = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64)
-                             for i in sent_ids.tolist()]).to(scores.device)  # (N,)
+        draws = torch.stack(
+            [
+                torch.rand((), generator=generators[i], dtype=torch.float64)
+                for i in sent_ids.tolist()
+            ]
+        ).to(scores.device)  # (N,)
         position = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True)
         position = position.clamp_(max=keep.sum(-1, keepdim=True) - 1)  # never past the kept ones
         tokens = order.gather(1, position).squeeze(1)  # (N,)

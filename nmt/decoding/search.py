@@ -94,14 +94,25 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | 
     src_len = (src != pad).sum(1).cpu().double()
     # in doubles, capped below int64's limit: --max-len-b 1e30 or --max-len-a 1e308 mean "no limit",
     # and so does a max_len_b of 400 digits, too large for a double (it was an OverflowError)
-    out = (cfg.max_len_a * src_len + float(min(cfg.max_len_b, 2**62))).clamp(max=2.0**62).long()  # as int()
+    out = (
+        (cfg.max_len_a * src_len + float(min(cfg.max_len_b, 2**62))).clamp(max=2.0**62).long()
+    )  # as int()
     if max_len is not None:
         out = out.clamp(max=max_len - 1)
     return out.clamp(min=0)
 
 
-def _block_(scores: Tensor, step: int | Tensor, history: Tensor, at_max: Tensor | None,
-            cfg: DecodeConfig, pad: int, unk: int, bos: int, eos: int) -> None:
+def _block_(
+    scores: Tensor,
+    step: int | Tensor,
+    history: Tensor,
+    at_max: Tensor | None,
+    cfg: DecodeConfig,
+    pad: int,
+    unk: int,
+    bos: int,
+    eos: int,
+) -> None:
     """Set to -inf, in place, the scores of the next tokens the search may not produce.
 
     scores (N, V) of the next token of N hypotheses of `step` tokens each (or (N,) each row's
@@ -113,14 +124,17 @@ def _block_(scores: Tensor, step: int | Tensor, history: Tensor, at_max: Tensor 
     scores[:, [pad, bos]] = -math.inf
     if not cfg.allow_unk:
         scores[:, unk] = -math.inf
-    if isinstance(step, Tensor):  # --min-len 1e30 is more than int64 holds, and than any output's length
+    if isinstance(
+        step, Tensor
+    ):  # --min-len 1e30 is more than int64 holds, and than any output's length
         scores[:, eos].masked_fill_(step < min(cfg.min_len, 2**62), -math.inf)
     elif step < cfg.min_len:
         scores[:, eos] = -math.inf
-    n, width = cfg.no_repeat_ngram_size, history.size(1)
+    n = cfg.no_repeat_ngram_size
+    width = history.size(1)
     if n and width >= n:  # an n-gram through the pad before a row's tokens matches none of its own
         grams = history.unfold(1, n, 1)  # (N, T - n + 1, n)
-        prefix = history[:, width - n + 1:].unsqueeze(1)  # (N, 1, n - 1): the n-gram to come
+        prefix = history[:, width - n + 1 :].unsqueeze(1)  # (N, 1, n - 1): the n-gram to come
         seen = (grams[:, :, :-1] == prefix).all(2)  # (N, T - n + 1)
         vocab = scores.size(1)
         banned = torch.where(seen, grams[:, :, -1], vocab)  # index V: a spare column
@@ -133,12 +147,24 @@ def _block_(scores: Tensor, step: int | Tensor, history: Tensor, at_max: Tensor 
 
 Pick = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """(scores (N, V) of the live rows' next token, sentence of each row (N,) CPU) -> the chosen
-tokens' log-probs (N,) and the tokens (N,): a sample, or (the tests' greedy search) the first maximum."""
+tokens' log-probs (N,) and the tokens (N,): a sample, or (the tests' greedy search) the first
+maximum."""
 
 
-def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick, *, pad: int,
-                 unk: int, bos: int, eos: int, max_len: int | None = None,
-                 source_pad: int | None = None, gone: Callable[[int], bool] | None = None) -> list[Hypothesis]:
+def token_search(
+    model: SearchModel,
+    src: Tensor,
+    cfg: DecodeConfig,
+    pick: Pick,
+    *,
+    pad: int,
+    unk: int,
+    bos: int,
+    eos: int,
+    max_len: int | None = None,
+    source_pad: int | None = None,
+    gone: Callable[[int], bool] | None = None,
+) -> list[Hypothesis]:
     """src (B, S) -> one hypothesis per sentence, one token per step chosen by `pick` (sampling:
     `nmt.decoding.sampling.sampler`; the tests' greedy search: the first maximum) among the
     tokens the rules allow.
@@ -146,8 +172,11 @@ def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick,
     Same length limits and token rules as `beam_search`, `gone` too. Scores are those of the model's
     log-probs (normalised by the length penalty of `cfg`, as beam search ranks them).
     """
-    bsz, device = src.size(0), src.device
-    max_out = max_output_lengths(src, cfg, pad if source_pad is None else source_pad, max_len)  # (N,) CPU
+    bsz = src.size(0)
+    device = src.device
+    max_out = max_output_lengths(
+        src, cfg, pad if source_pad is None else source_pad, max_len
+    )  # (N,) CPU
     out: list[Hypothesis] = [Hypothesis([], 0.0, 0.0, []) for _ in range(bsz)]
     sent_ids = torch.arange(bsz)  # (N,) CPU: sentence of each live row
     tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (N, step)
@@ -175,19 +204,30 @@ def token_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, pick: Pick,
         if done.any():
             ended = done.to(device)
             finals = torch.cat([pos_scores[ended], best_score[ended].unsqueeze(1)], 1).tolist()
-            for i, toks, pos in zip(sent_ids[done].tolist(), tokens[ended].tolist(), finals, strict=True):
+            for i, toks, pos in zip(
+                sent_ids[done].tolist(), tokens[ended].tolist(), finals, strict=True
+            ):
                 logprob = sum(pos)
-                out[i] = Hypothesis(toks, logprob / length_penalty(len(pos), cfg.lenpen, cfg.lenpen_style),
-                                    logprob, pos)
+                out[i] = Hypothesis(
+                    toks,
+                    logprob / length_penalty(len(pos), cfg.lenpen, cfg.lenpen_style),
+                    logprob,
+                    pos,
+                )
             keep = (~done).nonzero().view(-1)
             if not keep.numel():
                 break
-            sent_ids, max_out = sent_ids[keep], max_out[keep]
+            sent_ids = sent_ids[keep]
+            max_out = max_out[keep]
             keep = keep.to(device)
-            tokens, pos_scores, best, best_score = tokens[keep], pos_scores[keep], best[keep], best_score[keep]
+            tokens = tokens[keep]
+            pos_scores = pos_scores[keep]
+            best = best[keep]
+            best_score = best_score[keep]
             state = model.reorder(state, keep)
         tokens = torch.cat([tokens, best.unsqueeze(1)], 1)
-        pos_scores, last = torch.cat([pos_scores, best_score.unsqueeze(1)], 1), best
+        pos_scores = torch.cat([pos_scores, best_score.unsqueeze(1)], 1)
+        last = best
     return out
 
 
@@ -197,7 +237,9 @@ class _Unconstrained:
 
     max_token = -1  # the highest token id a constraint names
 
-    def candidates(self, lprobs: Tensor, scores: Tensor, k: int, blocked: Any) -> tuple[Tensor, Tensor, Any]:
+    def candidates(
+        self, lprobs: Tensor, scores: Tensor, k: int, blocked: Any
+    ) -> tuple[Tensor, Tensor, Any]:
         return (*top_candidates(lprobs, scores, k), None)
 
     def _nothing(self, *args: Any) -> Any:
@@ -215,10 +257,15 @@ class _Candidates:
     the new live beam, the best `beam` that do not end in EOS, in their order (by score, or the
     banks'; at most `beam` of the 2*beam end in EOS, one per row; a repeat is -inf)."""
 
-    def __init__(self, scores: Tensor, index: Tensor, lprobs: Tensor, width: int, beam: int, eos: int) -> None:
+    def __init__(
+        self, scores: Tensor, index: Tensor, lprobs: Tensor, width: int, beam: int, eos: int
+    ) -> None:
         vocab = lprobs.size(1)
-        self.scores, self.tokens = scores, index % vocab
-        self.rows = index // vocab + torch.arange(scores.size(0), device=scores.device).unsqueeze(1) * width
+        self.scores = scores
+        self.tokens = index % vocab
+        self.rows = (
+            index // vocab + torch.arange(scores.size(0), device=scores.device).unsqueeze(1) * width
+        )
         self.lp = lprobs.view(-1)[self.rows * vocab + self.tokens]
         is_eos = self.tokens == eos
         self.ends = is_eos[:, :beam] & scores[:, :beam].isfinite()
@@ -234,7 +281,8 @@ class _Sentences:
 
     def __init__(self, cfg: DecodeConfig) -> None:
         self.cfg = cfg
-        self.max_out, self.steps = torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+        self.max_out = torch.empty(0, dtype=torch.long)
+        self.steps = torch.empty(0, dtype=torch.long)
         self.worst = torch.empty(0, dtype=torch.float64)
         self.tags: list[Hashable] = []
         self.lists: dict[Hashable, list[Hypothesis]] = {}
@@ -245,12 +293,21 @@ class _Sentences:
         self.lists.update((tag, []) for tag in tags)
         self.max_out = torch.cat([self.max_out, max_out])
         self.steps = torch.cat([self.steps, torch.zeros_like(max_out)])
-        self.worst = torch.cat([self.worst, torch.full((len(tags),), -math.inf, dtype=torch.float64)])
+        self.worst = torch.cat(
+            [self.worst, torch.full((len(tags),), -math.inf, dtype=torch.float64)]
+        )
 
     def lenpen(self, length: int) -> float:
         return length_penalty(length, self.cfg.lenpen, self.cfg.lenpen_style)
 
-    def add(self, ends: Tensor, cand: _Candidates, unmet: Tensor | None, tokens: Tensor, pos_scores: Tensor) -> None:
+    def add(
+        self,
+        ends: Tensor,
+        cand: _Candidates,
+        unmet: Tensor | None,
+        tokens: Tensor,
+        pos_scores: Tensor,
+    ) -> None:
         """Move the candidates `ends` (Bn, beam; a CPU bool tensor) marks (EOS among a sentence's
         top `beam`) of the rows `tokens` / `pos_scores` (N, T; a row's last `steps` are its own)
         to their sentences' lists, keep each list's best `beam`, and update `worst`. The
@@ -260,17 +317,29 @@ class _Sentences:
         With constraints, `unmet` (Bn, C) the positive phrases each candidate lacks: a list ranks
         the hypotheses that lack fewer first, and `worst` counts only hypotheses that lack none."""
         b, c = ends.nonzero(as_tuple=True)
-        bd, cd = b.to(cand.rows.device), c.to(cand.rows.device)
-        rows, width, beam = cand.rows[bd, cd], tokens.size(1), self.cfg.beam
+        bd = b.to(cand.rows.device)
+        cd = c.to(cand.rows.device)
+        rows = cand.rows[bd, cd]
+        width = tokens.size(1)
+        beam = self.cfg.beam
         lacks = cand.lp.new_zeros(len(b)) if unmet is None else unmet[bd, cd]
-        packed = torch.cat([tokens[rows].double(), pos_scores[rows].double(),
-                            *(t.double().unsqueeze(1) for t in (cand.lp[bd, cd], cand.scores[bd, cd], lacks))],
-                           1).tolist()  # (k, 2 * T + 3)
+        packed = torch.cat(
+            [
+                tokens[rows].double(),
+                pos_scores[rows].double(),
+                *(t.double().unsqueeze(1) for t in (cand.lp[bd, cd], cand.scores[bd, cd], lacks)),
+            ],
+            1,
+        ).tolist()  # (k, 2 * T + 3)
         steps = self.steps.tolist()
         for i, row in zip(b.tolist(), packed, strict=True):
             n = steps[i]
-            toks, pos, logprob = [int(x) for x in row[width - n : width]], row[2 * width - n : 2 * width + 1], row[-2]
-            self.lists[self.tags[i]].append(Hypothesis(toks, logprob / self.lenpen(n + 1), logprob, pos, int(row[-1])))
+            toks = [int(x) for x in row[width - n : width]]
+            pos = row[2 * width - n : 2 * width + 1]
+            logprob = row[-2]
+            self.lists[self.tags[i]].append(
+                Hypothesis(toks, logprob / self.lenpen(n + 1), logprob, pos, int(row[-1]))
+            )
         for i in set(b.tolist()):
             hyps = self.lists[self.tags[i]]
             hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
@@ -292,7 +361,9 @@ class _Sentences:
           maximum length."""
         ending = self.max_out <= self.steps
         if self.cfg.lenpen_style == "none" or self.cfg.lenpen <= 0:
-            bound = torch.tensor([self.lenpen(n + 2) for n in self.steps.tolist()], dtype=torch.float64)
+            bound = torch.tensor(
+                [self.lenpen(n + 2) for n in self.steps.tolist()], dtype=torch.float64
+            )
             return ending | (best_live / bound <= self.worst)
         return ending | (best_live <= self.worst) | (self.worst > -math.inf)
 
@@ -301,7 +372,11 @@ class _Sentences:
         out = [(tag, self.lists.pop(tag)[:nbest]) for tag, d in zip(self.tags, done.tolist()) if d]
         keep = (~done).nonzero().view(-1)
         self.tags = [self.tags[i] for i in keep.tolist()]
-        self.max_out, self.worst, self.steps = self.max_out[keep], self.worst[keep], self.steps[keep]
+        self.max_out, self.worst, self.steps = (
+            self.max_out[keep],
+            self.worst[keep],
+            self.steps[keep],
+        )
         return out
 
 
@@ -317,32 +392,60 @@ class BeamSearch:
     a running search. Arguments as `beam_search`'s.
     """
 
-    def __init__(self, model: SearchModel, cfg: DecodeConfig, *, nbest: int = 1, pad: int, unk: int, bos: int,
-                 eos: int, max_len: int | None = None, source_pad: int | None = None) -> None:
+    def __init__(
+        self,
+        model: SearchModel,
+        cfg: DecodeConfig,
+        *,
+        nbest: int = 1,
+        pad: int,
+        unk: int,
+        bos: int,
+        eos: int,
+        max_len: int | None = None,
+        source_pad: int | None = None,
+    ) -> None:
         if not 1 <= nbest <= cfg.beam:
             raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({cfg.beam})")
-        self.model, self.cfg, self.nbest, self.max_len = model, cfg, nbest, max_len
-        self.pad, self.unk, self.bos, self.eos = pad, unk, bos, eos
+        self.model = model
+        self.cfg = cfg
+        self.nbest = nbest
+        self.max_len = max_len
+        self.pad = pad
+        self.unk = unk
+        self.bos = bos
+        self.eos = eos
         self.source_pad = pad if source_pad is None else source_pad
-        self.books, self.state = _Sentences(cfg), None
+        self.books = _Sentences(cfg)
+        self.state = None
         self.cons: _Unconstrained | ConstraintTracker = _Unconstrained()
 
     def __len__(self) -> int:
         """The live sentences."""
         return len(self.books.tags)
 
-    def add(self, src: Tensor, tags: Sequence[Hashable],
-            constraints: Sequence[Constraints | None] | None = None) -> None:
+    def add(
+        self,
+        src: Tensor,
+        tags: Sequence[Hashable],
+        constraints: Sequence[Constraints | None] | None = None,
+    ) -> None:
         """Sentences src (B, S) join the search, tagged `tags`, with their `constraints` (only into
         an empty search)."""
-        bsz, device = src.size(0), src.device
+        bsz = src.size(0)
+        device = src.device
         if not bsz:
             return
         max_out = max_output_lengths(src, self.cfg, self.source_pad, self.max_len)
         cons = ConstraintTracker.build(constraints, bsz, self.eos, device)
-        state, scores = self.model.encode(src), torch.zeros(bsz, 1, device=device)
-        if self.state is None:  # Step 0 runs on one row per sentence; the first reorder expands it to `beam`
-            self.state, self.cons, self.width = state, cons or _Unconstrained(), 1  # width: rows per sentence
+        state = self.model.encode(src)
+        scores = torch.zeros(bsz, 1, device=device)
+        if (
+            self.state is None
+        ):  # Step 0 runs on one row per sentence; the first reorder expands it to `beam`
+            self.state = state  # width: rows per sentence
+            self.cons = cons or _Unconstrained()
+            self.width = 1
             self.scores = scores  # (Bn, width) log-probs of the live rows
             self.tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (Bn*width, T)
             self.pos_scores = torch.empty(bsz, 0, device=device)  # (Bn*width, T)
@@ -350,43 +453,73 @@ class BeamSearch:
         else:
             if cons is not None or not isinstance(self.cons, _Unconstrained):
                 raise ValueError("sentences with lexical constraints cannot join a running search")
-            rows, width = bsz * self.width, self.tokens.size(1)
+            rows = bsz * self.width
+            width = self.tokens.size(1)
             if self.width > 1:
-                state = self.model.reorder(state, torch.arange(bsz, device=device).repeat_interleave(self.width))
+                state = self.model.reorder(
+                    state, torch.arange(bsz, device=device).repeat_interleave(self.width)
+                )
             self.state = self.model.merge(self.state, state)  # type: ignore[attr-defined]
-            self.scores = torch.cat([self.scores, F.pad(scores, (0, self.width - 1), value=-math.inf)])
+            self.scores = torch.cat(
+                [self.scores, F.pad(scores, (0, self.width - 1), value=-math.inf)]
+            )
             self.tokens = torch.cat([self.tokens, self.tokens.new_full((rows, width), self.pad)])
             self.pos_scores = torch.cat([self.pos_scores, self.pos_scores.new_zeros(rows, width)])
             self.last = torch.cat([self.last, self.last.new_full((rows,), self.bos)])
         self.books.join(max_out, tags)
 
     def expire(self, tags: Sequence[Hashable]) -> None:
-        """End the sentences `tags` at the next step, as at their length limit (nobody waits for them)."""
+        """End the sentences `tags` at the next step, as at their length limit (nobody waits for
+        them)."""
         gone = torch.tensor([tag in tags for tag in self.books.tags], dtype=torch.bool)
         self.books.max_out[gone] = self.books.steps[gone]
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
-        """Decode one token of every live sentence; the sentences that ended, with their hypotheses."""
-        books, cons, cfg, beam, width = self.books, self.cons, self.cfg, self.cfg.beam, self.width
+        """Decode one token of every live sentence; the sentences that ended, with their
+        hypotheses."""
+        books = self.books
+        cons = self.cons
+        cfg = self.cfg
+        beam = self.cfg.beam
+        width = self.width
         lprobs, state = self.model.decode_step(self.last, self.state)
         lprobs = lprobs.float().contiguous()  # (Bn*width, V), masked in place below
         nan = lprobs.isnan().any().view(1)  # read with the step's one copy to the host
-        device, vocab = lprobs.device, lprobs.size(1)
+        device = lprobs.device
+        vocab = lprobs.size(1)
         if vocab <= beam:  # step 0 takes the beam from one row's candidates
             raise ValueError(f"the beam ({beam}) must be smaller than the vocabulary ({vocab})")
         if cons.max_token >= vocab:
-            raise ValueError(f"constraint token {cons.max_token} is outside the vocabulary ({vocab})")
+            raise ValueError(
+                f"constraint token {cons.max_token} is outside the vocabulary ({vocab})"
+            )
         ending = books.max_out <= books.steps
         at_max = ending.repeat_interleave(width).to(device) if ending.any() else None
-        forced = cons.prefix_logprobs(lprobs, int(books.steps[0]))  # read before the token rules mask them
-        _block_(lprobs, books.steps.repeat_interleave(width).to(device), self.tokens, at_max, cfg, self.pad,
-                self.unk, self.bos, self.eos)
-        blocked = cons.block_(lprobs, at_max, forced)  # avoided phrases, EOS before the phrases to include
+        forced = cons.prefix_logprobs(
+            lprobs, int(books.steps[0])
+        )  # read before the token rules mask them
+        _block_(
+            lprobs,
+            books.steps.repeat_interleave(width).to(device),
+            self.tokens,
+            at_max,
+            cfg,
+            self.pad,
+            self.unk,
+            self.bos,
+            self.eos,
+        )
+        blocked = cons.block_(
+            lprobs, at_max, forced
+        )  # avoided phrases, EOS before the phrases to include
 
         # continuations scores[row] + lprobs[row, token], best 2*beam (constraints: more, by bank)
-        top_scores, top_idx, picked = cons.candidates(lprobs, self.scores, min(2 * beam, width * vocab), blocked)
+        top_scores, top_idx, picked = cons.candidates(
+            lprobs, self.scores, min(2 * beam, width * vocab), blocked
+        )
         cand = _Candidates(top_scores, top_idx, lprobs, width, beam, self.eos)
-        ends, order = cand.ends, cand.order  # those that finish a hypothesis, and the new live beam
+        ends = cand.ends  # those that finish a hypothesis, and the new live beam
+        order = cand.order
         rows = cand.rows.gather(1, order)
         scores, new_tok, new_lp = (t.gather(1, order) for t in (cand.scores, cand.tokens, cand.lp))
         cons.choose(picked, order, rows, new_tok)
@@ -413,15 +546,28 @@ class BeamSearch:
         width = int(books.steps.max())  # history columns still needed
         self.tokens = torch.cat([self.tokens[rows], new_tok.view(-1, 1)], 1)[:, -width:]
         self.pos_scores = torch.cat([self.pos_scores[rows], new_lp.view(-1, 1)], 1)[:, -width:]
-        self.state, self.scores = self.model.reorder(state, rows), scores
-        self.last, self.width = new_tok.view(-1), beam
+        self.state = self.model.reorder(state, rows)
+        self.scores = scores
+        self.last = new_tok.view(-1)
+        self.width = beam
         return finished
 
 
-def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: int = 1, pad: int, unk: int,
-                bos: int, eos: int, max_len: int | None = None, source_pad: int | None = None,
-                constraints: Sequence[Constraints | None] | None = None,
-                gone: Callable[[int], bool] | None = None) -> list[list[Hypothesis]]:
+def beam_search(
+    model: SearchModel,
+    src: Tensor,
+    cfg: DecodeConfig,
+    *,
+    nbest: int = 1,
+    pad: int,
+    unk: int,
+    bos: int,
+    eos: int,
+    max_len: int | None = None,
+    source_pad: int | None = None,
+    constraints: Sequence[Constraints | None] | None = None,
+    gone: Callable[[int], bool] | None = None,
+) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first, distinct.
     pad, unk, bos, eos: the special ids of the model's vocabulary (`nmt.tokenizer.SpecialIds`),
     as the model's outputs number them: over a shortlist, their columns; `source_pad` is then
@@ -440,8 +586,17 @@ def beam_search(model: SearchModel, src: Tensor, cfg: DecodeConfig, *, nbest: in
     `gone(i)`: whether nobody waits for sentence i any more (nmt serve: a 504, a client gone),
     asked before each step; such a sentence ends at that step, as at its length limit.
     """
-    search = BeamSearch(model, cfg, nbest=nbest, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len,
-                        source_pad=source_pad)
+    search = BeamSearch(
+        model,
+        cfg,
+        nbest=nbest,
+        pad=pad,
+        unk=unk,
+        bos=bos,
+        eos=eos,
+        max_len=max_len,
+        source_pad=source_pad,
+    )
     search.add(src, range(src.size(0)), constraints)
     done: dict[Hashable, list[Hypothesis]] = {}
     while len(search):

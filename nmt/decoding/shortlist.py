@@ -43,29 +43,37 @@ _OCCURRENCES_PER_CHUNK = 4_000_000  # (source, target) token pairs handled at on
 
 @dataclass
 class Shortlist:
-    candidates: Tensor  # (source V, top) long: per source token its likeliest target tokens, -1 = none
+    candidates: (
+        Tensor  # (source V, top) long: per source token its likeliest target tokens, -1 = none
+    )
     frequent: Tensor  # (F,) long: the most frequent target tokens
     vocab_size: int  # the target vocabulary's
     spm_sha256: str
     source_lang: str = ""
     target_lang: str = ""
-    copies: Tensor | None = None  # (source V,) separate vocabularies: each source token as a target token, or -1
+    copies: Tensor | None = (
+        None  # (source V,) separate vocabularies: each source token as a target token, or -1
+    )
 
     def allowed(self, src: Tensor, specials: SpecialIds) -> Tensor:
         """src (B, S) token ids -> (B, V) bool: the target tokens each sentence may produce,
         the special tokens (`specials`, the vocabulary's) always among them."""
-        B, V, src = src.size(0), self.vocab_size, src.cpu().clamp(max=self.candidates.size(0) - 1)
+        B = src.size(0)
+        V = self.vocab_size
+        src = src.cpu().clamp(max=self.candidates.size(0) - 1)
         allowed = torch.zeros(B, V + 1, dtype=torch.bool)  # column V collects the -1 entries
         allowed[:, specials.ids()] = True
         allowed[:, self.frequent] = True
-        real, own = src != specials.pad, src if self.copies is None else self.copies[src]
+        real = src != specials.pad
+        own = src if self.copies is None else self.copies[src]
         allowed.scatter_(1, torch.where(real & (own >= 0), own, V), True)  # its own tokens
         cand = self.candidates[src]  # (B, S, top)
         allowed.scatter_(1, torch.where(real.unsqueeze(2) & (cand >= 0), cand, V).view(B, -1), True)
         return allowed[:, :V]
 
-    def batch_vocab(self, src: Tensor, specials: SpecialIds,
-                    extra: Sequence[Collection[int]] = ()) -> tuple[Tensor, Tensor]:
+    def batch_vocab(
+        self, src: Tensor, specials: SpecialIds, extra: Sequence[Collection[int]] = ()
+    ) -> tuple[Tensor, Tensor]:
         """src (B, S) -> the batch's tokens (K,) ascending, and (B, K) bool: which of them
         each sentence may produce. One output projection over the K tokens serves the whole
         batch (a per-sentence projection would read each weight for `beam` rows only); the
@@ -83,7 +91,9 @@ class Shortlist:
 # ------------------------------------------------------------------ learning
 
 
-def _pairs(src: list[np.ndarray], tgt: list[np.ndarray], null: int) -> tuple[Tensor, Tensor, Tensor]:
+def _pairs(
+    src: list[np.ndarray], tgt: list[np.ndarray], null: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """Every (source token, target token) pair within each sentence pair, NULL source included.
 
     -> source ids, target ids, and the index of the target position each pair belongs to
@@ -91,7 +101,9 @@ def _pairs(src: list[np.ndarray], tgt: list[np.ndarray], null: int) -> tuple[Ten
     """
     src_len = torch.tensor([len(s) + 1 for s in src])  # + NULL
     tgt_len = torch.tensor([len(t) for t in tgt])
-    src_flat = torch.from_numpy(np.concatenate([np.concatenate(([null], s)) for s in src]).astype(np.int64))
+    src_flat = torch.from_numpy(
+        np.concatenate([np.concatenate(([null], s)) for s in src]).astype(np.int64)
+    )
     tgt_flat = torch.from_numpy(np.concatenate(tgt).astype(np.int64))
     src_start = torch.cumsum(src_len, 0) - src_len  # (n,) offset of each sentence in src_flat
     per_target = src_len.repeat_interleave(tgt_len)  # (T,) source tokens each target pairs with
@@ -109,8 +121,13 @@ def _chunks(data: ParallelData, ids: np.ndarray) -> list[np.ndarray]:
     return [c for c in np.split(ids, cuts) if len(c)]
 
 
-def model1(data: ParallelData, chunks: list[np.ndarray], V: int, iterations: int,
-           source_vocab: int | None = None) -> tuple[Tensor, Tensor]:
+def model1(
+    data: ParallelData,
+    chunks: list[np.ndarray],
+    V: int,
+    iterations: int,
+    source_vocab: int | None = None,
+) -> tuple[Tensor, Tensor]:
     """IBM Model 1 by EM on the sentence pairs `chunks` (see `_chunks`) of `data`: the pairs
     (s, t) that co-occur, as sorted keys s * V + t (s = the source vocabulary's size, V unless
     `source_vocab`, is the NULL word), and p(t|s) of each."""
@@ -137,7 +154,9 @@ def model1(data: ParallelData, chunks: list[np.ndarray], V: int, iterations: int
     return keys, prob
 
 
-MAX_VOCAB = 1 << 22  # token ids: 16 times the largest vocabularies in use (~256k); the tables are V x top
+MAX_VOCAB = (
+    1 << 22
+)  # token ids: 16 times the largest vocabularies in use (~256k); the tables are V x top
 
 
 def _vocab_sizes(meta: dict, path: Path) -> tuple[int, int]:
@@ -146,10 +165,13 @@ def _vocab_sizes(meta: dict, path: Path) -> tuple[int, int]:
     is at least 1 and at most what the data's token type holds (uint16: 65,535, as prepare-bpe
     chooses it) or MAX_VOCAB."""
     most = 65535 if meta["dtype"] == "uint16" else MAX_VOCAB
-    V, Vs = meta["vocab_size"], meta.get("source_vocab_size") or meta["vocab_size"]
+    V = meta["vocab_size"]
+    Vs = meta.get("source_vocab_size") or meta["vocab_size"]
     if not (1 <= V <= most and 1 <= Vs <= most):
-        raise NmtError(f"{path}: vocab_size {V:,} or source_vocab_size {Vs:,} is not a vocabulary of "
-                       f"{meta['dtype']} tokens (1 to {most:,}); re-run nmt prepare-bpe")
+        raise NmtError(
+            f"{path}: vocab_size {V:,} or source_vocab_size {Vs:,} is not a vocabulary of "
+            f"{meta['dtype']} tokens (1 to {most:,}); re-run nmt prepare-bpe"
+        )
     return V, Vs
 
 
@@ -157,31 +179,54 @@ def _check_tokens(data_dir: str | Path, data: ParallelData, V: int, Vs: int) -> 
     """The train split's offsets go forward and its token ids are in the vocabulary, or an
     NmtError naming the file: a sentence of negative length, or an id past a table, would
     give a wrong shortlist or fail deep in the counting (IndexError)."""
-    for lang, tokens, size in ((data.src_lang, data.src_data, Vs), (data.tgt_lang, data.tgt_data, V)):
+    for lang, tokens, size in (
+        (data.src_lang, data.src_data, Vs),
+        (data.tgt_lang, data.tgt_data, V),
+    ):
         if (tokens.sizes < 0).any():
-            raise NmtError(f"{idx_path(data_dir, 'train', lang)}: offsets go backwards (not written by "
-                           "nmt prepare-bpe); re-run it")
+            raise NmtError(
+                f"{idx_path(data_dir, 'train', lang)}: offsets go backwards (not written by nmt "
+                "prepare-bpe); re-run it"
+            )
         if not len(tokens.tokens):
             continue
         if not 0 <= tokens.tokens.min() <= tokens.tokens.max() < size:
-            raise NmtError(f"{bin_path(data_dir, 'train', lang)}: token ids outside the vocabulary "
-                           f"(0 to {size - 1:,}, prepare.json); re-run nmt prepare-bpe")
+            raise NmtError(
+                f"{bin_path(data_dir, 'train', lang)}: token ids outside the vocabulary (0 to "
+                f"{size - 1:,}, prepare.json); re-run nmt prepare-bpe"
+            )
 
 
-def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100, iterations: int = 5,
-                    max_sentences: int = 1_000_000) -> Shortlist:
+def learn_shortlist(
+    data_dir: str | Path,
+    *,
+    top: int = 20,
+    frequent: int = 100,
+    iterations: int = 5,
+    max_sentences: int = 1_000_000,
+) -> Shortlist:
     """IBM Model 1 p(t|s) on the `train` split of a `nmt prepare-bpe` directory -> Shortlist.
 
     At most `max_sentences` pairs are used (evenly spaced through the corpus), which is
     plenty for the top translations of every frequent token.
     """
-    check_bounds(ShortlistOptions, flag, top=top, frequent=frequent, iterations=iterations, max_sentences=max_sentences)
+    check_bounds(
+        ShortlistOptions,
+        flag,
+        top=top,
+        frequent=frequent,
+        iterations=iterations,
+        max_sentences=max_sentences,
+    )
     meta = read_meta(data_dir)
     V, Vs = _vocab_sizes(meta, Path(data_dir) / META_FILE)
-    top, frequent = min(top, V), min(frequent, V)  # more is all
+    top = min(top, V)  # more is all
+    frequent = min(frequent, V)
     data = ParallelData.load(data_dir, "train")
     _check_tokens(data_dir, data, V, Vs)
-    ids = np.unique(np.linspace(0, len(data) - 1, min(len(data), max_sentences)).round().astype(np.int64))
+    ids = np.unique(
+        np.linspace(0, len(data) - 1, min(len(data), max_sentences)).round().astype(np.int64)
+    )
     ids = ids[(data.src_sizes[ids] > 0) & (data.tgt_sizes[ids] > 0)]
     if not len(ids):
         raise NmtError(f"{data_dir}: the train split has no non-empty sentence pair")
@@ -192,7 +237,8 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
     # per source token (not NULL), its targets by descending p(t|s)
     order = torch.sort(prob, descending=True, stable=True).indices
     order = order[torch.sort(key_src[order], stable=True).indices]
-    src_of, tgt_of = key_src[order], keys[order] % V
+    src_of = key_src[order]
+    tgt_of = keys[order] % V
     rank = torch.arange(order.numel()) - torch.searchsorted(src_of, src_of, side="left")
     keep = (rank < top) & (src_of < Vs)
     candidates = torch.full((Vs, top), -1, dtype=torch.long)
@@ -200,42 +246,66 @@ def learn_shortlist(data_dir: str | Path, *, top: int = 20, frequent: int = 100,
 
     counts_tgt = torch.zeros(V, dtype=torch.long)
     for chunk in chunks:
-        counts_tgt += torch.from_numpy(np.bincount(np.concatenate([data.tgt(i) for i in chunk]), minlength=V))
+        counts_tgt += torch.from_numpy(
+            np.bincount(np.concatenate([data.tgt(i) for i in chunk]), minlength=V)
+        )
     frequent_ids = counts_tgt.topk(min(frequent, V)).indices.sort().values
-    return Shortlist(candidates, frequent_ids, V, meta["spm"]["sha256"], meta["source_lang"], meta["target_lang"])
+    return Shortlist(
+        candidates, frequent_ids, V, meta["spm"]["sha256"], meta["source_lang"], meta["target_lang"]
+    )
 
 
-def shortlist_command(data_dir: Path, output: Path, *, top: int, frequent: int, iterations: int,
-                      max_sentences: int) -> None:
+def shortlist_command(
+    data_dir: Path, output: Path, *, top: int, frequent: int, iterations: int, max_sentences: int
+) -> None:
     """`nmt shortlist`: learn a shortlist and write it to `output` (checked before the work)."""
     target(output, "-o")
     meta = read_meta(data_dir)
     read = [FileArg("DATA_DIR", Path(data_dir) / META_FILE, "the data's description")]
-    read += [FileArg("DATA_DIR", path(data_dir, "train", meta[side]), "the training data")
-             for side in ("source_lang", "target_lang") for path in (bin_path, idx_path)]
+    read += [
+        FileArg("DATA_DIR", path(data_dir, "train", meta[side]), "the training data")
+        for side in ("source_lang", "target_lang")
+        for path in (bin_path, idx_path)
+    ]
     check_outputs(read, [FileArg("-o", output)])
-    shortlist = learn_shortlist(data_dir, top=top, frequent=frequent, iterations=iterations,
-                                max_sentences=max_sentences)
+    shortlist = learn_shortlist(
+        data_dir, top=top, frequent=frequent, iterations=iterations, max_sentences=max_sentences
+    )
     save_shortlist(shortlist, output)
-    log.info("wrote %s (%d source tokens x top %d, %d frequent)", output, shortlist.vocab_size, top,
-             shortlist.frequent.numel())
+    log.info(
+        "wrote %s (%d source tokens x top %d, %d frequent)",
+        output,
+        shortlist.vocab_size,
+        top,
+        shortlist.frequent.numel(),
+    )
 
 
 # ------------------------------------------------------------------ files
 
 
 def save_shortlist(shortlist: Shortlist, path: str | Path) -> None:
-    atomic_save({"format": FORMAT, "format_version": FORMAT_VERSION, "vocab_size": shortlist.vocab_size,
-                 "spm_sha256": shortlist.spm_sha256, "source_lang": shortlist.source_lang,
-                 "target_lang": shortlist.target_lang, "candidates": shortlist.candidates.to(torch.int32),
-                 "frequent": shortlist.frequent.to(torch.int32)}, path)
+    atomic_save(
+        {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "vocab_size": shortlist.vocab_size,
+            "spm_sha256": shortlist.spm_sha256,
+            "source_lang": shortlist.source_lang,
+            "target_lang": shortlist.target_lang,
+            "candidates": shortlist.candidates.to(torch.int32),
+            "frequent": shortlist.frequent.to(torch.int32),
+        },
+        path,
+    )
 
 
 def load_shortlist(path: str | Path, tokenizer: Tokenizer) -> Shortlist:
     """Read a file written by `nmt shortlist` and check it belongs to the model's vocabulary:
     anything else (another torch file, a hand-made one with a key missing, a table of another
     shape or with ids outside the vocabulary) is an NmtError naming the file."""
-    vocab_size, spm_sha256 = tokenizer.vocab_size, tokenizer.sha256
+    vocab_size = tokenizer.vocab_size
+    spm_sha256 = tokenizer.sha256
     path = Path(path)
     expected = "a shortlist is the file `nmt shortlist DATA_DIR -o FILE` writes"
     try:
@@ -246,27 +316,48 @@ def load_shortlist(path: str | Path, tokenizer: Tokenizer) -> Shortlist:
     except NmtError:
         raise
     except Exception:  # noqa: BLE001 - any unreadable file is the user's to fix
-        raise NmtError(f"{path}: not a shortlist ({expected}; this is not a torch file of tensors)") from None
+        raise NmtError(
+            f"{path}: not a shortlist ({expected}; this is not a torch file of tensors)"
+        ) from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         what = "a checkpoint" if isinstance(obj, dict) and "model" in obj else "another torch file"
         raise NmtError(f"{path}: not a shortlist ({expected}; this is {what})")
     if obj.get("format_version") != FORMAT_VERSION:
-        raise NmtError(f"{path}: shortlist format version {obj.get('format_version')}, this nmt reads {FORMAT_VERSION}")
-    missing = next((key for key in ("vocab_size", "spm_sha256", "candidates", "frequent") if key not in obj), None)
+        raise NmtError(
+            f"{path}: shortlist format version {obj.get('format_version')}, this nmt reads "
+            f"{FORMAT_VERSION}"
+        )
+    missing = next(
+        (key for key in ("vocab_size", "spm_sha256", "candidates", "frequent") if key not in obj),
+        None,
+    )
     if missing is not None:
         raise NmtError(f"{path}: not a shortlist (no {missing}); run nmt shortlist again")
     if obj["vocab_size"] != vocab_size or obj["spm_sha256"] != spm_sha256:
-        raise NmtError(f"{path}: made for another vocabulary than the checkpoint's "
-                       "(different sentencepiece model); run nmt shortlist on the model's data directory")
-    candidates = _ids(obj, "candidates", tokenizer.source_vocab_size or vocab_size, -1, vocab_size, path)
+        raise NmtError(
+            f"{path}: made for another vocabulary than the checkpoint's (different sentencepiece "
+            "model); run nmt shortlist on the model's data directory"
+        )
+    candidates = _ids(
+        obj, "candidates", tokenizer.source_vocab_size or vocab_size, -1, vocab_size, path
+    )
     frequent = _ids(obj, "frequent", None, 0, vocab_size, path)
     copies = None
-    if tokenizer.source_vocab_size is not None:  # separate: each source token's piece as a target id
+    if (
+        tokenizer.source_vocab_size is not None
+    ):  # separate: each source token's piece as a target id
         source, target = tokenizer.vocabularies()
         ids = {p: i for i, p in enumerate(target)}
         copies = torch.tensor([ids.get(p, -1) for p in source])
-    return Shortlist(candidates, frequent, vocab_size, spm_sha256, obj.get("source_lang", ""),
-                     obj.get("target_lang", ""), copies)
+    return Shortlist(
+        candidates,
+        frequent,
+        vocab_size,
+        spm_sha256,
+        obj.get("source_lang", ""),
+        obj.get("target_lang", ""),
+        copies,
+    )
 
 
 def _ids(obj: dict, key: str, rows: int | None, lowest: int, vocab_size: int, path: Path) -> Tensor:
@@ -275,11 +366,20 @@ def _ids(obj: dict, key: str, rows: int | None, lowest: int, vocab_size: int, pa
     naming the file (a hand-made table failed in the search with an IndexError)."""
     table = obj[key]
     shape = "one row" if rows is None else f"{rows} rows"
-    if not isinstance(table, Tensor) or table.dtype not in (torch.int16, torch.int32, torch.int64, torch.uint8) \
-            or table.dim() != (1 if rows is None else 2) or rows not in (None, len(table)):
-        raise NmtError(f"{path}: not a shortlist ({key} is not an integer table of {shape}); run nmt shortlist again")
+    if (
+        not isinstance(table, Tensor)
+        or table.dtype not in (torch.int16, torch.int32, torch.int64, torch.uint8)
+        or table.dim() != (1 if rows is None else 2)
+        or rows not in (None, len(table))
+    ):
+        raise NmtError(
+            f"{path}: not a shortlist ({key} is not an integer table of {shape}); run nmt "
+            "shortlist again"
+        )
     table = table.long()
     if table.numel() and not (lowest <= int(table.min()) and int(table.max()) < vocab_size):
-        raise NmtError(f"{path}: {key} holds token ids outside the vocabulary ({lowest} to {vocab_size - 1}); "
-                       "run nmt shortlist again")
+        raise NmtError(
+            f"{path}: {key} holds token ids outside the vocabulary ({lowest} to {vocab_size - 1}); "
+            "run nmt shortlist again"
+        )
     return table

@@ -31,7 +31,8 @@ from nmt.errors import NmtError
 if TYPE_CHECKING:
     from nmt.models.transformer import Transformer
 
-_X_SCALE, _X_ZERO = 1 / 63.5, 64  # a row scaled into [-1, 1] -> quint8 0..128
+_X_SCALE = 1 / 63.5  # a row scaled into [-1, 1] -> quint8 0..128
+_X_ZERO = 64
 ROWS = 8  # PackedLinear pads its input to a multiple of this many rows
 
 
@@ -90,7 +91,9 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1]).float()
-        row_max = x.abs().amax(-1, keepdim=True).clamp_min_(1e-30)  # (N, 1); an all-zero row stays 0
+        row_max = (
+            x.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
+        )  # (N, 1); an all-zero row stays 0
         y = _int8_linear_op()(x / row_max, _X_SCALE, _X_ZERO, self.packed)
         y = y.mul_(row_max) if self.bias is None else torch.addcmul(self.bias, y, row_max)
         return y.view(*shape[:-1], self.out_features)
@@ -106,8 +109,10 @@ def check_int8(device: torch.device) -> None:
         Int8Linear(torch.ones(2, 4))(torch.ones(1, 4))
     except (RuntimeError, AttributeError, NotImplementedError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NmtError(f"--precision int8 needs PyTorch's x86 int8 kernels (fbgemm), which this torch "
-                       f"build lacks ({first}); use fp32") from None
+        raise NmtError(
+            "--precision int8 needs PyTorch's x86 int8 kernels (fbgemm), which this torch build "
+            f"lacks ({first}); use fp32"
+        ) from None
 
 
 def quantize_decoder(model: Transformer) -> Transformer:

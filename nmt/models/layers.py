@@ -30,13 +30,16 @@ def sinusoids(length: int, dim: int, layout: str = "nmt") -> Tensor:
     hf_marian: transformers' MarianSinusoidalPositionalEmbedding, frequency 10000^(-2i/dim).
     """
     if layout == "marian":  # column c: frequency of c % h, sin for c < h (h = int(dim / 2))
-        h, cols = dim // 2, torch.arange(dim)
+        h = dim // 2
+        cols = torch.arange(dim)
         freqs = torch.exp((cols % h) * -(math.log(10000.0) / ((dim / 2 - 1) or 1.0)))
         args = torch.arange(length).unsqueeze(1) * freqs.unsqueeze(0)  # (length, dim)
         return torch.where(cols < h, torch.sin(args), torch.cos(args))
     if layout == "hf_marian":  # ceil(dim/2) sin columns, then floor(dim/2) cos columns
         freqs = torch.pow(10000.0, -2 * torch.arange((dim + 1) // 2, dtype=torch.float64) / dim)
-        args = torch.arange(length, dtype=torch.float64).unsqueeze(1) * freqs  # (length, ceil(dim/2))
+        args = (
+            torch.arange(length, dtype=torch.float64).unsqueeze(1) * freqs
+        )  # (length, ceil(dim/2))
         return torch.cat([torch.sin(args), torch.cos(args[:, : dim // 2])], dim=1).float()
     half = dim // 2
     freqs = torch.exp(torch.arange(half) * -(math.log(10000.0) / max(half - 1, 1)))
@@ -108,8 +111,11 @@ class Embedding(nn.Module):
 
     def __init__(self, tokens: nn.Embedding, cfg: ModelConfig, zero_start: bool = False):
         super().__init__()
-        self.tokens, self.scale, self.zero_start = tokens, math.sqrt(cfg.d_model), zero_start
-        self.max_positions, self.learned = cfg.max_positions, cfg.learned_positions
+        self.tokens = tokens
+        self.scale = math.sqrt(cfg.d_model)
+        self.zero_start = zero_start
+        self.max_positions = cfg.max_positions
+        self.learned = cfg.learned_positions
         if self.learned:
             self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
             nn.init.normal_(self.positions.weight, std=cfg.d_model**-0.5)
@@ -120,11 +126,14 @@ class Embedding(nn.Module):
 
     def forward(self, tokens: Tensor, start: int | Tensor = 0) -> Tensor:
         """tokens (B, T) at positions start .. start+T-1 -> (B, T, D); with `start` a (B,) CPU
-        tensor and T = 1, row b at position start[b] (rows that joined a search at different steps)."""
+        tensor and T = 1, row b at position start[b] (rows that joined a search at different
+        steps)."""
         end = int(start.max()) + 1 if isinstance(start, Tensor) else start + tokens.size(1)
         if end > self.max_positions:
-            raise ValueError(f"a sequence of {end} positions exceeds model.max_positions="
-                             f"{self.max_positions}; truncate it first")
+            raise ValueError(
+                f"a sequence of {end} positions exceeds model.max_positions={self.max_positions}; "
+                "truncate it first"
+            )
         table = self.positions.weight if self.learned else self.sinusoids
         x = self.tokens(tokens) * self.scale  # (B, T, D)
         if isinstance(start, Tensor):
@@ -136,7 +145,9 @@ class Embedding(nn.Module):
         return self.dropout(x + table[start:end])
 
 
-def append(cache: Tensor, new: Tensor, rows: Tensor | None, slots: Tensor | None = None, width: int = 0) -> Tensor:
+def append(
+    cache: Tensor, new: Tensor, rows: Tensor | None, slots: Tensor | None = None, width: int = 0
+) -> Tensor:
     """Rows `rows` (N,) of cache (N0, H, L, Dh) (all if None) followed by new (N, H, T, Dh).
 
     Returns (N, H, L+T, Dh) with one copy of the cache: on CPU 2-3x faster than
@@ -146,7 +157,9 @@ def append(cache: Tensor, new: Tensor, rows: Tensor | None, slots: Tensor | None
     rows after them having no cache yet (`Transformer.merge`).
     """
     L = cache.size(2) if slots is None else min(cache.size(2), width)
-    out = new.new_empty(new.size(0), new.size(1), L + new.size(2) if slots is None else width, new.size(3))
+    out = new.new_empty(
+        new.size(0), new.size(1), L + new.size(2) if slots is None else width, new.size(3)
+    )
     n = cache.size(0) if rows is None else rows.numel()
     if rows is None:
         out[:n, :, :L] = cache[:, :, :L]
@@ -166,14 +179,21 @@ class SelfAttention(nn.Module):
 
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
-        self.heads, self.dropout = heads, dropout
+        self.heads = heads
+        self.dropout = dropout
         # fairseq: xavier on each of q, k, v with gain 1/sqrt(2), on the output with gain 1
         self.qkv = linear(d_model, 3 * d_model, parts=3, gain=2**-0.5)
         self.out = linear(d_model, d_model)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                cache: KV | None = None, cache_rows: Tensor | None = None,
-                slots: Tensor | None = None) -> tuple[Tensor, KV]:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KV | None = None,
+        cache_rows: Tensor | None = None,
+        slots: Tensor | None = None,
+    ) -> tuple[Tensor, KV]:
         """x (B, T, D) -> (B, T, D), and keys/values (B, H, L, Dh) including the cached ones.
 
         mask (B, 1, 1, L) bool is True where a key may be attended. With a cache (rows
@@ -182,12 +202,22 @@ class SelfAttention(nn.Module):
         to the keys the mask allows.
         """
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
+        q, k, v = (
+            self.qkv(x).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        )  # 3 x (B, H, T, Dh)
         if cache is not None:
             width = 0 if mask is None else mask.size(-1)
-            k, v = (append(c, n, cache_rows, slots, width) for c, n in zip(cache, (k, v)))  # (B, H, L, Dh)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+            k, v = (
+                append(c, n, cache_rows, slots, width) for c, n in zip(cache, (k, v))
+            )  # (B, H, L, Dh)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
         return self.out(y.transpose(1, 2).reshape(B, T, D)), (k, v)  # (B, T, D)
 
 
@@ -196,7 +226,8 @@ class CrossAttention(nn.Module):
 
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
-        self.heads, self.dropout = heads, dropout
+        self.heads = heads
+        self.dropout = dropout
         self.q = linear(d_model, d_model, gain=2**-0.5)
         self.kv = linear(d_model, 2 * d_model, parts=2, gain=2**-0.5)
         self.out = linear(d_model, d_model)
@@ -204,10 +235,14 @@ class CrossAttention(nn.Module):
     def keys_values(self, memory: Tensor) -> KV:
         """memory (B, S, D) -> keys, values (B, H, S, Dh); computed once per sentence in search."""
         B, S, D = memory.shape
-        k, v = self.kv(memory).view(B, S, 2, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, Dh)
+        k, v = (
+            self.kv(memory).view(B, S, 2, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        )  # 2 x (B, H, S, Dh)
         return k, v
 
-    def forward(self, x: Tensor, kv: KV, mask: Tensor, weights: list[Tensor] | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, kv: KV, mask: Tensor, weights: list[Tensor] | None = None
+    ) -> Tensor:
         """x (B, T, D), kv from `keys_values`, mask (B, 1, 1, S) True at real source: -> (B, T, D).
 
         With a list `weights`, the attention is computed explicitly (no fused kernel) and its
@@ -220,8 +255,9 @@ class CrossAttention(nn.Module):
             weights.append(w)
             y = w.to(kv[1].dtype) @ kv[1]  # (B, H, T, Dh)
         else:
-            y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask,
-                                               dropout_p=self.dropout if self.training else 0.0)
+            y = F.scaled_dot_product_attention(
+                q, kv[0], kv[1], attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+            )
         return self.out(y.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
 
 
@@ -231,9 +267,13 @@ def gelu_sigmoid(x: Tensor) -> Tensor:
 
 
 # model.activation -> the function (see its help for which reference computes which)
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu,
-                                                      "gelu_tanh": partial(F.gelu, approximate="tanh"),
-                                                      "gelu_sigmoid": gelu_sigmoid, "swish": F.silu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu_sigmoid": gelu_sigmoid,
+    "swish": F.silu,
+}
 
 
 class FeedForward(nn.Module):
@@ -241,7 +281,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc1, self.fc2 = linear(cfg.d_model, cfg.ffn_dim), linear(cfg.ffn_dim, cfg.d_model)
+        self.fc1 = linear(cfg.d_model, cfg.ffn_dim)
+        self.fc2 = linear(cfg.ffn_dim, cfg.d_model)
         self.activation = ACTIVATIONS[cfg.activation]
         self.dropout = Dropout(cfg.activation_dropout)
 
@@ -258,7 +299,9 @@ class Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, sublayers: int):
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) for _ in range(sublayers))
+        self.norms = nn.ModuleList(
+            nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) for _ in range(sublayers)
+        )
         self.dropout = Dropout(cfg.dropout)
         self.ffn = FeedForward(cfg)
 
@@ -287,9 +330,17 @@ class DecoderLayer(Layer):
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
 
-    def forward(self, x: Tensor, memory_kv: KV, src_mask: Tensor, cache: KV | None = None,
-                cache_rows: Tensor | None = None, weights: list[Tensor] | None = None,
-                slots: Tensor | None = None, self_mask: Tensor | None = None) -> tuple[Tensor, KV]:
+    def forward(
+        self,
+        x: Tensor,
+        memory_kv: KV,
+        src_mask: Tensor,
+        cache: KV | None = None,
+        cache_rows: Tensor | None = None,
+        weights: list[Tensor] | None = None,
+        slots: Tensor | None = None,
+        self_mask: Tensor | None = None,
+    ) -> tuple[Tensor, KV]:
         """x (R, T, D) -> (R, T, D) and this layer's self-attention keys/values (R, H, L, Dh).
 
         Without `cache` the T positions attend causally (training, or search step 0); with it,
@@ -298,8 +349,14 @@ class DecoderLayer(Layer):
         With a list `weights`, the cross-attention weights are appended to it (`CrossAttention`).
         Rows at different positions: `slots` and `self_mask` (`SelfAttention`).
         """
-        h, cache = self.self_attn(self.pre(x, 0), self_mask, causal=cache is None, cache=cache,
-                                  cache_rows=cache_rows, slots=slots)
+        h, cache = self.self_attn(
+            self.pre(x, 0),
+            self_mask,
+            causal=cache is None,
+            cache=cache,
+            cache_rows=cache_rows,
+            slots=slots,
+        )
         x = self.add(x, h, 0)
         # the g rows sharing a source act as g*T query positions of one row: (B, g*T, D)
         B = src_mask.size(0)
@@ -318,9 +375,13 @@ def source_rows(sources: int, group: int, index: Tensor) -> tuple[Tensor | None,
     """
     source = torch.arange(sources, device=index.device).repeat_interleave(group)[index]  # (N',)
     used, source = torch.unique(source, return_inverse=True)  # sources still read, renumbered
-    n, b = index.numel(), used.numel()
-    grouped = b > 0 and n % b == 0 and torch.equal(
-        source, torch.arange(b, device=index.device).repeat_interleave(n // b))
+    n = index.numel()
+    b = used.numel()
+    grouped = (
+        b > 0
+        and n % b == 0
+        and torch.equal(source, torch.arange(b, device=index.device).repeat_interleave(n // b))
+    )
     if grouped and b == sources:
         return None, n // b
     return (used if grouped else used[source]), (n // b if grouped else 1)

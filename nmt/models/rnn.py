@@ -53,16 +53,31 @@ class RNNState:
 class RNN(nn.Module):
     """Bidirectional RNN encoder, attentional RNN decoder; `forward(src, prev_output)` -> logits."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None):
+    def __init__(
+        self, cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None
+    ):
         super().__init__()
-        self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
-        D, H = cfg.d_model, cfg.rnn_hidden
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.pad_id = pad_id
+        D = cfg.d_model
+        H = cfg.rnn_hidden
         self.lstm = cfg.cell == "lstm"
         self.tgt_tokens = token_embedding(vocab_size, D, pad_id)
-        self.src_tokens = self.tgt_tokens if cfg.share_embeddings else token_embedding(source_vocab or vocab_size, D, pad_id)
+        self.src_tokens = (
+            self.tgt_tokens
+            if cfg.share_embeddings
+            else token_embedding(source_vocab or vocab_size, D, pad_id)
+        )
         rnn = nn.LSTM if self.lstm else nn.GRU
-        self.encoder = rnn(D, H, num_layers=cfg.rnn_layers, batch_first=True, bidirectional=True,
-                           dropout=cfg.dropout if cfg.rnn_layers > 1 else 0.0)
+        self.encoder = rnn(
+            D,
+            H,
+            num_layers=cfg.rnn_layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=cfg.dropout if cfg.rnn_layers > 1 else 0.0,
+        )
         self.init = nn.Linear(2 * H, H)
         if cfg.attention == "bahdanau":
             self.attn_query = nn.Linear(H, H, bias=False)  # W_a
@@ -78,10 +93,12 @@ class RNN(nn.Module):
 
     def describe(self) -> str:
         c = self.cfg
-        return (f"RNN encoder-decoder: bidirectional {c.cell.upper()} encoder ({c.rnn_layers} layer(s)), "
-                f"{c.cell.upper()} decoder, hidden {c.rnn_hidden}, embeddings {c.d_model}, "
-                f"attention {c.attention}, vocab {self.vocab_size}, "
-                f"{'all embeddings tied' if c.share_embeddings else 'decoder input/output tied'}")
+        return (
+            f"RNN encoder-decoder: bidirectional {c.cell.upper()} encoder ({c.rnn_layers} "
+            f"layer(s)), {c.cell.upper()} decoder, hidden {c.rnn_hidden}, embeddings {c.d_model}, "
+            f"attention {c.attention}, vocab {self.vocab_size}, "
+            f"{'all embeddings tied' if c.share_embeddings else 'decoder input/output tied'}"
+        )
 
     def set_dropout(self, p: float) -> None:
         """Set the dropout on embeddings and readout (model.dropout) to p."""
@@ -108,11 +125,14 @@ class RNN(nn.Module):
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         out, last = self.encoder(packed)
         h_n = last[0] if self.lstm else last  # (layers * 2, B, H)
-        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, 2H)
+        memory, _ = pad_packed_sequence(
+            out, batch_first=True, total_length=src.size(1)
+        )  # (B, S, 2H)
         return memory, mask, torch.cat([h_n[-2], h_n[-1]], -1)
 
-    def _step(self, emb: Tensor, hidden: Tensor, cell: Tensor | None, state: RNNState
-              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    def _step(
+        self, emb: Tensor, hidden: Tensor, cell: Tensor | None, state: RNNState
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """One decoder step for N = B * group rows: emb (N, D) of the previous token, the
         previous hidden (and cell) (N, H) -> readout (N, D), the new hidden (and cell), and
         the attention weights (N, S) (None without attention)."""
@@ -123,10 +143,14 @@ class RNN(nn.Module):
             context = state.summary.repeat_interleave(g, 0) if g > 1 else state.summary  # (N, 2H)
         else:
             query = self.attn_query(hidden).view(B, g, 1, -1)  # (B, g, 1, H)
-            energy = self.attn_v(torch.tanh(state.keys.unsqueeze(1) + query)).squeeze(-1)  # (B, g, S)
+            energy = self.attn_v(torch.tanh(state.keys.unsqueeze(1) + query)).squeeze(
+                -1
+            )  # (B, g, S)
             energy = energy.float().masked_fill(~state.src_mask.unsqueeze(1), -math.inf)
             weights = energy.softmax(-1)  # (B, g, S)
-            context = torch.bmm(weights.to(state.memory.dtype), state.memory).view(B * g, -1)  # (N, 2H)
+            context = torch.bmm(weights.to(state.memory.dtype), state.memory).view(
+                B * g, -1
+            )  # (N, 2H)
             weights = weights.view(B * g, S)
         inp = torch.cat([emb, context.to(emb.dtype)], -1)  # (N, D + 2H)
         if self.lstm:
@@ -134,22 +158,29 @@ class RNN(nn.Module):
             hidden, cell = self.decoder(inp, (hidden, cell))
         else:
             hidden = self.decoder(inp, hidden)
-        out = torch.tanh(self.readout(torch.cat([hidden, context.to(hidden.dtype), emb.to(hidden.dtype)], -1)))
+        out = torch.tanh(
+            self.readout(torch.cat([hidden, context.to(hidden.dtype), emb.to(hidden.dtype)], -1))
+        )
         return out, hidden, cell, weights
 
     def _start(self, src: Tensor) -> RNNState:
         memory, mask, summary = self.run_encoder(src)
         keys = self.attn_key(memory) if self.has_attention else None  # (B, S, H)
         hidden = torch.tanh(self.init(summary))  # (B, H)
-        return RNNState(memory, keys, mask, summary, hidden, torch.zeros_like(hidden) if self.lstm else None)
+        return RNNState(
+            memory, keys, mask, summary, hidden, torch.zeros_like(hidden) if self.lstm else None
+        )
 
     # ------------------------------------------------------------------ training
 
-    def _decode_all(self, src: Tensor, prev_output: Tensor, weights: list[Tensor] | None = None) -> Tensor:
+    def _decode_all(
+        self, src: Tensor, prev_output: Tensor, weights: list[Tensor] | None = None
+    ) -> Tensor:
         """src (B, S), prev_output (B, T) -> readouts (B, T, D), the steps of the search in a loop;
         each step's attention weights (B, S) appended to `weights` if given."""
         state = self._start(src)
-        hidden, cell = state.hidden, state.cell
+        hidden = state.hidden
+        cell = state.cell
         emb = self.dropout(self.tgt_tokens(prev_output))  # (B, T, D)
         outs = []
         for t in range(prev_output.size(1)):
@@ -159,7 +190,9 @@ class RNN(nn.Module):
                 weights.append(w)
         return self.dropout(torch.stack(outs, 1))  # (B, T, D)
 
-    def forward(self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None
+    ) -> Tensor:
         """src (B, S), prev_output (B, T) -> logits (B, T, V); with target_mask (B, T), (M, V)."""
         x = self._decode_all(src, prev_output)
         return F.linear(x if target_mask is None else x[target_mask], self.output_weight)
@@ -185,7 +218,8 @@ class RNN(nn.Module):
         """src (N, S) -> state with one row per sentence; shortlist as `Transformer.encode`."""
         state = self._start(src)
         if shortlist is not None:
-            state.vocab, state.blocked = shortlist[0], ~shortlist[1]
+            state.vocab = shortlist[0]
+            state.blocked = ~shortlist[1]
             state.project = lambda x, w=self.output_weight[state.vocab]: F.linear(x, w)
         return state
 
@@ -202,17 +236,25 @@ class RNN(nn.Module):
             logits = state.project(out).float()  # (N, K)
             B, K = state.blocked.shape
             logits.view(B, -1, K).masked_fill_(state.blocked.unsqueeze(1), -math.inf)
-        return torch.log_softmax(logits, dim=-1, out=logits), replace(state, hidden=hidden, cell=cell)
+        return torch.log_softmax(logits, dim=-1, out=logits), replace(
+            state, hidden=hidden, cell=cell
+        )
 
     @torch.no_grad()
     def reorder(self, state: RNNState, index: Tensor) -> RNNState:
-        """New row i = old row index[i]; source rows shared by groups as in `Transformer.reorder`."""
+        """New row i = old row index[i]; source rows shared by groups as in
+        `Transformer.reorder`."""
         take, group = source_rows(state.src_mask.size(0), state.group, index)
-        new = replace(state, hidden=state.hidden.index_select(0, index), group=group,
-                      cell=None if state.cell is None else state.cell.index_select(0, index))
+        new = replace(
+            state,
+            hidden=state.hidden.index_select(0, index),
+            group=group,
+            cell=None if state.cell is None else state.cell.index_select(0, index),
+        )
         if take is not None:
-            new.memory, new.src_mask, new.summary = (t.index_select(0, take) for t in
-                                                     (state.memory, state.src_mask, state.summary))
+            new.memory, new.src_mask, new.summary = (
+                t.index_select(0, take) for t in (state.memory, state.src_mask, state.summary)
+            )
             new.keys = None if state.keys is None else state.keys.index_select(0, take)
             new.blocked = None if state.blocked is None else state.blocked.index_select(0, take)
         return new

@@ -56,11 +56,13 @@ class DecoderState:
     # target position of the next token fed to decode_step: of every row, or (N,) CPU each row's
     # (rows that joined a search at different steps: `Transformer.merge`)
     step: int | Tensor = 0
-    # a shortlist (nmt.decoding.shortlist): output column j is token vocab[j], and the tokens fed back
-    # are columns too; source row r's sentence may not produce the columns blocked[r]
+    # a shortlist (nmt.decoding.shortlist): output column j is token vocab[j], and the tokens fed
+    # back are columns too; source row r's sentence may not produce the columns blocked[r]
     vocab: Tensor | None = None  # (K,) long
     blocked: Tensor | None = None  # (B, K) bool
-    project: Callable[[Tensor], Tensor] | None = None  # (N, D) -> (N, K): the output projection's rows of `vocab`
+    project: Callable[[Tensor], Tensor] | None = (
+        None  # (N, D) -> (N, K): the output projection's rows of `vocab`
+    )
 
 
 class Transformer(nn.Module):
@@ -74,16 +76,24 @@ class Transformer(nn.Module):
     (separate vocabularies; one pad id in both), which cannot be shared.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None):
+    def __init__(
+        self, cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None
+    ):
         super().__init__()
-        self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.pad_id = pad_id
         tgt_tokens = token_embedding(vocab_size, cfg.d_model, pad_id)
-        src_tokens = (tgt_tokens if cfg.share_embeddings
-                      else token_embedding(source_vocab or vocab_size, cfg.d_model, pad_id))
+        src_tokens = (
+            tgt_tokens
+            if cfg.share_embeddings
+            else token_embedding(source_vocab or vocab_size, cfg.d_model, pad_id)
+        )
         self.src_embed = Embedding(src_tokens, cfg)
         self.tgt_embed = Embedding(tgt_tokens, cfg, zero_start=cfg.decoder_start == "zeros")
-        self.output_embedding = (None if cfg.tie_output
-                                 else token_embedding(vocab_size, cfg.d_model, pad_id).weight)
+        self.output_embedding = (
+            None if cfg.tie_output else token_embedding(vocab_size, cfg.d_model, pad_id).weight
+        )
         self.output_bias = nn.Parameter(torch.zeros(vocab_size)) if cfg.output_bias else None
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -113,7 +123,8 @@ class Transformer(nn.Module):
         return [cast(DecoderLayer, layer).cross_attn.keys_values(memory) for layer in self.decoder]
 
     def output(self, x: Tensor) -> Tensor:
-        """Decoder output (..., D) -> logits (..., V): the final norm, then the output projection."""
+        """Decoder output (..., D) -> logits (..., V): the final norm, then the output
+        projection."""
         return self.projection()(self.decoder_norm(x))
 
     def projection(self, vocab: Tensor | None = None) -> Callable[[Tensor], Tensor]:
@@ -123,14 +134,19 @@ class Transformer(nn.Module):
         weight: Tensor = self.output_weight  # (V, D)
         bias: Tensor | None = self.output_bias  # (V,) or None
         if vocab is not None:
-            weight, bias = weight[vocab], None if bias is None else bias[vocab]  # (K, D), (K,)
+            weight = weight[vocab]  # (K, D), (K,)
+            bias = None if bias is None else bias[vocab]
         if self.cpu_output is not None and vocab is None:
             return self.cpu_output
         if isinstance(self.cpu_output, Int8Linear):  # a shortlist's rows: quantised for this batch
             return Int8Linear(weight, bias)
-        return partial(F.linear, weight=weight, bias=bias)  # (packing them would make a kernel per batch)
+        return partial(
+            F.linear, weight=weight, bias=bias
+        )  # (packing them would make a kernel per batch)
 
-    def forward(self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None
+    ) -> Tensor:
         """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V); with
         target_mask (B, T) bool, only the masked positions' logits (M, V), row-major.
 
@@ -144,8 +160,9 @@ class Transformer(nn.Module):
 
     def decoder_states(self, src: Tensor, prev_output: Tensor, index: Tensor) -> Tensor:
         """The final decoder states (after the final norm) at the flat positions `index` (M,)
-        of (B * T): what the output projection turns into logits (training's loss, nmt.training.loss).
-        An index made on the host, unlike a boolean mask, costs the device no sync."""
+        of (B * T): what the output projection turns into logits (training's loss,
+        nmt.training.loss). An index made on the host, unlike a boolean mask, costs the device no
+        sync."""
         x = self._decode_all(src, prev_output)
         return self.decoder_norm(x.reshape(-1, x.size(-1)).index_select(0, index))
 
@@ -154,7 +171,9 @@ class Transformer(nn.Module):
         """(V, D): the output projection's matrix, the target embedding's unless
         `model.tie_output` is false (the loss, nmt.training.loss, multiplies by it chunk by
         chunk, adding `output_bias` (V,) where there is one)."""
-        return self.tgt_embed.tokens.weight if self.output_embedding is None else self.output_embedding
+        return (
+            self.tgt_embed.tokens.weight if self.output_embedding is None else self.output_embedding
+        )
 
     def attention_weights(self, src: Tensor, prev_output: Tensor) -> Tensor:
         """Teacher-forced cross-attention: src (B, S), prev_output (B, T) -> weights (B, L, H, T, S)
@@ -165,7 +184,9 @@ class Transformer(nn.Module):
         self._decode_all(src, prev_output, weights)
         return torch.stack(weights, 1)
 
-    def _decode_all(self, src: Tensor, prev_output: Tensor, weights: list[Tensor] | None = None) -> Tensor:
+    def _decode_all(
+        self, src: Tensor, prev_output: Tensor, weights: list[Tensor] | None = None
+    ) -> Tensor:
         """src (B, S), prev_output (B, T) -> decoder output (B, T, D) before the final norm; each
         layer's cross-attention weights appended to `weights` if given (`CrossAttention`)."""
         memory, mask = self.run_encoder(src)
@@ -182,13 +203,14 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, shortlist: tuple[Tensor, Tensor] | None = None) -> DecoderState:
         """src (N, S) -> state with one row per sentence and each decoder layer's source K/V.
 
-        shortlist = (vocab (K,), allowed (N, K)), see nmt.decoding.shortlist: decode_step then scores
-        the K tokens instead of the whole vocabulary, each sentence only its allowed ones.
+        shortlist = (vocab (K,), allowed (N, K)), see nmt.decoding.shortlist: decode_step then
+        scores the K tokens instead of the whole vocabulary, each sentence only its allowed ones.
         """
         memory, mask = self.run_encoder(src)
         state = DecoderState(mask, self.cross_keys_values(memory))
         if shortlist is not None:
-            state.vocab, state.blocked = shortlist[0], ~shortlist[1]
+            state.vocab = shortlist[0]
+            state.blocked = ~shortlist[1]
             state.project = self.projection(state.vocab)
         return state
 
@@ -202,20 +224,35 @@ class Transformer(nn.Module):
         """
         old = state.self_kv
         if any(kv is None for kv in old):
-            raise ValueError("this DecoderState was already passed to decode_step; use the state it returned")
+            raise ValueError(
+                "this DecoderState was already passed to decode_step; use the state it returned"
+            )
         if state.vocab is not None:  # columns -> token ids
             tokens = state.vocab[tokens]
         x = self.tgt_embed(tokens.unsqueeze(1), start=state.step)  # (N, 1, D)
         slots = self_mask = None
-        if isinstance(state.step, Tensor) and old:  # row i attends to its own positions 0 .. step[i]
+        if (
+            isinstance(state.step, Tensor) and old
+        ):  # row i attends to its own positions 0 .. step[i]
             slots = state.step.to(x.device)
-            self_mask = (torch.arange(int(state.step.max()) + 1, device=x.device) <= slots.unsqueeze(1))[:, None, None]
+            self_mask = (
+                torch.arange(int(state.step.max()) + 1, device=x.device) <= slots.unsqueeze(1)
+            )[:, None, None]
         self_kv: list[KV] = []
         for i, layer in enumerate(self.decoder):
             cache = None
             if old:  # taken out of the list, which no longer keeps it alive
-                cache, old[i] = old[i], None  # type: ignore[call-overload]
-            x, kv = layer(x, state.cross_kv[i], state.src_mask, cache, state.self_kv_rows, slots=slots, self_mask=self_mask)
+                cache = old[i]
+                old[i] = None  # type: ignore[call-overload]
+            x, kv = layer(
+                x,
+                state.cross_kv[i],
+                state.src_mask,
+                cache,
+                state.self_kv_rows,
+                slots=slots,
+                self_mask=self_mask,
+            )
             cache = None  # freed here, before the next layer copies its own
             self_kv.append(kv)
         if state.project is None:
@@ -237,15 +274,24 @@ class Transformer(nn.Module):
         (sentence-major, same count per sentence); otherwise each row gets its own copy.
         """
         take, group = source_rows(state.src_mask.size(0), state.group, index)
-        src_mask, cross_kv, blocked = state.src_mask, state.cross_kv, state.blocked
+        src_mask = state.src_mask
+        cross_kv = state.cross_kv
+        blocked = state.blocked
         if take is not None:
             src_mask = src_mask.index_select(0, take)
             cross_kv = [(k.index_select(0, take), v.index_select(0, take)) for k, v in cross_kv]
             blocked = None if blocked is None else blocked.index_select(0, take)
         rows = index if state.self_kv_rows is None else state.self_kv_rows[index]
         step = state.step[index.cpu()] if isinstance(state.step, Tensor) else state.step
-        return replace(state, src_mask=src_mask, cross_kv=cross_kv, group=group,
-                       self_kv_rows=rows if state.self_kv else None, blocked=blocked, step=step)
+        return replace(
+            state,
+            src_mask=src_mask,
+            cross_kv=cross_kv,
+            group=group,
+            self_kv_rows=rows if state.self_kv else None,
+            blocked=blocked,
+            step=step,
+        )
 
     @torch.no_grad()
     def merge(self, a: DecoderState, b: DecoderState) -> DecoderState:
@@ -255,20 +301,35 @@ class Transformer(nn.Module):
         position (`step` becomes per row), and the next `decode_step` copies a's cache with b's rows
         (zeros) after it (`nmt.models.layers.append`)."""
         if a.group != b.group or a.vocab is not None or b.vocab is not None or b.self_kv:
-            raise ValueError("only states of one group, without a shortlist, b not decoded yet, can merge")
+            raise ValueError(
+                "only states of one group, without a shortlist, b not decoded yet, can merge"
+            )
         S = max(a.src_mask.size(-1), b.src_mask.size(-1))
-        src_mask = torch.cat([F.pad(m, (0, S - m.size(-1)), value=False) for m in (a.src_mask, b.src_mask)])
-        cross_kv = [(_stack(ka[0], kb[0], S), _stack(ka[1], kb[1], S)) for ka, kb in zip(a.cross_kv, b.cross_kv, strict=True)]
-        steps = [s.step if isinstance(s.step, Tensor) else torch.full((s.src_mask.size(0) * s.group,), s.step)
-                 for s in (a, b)]
+        src_mask = torch.cat(
+            [F.pad(m, (0, S - m.size(-1)), value=False) for m in (a.src_mask, b.src_mask)]
+        )
+        cross_kv = [
+            (_stack(ka[0], kb[0], S), _stack(ka[1], kb[1], S))
+            for ka, kb in zip(a.cross_kv, b.cross_kv, strict=True)
+        ]
+        steps = [
+            s.step
+            if isinstance(s.step, Tensor)
+            else torch.full((s.src_mask.size(0) * s.group,), s.step)
+            for s in (a, b)
+        ]
         # b's rows have no cache yet: the next step's `append` gives them zeros after a's rows
-        rows = (torch.arange(steps[0].numel(), device=src_mask.device) if a.self_kv and a.self_kv_rows is None
-                else a.self_kv_rows)
+        rows = (
+            torch.arange(steps[0].numel(), device=src_mask.device)
+            if a.self_kv and a.self_kv_rows is None
+            else a.self_kv_rows
+        )
         return DecoderState(src_mask, cross_kv, a.group, a.self_kv, rows, step=torch.cat(steps))
 
 
 def _stack(x: Tensor, y: Tensor, width: int) -> Tensor:
-    """x (Bx, H, Sx, Dh) above y (By, H, Sy, Dh), each with zeros after its positions up to `width`."""
+    """x (Bx, H, Sx, Dh) above y (By, H, Sy, Dh), each with zeros after its positions up to
+    `width`."""
     out = x.new_empty(x.size(0) + y.size(0), x.size(1), width, x.size(3))
     for part, t in zip(out.split([x.size(0), y.size(0)]), (x, y)):
         part[:, :, : t.size(2)] = t
@@ -276,13 +337,18 @@ def _stack(x: Tensor, y: Tensor, width: int) -> Tensor:
     return out
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None) -> Transformer | RNN:
+def build_model(
+    cfg: ModelConfig, vocab_size: int, pad_id: int, source_vocab: int | None = None
+) -> Transformer | RNN:
     """The network `cfg.arch` names: a `Transformer` or an `nmt.models.rnn.RNN`. Both give training
     `forward` / `decoder_states` / `output_weight` and the search its protocol. `source_vocab`: the
-    source side's size where it has its own vocabulary (then `cfg.share_embeddings` must be false)."""
+    source side's size where it has its own vocabulary (then `cfg.share_embeddings` must be
+    false)."""
     if source_vocab is not None and cfg.share_embeddings:
-        raise ConfigError("model.share_embeddings must be false: the source and target vocabularies are separate "
-                          f"({source_vocab} and {vocab_size} tokens)")
+        raise ConfigError(
+            "model.share_embeddings must be false: the source and target vocabularies are "
+            f"separate ({source_vocab} and {vocab_size} tokens)"
+        )
     return (RNN if cfg.arch == "rnn" else Transformer)(cfg, vocab_size, pad_id, source_vocab)
 
 
@@ -302,12 +368,18 @@ def num_parameters(model: nn.Module) -> int:
 
 def summary(model: nn.Module) -> str:
     """A few lines: the architecture, parameters per top-level module, the total."""
-    c, describe = cast(ModelConfig, model.cfg), getattr(model, "describe", None)
-    lines = [describe()] if describe is not None else [
-        f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, "
-        f"{c.heads} heads, ffn {c.ffn_dim}, {'pre' if c.norm_first else 'post'}-norm, "
-        f"{'learned' if c.learned_positions else 'sinusoidal'} positions, "
-        f"vocab {model.vocab_size}, {_tying(c)}"]
+    c = cast(ModelConfig, model.cfg)
+    describe = getattr(model, "describe", None)
+    lines = (
+        [describe()]
+        if describe is not None
+        else [
+            f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, "
+            f"{c.heads} heads, ffn {c.ffn_dim}, {'pre' if c.norm_first else 'post'}-norm, "
+            f"{'learned' if c.learned_positions else 'sinusoidal'} positions, vocab "
+            f"{model.vocab_size}, {_tying(c)}"
+        ]
+    )
     seen: set[int] = set()
     for name, child in model.named_children():
         params = [p for p in child.parameters() if id(p) not in seen]

@@ -32,10 +32,18 @@ def answer(asked: Asked, results: list[list[Translation]]) -> dict[str, Any]:
     """The answer to `asked`, given the hypotheses of each of its texts."""
     tr = asked.model.translator
     layer = resolve_layer(tr.alignment_layer, layer_count(tr.loaded.model) or 1)
-    return {"model": asked.model.name, "translations": [
-        {"text": hyps[0].text if hyps else "",
-         "nbest": [_hypothesis(h, r.text, asked.alignment, asked.attention, layer) for h in hyps]}
-        for r, hyps in zip(asked.requests, results, strict=True)]}
+    return {
+        "model": asked.model.name,
+        "translations": [
+            {
+                "text": hyps[0].text if hyps else "",
+                "nbest": [
+                    _hypothesis(h, r.text, asked.alignment, asked.attention, layer) for h in hyps
+                ],
+            }
+            for r, hyps in zip(asked.requests, results, strict=True)
+        ],
+    }
 
 
 def number(x: float) -> float | None:
@@ -45,7 +53,8 @@ def number(x: float) -> float | None:
 def _spans(pieces: list[str], text: str) -> list[list[int] | None]:
     """Where each sentencepiece piece is in `text`: [start, end) character offsets, None for a
     piece not found in order (a language token, EOS, a character normalization changed)."""
-    out, pos = [], 0
+    out = []
+    pos = 0
     for piece in pieces:
         surface = piece.replace("\u2581", " ").strip()
         start = text.find(surface, pos) if surface else -1
@@ -54,15 +63,24 @@ def _spans(pieces: list[str], text: str) -> list[list[int] | None]:
     return out
 
 
-def _hypothesis(t: Translation, source: str, alignment: bool, attention: bool, layer: int) -> dict[str, Any]:
+def _hypothesis(
+    t: Translation, source: str, alignment: bool, attention: bool, layer: int
+) -> dict[str, Any]:
     out: dict[str, Any] = {"text": t.text, "score": number(t.score), "logprob": number(t.logprob)}
     if t.attention is not None and (alignment or attention):
-        src, tgt = _spans(t.attention.source, source), _spans(t.attention.target, t.text)
+        src = _spans(t.attention.source, source)
+        tgt = _spans(t.attention.target, t.text)
         if alignment:
-            out["alignment"] = [{"source": src[i], "target": tgt[j]} for i, j in t.alignment or []
-                                if src[i] and tgt[j]]
+            out["alignment"] = [
+                {"source": src[i], "target": tgt[j]}
+                for i, j in t.alignment or []
+                if src[i] and tgt[j]
+            ]
         if attention:
             weights = t.attention.weights[layer].mean(0)
-            out["attention"] = {"source": t.attention.source, "target": t.attention.target,
-                                "weights": [[round(float(w), 4) for w in row] for row in weights]}
+            out["attention"] = {
+                "source": t.attention.source,
+                "target": t.attention.target,
+                "weights": [[round(float(w), 4) for w in row] for row in weights],
+            }
     return out

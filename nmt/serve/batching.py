@@ -44,11 +44,14 @@ class Job:
     index: int = 0
     where: str = ""
     future: Future = field(default_factory=Future)
-    abandoned: bool = False  # running, but its request was answered otherwise (504) or its client went away
+    abandoned: bool = (
+        False  # running, but its request was answered otherwise (504) or its client went away
+    )
     queued: float = field(default_factory=time.monotonic)
 
     def gone(self, _: int = 0) -> bool:
-        """`abandoned`, as `Translator.translate_nbest(abandoned=)` asks it of a request of this job alone."""
+        """`abandoned`, as `Translator.translate_nbest(abandoned=)` asks it of a request of this job
+        alone."""
         return self.abandoned
 
 
@@ -63,7 +66,8 @@ def gathered(jobs: list[Job]) -> asyncio.Future[list[Any]]:
 
 # decode(key, jobs) -> one result per job, in order; raising fails the batch
 Decode = Callable[[Hashable, list[Job]], list[Any]]
-# stream(key) -> a search that jobs of `key` join (`run(jobs)` -> [(job, result)] of those that ended), or None
+# stream(key) -> a search that jobs of `key` join (`run(jobs)` -> [(job, result)] of those that
+# ended), or None
 Streams = Callable[[Hashable], Any]
 # The server's torch work (loading, warm-up, every batch of every model) runs on this one thread.
 # OpenMP, torch's intra-op threads, keeps a team per calling thread; with a second team beside it
@@ -86,16 +90,32 @@ class Batcher:
     once); `on_batch(decoded, size)` is told of each batch, or each step of a running search: the
     sentences it finished and those it held."""
 
-    def __init__(self, decode: Decode, *, batch_tokens: int, max_queue: int, max_wait: float = 0.0,
-                 on_batch: Callable[[int, int], None] = lambda n, s: None, name: str = "model",
-                 stream: Streams = lambda key: None, lanes: int = 1):
-        self.decode, self.batch_tokens, self.max_queue, self.max_wait = decode, batch_tokens, max_queue, max_wait
-        self.on_batch, self.stream = on_batch, stream
+    def __init__(
+        self,
+        decode: Decode,
+        *,
+        batch_tokens: int,
+        max_queue: int,
+        max_wait: float = 0.0,
+        on_batch: Callable[[int, int], None] = lambda n, s: None,
+        name: str = "model",
+        stream: Streams = lambda key: None,
+        lanes: int = 1,
+    ):
+        self.decode = decode
+        self.batch_tokens = batch_tokens
+        self.max_queue = max_queue
+        self.max_wait = max_wait
+        self.on_batch = on_batch
+        self.stream = stream
         self._jobs: deque[Job] = deque()
         self._cond = threading.Condition()
-        self._closed, self._busy = False, 0  # _busy: workers decoding
-        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"nmt-serve-{name}-{i}", daemon=True)
-                         for i in range(lanes)]
+        self._closed = False  # _busy: workers decoding
+        self._busy = 0
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), name=f"nmt-serve-{name}-{i}", daemon=True)
+            for i in range(lanes)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -103,7 +123,8 @@ class Batcher:
         return len(self._jobs)
 
     def submit(self, jobs: list[Job]) -> bool:
-        """Queue all of `jobs`, or none of them (False) where the queue would hold more than max_queue."""
+        """Queue all of `jobs`, or none of them (False) where the queue would hold more than
+        max_queue."""
         with self._cond:
             if self._closed or len(self._jobs) + len(jobs) > self.max_queue:
                 return False
@@ -136,16 +157,24 @@ class Batcher:
                     continue
                 batch: list[Job] = []
                 rest: deque[Job] = deque()
-                count, longest = len(live or ()), max((j.tokens for j in live or ()), default=0)
+                count = len(live or ())
+                longest = max((j.tokens for j in live or ()), default=0)
                 key = self._jobs[0].key
                 for job in self._jobs:
                     longest_with = max(longest, job.tokens)
-                    if job.key == key and (not (batch or live) or longest_with * (count + 1) <= self.batch_tokens):
+                    if job.key == key and (
+                        not (batch or live) or longest_with * (count + 1) <= self.batch_tokens
+                    ):
                         batch.append(job)
-                        count, longest = count + 1, longest_with
+                        count = count + 1
+                        longest = longest_with
                     else:
                         rest.append(job)
-                wait = self.max_wait - (time.monotonic() - batch[0].queued) if batch and not live else 0
+                wait = (
+                    self.max_wait - (time.monotonic() - batch[0].queued)
+                    if batch and not live
+                    else 0
+                )
                 full = any(j.key == key for j in rest)
                 if wait > 0 and not full:
                     self._cond.wait(wait)
@@ -175,12 +204,19 @@ class Batcher:
                 self._busy -= 1
 
     def _flow(self, stream: Any, jobs: list[Job], index: int) -> None:
-        """Run `stream` on lane `index` until no sentence is left in it: `jobs` start it, others join it."""
+        """Run `stream` on lane `index` until no sentence is left in it: `jobs` start it, others
+        join it."""
         live: list[Job] = []
         while jobs or live:
-            try:  # lane 0 alone: every thread (lanes fill in order, so no second OpenMP team); else its share
-                ended = lane(index).submit(stream.run, jobs, index == 0 and self._busy == 1).result()
-            except Exception:  # the search is lost: its sentences one at a time, so that only the bad ones fail
+            # lane 0 alone: every thread (lanes fill in order, so no second OpenMP team); else its
+            # share
+            try:
+                ended = (
+                    lane(index).submit(stream.run, jobs, index == 0 and self._busy == 1).result()
+                )
+            except (
+                Exception
+            ):  # the search is lost: its sentences one at a time, so that only the bad ones fail
                 live += jobs
                 self.on_batch(len(live), len(live))
                 self._answer(live, [self._decoded([job])[0] for job in live])

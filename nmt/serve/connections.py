@@ -26,14 +26,22 @@ from nmt.errors import NmtError
 from nmt.options import ServeOptions
 
 Message = MutableMapping[str, Any]
-App = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+App = Callable[
+    [Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
+    Awaitable[None],
+]
 LINGER = 1.0  # s a refused connection stays open, reading and dropping what the client still sends
-FILES_BESIDE_CONNECTIONS = 256  # open files the server needs besides its connections (models, logs, pipes)
+FILES_BESIDE_CONNECTIONS = (
+    256  # open files the server needs besides its connections (models, logs, pipes)
+)
 STOPPED = "the server stopped before this request was answered; retry"
 
 
 def head_too_large(limit: int) -> str:
-    return f"the request head (request line and headers) is larger than this server's limit of {limit} bytes"
+    return (
+        "the request head (request line and headers) is larger than this server's limit of "
+        f"{limit} bytes"
+    )
 
 
 def error_body(message: str) -> bytes:
@@ -57,8 +65,12 @@ class Connection(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.opts.max_connections:
-            self.refuse(503, f"this server has {self.opts.max_connections} connections open, its limit; retry later",
-                        "retry-after: 1\r\n")
+            self.refuse(
+                503,
+                f"this server has {self.opts.max_connections} connections open, its limit; retry "
+                "later",
+                "retry-after: 1\r\n",
+            )
         else:
             self.await_head()
 
@@ -96,7 +108,11 @@ class Connection(H11Protocol):
         self.head_clock = self.loop.call_later(self.opts.head_timeout, self.head_late)
 
     def head_late(self) -> None:
-        if self.conn.their_state is h11.IDLE and not self.refused and not self.transport.is_closing():
+        if (
+            self.conn.their_state is h11.IDLE
+            and not self.refused
+            and not self.transport.is_closing()
+        ):
             self.refuse(408, f"the request head did not arrive within {self.opts.head_timeout:g} s")
 
     def refuse(self, status: int, message: str, headers: str = "") -> None:
@@ -104,8 +120,10 @@ class Connection(H11Protocol):
         still sends, or when it closes first (closing on unread data would reset the connection,
         and the client could lose the answer)."""
         body = error_body(message)
-        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n{headers}\r\n")
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: "
+            f"application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n{headers}\r\n"
+        )
         self.refused = True
         self.transport.write(head.encode("ascii") + body)
         if self.transport.can_write_eof():
@@ -126,8 +144,10 @@ def open_files_for(opts: ServeOptions) -> None:
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return
     if hard != resource.RLIM_INFINITY and hard < needed:
-        raise NmtError(f"--max-connections {opts.max_connections} needs {needed} open files, and this process may "
-                       f"open at most {hard} (ulimit -Hn): lower --max-connections")
+        raise NmtError(
+            f"--max-connections {opts.max_connections} needs {needed} open files, and this process "
+            f"may open at most {hard} (ulimit -Hn): lower --max-connections"
+        )
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
@@ -139,8 +159,11 @@ def guarded(app: App, opts: ServeOptions) -> App:
       second Ctrl-C) is answered 503, where uvicorn would log a traceback and send a plain-text
       500."""
 
-    async def run(scope: Message, receive: Callable[[], Awaitable[Message]],
-                  send: Callable[[Message], Awaitable[None]]) -> None:
+    async def run(
+        scope: Message,
+        receive: Callable[[], Awaitable[Message]],
+        send: Callable[[Message], Awaitable[None]],
+    ) -> None:
         if scope["type"] != "http":
             return await app(scope, receive, send)
         if _head_size(scope) > opts.max_head_bytes:
@@ -167,9 +190,19 @@ def _head_size(scope: Message) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
 
 
-async def _send_error(send: Callable[[Message], Awaitable[None]], status: int, message: str) -> None:
+async def _send_error(
+    send: Callable[[Message], Awaitable[None]], status: int, message: str
+) -> None:
     body = error_body(message)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

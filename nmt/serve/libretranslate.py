@@ -12,9 +12,23 @@ from typing import Any
 from nmt.serve.app import ApiError, Model, Service
 from nmt.serve.batching import Job
 
-NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French",
-         "it": "Italian", "ja": "Japanese", "mg": "Malagasy", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
-         "ru": "Russian", "uk": "Ukrainian", "zh": "Chinese"}
+NAMES = {
+    "ar": "Arabic",
+    "cs": "Czech",
+    "de": "German",
+    "en": "English",
+    "es": "Spanish",
+    "fr": "French",
+    "it": "Italian",
+    "ja": "Japanese",
+    "mg": "Malagasy",
+    "nl": "Dutch",
+    "pl": "Polish",
+    "pt": "Portuguese",
+    "ru": "Russian",
+    "uk": "Ukrainian",
+    "zh": "Chinese",
+}
 
 
 def languages(models: dict[str, Model]) -> list[dict[str, Any]]:
@@ -22,11 +36,16 @@ def languages(models: dict[str, Model]) -> list[dict[str, Any]]:
     targets: dict[str, set[str]] = {}
     for m in models.values():
         targets.setdefault(m.source, set()).update(m.targets)
-    return [{"code": c, "name": NAMES.get(c, c), "targets": sorted(t)} for c, t in sorted(targets.items()) if c]
+    return [
+        {"code": c, "name": NAMES.get(c, c), "targets": sorted(t)}
+        for c, t in sorted(targets.items())
+        if c
+    ]
 
 
 def _pair(models: dict[str, Model], source: str, target: str) -> tuple[Model, str | None]:
-    """The one model that translates `source` (or auto) into `target`, and the >>xxx<< token that says it."""
+    """The one model that translates `source` (or auto) into `target`, and the >>xxx<< token that
+    says it."""
     found = [m for m in models.values() if target in m.targets and source in ("auto", m.source)]
     if len(found) != 1:
         why = "no model translates" if not found else "several models translate"
@@ -72,7 +91,9 @@ def _asked(service: Service, p: dict[str, Any]) -> _Asked:
         raise ApiError(400, "Invalid request: alternatives must be 0 to 10 and format text or html")
     model, lang = _pair(service.models, str(p["source"]), str(p["target"]))
     beam = max(model.translator.decode.beam, alternatives + 1)
-    settings, _ = model.variant({"beam": beam} if beam != model.translator.decode.beam else {}, alternatives + 1)
+    settings, _ = model.variant(
+        {"beam": beam} if beam != model.translator.decode.beam else {}, alternatives + 1
+    )
     docs = [Markup(t) if fmt == "html" else Markup.plain(t) for t in texts]
     segments = [s for d in docs for s in d.texts]
     jobs = service._jobs(model, ("translate", *settings, False, lang), segments, segments)
@@ -81,20 +102,46 @@ def _asked(service: Service, p: dict[str, Any]) -> _Asked:
 
 def _answer(asked: _Asked, p: dict[str, Any], results: list[Any]) -> dict[str, Any]:
     """The answer, as LibreTranslate gives it: one text (q a str) is answered without lists."""
-    out, alts = [], []
+    out = []
+    alts = []
     for d in asked.docs:
-        hyps, results = results[:len(d.texts)], results[len(d.texts):]
+        hyps = results[: len(d.texts)]
+        results = results[len(d.texts) :]
         out.append(d.join([h[0].text if h else "" for h in hyps]))
-        alts.append([h.text for h in hyps[0][1:]] if asked.fmt == "text" and hyps and hyps[0] else [])
+        alts.append(
+            [h.text for h in hyps[0][1:]] if asked.fmt == "text" and hyps and hyps[0] else []
+        )
     # nmt does not detect languages: the only model into `target` says
     detected = {"confidence": 0.0, "language": asked.model.source}
-    answer = {"translatedText": out, "alternatives": alts if asked.alternatives else None,
-              "detectedLanguage": [detected] * len(out) if p["source"] == "auto" else None}
+    answer = {
+        "translatedText": out,
+        "alternatives": alts if asked.alternatives else None,
+        "detectedLanguage": [detected] * len(out) if p["source"] == "auto" else None,
+    }
     return {k: v[0] if isinstance(p["q"], str) else v for k, v in answer.items() if v is not None}
 
 
-_UNTRANSLATED = ("script", "style", "code", "pre")  # as LibreTranslate's HTML path leaves them (and translate="no")
-_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+_UNTRANSLATED = (
+    "script",
+    "style",
+    "code",
+    "pre",
+)  # as LibreTranslate's HTML path leaves them (and translate="no")
+_VOID = {
+    "area",
+    "base",
+    "br",
+    "col",
+    "embed",
+    "hr",
+    "img",
+    "input",
+    "link",
+    "meta",
+    "source",
+    "track",
+    "wbr",
+}
 
 
 def _keep(form: str) -> Any:
@@ -110,9 +157,13 @@ class Markup(HTMLParser):
 
     def __init__(self, document: str):
         super().__init__(convert_charrefs=True)
-        # parts: markup as str, a text run as its index in `texts`; kept: the open element whose text stays
-        self.parts, self.texts, self.is_html = [], [], True  # type: list[str | int], list[str], bool
-        self.kept, self.depth = "", 0
+        # parts: markup as str, a text run as its index in `texts`; kept: the open element whose
+        # text stays
+        self.parts: list[str | int] = []
+        self.texts: list[str] = []
+        self.is_html = True
+        self.kept = ""
+        self.depth = 0
         self.feed(document)
         if self.rawdata.startswith("<"):  # a tag the document never finishes: kept as written
             self.parts.append(self.rawdata)
@@ -122,7 +173,9 @@ class Markup(HTMLParser):
     @classmethod
     def plain(cls, text: str) -> Markup:
         doc = cls("")
-        doc.parts, doc.texts, doc.is_html = [0], [text], False
+        doc.parts = [0]
+        doc.texts = [text]
+        doc.is_html = False
         return doc
 
     def handle_data(self, data: str) -> None:
@@ -130,11 +183,17 @@ class Markup(HTMLParser):
             self.parts.append(len(self.texts))
             self.texts.append(data)
         else:  # script and style text is never unescaped (CDATA_CONTENT_ELEMENTS)
-            self.parts.append(data if self.kept in ("script", "style") else html.escape(data, quote=False))
+            self.parts.append(
+                data if self.kept in ("script", "style") else html.escape(data, quote=False)
+            )
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         self.parts.append(self.get_starttag_text() or f"<{tag}>")
-        if not self.kept and tag not in _VOID and (tag in _UNTRANSLATED or ("translate", "no") in attrs):
+        if (
+            not self.kept
+            and tag not in _VOID
+            and (tag in _UNTRANSLATED or ("translate", "no") in attrs)
+        ):
             self.kept = tag
         self.depth += tag == self.kept
 
@@ -154,11 +213,17 @@ class Markup(HTMLParser):
     def join(self, translations: list[str]) -> str:
         if not self.is_html:
             return translations[0]
-        return "".join(p if isinstance(p, str) else _spaced(self.texts[p], html.escape(translations[p], quote=False))
-                       for p in self.parts)
+        return "".join(
+            p
+            if isinstance(p, str)
+            else _spaced(self.texts[p], html.escape(translations[p], quote=False))
+            for p in self.parts
+        )
 
 
 def _spaced(original: str, translation: str) -> str:
-    """The translation with the original run's leading and trailing whitespace (between tags it matters)."""
-    lead, trail = original[: len(original) - len(original.lstrip())], original[len(original.rstrip()):]
+    """The translation with the original run's leading and trailing whitespace (between tags it
+    matters)."""
+    lead = original[: len(original) - len(original.lstrip())]
+    trail = original[len(original.rstrip()) :]
     return lead + translation.strip() + trail

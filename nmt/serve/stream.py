@@ -25,18 +25,32 @@ from nmt.decoding.search import BeamSearch
 def can_stream(tr: Translator) -> bool:
     """Whether this translator's sentences can join a running search."""
     model = tr.loaded.model
-    return (not tr.decode.sampling and tr.shortlist is None and tr.terminology is None
-            and all(hasattr(m, "merge") for m in getattr(model, "models", [model])))
+    return (
+        not tr.decode.sampling
+        and tr.shortlist is None
+        and tr.terminology is None
+        and all(hasattr(m, "merge") for m in getattr(model, "models", [model]))
+    )
 
 
 class Stream:
     """One decode setting's running search; the batcher's worker calls `run` on its lane's thread
     (nmt.serve.batching.lane)."""
 
-    def __init__(self, tr: Translator, nbest: int, attend: bool, lang: str | None, threads: tuple[int, int]):
-        self.tr, self.attend, self.lang, self.threads = tr, attend, lang or tr.target_lang, threads
-        self.search = BeamSearch(tr.loaded.model, tr.decode, nbest=nbest, **asdict(tr.loaded.tokenizer.specials),
-                                 max_len=tr.loaded.max_positions)
+    def __init__(
+        self, tr: Translator, nbest: int, attend: bool, lang: str | None, threads: tuple[int, int]
+    ):
+        self.tr = tr
+        self.attend = attend
+        self.lang = lang or tr.target_lang
+        self.threads = threads
+        self.search = BeamSearch(
+            tr.loaded.model,
+            tr.decode,
+            nbest=nbest,
+            **asdict(tr.loaded.tokenizer.specials),
+            max_len=tr.loaded.max_positions,
+        )
         self.sources: dict[Any, list[int]] = {}  # a live job's source tokens
 
     def __len__(self) -> int:
@@ -46,17 +60,24 @@ class Stream:
         """The `jobs` (nmt.serve.batching.Job; items: texts or `Request`s without constraints) join
         the search, which decodes one step (on every thread when `alone`, the only search
         running, else on its share): the jobs that ended, each with its translations."""
-        specials, tr = self.tr.loaded.tokenizer.specials, self.tr
+        specials = self.tr.loaded.tokenizer.specials
+        tr = self.tr
         torch.set_num_threads(self.threads[alone])
-        seqs = tr._encode([getattr(j.item, "text", j.item) for j in jobs], lambda i: jobs[i].where, lang=self.lang)
-        ended: list[tuple[Any, list[Any]]] = [(j, []) for j, s in zip(jobs, seqs) if not s]  # a blank text
+        seqs = tr._encode(
+            [getattr(j.item, "text", j.item) for j in jobs], lambda i: jobs[i].where, lang=self.lang
+        )
+        ended: list[tuple[Any, list[Any]]] = [
+            (j, []) for j, s in zip(jobs, seqs) if not s
+        ]  # a blank text
         new = [(j, s) for j, s in zip(jobs, seqs) if s]
         with torch.inference_mode(), decode_autocast(tr.device, tr.precision):
             if new:
                 src = pad_rows([[*s, specials.eos] for _, s in new], specials.pad)
                 self.search.add(src.to(tr.device), [j for j, _ in new])
                 self.sources.update(new)
-            if gone := [j for j in self.search.books.tags if getattr(j, "abandoned", False)]:  # a 504, a client gone
+            if gone := [
+                j for j in self.search.books.tags if getattr(j, "abandoned", False)
+            ]:  # a 504, a client gone
                 self.search.expire(gone)
             done = self.search.step() if len(self.search) else []
         if done:

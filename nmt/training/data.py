@@ -9,8 +9,9 @@ arrays; `EMPTY_SHARD` where the rank's share has run out), `dummy_batch` what su
 with weight 0, so that it takes part in DDP's gradient all-reduce. On a GPU, `prefetched`
 (a `Prefetcher`) collates and pins the next updates' batches in a background thread while
 the device runs the current one, so that the host's numpy work (a few milliseconds for a
-25k-token batch) never leaves the GPU waiting; the copies to the device are then asynchronous (pinned memory,
-non_blocking). On the CPU there is nothing to overlap with: batches are collated in line.
+25k-token batch) never leaves the GPU waiting; the copies to the device are then asynchronous
+(pinned memory, non_blocking). On the CPU there is nothing to overlap with: batches are collated in
+line.
 """
 
 from __future__ import annotations
@@ -50,18 +51,28 @@ class TrainingData:
 
     @classmethod
     def load(cls, cfg: Config) -> TrainingData:
-        d, t = cfg.data, cfg.train
+        d = cfg.data
+        t = cfg.train
         meta = datamod.read_meta(d.dir)
-        src, tgt = d.source_lang or meta["source_lang"], d.target_lang or meta["target_lang"]
+        src = d.source_lang or meta["source_lang"]
+        tgt = d.target_lang or meta["target_lang"]
         tokenizer = Tokenizer.from_file(Path(d.dir) / "spm.model")
         if tokenizer.sha256 != meta["spm"]["sha256"]:
-            raise NmtError(f"{Path(d.dir) / 'spm.model'}: not the tokenizer the data was prepared with "
-                           "(prepare.json's spm.sha256); run nmt prepare-bpe again")
-        for key, beam in (("decode.beam", cfg.decode.beam), ("train.valid_beam", t.valid_beam))[:1 + t.valid_bleu]:
-            check_beam_fits(beam, tokenizer.vocab_size, key)  # the checkpoints' decode settings must be usable
+            raise NmtError(
+                f"{Path(d.dir) / 'spm.model'}: not the tokenizer the data was prepared with "
+                "(prepare.json's spm.sha256); run nmt prepare-bpe again"
+            )
+        for key, beam in (("decode.beam", cfg.decode.beam), ("train.valid_beam", t.valid_beam))[
+            : 1 + t.valid_bleu
+        ]:
+            check_beam_fits(
+                beam, tokenizer.vocab_size, key
+            )  # the checkpoints' decode settings must be usable
         train = datamod.ParallelData.load(d.dir, d.train_split, src, tgt)
         # no validation where the default split was not prepared; a split named otherwise must exist
-        has_valid = d.valid_split in meta.get("splits", {}) or d.valid_split != DataConfig.valid_split
+        has_valid = (
+            d.valid_split in meta.get("splits", {}) or d.valid_split != DataConfig.valid_split
+        )
         valid = datamod.ParallelData.load(d.dir, d.valid_split, src, tgt) if has_valid else None
         return cls(src, tgt, data_fingerprint(meta, src, tgt), tokenizer, train, valid)
 
@@ -87,18 +98,33 @@ def shard_batches(batches: list, rank: int, world_size: int) -> list:
         return batches
     if not 0 <= rank < world_size:
         raise ValueError(f"shard_batches: rank {rank} not in [0, {world_size})")
-    mine, per_rank = list(batches[rank::world_size]), -(-len(batches) // world_size)
+    mine = list(batches[rank::world_size])
+    per_rank = -(-len(batches) // world_size)
     return mine + [EMPTY_SHARD] * (per_rank - len(mine))
 
 
-def epoch_updates(cfg: Config, data: datamod.ParallelData, env: Env, epoch: int, pad_to: int) -> list[list[Any]]:
+def epoch_updates(
+    cfg: Config, data: datamod.ParallelData, env: Env, epoch: int, pad_to: int
+) -> list[list[Any]]:
     """This rank's share (`shard_batches`) of the batches of `epoch` (a function of the seed
     and the epoch only: resuming rebuilds them), in updates of train.update_freq batches."""
     t = cfg.train
-    batches = datamod.make_batches(data.src_sizes, data.tgt_sizes, t.max_tokens, seed=t.seed, epoch=epoch,
-                                   shuffle=True, max_positions=cfg.model.max_positions, pad_to=pad_to)
+    batches = datamod.make_batches(
+        data.src_sizes,
+        data.tgt_sizes,
+        t.max_tokens,
+        seed=t.seed,
+        epoch=epoch,
+        shuffle=True,
+        max_positions=cfg.model.max_positions,
+        pad_to=pad_to,
+    )
     if batches.excluded and env.is_main:
-        log.warning("epoch %d: %d pairs longer than model.max_positions - 1 left out", epoch, batches.excluded)
+        log.warning(
+            "epoch %d: %d pairs longer than model.max_positions - 1 left out",
+            epoch,
+            batches.excluded,
+        )
     local = shard_batches(list(batches), env.rank, env.world_size)
     return [local[i : i + t.update_freq] for i in range(0, len(local), t.update_freq)]
 
@@ -107,7 +133,9 @@ def dummy_batch(specials: SpecialIds, pad_to: int) -> datamod.Batch:
     """What a rank without a batch of its own runs, with weight 0, where DDP all-reduces the
     gradients (every rank must take part): one empty pair, its source and target just EOS."""
     empty = datamod.TokenArray(np.zeros(0, np.int64), np.zeros(2, np.int64))
-    return datamod.collate(datamod.ParallelData("dummy", "", "", empty, empty), [0], specials, pad_to=pad_to)
+    return datamod.collate(
+        datamod.ParallelData("dummy", "", "", empty, empty), [0], specials, pad_to=pad_to
+    )
 
 
 class Prefetcher:
@@ -117,9 +145,19 @@ class Prefetcher:
 
     _DONE = object()
 
-    def __init__(self, data: datamod.ParallelData, groups: Sequence[Sequence[np.ndarray | EmptyShard]],
-                 specials: SpecialIds, *, pad_to: int, pin_memory: bool):
-        self.data, self.groups, self.pad_to, self.pin = data, groups, pad_to, pin_memory
+    def __init__(
+        self,
+        data: datamod.ParallelData,
+        groups: Sequence[Sequence[np.ndarray | EmptyShard]],
+        specials: SpecialIds,
+        *,
+        pad_to: int,
+        pin_memory: bool,
+    ):
+        self.data = data
+        self.groups = groups
+        self.pad_to = pad_to
+        self.pin = pin_memory
         self.specials = specials
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=PREFETCH_UPDATES)
         self.stopped = threading.Event()
@@ -129,9 +167,14 @@ class Prefetcher:
     def _work(self) -> None:
         try:
             for group in self.groups:
-                batches = [ids if isinstance(ids, EmptyShard) else
-                           datamod.collate(self.data, ids, self.specials, pin_memory=self.pin, pad_to=self.pad_to)
-                           for ids in group]
+                batches = [
+                    ids
+                    if isinstance(ids, EmptyShard)
+                    else datamod.collate(
+                        self.data, ids, self.specials, pin_memory=self.pin, pad_to=self.pad_to
+                    )
+                    for ids in group
+                ]
                 if not self._put(batches):
                     return
             self._put(self._DONE)
@@ -167,8 +210,13 @@ class Prefetcher:
         self.close()
 
 
-def prefetched(data: datamod.ParallelData, updates: list[list[Any]], specials: SpecialIds,
-               device: torch.device, pad_to: int) -> AbstractContextManager[Any]:
+def prefetched(
+    data: datamod.ParallelData,
+    updates: list[list[Any]],
+    specials: SpecialIds,
+    device: torch.device,
+    pad_to: int,
+) -> AbstractContextManager[Any]:
     """The updates' batches: collated ahead by a `Prefetcher` on a GPU, as they are (index
     arrays, collated in line) on the CPU."""
     if device.type != "cuda":

@@ -43,15 +43,19 @@ class Env:
 def setup_env(cfg: Config) -> Env:
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    world_size, device = int(os.environ.get("WORLD_SIZE", "1")), resolve_device(cfg.train.device)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(cfg.train.device)
     if world_size == 1:
         return Env(device)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT)
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo", timeout=DIST_TIMEOUT
+        )
     return Env(device, rank, world_size)
 
 
@@ -69,8 +73,9 @@ def teardown_env(env: Env, finished: bool) -> None:
         dist.destroy_process_group()
 
 
-def wrap_for_training(objective: torch.nn.Module, env: Env, compile: bool = False,
-                      compile_mode: str = "default") -> torch.nn.Module:
+def wrap_for_training(
+    objective: torch.nn.Module, env: Env, compile: bool = False, compile_mode: str = "default"
+) -> torch.nn.Module:
     """The module that training calls: `objective` under DDP when there are several processes,
     then compiled with torch.compile if asked."""
     net = objective
@@ -79,15 +84,23 @@ def wrap_for_training(objective: torch.nn.Module, env: Env, compile: bool = Fals
         # No buffer broadcast: the only buffers are the sinusoids, equal everywhere, and a
         # collective in the forward would let a rank that ran out of memory there fall out
         # of step with the others.
-        net = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
+        net = torch.nn.parallel.DistributedDataParallel(
+            objective, device_ids=ids, broadcast_buffers=False
+        )
     if compile:
-        try:  # a missing compiler (C++ on the CPU, C for Triton) fails here, not in the first update
+        # a missing compiler (C++ on the CPU, C for Triton) fails here, not in the first update
+        try:
             torch.compile(lambda x: x * 2 + 1)(torch.ones(2, device=env.device))
         except Exception as exc:
-            why = one_line(exc).split(" Set TORCHDYNAMO_VERBOSE")[0]  # torch's advice to developers goes
-            raise ConfigError(f"train.compile: torch.compile cannot run on {env.device} ({why}); "
-                              "install a C/C++ compiler or set train.compile=false") from None
-        net = torch.compile(net, mode=None if compile_mode == "default" else compile_mode)  # type: ignore[assignment]
+            why = one_line(exc).split(" Set TORCHDYNAMO_VERBOSE")[
+                0
+            ]  # torch's advice to developers goes
+            raise ConfigError(
+                f"train.compile: torch.compile cannot run on {env.device} ({why}); install a C/C++ "
+                "compiler or set train.compile=false"
+            ) from None
+        mode = None if compile_mode == "default" else compile_mode
+        net = torch.compile(net, mode=mode)  # type: ignore[assignment]
     return net
 
 
@@ -100,7 +113,9 @@ def gradient_sync(net: torch.nn.Module, env: Env, all_reduce: bool) -> AbstractC
     return net.no_sync()  # type: ignore[operator]
 
 
-def sum_over_ranks(env: Env, sums: torch.Tensor, counts: list[float]) -> tuple[torch.Tensor, list[float]]:
+def sum_over_ranks(
+    env: Env, sums: torch.Tensor, counts: list[float]
+) -> tuple[torch.Tensor, list[float]]:
     """An update's float64 sums on the device and its counts, each summed over the ranks
     (one all_reduce)."""
     if env.world_size == 1:
@@ -149,5 +164,7 @@ class StopSignals:
         if self.received is not None:
             raise KeyboardInterrupt
         self.received = signum
-        log.warning("%s received: finishing this update, saving a checkpoint, then stopping",
-                    signal.Signals(signum).name)
+        log.warning(
+            "%s received: finishing this update, saving a checkpoint, then stopping",
+            signal.Signals(signum).name,
+        )

@@ -18,11 +18,13 @@ from torch import nn
 
 # rows of one chunk: at most this many (rows x vocabulary) elements, 64 MB in fp32 (512 MB on a
 # GPU, where each chunk also reads and writes the whole weight and its gradient: fewer chunks)
-CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS = 1 << 24, 1 << 27
+CHUNK_ELEMENTS = 1 << 24
+CUDA_CHUNK_ELEMENTS = 1 << 27
 
 
-def smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def smoothed_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Label-smoothed cross-entropy of logits (N, V) in any dtype, target (N,), computed in fp32:
     (loss, nll, lprobs (N, V) fp32, keep (N,) bool), loss and NLL summed over the rows whose
     target is not `ignore_index`. The smoothed target puts 1 - epsilon on the gold token and
@@ -46,25 +48,35 @@ def smoothing_weights(epsilon: float, vocab: int) -> tuple[float, float]:
     return 1.0 - epsilon - b, b
 
 
-@torch.compiler.disable  # traced, its chunk loop compiled again for every count of real target tokens
-def projected_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float,
-                            chunk_rows: int | None = None, bias: torch.Tensor | None = None
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+# traced, its chunk loop compiled again for every count of real target tokens
+@torch.compiler.disable
+def projected_smoothed_loss(
+    states: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    epsilon: float,
+    chunk_rows: int | None = None,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Label-smoothed loss and NLL, summed over rows, of logits = states @ weight^T (+ bias).
 
     states (M, D) are the final decoder states of M real target tokens (no padding), weight
     (V, D) the output projection, bias (V,) its bias if any, target (M,) their labels. Equal to
     the label-smoothed cross-entropy of `F.linear(states, weight, bias)` (`smoothed_cross_entropy`),
-    computed `chunk_rows` rows at a time (default: CHUNK_ELEMENTS / V, on CUDA CUDA_CHUNK_ELEMENTS / V),
-    in fp32 after the matmul.
+    computed `chunk_rows` rows at a time (default: CHUNK_ELEMENTS / V, on CUDA CUDA_CHUNK_ELEMENTS /
+    V), in fp32 after the matmul.
     """
-    rows = chunk_rows or max(1, (CUDA_CHUNK_ELEMENTS if states.is_cuda else CHUNK_ELEMENTS) // weight.size(0))
+    rows = chunk_rows or max(
+        1, (CUDA_CHUNK_ELEMENTS if states.is_cuda else CHUNK_ELEMENTS) // weight.size(0)
+    )
     trained = [t for t in (states, weight, bias) if t is not None and t.requires_grad]
     if not (torch.is_grad_enabled() and trained):
         total = torch.zeros(2, dtype=torch.float32, device=states.device)
         for start in range(0, states.size(0), rows):
             logits = F.linear(states[start : start + rows], weight, bias)
-            loss, nll, _, _ = smoothed_cross_entropy(logits, target[start : start + rows], epsilon, -1)
+            loss, nll, _, _ = smoothed_cross_entropy(
+                logits, target[start : start + rows], epsilon, -1
+            )
             total += torch.stack([loss, nll])
         return total[0], total[1]
     return _ProjectedSmoothedLoss.apply(states, weight, target, epsilon, rows, bias)
@@ -79,24 +91,44 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
     chunk's g exists at a time."""
 
     @staticmethod
-    def forward(ctx: Any, states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float,
-                rows: int, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any,
+        states: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        epsilon: float,
+        rows: int,
+        bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = smoothing_weights(epsilon, weight.size(0))
         half = False  # then the chunks' gradients leave out -b (see below)
         grad_states = torch.empty_like(states)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
-        total, low = torch.zeros(2, dtype=torch.float32, device=states.device), weight
+        grad_bias = (
+            None
+            if bias is None
+            else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+        )
+        total = torch.zeros(2, dtype=torch.float32, device=states.device)
+        low = weight
         for start in range(0, states.size(0), rows):
-            h, gold = states[start : start + rows], target[start : start + rows]
+            h = states[start : start + rows]
+            gold = target[start : start + rows]
             logits = F.linear(h, weight, bias)  # (c, V) in the autocast dtype, if any
             loss, nll, lprobs, _ = smoothed_cross_entropy(logits, gold, epsilon, -1)
             total += torch.stack([loss, nll])
-            low, half = low.to(logits.dtype), logits.dtype != torch.float32  # the weight cast once, not per chunk
+            low = low.to(logits.dtype)  # the weight cast once, not per chunk
+            half = logits.dtype != torch.float32
             at_gold = (torch.arange(gold.size(0), device=gold.device), gold)
-            if half:  # p in the logits' dtype (on CUDA written once), the gold entries p - a from fp32; -b below
+            # p in the logits' dtype (on CUDA written once), the gold entries p - a from fp32; -b
+            # below
+            if half:
                 value = lprobs[at_gold].exp_().sub_(a).to(logits.dtype)
-                grad = torch.exp(lprobs, out=torch.empty_like(logits)) if lprobs.is_cuda else lprobs.exp_().to(logits.dtype)
+                grad = (
+                    torch.exp(lprobs, out=torch.empty_like(logits))
+                    if lprobs.is_cuda
+                    else lprobs.exp_().to(logits.dtype)
+                )
                 grad[at_gold] = value
             else:
                 grad = lprobs.exp_()  # (c, V) fp32: the chunk's only big buffer
@@ -113,8 +145,10 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias.sub_(b * states.size(0))
         ctx.save_for_backward(grad_states, grad_weight, grad_bias)
-        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
-        loss, nll = total[0].clone(), total[1].clone()
+        ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        loss = total[0].clone()
+        nll = total[1].clone()
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
@@ -123,8 +157,14 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: torch.Tensor, grad_nll: Any) -> tuple[Any, ...]:
         grad_states, grad_weight, grad_bias = ctx.saved_tensors
         scale = grad_loss.float()
-        return (grad_states * scale.to(grad_states.dtype), (grad_weight * scale).to(ctx.weight_dtype),
-                None, None, None, None if grad_bias is None else (grad_bias * scale).to(ctx.bias_dtype))
+        return (
+            grad_states * scale.to(grad_states.dtype),
+            (grad_weight * scale).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+            None if grad_bias is None else (grad_bias * scale).to(ctx.bias_dtype),
+        )
 
 
 class TranslationLoss(nn.Module):
@@ -135,10 +175,23 @@ class TranslationLoss(nn.Module):
 
     def __init__(self, model: Any, epsilon: float, chunk_rows: int | None = None):
         super().__init__()
-        self.model, self.epsilon, self.chunk_rows = model, epsilon, chunk_rows
+        self.model = model
+        self.epsilon = epsilon
+        self.chunk_rows = chunk_rows
 
-    def forward(self, src: torch.Tensor, prev_output: torch.Tensor, target_index: torch.Tensor,
-                target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        src: torch.Tensor,
+        prev_output: torch.Tensor,
+        target_index: torch.Tensor,
+        target_tokens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         states = self.model.decoder_states(src, prev_output, target_index)  # (M, D)
-        return projected_smoothed_loss(states, self.model.output_weight, target_tokens, self.epsilon,
-                                       self.chunk_rows, self.model.output_bias)
+        return projected_smoothed_loss(
+            states,
+            self.model.output_weight,
+            target_tokens,
+            self.epsilon,
+            self.chunk_rows,
+            self.model.output_bias,
+        )

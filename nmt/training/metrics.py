@@ -48,9 +48,14 @@ class UpdateStats(Mapping[str, float]):
     def __getitem__(self, key: str) -> float:
         """loss and nll in bits per target token, gnorm, tokens, sentences, lr (as floats)."""
         per_token = max(self.tokens, 1.0) * math.log(2)
-        values = {"loss": lambda: float(self.loss_sum) / per_token, "nll": lambda: float(self.nll_sum) / per_token,
-                  "gnorm": lambda: float(self.gnorm), "tokens": lambda: self.tokens,
-                  "sentences": lambda: self.sentences, "lr": lambda: self.lr}
+        values = {
+            "loss": lambda: float(self.loss_sum) / per_token,
+            "nll": lambda: float(self.nll_sum) / per_token,
+            "gnorm": lambda: float(self.gnorm),
+            "tokens": lambda: self.tokens,
+            "sentences": lambda: self.sentences,
+            "lr": lambda: self.lr,
+        }
         return values[key]()
 
     def __iter__(self) -> Iterator[str]:
@@ -80,36 +85,53 @@ class FiniteChecks:
     def check(self, run_dir: Path) -> None:
         if not self.pending:
             return
-        values = torch.stack([torch.stack([loss.float(), gnorm.float()]) for _, loss, gnorm in self.pending])
+        values = torch.stack(
+            [torch.stack([loss.float(), gnorm.float()]) for _, loss, gnorm in self.pending]
+        )
         updates = self.updates()
         self.pending.clear()
         for update, (loss, gnorm) in zip(updates, values.tolist(), strict=True):
             if not math.isfinite(loss):
-                raise NmtError(f"non-finite loss at update {update}; stopped without saving (checkpoints in "
-                               f"{run_dir} are intact). Try a lower train.lr or train.clip_norm")
+                raise NmtError(
+                    f"non-finite loss at update {update}; stopped without saving (checkpoints in "
+                    f"{run_dir} are intact). Try a lower train.lr or train.clip_norm"
+                )
             if not math.isfinite(gnorm):
-                raise NmtError(f"non-finite gradient norm at update {update}; stopped without saving "
-                               f"(checkpoints in {run_dir} are intact)")
+                raise NmtError(
+                    f"non-finite gradient norm at update {update}; stopped without saving "
+                    f"(checkpoints in {run_dir} are intact)"
+                )
 
 
 class TrainMetrics:
     """`add()` each update's statistics; `emit` writes a record (RunDir.emit)."""
 
-    def __init__(self, cfg: Config, env: Env, initial_update: int, emit: Callable[[dict[str, Any]], None]):
-        self.cfg, self.emit = cfg, emit
+    def __init__(
+        self, cfg: Config, env: Env, initial_update: int, emit: Callable[[dict[str, Any]], None]
+    ):
+        self.cfg = cfg
+        self.emit = emit
         # throughput since the last log/validation/save; loss, nll and gnorm since the last log line
-        self.window: dict[str, float] = {"tokens": 0.0, "time": time.monotonic(), "updates": 0, **_NO_LOSSES}
+        self.window: dict[str, float] = {
+            "tokens": 0.0,
+            "time": time.monotonic(),
+            "updates": 0,
+            **_NO_LOSSES,
+        }
         self.sums: torch.Tensor | None = None  # (3,) on the device: loss, nll (nats), gnorm
         self.bar = _progress_bar(env, initial_update, cfg.train.max_updates)
 
     def add(self, stats: UpdateStats, p: Progress, scaler: DynamicLossScaler) -> None:
-        """Count an update that was taken (`stats` from Trainer.train_update); log when it is time."""
+        """Count an update that was taken (`stats` from Trainer.train_update); log when it is
+        time."""
         window = self.window
         window["tokens"] += stats.tokens
         window["updates"] += 1
         window["loss_tokens"] += stats.tokens
         window["loss_updates"] += 1
-        update = torch.stack([stats.loss_sum.double(), stats.nll_sum.double(), stats.gnorm.double()])
+        update = torch.stack(
+            [stats.loss_sum.double(), stats.nll_sum.double(), stats.gnorm.double()]
+        )
         self.sums = update if self.sums is None else self.sums + update
         self._log(stats, p, scaler)
 
@@ -122,20 +144,37 @@ class TrainMetrics:
             self.bar.close()
 
     def _log(self, stats: UpdateStats, p: Progress, scaler: DynamicLossScaler) -> None:
-        t, window, bar = self.cfg.train, self.window, self.bar
+        t = self.cfg.train
+        window = self.window
+        bar = self.bar
         if bar is not None:
             bar.update(1)
         if p.update % t.log_interval and not (bar is not None and p.update % 10 == 0):
             return
         now = time.monotonic()
-        dt, ntok = max(now - window["time"], 1e-9), max(window["loss_tokens"], 1.0) * math.log(2)
-        loss_sum, nll_sum, gnorm_sum = self.sums.tolist() if self.sums is not None else (0.0, 0.0, 0.0)
-        loss, nll = loss_sum / ntok, nll_sum / ntok
-        record = {"type": "train", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll,
-                  "ppl": 2**nll, "lr": stats.lr, "gnorm": gnorm_sum / max(window["loss_updates"], 1),
-                  "updates_logged": int(window["loss_updates"]), "tgt_tokens": window["loss_tokens"],
-                  "tgt_tokens_per_s": window["tokens"] / dt, "updates_per_s": window["updates"] / dt,
-                  "elapsed": p.elapsed, "oom_skipped": p.oom_skipped}
+        dt = max(now - window["time"], 1e-9)
+        ntok = max(window["loss_tokens"], 1.0) * math.log(2)
+        loss_sum, nll_sum, gnorm_sum = (
+            self.sums.tolist() if self.sums is not None else (0.0, 0.0, 0.0)
+        )
+        loss = loss_sum / ntok
+        nll = nll_sum / ntok
+        record = {
+            "type": "train",
+            "update": p.update,
+            "epoch": p.epoch,
+            "loss": loss,
+            "nll": nll,
+            "ppl": 2**nll,
+            "lr": stats.lr,
+            "gnorm": gnorm_sum / max(window["loss_updates"], 1),
+            "updates_logged": int(window["loss_updates"]),
+            "tgt_tokens": window["loss_tokens"],
+            "tgt_tokens_per_s": window["tokens"] / dt,
+            "updates_per_s": window["updates"] / dt,
+            "elapsed": p.elapsed,
+            "oom_skipped": p.oom_skipped,
+        }
         if (rss := _rss_mb()) is not None:
             record["rss_mb"] = rss
         if scaler.enabled:  # fp16
@@ -143,13 +182,28 @@ class TrainMetrics:
         if t.dropout_ramp_end:
             record["dropout"] = dropout_at(p.update, t, self.cfg.model.dropout)
         if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{stats.lr:.2e}",
-                            tok_s=f"{record['tgt_tokens_per_s']:.0f}", refresh=False)
+            bar.set_postfix(
+                loss=f"{loss:.3f}",
+                lr=f"{stats.lr:.2e}",
+                tok_s=f"{record['tgt_tokens_per_s']:.0f}",
+                refresh=False,
+            )
         if p.update % t.log_interval == 0:
             self.emit(record)
-            log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm %.3f | "
-                     "tgt tok/s %.0f | ups %.2f", p.epoch, p.update, record["loss"], record["nll"], record["ppl"],
-                     record["lr"], record["gnorm"], record["tgt_tokens_per_s"], record["updates_per_s"])
+            log.info(
+                "train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm "
+                "%.3f | "
+                "tgt tok/s %.0f | ups %.2f",
+                p.epoch,
+                p.update,
+                record["loss"],
+                record["nll"],
+                record["ppl"],
+                record["lr"],
+                record["gnorm"],
+                record["tgt_tokens_per_s"],
+                record["updates_per_s"],
+            )
             window.update(tokens=0.0, time=now, updates=0, **_NO_LOSSES)
             self.sums = None
 

@@ -28,8 +28,13 @@ FAULT_OOM_ENV = "NMT_FAULT_OOM_AT"
 def is_oom(error: BaseException) -> bool:
     """A failed allocation: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError
     ("DefaultCPUAllocator: can't allocate memory"), skipped the same way."""
-    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and any(
-        s in str(error) for s in ("out of memory", "can't allocate memory", "DefaultCPUAllocator")))
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError)
+        and any(
+            s in str(error)
+            for s in ("out of memory", "can't allocate memory", "DefaultCPUAllocator")
+        )
+    )
 
 
 class OomSkips:
@@ -37,7 +42,9 @@ class OomSkips:
     update on every rank, `reset` after an update that ran."""
 
     def __init__(self, env: Env, run_dir: Path):
-        self.env, self.run_dir, self.consecutive = env, run_dir, 0
+        self.env = env
+        self.run_dir = run_dir
+        self.consecutive = 0
 
     def forget(self, error: BaseException, optimizer: torch.optim.Optimizer, update: int) -> None:
         """After an out-of-memory error in `update`: drop its gradients and cached memory."""
@@ -45,8 +52,12 @@ class OomSkips:
         if self.env.device.type == "cuda":
             torch.cuda.empty_cache()
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        log.warning("out of memory at update %d%s: skipping the update (%s)", update,
-                    f" on rank {self.env.rank}" if self.env.world_size > 1 else "", first[:200])
+        log.warning(
+            "out of memory at update %d%s: skipping the update (%s)",
+            update,
+            f" on rank {self.env.rank}" if self.env.world_size > 1 else "",
+            first[:200],
+        )
 
     def skip(self, ranks: int, optimizer: torch.optim.Optimizer, p: Progress) -> None:
         """Every rank skips an update in which any ran out of memory: its batches are consumed,
@@ -56,12 +67,18 @@ class OomSkips:
         self.consecutive += 1
         update = p.update + 1
         if self.consecutive >= MAX_CONSECUTIVE_OOM:
-            raise NmtError(f"out of memory in {self.consecutive} consecutive updates (last: update {update}); "
-                           f"checkpoints in {self.run_dir} are intact. Lower train.max_tokens "
-                           "(and raise train.update_freq to keep the batch size)")
+            raise NmtError(
+                f"out of memory in {self.consecutive} consecutive updates (last: update {update}); "
+                f"checkpoints in {self.run_dir} are intact. Lower train.max_tokens (and raise "
+                "train.update_freq to keep the batch size)"
+            )
         if self.env.is_main:
-            log.warning("update %d skipped: out of memory on %d rank(s); %d update(s) skipped so far", update, ranks,
-                        p.oom_skipped)
+            log.warning(
+                "update %d skipped: out of memory on %d rank(s); %d update(s) skipped so far",
+                update,
+                ranks,
+                p.oom_skipped,
+            )
 
     def reset(self) -> None:
         self.consecutive = 0

@@ -23,7 +23,8 @@ def lr_at(update: int, cfg: TrainConfig, d_model: int) -> float:
     inverse_sqrt (fairseq): linear warm-up from warmup_init_lr to lr over warmup_updates,
     then lr * sqrt(warmup_updates / step).
     """
-    step, warmup = max(update, 1), cfg.warmup_updates
+    step = max(update, 1)
+    warmup = cfg.warmup_updates
     if cfg.lr_schedule == "noam":
         return cfg.lr * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
     if warmup > 0 and step < warmup:
@@ -37,7 +38,8 @@ def dropout_at(update: int, cfg: TrainConfig, dropout: float) -> float:
 
     A pure function of the update number, so a resumed run uses the same values.
     """
-    start, end = cfg.dropout_ramp_start, cfg.dropout_ramp_end
+    start = cfg.dropout_ramp_start
+    end = cfg.dropout_ramp_end
     if end == 0 or update <= start:
         return dropout
     if update >= end:
@@ -56,10 +58,18 @@ class DynamicLossScaler:
     the scale stays 1, no update overflows and there is no state to save.
     """
 
-    def __init__(self, init_scale: float = 128.0, min_scale: float = 1e-4, growth_interval: int = 2000,
-                 enabled: bool = True):
-        self.enabled, self.min_scale, self.growth_interval = enabled, min_scale, growth_interval
-        self.scale, self.clean_updates = float(init_scale) if enabled else 1.0, 0
+    def __init__(
+        self,
+        init_scale: float = 128.0,
+        min_scale: float = 1e-4,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ):
+        self.enabled = enabled
+        self.min_scale = min_scale
+        self.growth_interval = growth_interval
+        self.scale = float(init_scale) if enabled else 1.0
+        self.clean_updates = 0
 
     def overflowed(self, gnorm: torch.Tensor, at_update: int) -> bool:
         """Whether update `at_update`'s gradients overflowed, their norm being `gnorm` (then
@@ -76,9 +86,11 @@ class DynamicLossScaler:
             self.scale /= 2.0
             self.clean_updates = 0
             if self.scale < self.min_scale:
-                raise NmtError(f"fp16 loss scale fell below train.fp16_min_scale ({self.min_scale:g}) at update "
-                               f"{at_update}: gradients keep overflowing. Try train.precision=bf16, a lower "
-                               "train.lr, longer train.warmup_updates, or train.clip_norm")
+                raise NmtError(
+                    f"fp16 loss scale fell below train.fp16_min_scale ({self.min_scale:g}) at "
+                    f"update {at_update}: gradients keep overflowing. Try train.precision=bf16, a "
+                    "lower train.lr, longer train.warmup_updates, or train.clip_norm"
+                )
         else:
             self.clean_updates += 1
             if self.clean_updates % self.growth_interval == 0:
@@ -90,10 +102,13 @@ class DynamicLossScaler:
     def load_state_dict(self, state: dict[str, float | int] | None) -> None:
         """Resume the scale (an fp16 run's state); nothing to do when not enabled or no state."""
         if self.enabled and state:
-            self.scale, self.clean_updates = float(state["scale"]), int(state["clean_updates"])
+            self.scale = float(state["scale"])
+            self.clean_updates = int(state["clean_updates"])
 
 
-def scale_and_clip(params: list[torch.nn.Parameter], factor: float, clip_norm: float) -> torch.Tensor:
+def scale_and_clip(
+    params: list[torch.nn.Parameter], factor: float, clip_norm: float
+) -> torch.Tensor:
     """Multiply the gradients by `factor`, then clip their norm to `clip_norm` (if > 0);
     returns the norm before clipping, on the device."""
     grads = [p.grad for p in params if p.grad is not None]
@@ -111,5 +126,11 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch
     """Adam (beta 0.9/0.98, eps 1e-9 in the paper); AdamW when weight_decay > 0."""
     cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
     # fused: one kernel for all parameters (CPU and CUDA), 3x faster than the per-tensor loop
-    return cls(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-               weight_decay=cfg.weight_decay, fused=all(p.dtype in FUSED_DTYPES for p in params))
+    return cls(
+        params,
+        lr=cfg.lr,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+        fused=all(p.dtype in FUSED_DTYPES for p in params),
+    )

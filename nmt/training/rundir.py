@@ -44,8 +44,12 @@ CONFIG_FILE = "config.yaml"
 # a config.yaml next to one of these is the config of a run directory (`run_dir_of_config`)
 RUN_DIR_FILES = (LOCK_FILE, "checkpoint_last.pt")
 # the files of a run directory replaced whole, by their names, and those appended to
-REPLACED = {CONFIG_FILE: "the config", "spm.model": "the sentencepiece model", "checkpoint_last.pt": "a checkpoint",
-            "checkpoint_best.pt": "a checkpoint"}
+REPLACED = {
+    CONFIG_FILE: "the config",
+    "spm.model": "the sentencepiece model",
+    "checkpoint_last.pt": "a checkpoint",
+    "checkpoint_best.pt": "a checkpoint",
+}
 APPENDED = {"train.log": "the training log", "metrics.jsonl": "metrics"}
 
 
@@ -57,34 +61,49 @@ def run_dir_of_config(config: Path, cfg: Config, run_dir_given: bool) -> Config:
     was copied or moved to (issue 25: a copy trained the original, whose path the saved
     train.run_dir held), unless `run_dir_given` (--run-dir or --set train.run_dir) names another."""
     own = config.parent
-    if run_dir_given or config.name != CONFIG_FILE or not any((own / n).exists() for n in RUN_DIR_FILES):
+    if (
+        run_dir_given
+        or config.name != CONFIG_FILE
+        or not any((own / n).exists() for n in RUN_DIR_FILES)
+    ):
         return cfg
     if Path(cfg.train.run_dir).resolve() != own.resolve():
-        log.info("%s is the config of the run directory %s: training there, not in its train.run_dir %s "
-                 "(--run-dir chooses another)", config, own, cfg.train.run_dir)
+        log.info(
+            "%s is the config of the run directory %s: training there, not in its train.run_dir %s "
+            "(--run-dir chooses another)",
+            config,
+            own,
+            cfg.train.run_dir,
+        )
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, run_dir=str(own)))
 
 
 def lock_run_dir(path: Path) -> DirectoryLock:
     """Lock the run directory `path` (which must exist) for this process, or raise an NmtError
     naming it and the pid of the process that holds it."""
-    return lock_directory(path, LOCK_FILE, "the run directory's lock",
-                          "another nmt train (pid {pid}) is using this run directory; wait for it to finish, "
-                          "stop it, or choose another train.run_dir")
+    return lock_directory(
+        path,
+        LOCK_FILE,
+        "the run directory's lock",
+        "another nmt train (pid {pid}) is using this run directory; wait for it to finish, "
+        "stop it, or choose another train.run_dir",
+    )
 
 
 class RunDir:
     """`open()` it (rank 0), `emit()` metrics records, `save_checkpoint()`, then `close()`."""
 
     def __init__(self, path: Path, tensorboard: bool = False):
-        self.path, self.tensorboard = path, tensorboard
+        self.path = path
+        self.tensorboard = tensorboard
         self.metrics_fd: int | None = None
         self._board: Any = None  # a torch.utils.tensorboard SummaryWriter with train.tensorboard
         self._opened = ExitStack()  # what close() undoes (the last opened first, the lock last)
 
     def open(self, spm_model: bytes) -> None:
         """Create the run directory, clean up after a killed run, open train.log and metrics.jsonl,
-        write spm.model (the tokenizer's bytes) if it is missing and record the run in .nmt-last-run."""
+        write spm.model (the tokenizer's bytes) if it is missing and record the run in
+        .nmt-last-run."""
         with os_errors_as(self.path, "cannot write the run directory"):
             self.path.mkdir(parents=True, exist_ok=True)
         self._opened.callback(lock_run_dir(self.path).release)  # before anything in it is touched
@@ -95,9 +114,12 @@ class RunDir:
         clean_temporaries(self.path)
         for name, what in APPENDED.items():
             unshare(self.path / name, what)
-        log_path, metrics_path = self.path / "train.log", self.path / "metrics.jsonl"
+        log_path = self.path / "train.log"
+        metrics_path = self.path / "metrics.jsonl"
         handler = _RunLogHandler(log_path)
-        handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+        )
         logging.getLogger().addHandler(handler)
         self._opened.callback(_quietly, handler.close)
         self._opened.callback(logging.getLogger().removeHandler, handler)  # detached, then closed
@@ -125,18 +147,28 @@ class RunDir:
         if self.metrics_fd is not None:
             with os_errors_as(self.path / "metrics.jsonl", "cannot write metrics"):
                 write_all(self.metrics_fd, (json.dumps(record) + "\n").encode("utf-8"))
-        if self._board is not None:  # the same numbers as scalars "train/loss", "valid/valid_bleu", ...
-            kind, step = record.get("type", "train"), record.get("update", 0)
+        if (
+            self._board is not None
+        ):  # the same numbers as scalars "train/loss", "valid/valid_bleu", ...
+            kind = record.get("type", "train")
+            step = record.get("update", 0)
             for key, value in record.items():
-                if key not in ("type", "update") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if (
+                    key not in ("type", "update")
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                ):
                     self._board.add_scalar(f"{kind}/{key}", value, step)
             self._board.flush()
 
     def write_config(self, cfg: Config) -> None:
-        atomic_write_bytes(dump_config(cfg).encode("utf-8"), self.path / CONFIG_FILE, "the config", own=True)
+        atomic_write_bytes(
+            dump_config(cfg).encode("utf-8"), self.path / CONFIG_FILE, "the config", own=True
+        )
 
-    def save_checkpoint(self, state: dict[str, Any], update: int, *, numbered: bool, best: bool,
-                        keep_last: int) -> None:
+    def save_checkpoint(
+        self, state: dict[str, Any], update: int, *, numbered: bool, best: bool, keep_last: int
+    ) -> None:
         """Write checkpoint_<update>.pt (if numbered) and checkpoint_last.pt (one file: last is a
         hard link to the numbered one), checkpoint_best.pt (a file of its own), then prune
         numbered ones beyond `keep_last`.
@@ -159,15 +191,18 @@ class RunDir:
             try:
                 ckpt.prune_checkpoints(self.path, keep_last)
             except OSError as e:
-                raise NmtError(f"{e.filename or self.path}: cannot delete an old checkpoint "
-                               f"({e.strerror or e})") from None
+                raise NmtError(
+                    f"{e.filename or self.path}: cannot delete an old checkpoint "
+                    f"({e.strerror or e})"
+                ) from None
         log.info("saved %s", ", ".join(names + (["checkpoint_best.pt"] if best else [])))
 
 
 def _record_last_run(run_dir: Path) -> None:
     """Write the run directory's path to .nmt-last-run in the working directory: `nmt translate`
     with no --checkpoint uses the last run started here. A convenience only, so a read-only
-    working directory, a symbolic link, a hard link or a FIFO there is a warning, not a reason to stop."""
+    working directory, a symbolic link, a hard link or a FIFO there is a warning, not a reason to
+    stop."""
     marker = Path(ckpt.LAST_RUN_FILE)
     try:
         fd = open_regular_file(marker, os.O_WRONLY, "the last-run marker")
@@ -184,12 +219,15 @@ def _record_last_run(run_dir: Path) -> None:
 
 
 def _summary_writer(path: Path) -> Any:
-    """A TensorBoard writer to `path` (train.tensorboard), or a one-line error saying what to install."""
+    """A TensorBoard writer to `path` (train.tensorboard), or a one-line error saying what to
+    install."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise NmtError("train.tensorboard: true needs the tensorboard package: pip install tensorboard "
-                       "(or pip install 'nmt[tensorboard]')") from None
+        raise NmtError(
+            "train.tensorboard: true needs the tensorboard package: pip install tensorboard (or "
+            "pip install 'nmt[tensorboard]')"
+        ) from None
     with os_errors_as(path, "cannot write TensorBoard logs"):
         return SummaryWriter(log_dir=str(path))
 
@@ -233,4 +271,8 @@ def _drop_partial_last_line(fd: int, path: Path) -> None:
     if tail and not tail.endswith(b"\n"):
         cut = start + tail.rfind(b"\n") + 1
         os.ftruncate(fd, cut)
-        log.warning("%s: removed an incomplete last line (%d bytes) left by an interrupted run", path, size - cut)
+        log.warning(
+            "%s: removed an incomplete last line (%d bytes) left by an interrupted run",
+            path,
+            size - cut,
+        )

@@ -40,7 +40,9 @@ class Progress:
     updates_in_epoch: int = 0  # update groups of `epoch` already consumed
     elapsed: float = 0.0  # seconds of training, summed over resumes
     best: float | None = None
-    best_metric: str = ""  # what `best` is: "bleu" or "loss" ("": a checkpoint from before it was kept)
+    best_metric: str = (
+        ""  # what `best` is: "bleu" or "loss" ("": a checkpoint from before it was kept)
+    )
     bad_validations: int = 0
     schedule_offset: int = 0  # --reset-optimizer restarts the warm-up here
     skipped_overflow: int = 0
@@ -78,20 +80,48 @@ def _direction_changed(old_fp: str, new_fp: str) -> str | None:
     return None
 
 
-def build_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer, optimizer: torch.optim.Optimizer,
-                     scaler: DynamicLossScaler, progress: Progress, fingerprint: str,
-                     device: torch.device) -> dict[str, Any]:
+def build_checkpoint(
+    cfg: Config,
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    optimizer: torch.optim.Optimizer,
+    scaler: DynamicLossScaler,
+    progress: Progress,
+    fingerprint: str,
+    device: torch.device,
+) -> dict[str, Any]:
     """The training checkpoint (docs/architecture.md, "Checkpoints"); tensors on the CPU."""
-    rng = {"torch": torch.get_rng_state(),
-           "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-    train_state = {"progress": asdict(progress), "optimizer": ckpt.to_cpu(optimizer.state_dict()),
-                   "scaler": scaler.state_dict(), "rng": rng, "fingerprint": fingerprint}
-    return ckpt.checkpoint_dict(ckpt.to_cpu(model.state_dict()), cfg, tokenizer, update=progress.update,
-                                epoch=progress.epoch, train_state=train_state)
+    rng = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+    train_state = {
+        "progress": asdict(progress),
+        "optimizer": ckpt.to_cpu(optimizer.state_dict()),
+        "scaler": scaler.state_dict(),
+        "rng": rng,
+        "fingerprint": fingerprint,
+    }
+    return ckpt.checkpoint_dict(
+        ckpt.to_cpu(model.state_dict()),
+        cfg,
+        tokenizer,
+        update=progress.update,
+        epoch=progress.epoch,
+        train_state=train_state,
+    )
 
 
-def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scaler: DynamicLossScaler, device: torch.device, *, reset_optimizer: bool, reset_data: bool) -> Progress:
+def restore(
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: DynamicLossScaler,
+    device: torch.device,
+    *,
+    reset_optimizer: bool,
+    reset_data: bool,
+) -> Progress:
     """Load a training checkpoint into the model, optimizer, loss scaler and RNGs; returns its
     progress. --reset-optimizer keeps a fresh optimizer and restarts the warm-up here;
     --reset-data restarts the epoch, the best validation and patience."""
@@ -108,10 +138,14 @@ def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.opti
         progress.updates_in_epoch = 0
         progress.history.append(f"reset data at update {progress.update}")
         if progress.best is not None:
-            log.info("--reset-data: the best validation so far (%.3f) and checkpoint_best.pt are on the "
-                     "old data; the next validation starts a new best (and patience) and replaces "
-                     "checkpoint_best.pt", progress.best)
-        progress.best, progress.bad_validations = None, 0
+            log.info(
+                "--reset-data: the best validation so far (%.3f) and checkpoint_best.pt are on "
+                "the old data; the next validation starts a new best (and patience) and replaces "
+                "checkpoint_best.pt",
+                progress.best,
+            )
+        progress.best = None
+        progress.bad_validations = 0
     rng = ts["rng"]
     torch.set_rng_state(rng["torch"])
     if torch.cuda.is_available() and rng.get("cuda") is not None and device.type == "cuda":
@@ -119,23 +153,34 @@ def restore(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.opti
     return progress
 
 
-def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, fingerprint: str, run_dir: Path,
-                     reset_data: bool) -> None:
+def check_compatible(
+    state: dict[str, Any],
+    cfg: Config,
+    tokenizer: Tokenizer,
+    fingerprint: str,
+    run_dir: Path,
+    reset_data: bool,
+) -> None:
     """Refuse to resume `state` (the run's checkpoint) with another tokenizer or model config, or
     (unless reset_data) other training data; the NmtError names what changed."""
     # the run's config with the defaults of keys added since it was written (an upgrade of nmt
     # must not read a new key as a change)
     old_cfg = config_from_dict(state["config"], where=str(run_dir))
-    old, new = config_to_dict(old_cfg), config_to_dict(cfg)
+    old = config_to_dict(old_cfg)
+    new = config_to_dict(cfg)
     old_spm = (state.get("tokenizer") or {}).get("sha256")
     if old_spm != tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
-        raise NmtError(f"{run_dir}: resume refused, the tokenizer of {cfg.data.dir} (spm.model) "
-                       "differs from the run's; prepare the new data with --spm-model from the run "
-                       "or use a new train.run_dir")
+        raise NmtError(
+            f"{run_dir}: resume refused, the tokenizer of {cfg.data.dir} (spm.model) differs from "
+            "the run's; prepare the new data with --spm-model from the run or use a new "
+            "train.run_dir"
+        )
     changed = [f"{key}: {a!r} -> {b!r}" for key, a, b in changed_keys(old_cfg, cfg, "model")]
     if changed:
-        raise NmtError(f"{run_dir}: resume refused, the model config changed ({'; '.join(changed)}); "
-                       "use a new train.run_dir")
+        raise NmtError(
+            f"{run_dir}: resume refused, the model config changed ({'; '.join(changed)}); use a "
+            "new train.run_dir"
+        )
     if reset_data:
         return
     # data.dir may move and the valid split change: the fingerprint says whether the
@@ -143,16 +188,21 @@ def check_compatible(state: dict[str, Any], cfg: Config, tokenizer: Tokenizer, f
     # A run saved before its languages were resolved from prepare.json names none: its fingerprint
     # still holds the direction.
     unnamed = [k for k in ("source_lang", "target_lang") if not old["data"].get(k)]
-    data_changed = [f"data.{k}: {old['data'].get(k)!r} -> {v!r}" for k, v in new["data"].items()
-                    if k not in ("dir", "valid_split", *unnamed) and old["data"].get(k) != v]
+    data_changed = [
+        f"data.{k}: {old['data'].get(k)!r} -> {v!r}"
+        for k, v in new["data"].items()
+        if k not in ("dir", "valid_split", *unnamed) and old["data"].get(k) != v
+    ]
     old_fp = str(state["train_state"].get("fingerprint") or "")
     if direction := _direction_changed(old_fp, fingerprint):
         data_changed.append(direction)
     if old_fp.partition(":")[0] != fingerprint.partition(":")[0]:
         data_changed.append(f"the prepared data in {cfg.data.dir} (fingerprint)")
     if data_changed:
-        raise NmtError(f"{run_dir}: resume refused, the training data changed ({'; '.join(data_changed)}); "
-                       "pass --reset-data to continue on the new data")
+        raise NmtError(
+            f"{run_dir}: resume refused, the training data changed ({'; '.join(data_changed)}); "
+            "pass --reset-data to continue on the new data"
+        )
 
 
 def init_from_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokenizer) -> None:
@@ -164,16 +214,25 @@ def init_from_checkpoint(cfg: Config, model: torch.nn.Module, tokenizer: Tokeniz
     other than `TRAINING_ONLY_MODEL_KEYS`, or its tokenizer is not data.dir's."""
     path = Path(cfg.train.init_from)
     try:
-        source = ckpt.load_model_checkpoint(path, mmap=True)  # the weights are copied into the model once
-        changed = [c for c in changed_keys(source.config, cfg, "model")
-                   if c[0].partition(".")[2] not in TRAINING_ONLY_MODEL_KEYS]
+        source = ckpt.load_model_checkpoint(
+            path, mmap=True
+        )  # the weights are copied into the model once
+        changed = [
+            c
+            for c in changed_keys(source.config, cfg, "model")
+            if c[0].partition(".")[2] not in TRAINING_ONLY_MODEL_KEYS
+        ]
         if changed:
             key, theirs, ours = changed[0]
-            raise NmtError(f"{path}: {key} is {theirs!r} in the checkpoint but {ours!r} in this run's config; "
-                           f"set it as the checkpoint has it")
+            raise NmtError(
+                f"{path}: {key} is {theirs!r} in the checkpoint but {ours!r} in this run's config; "
+                "set it as the checkpoint has it"
+            )
         if source.tokenizer.sha256 != tokenizer.sha256:
-            raise NmtError(f"{path}: tokenizer differs from the one of {cfg.data.dir} (spm.model); prepare the "
-                           f"data with `nmt prepare-bpe --tokenizer-from {path}`")
+            raise NmtError(
+                f"{path}: tokenizer differs from the one of {cfg.data.dir} (spm.model); prepare "
+                f"the data with `nmt prepare-bpe --tokenizer-from {path}`"
+            )
         source.load_into(model)
     except NmtError as e:
         raise NmtError(f"train.init_from {e}") from None

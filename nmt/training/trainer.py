@@ -75,8 +75,14 @@ def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = Fals
     finished = False
     try:
         trainer = Trainer(cfg, env, reset_optimizer, reset_data)
-        log.info("device %s, world size %d, parameters %d", env.device, env.world_size, num_parameters(trainer.model))
-        reason, finished = trainer.run(), True
+        log.info(
+            "device %s, world size %d, parameters %d",
+            env.device,
+            env.world_size,
+            num_parameters(trainer.model),
+        )
+        reason = trainer.run()
+        finished = True
         return TrainResult(reason, trainer.progress.update, trainer.interrupted_by)
     finally:
         if trainer is not None:
@@ -89,11 +95,14 @@ def dry_run(cfg: Config, vocab_size: int | None) -> str:
     source_vocab = None  # --vocab-size: a joint vocabulary
     if vocab_size is None:
         meta = datamod.read_meta(cfg.data.dir)
-        vocab_size, source_vocab = int(meta["vocab_size"]), meta.get("source_vocab_size")
+        vocab_size = int(meta["vocab_size"])
+        source_vocab = meta.get("source_vocab_size")
     least = max(NMT_SPECIALS.ids()) + 1  # the special tokens of the vocabulary nmt trains
     if not least <= vocab_size < 2**31:  # token ids are at most int32
         raise NmtError(f"--vocab-size must be between {least} and {2**31 - 1}, got {vocab_size}")
-    return summary(meta_model(cfg.model, vocab_size, NMT_SPECIALS.pad, source_vocab=source_vocab))  # shapes only: a big vocabulary costs no memory
+    return summary(
+        meta_model(cfg.model, vocab_size, NMT_SPECIALS.pad, source_vocab=source_vocab)
+    )  # shapes only: a big vocabulary costs no memory
 
 
 class Trainer:
@@ -101,26 +110,33 @@ class Trainer:
     resumes from the run directory, then `run()`s the loop of `train_update`s."""
 
     def __init__(self, cfg: Config, env: Env, reset_optimizer: bool, reset_data: bool):
-        self.cfg, self.env = cfg, env
+        self.cfg = cfg
+        self.env = env
         t = cfg.train
         if t.precision == "fp16" and env.device.type != "cuda":
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
         configure_device(env.device)
-        self.run_dir, data = RunDir(Path(t.run_dir), tensorboard=t.tensorboard), TrainingData.load(cfg)
+        self.run_dir = RunDir(Path(t.run_dir), tensorboard=t.tensorboard)
+        data = TrainingData.load(cfg)
         # the direction read, prepare.json's where the config names none, is saved: its
         # checkpoints say what they translate (nmt serve's languages, ensembles', averages' checks)
         languages = replace(cfg.data, source_lang=data.src_lang, target_lang=data.tgt_lang)
         cfg = replace(cfg, data=languages)
         self.cfg = cfg
-        self.tokenizer, self.train_data, self.valid_data = data.tokenizer, data.train, data.valid
-        self.tgt_lang, self.fingerprint = data.tgt_lang, data.fingerprint
+        self.tokenizer = data.tokenizer
+        self.train_data = data.train
+        self.valid_data = data.valid
+        self.tgt_lang = data.tgt_lang
+        self.fingerprint = data.fingerprint
         torch.manual_seed(t.seed)
         # the bare model (saved, validated) and what an update calls: the model and its loss
         # as one module, under DDP and torch.compile when asked (nmt.training.distributed)
         self.model = build_training_model(cfg.model, self.tokenizer, env.device)
         # fine-tuning: a new run starts from train.init_from's weights, checked before the run
         # directory is touched; a run with checkpoints resumes them (`_resume`)
-        self.init_from = t.init_from if t.init_from and not ckpt.has_checkpoints(self.run_dir.path) else ""
+        self.init_from = (
+            t.init_from if t.init_from and not ckpt.has_checkpoints(self.run_dir.path) else ""
+        )
         if self.init_from:
             init_from_checkpoint(cfg, self.model, self.tokenizer)
         objective = TranslationLoss(self.model, t.label_smoothing)
@@ -132,7 +148,9 @@ class Trainer:
         # (update, loss sum, gradient norm) of updates whose finiteness the host has not read yet
         self.unchecked = FiniteChecks()
         self.optimizer = build_optimizer(list(self.model.parameters()), t)
-        self.scaler = DynamicLossScaler(t.fp16_init_scale, t.fp16_min_scale, enabled=t.precision == "fp16")
+        self.scaler = DynamicLossScaler(
+            t.fp16_init_scale, t.fp16_min_scale, enabled=t.precision == "fp16"
+        )
         self.progress = Progress()
         if self.init_from:  # where the run's weights came from, kept in its checkpoints
             self.progress.history.append(f"initialized from {Path(self.init_from).resolve()}")
@@ -148,7 +166,8 @@ class Trainer:
             raise
 
     def close(self) -> None:
-        """Close the run directory's train.log and metrics.jsonl (train() may run again in this process)."""
+        """Close the run directory's train.log and metrics.jsonl (train() may run again in this
+        process)."""
         self.run_dir.close()
 
     # ---------------------------------------------------------------- one update
@@ -173,7 +192,8 @@ class Trainer:
         now (whether to skip this update and halve the scale), and DDP reads the ranks'
         out-of-memory flag (whether every rank skips).
         """
-        t, update = self.cfg.train, self.progress.update + 1
+        t = self.cfg.train
+        update = self.progress.update + 1
         self.training_loss.train()
         if t.dropout_ramp_end:
             self.model.set_dropout(dropout_at(update, t, self.cfg.model.dropout))
@@ -184,12 +204,17 @@ class Trainer:
             return None
         self.oom.reset()
         # DDP averaged the gradients over ranks; make them a mean over all target tokens.
-        gnorm = scale_and_clip(list(self.model.parameters()),
-                               self.env.world_size / (max(ntokens, 1.0) * self.scaler.scale), t.clip_norm)
+        gnorm = scale_and_clip(
+            list(self.model.parameters()),
+            self.env.world_size / (max(ntokens, 1.0) * self.scaler.scale),
+            t.clip_norm,
+        )
         if self.scaler.overflowed(gnorm, update):
             self.optimizer.zero_grad(set_to_none=True)
             self.progress.skipped_overflow += 1
-            log.info("fp16 overflow at update %d: skipped, loss scale now %g", update, self.scaler.scale)
+            log.info(
+                "fp16 overflow at update %d: skipped, loss scale now %g", update, self.scaler.scale
+            )
             return None
         self.unchecked.add(update, sums[0], gnorm)
         lr = lr_at(update - self.progress.schedule_offset, t, self.cfg.model.d_model)
@@ -216,7 +241,8 @@ class Trainer:
                 try:
                     batch = self._on_device(item)
                     sums += self._forward_backward(batch, self.scaler.scale, all_reduce)
-                    ntokens, nsent = ntokens + batch.num_target_tokens, nsent + len(batch)
+                    ntokens = ntokens + batch.num_target_tokens
+                    nsent = nsent + len(batch)
                     continue
                 except Exception as e:
                     if not is_oom(e):
@@ -229,11 +255,18 @@ class Trainer:
 
     def _on_device(self, item: Any) -> datamod.Batch:
         cuda = self.env.device.type == "cuda"
-        batch = item if isinstance(item, datamod.Batch) else datamod.collate(
-            self.train_data, item, self.tokenizer.specials, pin_memory=cuda, pad_to=self.pad_to)
+        batch = (
+            item
+            if isinstance(item, datamod.Batch)
+            else datamod.collate(
+                self.train_data, item, self.tokenizer.specials, pin_memory=cuda, pad_to=self.pad_to
+            )
+        )
         return batch.to(self.env.device)
 
-    def _forward_backward(self, batch: datamod.Batch, loss_scale: float, all_reduce: bool) -> torch.Tensor:
+    def _forward_backward(
+        self, batch: datamod.Batch, loss_scale: float, all_reduce: bool
+    ) -> torch.Tensor:
         """One batch, its loss × loss_scale (0 for the dummy batch) backpropagated: its (loss,
         nll) sums, float64 on the device. With `all_reduce` DDP all-reduces the gradients."""
         with gradient_sync(self.training_loss, self.env, all_reduce):
@@ -242,10 +275,12 @@ class Trainer:
                 (loss * loss_scale).backward()
             except Exception as e:
                 if is_oom(e) and all_reduce:
-                    raise NmtError(f"out of memory in the backward pass at update {self.progress.update + 1} on rank "
-                                   f"{self.env.rank}: DDP cannot skip an update once the gradient all-reduce has "
-                                   "started; lower train.max_tokens (and raise train.update_freq to keep the batch "
-                                   "size)") from None
+                    raise NmtError(
+                        f"out of memory in the backward pass at update {self.progress.update + 1} "
+                        f"on rank {self.env.rank}: DDP cannot skip an update once the gradient "
+                        "all-reduce has started; lower train.max_tokens (and raise "
+                        "train.update_freq to keep the batch size)"
+                    ) from None
                 raise
         return torch.stack([loss.detach(), nll.detach()]).double()
 
@@ -254,9 +289,12 @@ class Trainer:
         before anything is logged, validated or saved, so no checkpoint holds its weights."""
         self.unchecked.check(self.run_dir.path)
 
-    def _batch_loss(self, net: torch.nn.Module, batch: datamod.Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Label-smoothed loss and NLL summed over the batch's real target tokens (`nmt.training.loss`:
-        no logits for padding, no (tokens x vocabulary) tensor in fp32 at once)."""
+    def _batch_loss(
+        self, net: torch.nn.Module, batch: datamod.Batch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Label-smoothed loss and NLL summed over the batch's real target tokens
+        (`nmt.training.loss`: no logits for padding, no (tokens x vocabulary) tensor in fp32 at
+        once)."""
         with autocast(self.env.device, self.cfg.train.precision):
             return net(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
 
@@ -264,24 +302,41 @@ class Trainer:
 
     def run(self) -> str:
         """Train until a stop reason (`stop_reason`) or a stop signal; returns why it stopped."""
-        cfg, p = self.cfg, self.progress
+        cfg = self.cfg
+        p = self.progress
         reason = stop_reason(cfg, p)
         if reason:
-            log.info("run in %s already finished at update %d (%s); nothing to do", self.run_dir.path, p.update, reason)
+            log.info(
+                "run in %s already finished at update %d (%s); nothing to do",
+                self.run_dir.path,
+                p.update,
+                reason,
+            )
             return reason
-        start, elapsed0 = time.monotonic(), p.elapsed
+        start = time.monotonic()
+        elapsed0 = p.elapsed
         metrics = TrainMetrics(cfg, self.env, p.update, self.run_dir.emit)
         with self.signals:
             while reason is None:
                 updates = self.epoch_updates(p.epoch)
                 if not updates:
-                    raise NmtError(f"{cfg.data.dir}: the {cfg.data.train_split} split has no usable pairs")
-                if p.updates_in_epoch >= len(updates):  # a changed train.max_tokens: the epoch is over
-                    p.epoch, p.updates_in_epoch = p.epoch + 1, 0
+                    raise NmtError(
+                        f"{cfg.data.dir}: the {cfg.data.train_split} split has no usable pairs"
+                    )
+                if p.updates_in_epoch >= len(
+                    updates
+                ):  # a changed train.max_tokens: the epoch is over
+                    p.epoch = p.epoch + 1
+                    p.updates_in_epoch = 0
                     reason = stop_reason(cfg, p)
                     continue
-                with prefetched(self.train_data, updates[p.updates_in_epoch :], self.tokenizer.specials,
-                                self.env.device, self.pad_to) as todo:
+                with prefetched(
+                    self.train_data,
+                    updates[p.updates_in_epoch :],
+                    self.tokenizer.specials,
+                    self.env.device,
+                    self.pad_to,
+                ) as todo:
                     for group in todo:
                         stats = self.train_update(group)
                         p.updates_in_epoch += 1
@@ -291,65 +346,109 @@ class Trainer:
                         if reason is not None or epoch_end:
                             break
         metrics.close()
-        log.info("done: %s at update %d, epoch %d, %.0f s of training", reason, p.update, p.epoch, p.elapsed)
+        log.info(
+            "done: %s at update %d, epoch %d, %.0f s of training",
+            reason,
+            p.update,
+            p.epoch,
+            p.elapsed,
+        )
         return reason
 
-    def _after_update(self, stats: UpdateStats | None, epoch_end: bool, metrics: TrainMetrics) -> str | None:
+    def _after_update(
+        self, stats: UpdateStats | None, epoch_end: bool, metrics: TrainMetrics
+    ) -> str | None:
         """Log, validate and save as the intervals say; returns why to stop, if it is time."""
-        cfg, t, p = self.cfg, self.cfg.train, self.progress
+        cfg = self.cfg
+        t = self.cfg.train
+        p = self.progress
         if stats is not None:
             if p.update % t.log_interval == 0:  # a log record must not carry a NaN's numbers
                 self.check_finite()
             metrics.add(stats, p, self.scaler)
         if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
-            p.epoch, p.updates_in_epoch = p.epoch + 1, 0  # epoch and its validation runs once
-        interrupted, reason = self._agree_to_stop(), stop_reason(cfg, p)
+            p.epoch = p.epoch + 1  # epoch and its validation runs once
+            p.updates_in_epoch = 0
+        # in this order: agreeing to stop also agrees p.elapsed across ranks, which stop_reason
+        # reads (reading it first would let ranks disagree and hang DDP)
+        interrupted = self._agree_to_stop()
+        reason = stop_reason(cfg, p)
         fresh = stats is not None  # a skipped (fp16 overflow) update leaves p.update as it was
-        at_valid = fresh and t.validate_interval_updates and p.update % t.validate_interval_updates == 0
+        at_valid = (
+            fresh and t.validate_interval_updates and p.update % t.validate_interval_updates == 0
+        )
         at_save = fresh and t.save_interval_updates and p.update % t.save_interval_updates == 0
         if interrupted and reason is None:
             self.save(numbered=True, best=False)
             self.interrupted_by = self.signals.received or signal.SIGTERM
-            return (f"stopped by {signal.Signals(self.interrupted_by).name} at update {p.update}; "
-                    "checkpoint written, run the same command to resume")
+            return (
+                f"stopped by {signal.Signals(self.interrupted_by).name} at update {p.update}; "
+                "checkpoint written, run the same command to resume"
+            )
         if at_valid or epoch_end or reason is not None:  # the final update validates too
             self._validate_and_save(numbered=True)
             reason = reason or stop_reason(cfg, p)
         elif at_save:
             self.save(numbered=True, best=False)
-        if at_valid or at_save or epoch_end:  # keep validation and saving out of the throughput figures
+        if (
+            at_valid or at_save or epoch_end
+        ):  # keep validation and saving out of the throughput figures
             metrics.restart_throughput()
         return reason
 
     def _agree_to_stop(self) -> bool:
         """Whether a stop signal arrived, on any rank. Ranks also take the largest elapsed time,
         so that train.max_time stops all of them after the same update (DDP hangs otherwise)."""
-        stop, self.progress.elapsed = max_over_ranks(self.env, [float(self.signals.received is not None),
-                                                                self.progress.elapsed])
+        stop, self.progress.elapsed = max_over_ranks(
+            self.env, [float(self.signals.received is not None), self.progress.elapsed]
+        )
         return stop > 0
 
     def _validate_and_save(self, numbered: bool) -> None:
         self.check_finite()
         best = False
         if self.valid_data is not None and self.env.is_main:
-            started, result = time.monotonic(), self.validate()
+            started = time.monotonic()
+            result = self.validate()
             best = validation.track_best(self.progress, result, self.cfg.train.best_metric)
             # elapsed: training seconds at this update (as in train records), for learning curves
-            self.run_dir.emit({"type": "valid", "update": self.progress.update, "epoch": self.progress.epoch, **result,
-                        "best": self.progress.best, "elapsed": self.progress.elapsed,
-                        "valid_s": time.monotonic() - started})
-            log.info("valid | update %d | %s | best %s", self.progress.update,
-                     " | ".join(f"{k} {v:.3f}" for k, v in result.items()), f"{self.progress.best:.3f}")
+            self.run_dir.emit(
+                {
+                    "type": "valid",
+                    "update": self.progress.update,
+                    "epoch": self.progress.epoch,
+                    **result,
+                    "best": self.progress.best,
+                    "elapsed": self.progress.elapsed,
+                    "valid_s": time.monotonic() - started,
+                }
+            )
+            log.info(
+                "valid | update %d | %s | best %s",
+                self.progress.update,
+                " | ".join(f"{k} {v:.3f}" for k, v in result.items()),
+                f"{self.progress.best:.3f}",
+            )
         # everyone follows rank 0's early-stopping bookkeeping
         self.progress.bad_validations = int(from_main(self.env, self.progress.bad_validations))
         self.save(numbered=numbered, best=best)
 
     def validate(self) -> dict[str, float]:
-        """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.training.validate, with this trainer's loss."""
+        """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.training.validate, with this
+        trainer's loss."""
         assert self.valid_data is not None
-        objective = TranslationLoss(self.model, self.cfg.train.label_smoothing)  # without DDP and compile
-        return validation.validate(self.cfg, self.model, self.tokenizer, self.valid_data, self.tgt_lang,
-                                   self.env.device, lambda batch: self._batch_loss(objective, batch))
+        objective = TranslationLoss(
+            self.model, self.cfg.train.label_smoothing
+        )  # without DDP and compile
+        return validation.validate(
+            self.cfg,
+            self.model,
+            self.tokenizer,
+            self.valid_data,
+            self.tgt_lang,
+            self.env.device,
+            lambda batch: self._batch_loss(objective, batch),
+        )
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -357,10 +456,23 @@ class Trainer:
         """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
         self.check_finite()
         if self.env.is_main:
-            state = build_checkpoint(self.cfg, self.model, self.tokenizer, self.optimizer, self.scaler,
-                                     self.progress, self.fingerprint, self.env.device)
-            self.run_dir.save_checkpoint(state, self.progress.update, numbered=numbered, best=best,
-                                         keep_last=self.cfg.train.keep_last)
+            state = build_checkpoint(
+                self.cfg,
+                self.model,
+                self.tokenizer,
+                self.optimizer,
+                self.scaler,
+                self.progress,
+                self.fingerprint,
+                self.env.device,
+            )
+            self.run_dir.save_checkpoint(
+                state,
+                self.progress.update,
+                numbered=numbered,
+                best=best,
+                keep_last=self.cfg.train.keep_last,
+            )
 
     def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
         state = ckpt.load_latest(self.run_dir.path) if self.run_dir.path.exists() else None
@@ -371,18 +483,43 @@ class Trainer:
                 log.info("new run in %s%s\n%s", self.run_dir.path, start, summary(self.model))
             return
         try:
-            check_compatible(state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data)
-            self.progress = restore(state, self.model, self.optimizer, self.scaler, self.env.device,
-                                    reset_optimizer=reset_optimizer, reset_data=reset_data)
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:  # loads, but not ours
+            check_compatible(
+                state, self.cfg, self.tokenizer, self.fingerprint, self.run_dir.path, reset_data
+            )
+            self.progress = restore(
+                state,
+                self.model,
+                self.optimizer,
+                self.scaler,
+                self.env.device,
+                reset_optimizer=reset_optimizer,
+                reset_data=reset_data,
+            )
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            RuntimeError,
+        ) as e:  # loads, but not ours
             reason = one_line(e)
-            raise NmtError(f"{self.run_dir.path}: its checkpoint loads but cannot be resumed from "
-                           f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir") from None
+            raise NmtError(
+                f"{self.run_dir.path}: its checkpoint loads but cannot be resumed from "
+                f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir"
+            ) from None
         if self.env.is_main:
             if self.cfg.train.init_from:
-                log.info("train.init_from %s ignored: %s has checkpoints, the run resumes from them",
-                         self.cfg.train.init_from, self.run_dir.path)
+                log.info(
+                    "train.init_from %s ignored: %s has checkpoints, the run resumes from them",
+                    self.cfg.train.init_from,
+                    self.run_dir.path,
+                )
             if not stop_reason(self.cfg, self.progress):  # a finished run changes nothing
                 self.run_dir.write_config(self.cfg)
-            log.info("resumed from update %d in %s (epoch %d, %d updates into it)", self.progress.update,
-                     self.run_dir.path, self.progress.epoch, self.progress.updates_in_epoch)
+            log.info(
+                "resumed from update %d in %s (epoch %d, %d updates into it)",
+                self.progress.update,
+                self.run_dir.path,
+                self.progress.epoch,
+                self.progress.updates_in_epoch,
+            )
