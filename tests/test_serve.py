@@ -79,7 +79,10 @@ def test_every_endpoint_answers(server):
     ]
     assert server.get("/languages")[:2] == (
         200,
-        [{"code": "en", "name": "English", "targets": ["de"]}],
+        [
+            {"code": "de", "name": "German", "targets": ["de"]},
+            {"code": "en", "name": "English", "targets": ["de", "en"]},
+        ],
     )
     status, page, headers = server.get("/")
     assert (

@@ -26,8 +26,8 @@ pytest.importorskip(
 from serving import ROOT, Server  # noqa: E402
 
 from nmt import Translator  # noqa: E402
-from nmt.serve.app import Model  # noqa: E402
 from nmt.serve.batching import Job  # noqa: E402
+from nmt.serve.model import JobKey, Model  # noqa: E402
 from nmt.terminology import Request  # noqa: E402
 
 HEAD_LIMIT = 4096
@@ -194,8 +194,8 @@ def test_a_batch_ends_the_sentences_nobody_waits_for_at_their_next_step(
     model = Model(
         "en-de", Translator.load(trained_checkpoint, device="cpu"), "en", "de", continuous=False
     )
-    settings, tr = model.variant(overrides, 1)
-    key = ("translate", *settings, False, None, False)
+    key = JobKey.translation(overrides, 1, attend=False, lang=None)
+    tr = model.variant(key)
     whole = [h[0].text for h in tr.translate_nbest([first, "A dog runs."])]
     assert len(whole[0].split()) > 2 * LateJob.steps, whole  # long enough to be cut
 

@@ -131,10 +131,12 @@ def _block_(
     elif step < cfg.min_len:
         scores[:, eos] = -math.inf
     n = cfg.no_repeat_ngram_size
-    width = history.size(1)
-    if n and width >= n:  # an n-gram through the pad before a row's tokens matches none of its own
+    history_len = history.size(1)
+    # an n-gram through the pad before a row's tokens matches none of its own
+    if n and history_len >= n:
         grams = history.unfold(1, n, 1)  # (N, T - n + 1, n)
-        prefix = history[:, width - n + 1 :].unsqueeze(1)  # (N, 1, n - 1): the n-gram to come
+        # (N, 1, n - 1): the n-gram to come
+        prefix = history[:, history_len - n + 1 :].unsqueeze(1)
         seen = (grams[:, :, :-1] == prefix).all(2)  # (N, T - n + 1)
         vocab = scores.size(1)
         banned = torch.where(seen, grams[:, :, -1], vocab)  # index V: a spare column
@@ -258,14 +260,19 @@ class _Candidates:
     banks'; at most `beam` of the 2*beam end in EOS, one per row; a repeat is -inf)."""
 
     def __init__(
-        self, scores: Tensor, index: Tensor, lprobs: Tensor, width: int, beam: int, eos: int
+        self,
+        scores: Tensor,
+        index: Tensor,
+        lprobs: Tensor,
+        rows_per_sentence: int,
+        beam: int,
+        eos: int,
     ) -> None:
         vocab = lprobs.size(1)
         self.scores = scores
         self.tokens = index % vocab
-        self.rows = (
-            index // vocab + torch.arange(scores.size(0), device=scores.device).unsqueeze(1) * width
-        )
+        first_rows = torch.arange(scores.size(0), device=scores.device) * rows_per_sentence
+        self.rows = index // vocab + first_rows.unsqueeze(1)
         self.lp = lprobs.view(-1)[self.rows * vocab + self.tokens]
         is_eos = self.tokens == eos
         self.ends = is_eos[:, :beam] & scores[:, :beam].isfinite()
@@ -320,7 +327,7 @@ class _Sentences:
         bd = b.to(cand.rows.device)
         cd = c.to(cand.rows.device)
         rows = cand.rows[bd, cd]
-        width = tokens.size(1)
+        history_len = tokens.size(1)
         beam = self.cfg.beam
         lacks = cand.lp.new_zeros(len(b)) if unmet is None else unmet[bd, cd]
         packed = torch.cat(
@@ -334,8 +341,8 @@ class _Sentences:
         steps = self.steps.tolist()
         for i, row in zip(b.tolist(), packed, strict=True):
             n = steps[i]
-            toks = [int(x) for x in row[width - n : width]]
-            pos = row[2 * width - n : 2 * width + 1]
+            toks = [int(x) for x in row[history_len - n : history_len]]
+            pos = row[2 * history_len - n : 2 * history_len + 1]
             logprob = row[-2]
             self.lists[self.tags[i]].append(
                 Hypothesis(toks, logprob / self.lenpen(n + 1), logprob, pos, int(row[-1]))
@@ -443,28 +450,34 @@ class BeamSearch:
         if (
             self.state is None
         ):  # Step 0 runs on one row per sentence; the first reorder expands it to `beam`
-            self.state = state  # width: rows per sentence
+            self.state = state
             self.cons = cons or _Unconstrained()
-            self.width = 1
-            self.scores = scores  # (Bn, width) log-probs of the live rows
-            self.tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (Bn*width, T)
-            self.pos_scores = torch.empty(bsz, 0, device=device)  # (Bn*width, T)
+            self.rows_per_sentence = 1
+            # (Bn, rows_per_sentence) log-probs of the live rows
+            self.scores = scores
+            # (Bn*rows_per_sentence, T): each row's history, T columns
+            self.tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)
+            self.pos_scores = torch.empty(bsz, 0, device=device)
             self.last = torch.full((bsz,), self.bos, dtype=torch.long, device=device)
         else:
             if cons is not None or not isinstance(self.cons, _Unconstrained):
                 raise ValueError("sentences with lexical constraints cannot join a running search")
-            rows = bsz * self.width
-            width = self.tokens.size(1)
-            if self.width > 1:
+            rows = bsz * self.rows_per_sentence
+            history_len = self.tokens.size(1)
+            if self.rows_per_sentence > 1:
                 state = self.model.reorder(
-                    state, torch.arange(bsz, device=device).repeat_interleave(self.width)
+                    state,
+                    torch.arange(bsz, device=device).repeat_interleave(self.rows_per_sentence),
                 )
             self.state = self.model.merge(self.state, state)  # type: ignore[attr-defined]
             self.scores = torch.cat(
-                [self.scores, F.pad(scores, (0, self.width - 1), value=-math.inf)]
+                [self.scores, F.pad(scores, (0, self.rows_per_sentence - 1), value=-math.inf)]
             )
-            self.tokens = torch.cat([self.tokens, self.tokens.new_full((rows, width), self.pad)])
-            self.pos_scores = torch.cat([self.pos_scores, self.pos_scores.new_zeros(rows, width)])
+            padding = self.tokens.new_full((rows, history_len), self.pad)
+            self.tokens = torch.cat([self.tokens, padding])
+            self.pos_scores = torch.cat(
+                [self.pos_scores, self.pos_scores.new_zeros(rows, history_len)]
+            )
             self.last = torch.cat([self.last, self.last.new_full((rows,), self.bos)])
         self.books.join(max_out, tags)
 
@@ -481,9 +494,9 @@ class BeamSearch:
         cons = self.cons
         cfg = self.cfg
         beam = self.cfg.beam
-        width = self.width
+        rows_per_sentence = self.rows_per_sentence
         lprobs, state = self.model.decode_step(self.last, self.state)
-        lprobs = lprobs.float().contiguous()  # (Bn*width, V), masked in place below
+        lprobs = lprobs.float().contiguous()  # (Bn*rows_per_sentence, V), masked in place below
         nan = lprobs.isnan().any().view(1)  # read with the step's one copy to the host
         device = lprobs.device
         vocab = lprobs.size(1)
@@ -494,13 +507,13 @@ class BeamSearch:
                 f"constraint token {cons.max_token} is outside the vocabulary ({vocab})"
             )
         ending = books.max_out <= books.steps
-        at_max = ending.repeat_interleave(width).to(device) if ending.any() else None
+        at_max = ending.repeat_interleave(rows_per_sentence).to(device) if ending.any() else None
         forced = cons.prefix_logprobs(
             lprobs, int(books.steps[0])
         )  # read before the token rules mask them
         _block_(
             lprobs,
-            books.steps.repeat_interleave(width).to(device),
+            books.steps.repeat_interleave(rows_per_sentence).to(device),
             self.tokens,
             at_max,
             cfg,
@@ -515,9 +528,9 @@ class BeamSearch:
 
         # continuations scores[row] + lprobs[row, token], best 2*beam (constraints: more, by bank)
         top_scores, top_idx, picked = cons.candidates(
-            lprobs, self.scores, min(2 * beam, width * vocab), blocked
+            lprobs, self.scores, min(2 * beam, rows_per_sentence * vocab), blocked
         )
-        cand = _Candidates(top_scores, top_idx, lprobs, width, beam, self.eos)
+        cand = _Candidates(top_scores, top_idx, lprobs, rows_per_sentence, beam, self.eos)
         ends = cand.ends  # those that finish a hypothesis, and the new live beam
         order = cand.order
         rows = cand.rows.gather(1, order)
@@ -543,13 +556,15 @@ class BeamSearch:
             cons.keep(keep)
         books.steps += 1  # the live sentences' hypotheses are one token longer
         rows = rows.view(-1)  # (Bn'*beam,) rows of the old beam, sentence-major
-        width = int(books.steps.max())  # history columns still needed
-        self.tokens = torch.cat([self.tokens[rows], new_tok.view(-1, 1)], 1)[:, -width:]
-        self.pos_scores = torch.cat([self.pos_scores[rows], new_lp.view(-1, 1)], 1)[:, -width:]
+        history_len = int(books.steps.max())  # the history columns still needed
+        self.tokens = torch.cat([self.tokens[rows], new_tok.view(-1, 1)], 1)[:, -history_len:]
+        self.pos_scores = torch.cat([self.pos_scores[rows], new_lp.view(-1, 1)], 1)[
+            :, -history_len:
+        ]
         self.state = self.model.reorder(state, rows)
         self.scores = scores
         self.last = new_tok.view(-1)
-        self.width = beam
+        self.rows_per_sentence = beam
         return finished
 
 

@@ -5,15 +5,13 @@ within the request's deadline (nmt.serve.app), as an answer with attention may b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nmt.api import Translation
 from nmt.decoding.alignment import layer_count, resolve_layer
 from nmt.serve.batching import Job
+from nmt.serve.model import Model
 from nmt.terminology import Request
-
-if TYPE_CHECKING:
-    from nmt.serve.app import Model
 
 
 @dataclass(frozen=True)

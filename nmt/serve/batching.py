@@ -64,11 +64,12 @@ def gathered(jobs: list[Job]) -> asyncio.Future[list[Any]]:
     return results
 
 
-# decode(key, jobs) -> one result per job, in order; raising fails the batch
-Decode = Callable[[Hashable, list[Job]], list[Any]]
+# decode(key, jobs) -> one result per job, in order; raising fails the batch. A key is the
+# server's (nmt.serve.model.JobKey): the batcher only compares keys, so any type will do
+Decode = Callable[[Any, list[Job]], list[Any]]
 # stream(key) -> a search that jobs of `key` join (`run(jobs)` -> [(job, result)] of those that
 # ended), or None
-Streams = Callable[[Hashable], Any]
+Streams = Callable[[Any], Any]
 # The server's torch work (loading, warm-up, every batch of every model) runs on this one thread.
 # OpenMP, torch's intra-op threads, keeps a team per calling thread; with a second team beside it
 # on the same cores it stops spinning between parallel regions, and a lone sentence decoded on

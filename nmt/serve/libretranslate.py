@@ -1,6 +1,7 @@
-"""LibreTranslate's API (`POST /translate`, `GET /languages`) over the served models, and HTML
-in, HTML out for its `format: "html"` (what Mastodon sends): the text between tags is translated,
-the tags, comments and entities' markup are kept as they were."""
+"""LibreTranslate's API (`POST /translate`, `GET /languages`, `POST /detect`,
+`GET /frontend/settings`) over the served models, and HTML in, HTML out for its
+`format: "html"` (what Mastodon sends): the text between tags is translated, the tags, comments
+and entities' markup are kept as they were. Language codes are read in any case."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
 
-from nmt.serve.app import ApiError, Model, Service
 from nmt.serve.batching import Job
+from nmt.serve.model import JobKey, Model
+from nmt.serve.requests import ApiError, Limits
 
 NAMES = {
     "ar": "Arabic",
@@ -31,73 +33,128 @@ NAMES = {
 }
 
 
-def languages(models: dict[str, Model]) -> list[dict[str, Any]]:
-    """GET /languages: each source language of the served models and its targets."""
+def _served(models: dict[str, Model]) -> dict[str, set[str]]:
+    """Each language of the served models and the languages it translates into: a model's source
+    into its targets, and, as in LibreTranslate, every language into itself (answered as it is).
+    Weblate offers a pair only where both of its languages are listed."""
     targets: dict[str, set[str]] = {}
     for m in models.values():
-        targets.setdefault(m.source, set()).update(m.targets)
+        for code in (m.source, *m.targets):
+            targets.setdefault(code, {code})
+        targets[m.source].update(m.targets)
+    targets.pop("", None)  # a model whose config names no language
+    return targets
+
+
+def languages(models: dict[str, Model]) -> list[dict[str, Any]]:
+    """GET /languages: each language of the served models and its targets."""
     return [
         {"code": c, "name": NAMES.get(c, c), "targets": sorted(t)}
-        for c, t in sorted(targets.items())
-        if c
+        for c, t in sorted(_served(models).items())
     ]
 
 
+def frontend_settings(limits: Limits, models: dict[str, Model]) -> dict[str, Any]:
+    """GET /frontend/settings: LibreTranslate's page settings, for clients that read its limits;
+    no suggestions, no files."""
+    target = next((m.target for m in models.values()), "")
+    return {
+        "charLimit": limits.opts.max_chars,
+        "frontendTimeout": 500,
+        "apiKeys": bool(limits.keys),
+        "keyRequired": bool(limits.keys),
+        "suggestions": False,
+        "filesTranslation": False,
+        "supportedFilesFormat": [],
+        "language": {
+            "source": {"code": "auto", "name": "Auto Detect"},
+            "target": {"code": target, "name": NAMES.get(target, target)},
+        },
+    }
+
+
+async def detect(limits: Limits, models: dict[str, Model], request: Any) -> Any:
+    """POST /detect, as the `libretranslate` client's detect() sends it: nmt detects no language,
+    so the answer is the served models' source languages, each as likely (one: confidence 100)."""
+    p = await limits.payload(request, form=True)  # and authorized
+    if p.get("q") in (None, "", []):
+        raise ApiError(400, "Invalid request: missing q parameter")
+    await limits.off_loop(limits.deadline(), limits.texts, p["q"], "q")
+    sources = sorted({m.source for m in models.values() if m.source})
+    return [{"confidence": 100 / len(sources), "language": s} for s in sources]
+
+
 def _pair(models: dict[str, Model], source: str, target: str) -> tuple[Model, str | None]:
-    """The one model that translates `source` (or auto) into `target`, and the >>xxx<< token that
-    says it."""
-    found = [m for m in models.values() if target in m.targets and source in ("auto", m.source)]
+    """The one model that translates `source` (or auto) into `target` (both lower case), and the
+    >>xxx<< token that says it, as the model spells it."""
+    found = []
+    for m in models.values():
+        spelled = {t.lower(): t for t in m.targets}
+        if target in spelled and source in ("auto", m.source.lower()):
+            found.append((m, spelled[target]))
     if len(found) != 1:
         why = "no model translates" if not found else "several models translate"
         raise ApiError(400, f"{why} {source} to {target}; GET /languages lists the pairs")
-    return found[0], (None if target == found[0].target else f">>{target}<<")
+    model, lang = found[0]
+    return model, (None if lang == model.target else f">>{lang}<<")
 
 
 @dataclass(frozen=True)
 class _Asked:
     """A /translate request as checked: its model, its texts as documents (HTML cut into runs of
-    text, or plain), the jobs of their runs, and what its answer holds."""
+    text, or plain), the jobs of their runs, and what its answer holds. A text asked in its own
+    language has no model and no jobs."""
 
-    model: Model
+    model: Model | None
     docs: list[Markup]
     jobs: list[Job]
     alternatives: int
     fmt: str
+    # the texts' language: the model's source (detectedLanguage where it was "auto")
+    source: str
 
 
-async def translate(service: Service, request: Any) -> Any:
+async def translate(limits: Limits, models: dict[str, Model], request: Any) -> Any:
     """POST /translate: JSON or form data, as LibreTranslate takes and answers it; the request
-    checked, its HTML parsed and its answer made on a thread (`Service.off_loop`)."""
-    p = await service._payload(request, form=True)  # and authorized
-    deadline = service.deadline()
-    asked = await service.off_loop(deadline, _asked, service, p)
+    checked, its HTML parsed and its answer made on a thread (`Limits.off_loop`)."""
+    p = await limits.payload(request, form=True)  # and authorized
+    deadline = limits.deadline()
+    asked = await limits.off_loop(deadline, _asked, limits, models, p)
     results: list[Any] = []
-    if asked.jobs:
-        results = await service._run(request, asked.model, asked.jobs, deadline, full=429)
-    return await service.off_loop(deadline, _answer, asked, p, results)
+    if asked.model is not None and asked.jobs:
+        results = await limits.run(request, asked.model, asked.jobs, deadline, full=429)
+    return await limits.off_loop(deadline, _answer, asked, p, results)
 
 
-def _asked(service: Service, p: dict[str, Any]) -> _Asked:
-    for key in ("q", "source", "target"):
-        if p.get(key) in (None, "", []):
-            raise ApiError(400, f"Invalid request: missing {key} parameter")
+def _asked(limits: Limits, models: dict[str, Model], p: dict[str, Any]) -> _Asked:
+    for name in ("q", "source", "target"):
+        if p.get(name) in (None, "", []):
+            raise ApiError(400, f"Invalid request: missing {name} parameter")
     fmt = p.get("format") or "text"
-    texts = service._texts(p["q"], "q")
+    texts = limits.texts(p["q"], "q")
     try:
         alternatives = int(p.get("alternatives") or 0)
     except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400
         alternatives = -1
     if not 0 <= alternatives <= 10 or fmt not in ("text", "html"):
         raise ApiError(400, "Invalid request: alternatives must be 0 to 10 and format text or html")
-    model, lang = _pair(service.models, str(p["source"]), str(p["target"]))
+    source = str(p["source"]).lower()
+    target = str(p["target"]).lower()
+    served = {code.lower() for code in _served(models)}
+    sources = {m.source.lower() for m in models.values()}
+    if source == "auto" and len(sources) == 1:  # what /detect says
+        source = sources.pop()
+    if source == target and source in served:  # LibreTranslate answers it as it is
+        return _Asked(None, [Markup.as_is(t) for t in texts], [], alternatives, fmt, source)
+    model, lang = _pair(models, source, target)
     beam = max(model.translator.decode.beam, alternatives + 1)
-    settings, _ = model.variant(
-        {"beam": beam} if beam != model.translator.decode.beam else {}, alternatives + 1
-    )
+    overrides = {"beam": beam} if beam != model.translator.decode.beam else {}
+    key = JobKey.translation(overrides, alternatives + 1, attend=False, lang=lang)
+    model.variant(key)  # checked here: a 400, not a failed batch
     docs = [Markup(t) if fmt == "html" else Markup.plain(t) for t in texts]
     segments = [s for d in docs for s in d.texts]
-    jobs = service._jobs(model, ("translate", *settings, False, lang), segments, segments)
-    return _Asked(model, docs, jobs, alternatives, fmt)
+    jobs = model.jobs(key, segments, segments)
+    return _Asked(model, docs, jobs, alternatives, fmt, model.source)
 
 
 def _answer(asked: _Asked, p: dict[str, Any], results: list[Any]) -> dict[str, Any]:
@@ -111,22 +168,19 @@ def _answer(asked: _Asked, p: dict[str, Any], results: list[Any]) -> dict[str, A
         alts.append(
             [h.text for h in hyps[0][1:]] if asked.fmt == "text" and hyps and hyps[0] else []
         )
-    # nmt does not detect languages: the only model into `target` says
-    detected = {"confidence": 0.0, "language": asked.model.source}
+    # nmt does not detect languages: the only model into `target` says, as /detect does
+    detected = {"confidence": 100.0, "language": asked.source}
+    auto = str(p["source"]).lower() == "auto"
     answer = {
         "translatedText": out,
         "alternatives": alts if asked.alternatives else None,
-        "detectedLanguage": [detected] * len(out) if p["source"] == "auto" else None,
+        "detectedLanguage": [detected] * len(out) if auto else None,
     }
     return {k: v[0] if isinstance(p["q"], str) else v for k, v in answer.items() if v is not None}
 
 
-_UNTRANSLATED = (
-    "script",
-    "style",
-    "code",
-    "pre",
-)  # as LibreTranslate's HTML path leaves them (and translate="no")
+# as LibreTranslate's HTML path leaves them (and translate="no")
+_UNTRANSLATED = ("script", "style", "code", "pre")
 _VOID = {
     "area",
     "base",
@@ -142,11 +196,6 @@ _VOID = {
     "track",
     "wbr",
 }
-
-
-def _keep(form: str) -> Any:
-    """A handler that keeps its construct as it was written (`form` with its data for {})."""
-    return lambda self, data: self.parts.append(form.format(data))
 
 
 class Markup(HTMLParser):
@@ -169,6 +218,13 @@ class Markup(HTMLParser):
             self.parts.append(self.rawdata)
             self.rawdata = ""
         self.close()
+
+    @classmethod
+    def as_is(cls, text: str) -> Markup:
+        """A text answered as it is (asked in its own language), whatever its format."""
+        doc = cls("")
+        doc.parts = [text]
+        return doc
 
     @classmethod
     def plain(cls, text: str) -> Markup:
@@ -205,7 +261,15 @@ class Markup(HTMLParser):
         self.depth -= tag == self.kept
         self.kept = self.kept if self.depth else ""
 
-    handle_comment, handle_decl, handle_pi = (_keep(f) for f in ("<!--{}-->", "<!{}>", "<?{}>"))
+    # comments, declarations and processing instructions are kept as they were written
+    def handle_comment(self, data: str) -> None:
+        self.parts.append(f"<!--{data}-->")
+
+    def handle_decl(self, decl: str) -> None:
+        self.parts.append(f"<!{decl}>")
+
+    def handle_pi(self, data: str) -> None:
+        self.parts.append(f"<?{data}>")
 
     def unknown_decl(self, data: str) -> None:  # <![CDATA[...]]>, <![if IE]>
         self.parts.append(f"<![{data}]{']' if data.startswith('CDATA[') else ''}>")

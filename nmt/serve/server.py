@@ -16,8 +16,9 @@ from nmt.atomic import read_regular
 from nmt.errors import NmtError, one_line
 from nmt.fields import check_bounds, flag
 from nmt.options import ServeOptions, TranslateOptions
-from nmt.serve.app import Model, Service
+from nmt.serve.app import Service
 from nmt.serve.batching import TORCH
+from nmt.serve.model import Model
 
 log = logging.getLogger(__name__)
 INSTALL = (

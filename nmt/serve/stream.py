@@ -63,7 +63,7 @@ class Stream:
         specials = self.tr.loaded.tokenizer.specials
         tr = self.tr
         torch.set_num_threads(self.threads[alone])
-        seqs = tr._encode(
+        seqs = tr.encode(
             [getattr(j.item, "text", j.item) for j in jobs], lambda i: jobs[i].where, lang=self.lang
         )
         ended: list[tuple[Any, list[Any]]] = [
