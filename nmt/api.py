@@ -55,6 +55,7 @@ from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option, flag
 from nmt.options import TranslateOptions
+from nmt.segment import Segmented, per_text, segment
 from nmt.terminology import Request, Terminology
 from nmt.textio import clean_text, on_one_line
 from nmt.tokenizer import leading_language_token
@@ -98,6 +99,31 @@ class Translation:
 def clean_output(text: str) -> str:
     """A translation on one line: line breaks, tabs and other separators become spaces."""
     return on_one_line(text).strip()
+
+
+def joined(segmented: Segmented, hyps: list[list[Translation]]) -> list[Translation]:
+    """A split text's translations from those of its sentences (`segmented.spans`, in order): a
+    sentence's n-best put in the text's place; for several sentences, the best of each put in
+    place, with the sums of their scores and log-probabilities and their alignments one after
+    another (the pieces of the sentences before counted: `attention` asked); [] for a blank
+    text; a text with nothing to translate as it is."""
+    if not segmented.spans:
+        return [Translation(segmented.text, 0.0, 0.0)] if segmented.text.strip() else []
+    if len(hyps) == 1:
+        return [replace(h, text=segmented.joined([h.text])[0], attention=None) for h in hyps[0]]
+    best = [hs[0] for hs in hyps]
+    alignment = None
+    if best[0].attention is not None:
+        alignment = []
+        source = 0
+        target = 0
+        for h in best:
+            assert h.attention is not None
+            alignment += [(i + source, j + target) for i, j in h.alignment or []]
+            source += len(h.attention.source) - 1  # its pieces, less the </s>
+            target += len(h.attention.target) - 1
+    text = segmented.joined([h.text for h in best])[0]
+    return [Translation(text, sum(h.score for h in best), sum(h.logprob for h in best), alignment)]
 
 
 MAX_THREADS = 4096  # torch refuses absurd thread counts with an error of its own
@@ -326,13 +352,25 @@ class Translator:
         avoid: Sequence[Sequence[str]] | None = None,
         prefix: Sequence[str] | None = None,
         ordered: bool = False,
+        split: bool = False,
     ) -> list[str]:
         """The best translation of each text, in order; "" for an empty or blank text.
         `target_lang` (a multilingual model's >>xxx<< language, e.g. "fra") overrides the one
         the translator was loaded with, for this call. Lexical constraints, one entry per text
         (see `translate_nbest`): `constraints` (target phrases that must appear), `avoid`
         (phrases that must not), `prefix` (the translation's start), `ordered`; or a text is a
-        `nmt.terminology.Request`, which carries its own."""
+        `nmt.terminology.Request`, which carries its own. With `split`, see `translate_nbest`."""
+        if _arg(split, bool, "split", "translate"):
+            hyps = self.translate_nbest(
+                texts,
+                target_lang=target_lang,
+                constraints=constraints,
+                avoid=avoid,
+                prefix=prefix,
+                ordered=ordered,
+                split=True,
+            )
+            return [h[0].text if h else "" for h in hyps]
         lang = self.loaded.tokenizer.language_token(target_lang, "translate: target_lang")
         texts = _texts(texts, "texts", "translate", kinds=_TO_TRANSLATE)
         requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, "translate")
@@ -353,6 +391,7 @@ class Translator:
         prefix: Sequence[str] | None = None,
         ordered: bool | Sequence[bool] = False,
         abandoned: Callable[[int], bool] | None = None,
+        split: bool = False,
     ) -> list[list[Translation]]:
         """The `nbest` (1 .. beam) best translations of each text, best first, with scores;
         [] for an empty or blank text. `where(i)` names input i in warnings (default
@@ -374,7 +413,13 @@ class Translator:
         its constraints.
 
         `abandoned(i)`: whether nobody waits for text i any more (nmt serve: a 504, a client
-        gone), asked before each decoding step; its translation then ends there, cut short."""
+        gone), asked before each decoding step; its translation then ends there, cut short.
+
+        With `split`, a text is translated sentence by sentence (`nmt.segment`: its lines kept,
+        pieces with nothing to translate kept as sent, a sentence too long for the model cut into
+        pieces with a warning), its translations put back in its place (`joined`: the n-best of
+        a text of one sentence; the best of each sentence joined for several). Texts are str
+        (no constraints); no `attention`."""
         name = "translate_nbest"
         lang = self.loaded.tokenizer.language_token(target_lang, f"{name}: target_lang")
         nbest = _arg(nbest, int, "nbest", name)
@@ -387,7 +432,11 @@ class Translator:
             raise NmtError(f"{name}: where= must be a function of a text's index, or None")
         if not (abandoned is None or callable(abandoned)):
             raise NmtError(f"{name}: abandoned= must be a function of a text's index, or None")
-        texts = _texts(texts, "texts", name, kinds=_TO_TRANSLATE)
+        if _arg(split, bool, "split", name) and (attention or constraints or avoid or prefix):
+            raise NmtError(f"{name}: split=True takes no attention, constraints, avoid or prefix")
+        texts = _texts(texts, "texts", name, kinds=(str,) if split else _TO_TRANSLATE)
+        if split:
+            return self._split(texts, nbest, where, first_index, alignment, lang, abandoned)
         requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, name)
         return self._nbest(
             requests,
@@ -418,7 +467,7 @@ class Translator:
         where = where or (lambda i: f"texts[{i}]")
         if alignment or attention:  # a bad alignment layer fails before decoding
             resolve_layer(self.alignment_layer, layer_count(self.loaded.model))
-        seqs = self._encode([r.text for r in requests], where, lang=lang or self.target_lang)
+        seqs = self.encode([r.text for r in requests], where, lang=lang or self.target_lang)
         if self.terminology is not None:
             requests = [terms.with_terms(r, self.terminology) for r in requests]
         cons = self.lexical.constraints(requests, seqs, self.decode, where)
@@ -450,6 +499,51 @@ class Translator:
                 self.term_stats,
             )
         return out
+
+    def _split(
+        self,
+        texts: list[str],
+        nbest: int,
+        where: Callable[[int], str] | None,
+        first_index: int,
+        alignment: bool,
+        lang: str | None,
+        abandoned: Callable[[int], bool] | None,
+    ) -> list[list[Translation]]:
+        """`translate_nbest(..., split=True)`: the sentences of all texts in one batch."""
+        where = where or (lambda i: f"texts[{i}]")
+        parts = [self.segmented(t, lang) for t in texts]
+        for i, part in enumerate(parts):
+            if part.cut:
+                log.warning(
+                    "%s: a sentence longer than the model's maximum of %d tokens is translated "
+                    "in pieces",
+                    where(i),
+                    self.loaded.max_positions - 1,
+                )
+        owner = [i for i, part in enumerate(parts) for _ in part.spans]
+        hyps = self._nbest(
+            [Request(part.text[a:b]) for part in parts for a, b in part.spans],
+            nbest,
+            where=lambda k: where(owner[k]),
+            first_index=first_index,
+            alignment=alignment,
+            attention=alignment,  # the pieces `joined` counts
+            lang=lang,
+            abandoned=abandoned and (lambda k: abandoned(owner[k])),
+        )
+        return [joined(part, hs) for part, hs in zip(parts, per_text(parts, hyps))]
+
+    def segmented(self, text: str, lang: str | None = None) -> Segmented:
+        """`text` cut into the sentences of the model's source language (`nmt.segment`), each
+        within the model's maximum with the target-language token `lang` (">>fra<<")."""
+        limit = self.loaded.max_positions - 1
+        lang = lang or self.target_lang
+        return segment(
+            text,
+            self.loaded.config.data.source_lang,
+            lambda s: len(self.encode([s], None, lang=lang)[0]) <= limit,
+        )
 
     def translations(
         self,
@@ -557,8 +651,8 @@ class Translator:
         normalize = _arg(normalize, bool, "normalize", "score")
         if len(sources) != len(targets):
             raise NmtError(f"score: {len(sources)} sources but {len(targets)} targets")
-        srcs = self._encode(sources, lambda i: f"sources[{i}]")
-        tgts = self._encode(targets, None, target=True)
+        srcs = self.encode(sources, lambda i: f"sources[{i}]")
+        tgts = self.encode(targets, None, target=True)
         limit = self.loaded.max_positions - 1
         for i, t in enumerate(tgts):
             if len(t) > limit:
@@ -602,7 +696,7 @@ class Translator:
                 token,
             )
 
-    def _encode(
+    def encode(
         self,
         texts: Sequence[str],
         where: Callable[[int], str] | None,
@@ -611,9 +705,10 @@ class Translator:
         lang: str | None = None,
     ) -> list[list[int]]:
         """Token ids of each text (cleaned, a str: see `_texts`), as a source or with `target` as a
-        target; [] for blank ones. A source text not starting with a language token gets `lang`
-        (">>fra<<") first. With `where`, a text longer than the model's maximum is truncated,
-        with a warning naming `where(i)`."""
+        target, as `translate` and `score` give them to the model (and the server's running search,
+        nmt.serve.stream); [] for blank ones. A source text not starting with a language token
+        gets `lang` (">>fra<<") first. With `where`, a text longer than the model's maximum is
+        truncated, with a warning naming `where(i)`."""
         limit = self.loaded.max_positions - 1
         encode = self.loaded.tokenizer.encode_target if target else self.loaded.tokenizer.encode
         seqs = []

@@ -197,6 +197,16 @@ class TranslateOptions:
         "line per input line.",
         io=True,
     )
+    split_sentences: bool = opt(
+        False,
+        "Translate each line sentence by sentence (needs nmt[split]): its sentences in the "
+        "model's source language, pieces with nothing to translate (emoji, numbers, URLs) kept "
+        "as they are, a sentence too long for the model translated in pieces with a warning; "
+        "still one output line per input line, the translations of its sentences joined as "
+        "they were (with --nbest, the n-best of one-sentence lines; one hypothesis otherwise). "
+        "Not with --json-input or --attention.",
+        io=True,
+    )
     terminology: Path | None = opt(
         None,
         "A file of 'source term<TAB>target term' lines: where a source term occurs in a line "

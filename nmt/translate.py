@@ -120,6 +120,7 @@ def write_translations(
     alignment: bool = False,
     attention: AttentionWriter | None = None,
     json_input: bool = False,
+    split: bool = False,
 ) -> int:
     """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
     buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
@@ -147,6 +148,7 @@ def write_translations(
             first_index=written,
             alignment=alignment,
             attention=attention is not None,
+            split=split,
         )
         for i, h in enumerate(hyps):
             out.write(format_line(h, nbest, scores, alignment) + "\n")
@@ -174,6 +176,8 @@ def _line_name(name: str, first: int, i: int) -> str:
 def translate_main(opts: TranslateOptions) -> None:
     if opts.buffer_lines < 0:
         raise NmtError(f"--buffer-lines must be 0 (automatic) or more, got {opts.buffer_lines}")
+    if opts.split_sentences and (opts.json_input or opts.attention):
+        raise NmtError("--split-sentences cannot be combined with --json-input or --attention")
     Translator.check_options(opts)  # before any file is touched
     given = bool(opts.checkpoints)  # or the last run's
     opts = dataclasses.replace(
@@ -214,6 +218,7 @@ def translate_main(opts: TranslateOptions) -> None:
                 alignment=opts.alignment,
                 attention=attention,
                 json_input=opts.json_input,
+                split=opts.split_sentences,
             )
             if output is not None:
                 # written to a temporary next to it and renamed at the end: an error or an interrupt

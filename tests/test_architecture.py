@@ -32,6 +32,7 @@ BASE = {
     "device",
     "evaluate",
     "terminology",
+    "segment",
 }
 # the commands' own modules: nothing imports them but the CLI (and `python -m nmt`)
 COMMANDS = {"cli", "__main__", "translate", "plot", "distill"}
@@ -193,7 +194,9 @@ def test_a_broken_rule_is_reported(tmp_path: Path, module: str, line: str, messa
 # comma before a closing bracket), as ../shared/tools/code_size.py counts them: rewrapping a
 # call moves none, joining `a = x` and `b = y` into `a, b = x, y` adds one. Lines would reward
 # packing statements together.
-PACKAGE_TOKENS = 100_000
+# 100,000 when the bound moved from lines to tokens; 105,000 since the package took 31 fixes of
+# hostile use (+6,600 tokens) and sentence splitting (docs/architecture.md)
+PACKAGE_TOKENS = 105_000
 MODULE_TOKENS = 5_000
 FUNCTION_TOKENS = 800
 LAYOUT = {
