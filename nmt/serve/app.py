@@ -27,6 +27,7 @@ from nmt.decoding.search import max_output_lengths
 from nmt.errors import NmtError, one_line
 from nmt.fields import coerce_option
 from nmt.options import ServeOptions
+from nmt.segment import Segmented
 from nmt.serve import libretranslate
 from nmt.serve.answers import Asked, answer, number
 from nmt.serve.batching import Batcher, Job
@@ -170,10 +171,35 @@ class Service:
                 )
         requests = [self._request(t, f"texts[{i}]") for i, t in enumerate(texts)]
         requests = [with_terms(r, terminology) for r in requests]
-        jobs = model.jobs(key, requests, [r.text for r in requests])
+        parts = []
+        items: list[Request] = []
+        owners = []
+        for i, r in enumerate(requests):
+            # one matrix of a text's source and target pieces: attention keeps it whole
+            whole = r.asks() or attend
+            part = self._whole(model, key, r.text, f"texts[{i}]") if whole else None
+            part = part or model.translator.segmented(r.text, key.lang)
+            parts.append(part)
+            items += [r] if whole else [Request(r.text[a:b]) for a, b in part.spans]
+            owners += [i] * len(part.spans)
+        jobs = model.jobs(key, items, [item.text for item in items], owners)
         if align or attend:
             self._attention_within(jobs, tr, nbest, "attention" if attend else "alignment")
-        return Asked(model, requests, jobs, align, attend)
+        return Asked(model, parts, jobs, align, attend)
+
+    @staticmethod
+    def _whole(model: Model, key: JobKey, text: str, where: str) -> Segmented:
+        """A text translated whole (constraints, a prefix, attention) as one sentence: 400 if it
+        is longer than the model's maximum, never the translation of part of it."""
+        limit = model.translator.loaded.max_positions - 1
+        tokens = len(model.translator.encode([text], None, lang=key.lang)[0])
+        if tokens > limit:
+            raise ApiError(
+                400,
+                f"{where} has {tokens} tokens, more than the model's maximum of {limit}: a text "
+                "with constraints, a prefix or attention is translated whole, not split",
+            )
+        return Segmented(text, [(0, len(text))], False)
 
     def _request(self, fields: dict[str, Any], where: str) -> Request:
         """A text's request (nmt.terminology.Request checks its types), its phrases and its prefix
@@ -237,6 +263,20 @@ class Service:
         targets = self.limits.texts(p.get("targets"), "targets")
         if len(sources) != len(targets):
             raise ApiError(400, f'{len(sources)} "sources" but {len(targets)} "targets"')
+        tr = model.translator
+        limit = tr.loaded.max_positions - 1
+        # a pair too long for the model is refused, never scored truncated
+        for name, seqs in (
+            ("sources", tr.encode(sources, None)),
+            ("targets", tr.encode(targets, None, target=True)),
+        ):
+            for i, seq in enumerate(seqs):
+                if len(seq) > limit:
+                    raise ApiError(
+                        400,
+                        f"{name}[{i}] has {len(seq)} tokens, more than the model's maximum of "
+                        f"{limit}",
+                    )
         key = JobKey("score", normalize=typed(p, "normalize", bool, False))
         return model, model.jobs(key, list(zip(sources, targets, strict=True)), sources)
 

@@ -10,10 +10,14 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
 
+from nmt.api import joined
+from nmt.segment import Segmented, per_text
 from nmt.serve.batching import Job
 from nmt.serve.model import JobKey, Model
 from nmt.serve.requests import ApiError, Limits
 
+# the Warning header's text where a sentence was too long for the model
+CUT = "a sentence longer than the model's maximum was translated in pieces"
 NAMES = {
     "ar": "Arabic",
     "cs": "Czech",
@@ -102,11 +106,13 @@ def _pair(models: dict[str, Model], source: str, target: str) -> tuple[Model, st
 @dataclass(frozen=True)
 class _Asked:
     """A /translate request as checked: its model, its texts as documents (HTML cut into runs of
-    text, or plain), the jobs of their runs, and what its answer holds. A text asked in its own
+    text, or plain), their runs cut into sentences and the jobs of these sentences, and what its answer holds. A text asked in its own
     language has no model and no jobs."""
 
     model: Model | None
     docs: list[Markup]
+    # the runs of text of all docs, in order, as sentences
+    parts: list[Segmented]
     jobs: list[Job]
     alternatives: int
     fmt: str
@@ -145,25 +151,42 @@ def _asked(limits: Limits, models: dict[str, Model], p: dict[str, Any]) -> _Aske
     if source == "auto" and len(sources) == 1:  # what /detect says
         source = sources.pop()
     if source == target and source in served:  # LibreTranslate answers it as it is
-        return _Asked(None, [Markup.as_is(t) for t in texts], [], alternatives, fmt, source)
+        return _Asked(None, [Markup.as_is(t) for t in texts], [], [], alternatives, fmt, source)
     model, lang = _pair(models, source, target)
     beam = max(model.translator.decode.beam, alternatives + 1)
     overrides = {"beam": beam} if beam != model.translator.decode.beam else {}
     key = JobKey.translation(overrides, alternatives + 1, attend=False, lang=lang)
     model.variant(key)  # checked here: a 400, not a failed batch
     docs = [Markup(t) if fmt == "html" else Markup.plain(t) for t in texts]
-    segments = [s for d in docs for s in d.texts]
-    jobs = model.jobs(key, segments, segments)
-    return _Asked(model, docs, jobs, alternatives, fmt, model.source)
+    # each run of text (a plain text, an HTML text node) cut into its sentences
+    parts = [model.translator.segmented(run, lang) for d in docs for run in d.texts]
+    sentences = [part.text[a:b] for part in parts for a, b in part.spans]
+    owners = [i for i, part in enumerate(parts) for _ in part.spans]
+    jobs = model.jobs(key, sentences, sentences, owners)
+    return _Asked(model, docs, parts, jobs, alternatives, fmt, model.source)
 
 
-def _answer(asked: _Asked, p: dict[str, Any], results: list[Any]) -> dict[str, Any]:
-    """The answer, as LibreTranslate gives it: one text (q a str) is answered without lists."""
+def _answer(asked: _Asked, p: dict[str, Any], results: list[Any]) -> Any:
+    """The answer, as LibreTranslate gives it: one text (q a str) is answered without lists. A
+    sentence too long for the model, translated in pieces, is said in a `Warning` header, as
+    LibreTranslate's answer has no field for it."""
+    from starlette.responses import JSONResponse
+
+    answer = _answered(asked, p, results)
+    if not any(part.cut for part in asked.parts):
+        return answer
+    return JSONResponse(answer, headers={"Warning": f'299 - "{CUT}"'})
+
+
+def _answered(asked: _Asked, p: dict[str, Any], results: list[Any]) -> dict[str, Any]:
+    """The answer's fields: each run's sentences put back in its place (`nmt.api.joined`: one
+    sentence's alternatives, the best of each of several)."""
     out = []
     alts = []
+    runs = [joined(part, hyps) for part, hyps in zip(asked.parts, per_text(asked.parts, results))]
     for d in asked.docs:
-        hyps = results[: len(d.texts)]
-        results = results[len(d.texts) :]
+        hyps = runs[: len(d.texts)]
+        runs = runs[len(d.texts) :]
         out.append(d.join([h[0].text if h else "" for h in hyps]))
         alts.append(
             [h.text for h in hyps[0][1:]] if asked.fmt == "text" and hyps and hyps[0] else []

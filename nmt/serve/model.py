@@ -78,20 +78,25 @@ class Model:
         )
         return tr
 
-    def jobs(self, key: JobKey, items: list[Any], texts: list[str]) -> list[Job]:
-        """The jobs of `items` (texts, Requests, source and target pairs), whose sources are
-        `texts`; a sentence with lexical constraints never joins a running search."""
+    def jobs(
+        self, key: JobKey, items: list[Any], texts: list[str], owners: list[int] | None = None
+    ) -> list[Job]:
+        """The jobs of `items` (sentences, Requests, source and target pairs), whose sources are
+        `texts`, of the request's texts `owners` (item i's own index by default); a sentence with
+        lexical constraints never joins a running search. A job's index (its sampling generator)
+        is its item's place in the request, as `Translator.translate_nbest` numbers sentences."""
         encode = self.translator.loaded.tokenizer.encode
         constrained = replace(key, plain=False)
+        owners = owners if owners is not None else list(range(len(items)))
         return [
             Job(
                 constrained if isinstance(item, Request) and item.asks() else key,
                 item,
                 tokens=len(encode(text)) + 1,
                 index=i,
-                where=f"texts[{i}]",
+                where=f"texts[{owner}]",
             )
-            for i, (item, text) in enumerate(zip(items, texts, strict=True))
+            for i, (item, text, owner) in enumerate(zip(items, texts, owners, strict=True))
         ]
 
     def stream(self, key: JobKey) -> Stream | None:

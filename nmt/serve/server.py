@@ -22,8 +22,8 @@ from nmt.serve.model import Model
 
 log = logging.getLogger(__name__)
 INSTALL = (
-    "nmt serve needs its web stack: pip install 'nmt[serve]' (or pip install starlette uvicorn "
-    "prometheus-client)"
+    "nmt serve needs its web stack and sentence splitter: pip install 'nmt[serve]' (or pip "
+    "install starlette uvicorn prometheus-client sentencex)"
 )
 WARM_UP = "A warm-up sentence."
 
@@ -87,6 +87,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(opts: ServeOptions) -> None:
     try:
         import prometheus_client  # noqa: F401
+        import sentencex  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn
     except ImportError:
