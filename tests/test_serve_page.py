@@ -175,6 +175,24 @@ def test_translates_as_you_type_what_the_api_answers(
     assert driver.find_elements(By.CSS_SELECTOR, "#alternatives li") == []
 
 
+def test_lines_and_sentences_are_each_translated(server: Server, driver: Any) -> None:
+    """The page's text is split as the server splits every text: each line and each sentence
+    translated, the line breaks kept, a line of emoji kept as typed."""
+    source = "A dog runs. A cat sleeps on the sofa.\n\nTwo men talk.\n🙂🙂"
+    expected = translate(server, source)["text"]
+    one_by_one = [
+        translate(server, s)["text"] for s in ("A dog runs.", "A cat sleeps on the sofa.")
+    ]
+    assert expected.split("\n") == [
+        " ".join(one_by_one),
+        "",
+        translate(server, "Two men talk.")["text"],
+        "🙂🙂",
+    ]
+    open_page(driver, server.url, source)
+    wait_translation(driver, expected)
+
+
 def test_text_is_never_markup(server: Server, driver: Any) -> None:
     source = '<img src=x onerror="document.title=1"> <b>A man</b> & a dog .'
     open_page(driver, server.url, source)
