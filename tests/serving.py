@@ -109,3 +109,18 @@ class Server:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop(signal.SIGKILL if exc[0] else signal.SIGTERM)
+
+
+def translate_offline(ckpt: Path, lines: list[str], *args: str) -> list[str]:
+    """`nmt translate -c CKPT ARGS` of `lines` in a child process on one thread: the offline
+    translation a served answer must equal."""
+    out = subprocess.run(
+        [sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), *args],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()

@@ -25,7 +25,7 @@ pytest.importorskip(
     "uvicorn", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
 )
 
-from serving import ROOT, Server  # noqa: E402
+from serving import ROOT, Server, translate_offline  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 from nmt.serve.batching import TORCH, Batcher, Job  # noqa: E402
@@ -48,19 +48,6 @@ def server(trained_checkpoint):
 def reference(trained_checkpoint):
     """The Python API on the same checkpoint, the same defaults as the server's."""
     return Translator.load(trained_checkpoint, device="cpu")
-
-
-def translate_offline(ckpt: Path, lines: list[str], *args: str) -> list[str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "nmt", "translate", "-c", str(ckpt), *args],
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.splitlines()
 
 
 def best(answer: dict) -> list[str]:

@@ -17,8 +17,7 @@ pytest.importorskip(
 )
 pytest.importorskip("sentencex", reason="sentence splitting needs sentencex")
 
-from serving import Server  # noqa: E402
-from test_serve import translate_offline  # noqa: E402
+from serving import Server, translate_offline  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 from nmt.serve.libretranslate import Markup  # noqa: E402
