@@ -6,9 +6,10 @@ that other processes keep busy, for each OpenMP wait policy of the server.
         [--threads 2] [--busy 0,2] [--seconds 30] [--policies default,spin] [--json FILE]
 
 For each policy a server (`nmt serve --threads N`) is started on a free port with that OpenMP
-wait policy in its environment: "default", none given, so that `nmt serve` sets PASSIVE;
-"spin", libgomp's own default, which `nmt serve` had before (spin 300,000 times, then sleep:
-OMP_WAIT_POLICY=ACTIVE with GOMP_SPINCOUNT=300000); PASSIVE; ACTIVE (spin for ever). Then, for
+wait policy in its environment: "default", none given, so that `nmt serve` sets its own (a
+spin of 10,000, then sleep); "spin", libgomp's own default (spin 300,000 times, then sleep:
+OMP_WAIT_POLICY=ACTIVE with GOMP_SPINCOUNT=300000); PASSIVE; ACTIVE (spin for ever); spin-10k
+and spin-30k (ACTIVE with GOMP_SPINCOUNT 10,000 or 30,000). Then, for
 each count of `--busy` processes (each a Python loop keeping one core busy, started before the
 client and stopped after it), one client sends the lines one a request (`POST /v1/translate`,
 a keep-alive connection), each once the previous is answered, for `--seconds`: sentences/s and
@@ -37,6 +38,9 @@ POLICIES = {
     "spin": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"},
     "PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
     "ACTIVE": {"OMP_WAIT_POLICY": "ACTIVE"},
+    # spin this many times, then sleep
+    "spin-10k": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10000"},
+    "spin-30k": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "30000"},
 }
 
 

@@ -277,9 +277,9 @@ def _serve(opts: options.ServeOptions) -> None:
     Batches the sentences of all clients together (pip install 'nmt[serve]'). Examples: nmt
     serve -c runs/m30k/checkpoint_avg.pt; nmt serve --model en-de=a.pt --model de-en=b.pt --port 0
     """
-    from nmt.device import wait_passively
+    from nmt.device import spin_briefly
 
-    wait_passively()  # before nmt.serve.server imports torch
+    spin_briefly()  # before nmt.serve.server imports torch
     from nmt.serve.server import serve
 
     serve(opts)

@@ -66,18 +66,27 @@ def memory_bytes(device: torch.device) -> int | None:
         return None
 
 
-def wait_passively() -> None:
-    """Have OpenMP's idle threads sleep rather than spin (OMP_WAIT_POLICY=PASSIVE) unless the
-    environment chose a policy; it takes effect only before torch loads its OpenMP runtime,
-    which reads the policy once.
+# how many times an idle OpenMP thread of `nmt serve` spins before it sleeps (libgomp's default:
+# 300,000); docs/benchmarks.md, "One client beside busy processes"
+SERVE_SPIN_COUNT = "10000"
 
-    For `nmt serve`, whose lone request's search runs on every thread: beside busy processes,
-    its threads spun against their load, and 1 client got 0.17-0.62 sentences/s where 8 clients
-    (a thread per search) got 19-33; waiting passively it got 8.7-11.9. On an idle machine,
-    passive waiting costs a search on several threads some speed (docs/benchmarks.md).
+
+def spin_briefly() -> None:
+    """Have OpenMP's idle threads spin briefly, then sleep (OMP_WAIT_POLICY=ACTIVE with
+    GOMP_SPINCOUNT=10000), unless the environment sets either; it takes effect only before torch
+    loads its OpenMP runtime, which reads them once.
+
+    For `nmt serve`, whose lone request's search runs on every thread: with libgomp's default
+    spin, beside busy processes its threads spun against their load (one client 1.4-1.8
+    sentences/s, p50 0.5 s); sleeping at once (PASSIVE) cost an idle server 29% (11.1-11.3
+    against 15.6). A brief spin keeps the idle speed (15.7-15.8) and most of the busy one (5.7-6.0).
     """
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "torch" in sys.modules:
+        return
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    os.environ["GOMP_SPINCOUNT"] = SERVE_SPIN_COUNT
 
 
 def configure_device(device: torch.device) -> None:

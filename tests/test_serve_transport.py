@@ -211,8 +211,9 @@ def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(
 ):
     """Every 504 or disconnect logged `ERROR asyncio _GatheringFuture exception was never
     retrieved`; `/health/` redirected to the Host the client named. Also: a lone search's
-    OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE) unless the environment says."""
+    OpenMP threads spin briefly, then sleep (GOMP_SPINCOUNT=10000), unless the environment says."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     with Server(
         "--model",
         f"en-de={trained_checkpoint}",
@@ -220,7 +221,7 @@ def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(
         "8000",
         "--timeout",
         "1",
-        env={"OMP_DISPLAY_ENV": "TRUE"},
+        env={"OMP_DISPLAY_ENV": "VERBOSE"},
     ) as s:
         assert s.post("/v1/translate", {"texts": ["A dog."]})[0] == 504
         body = json.dumps({"texts": ["A cat."]}).encode()
@@ -240,7 +241,7 @@ def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(
         error_of(redirected) == (404, {"error": "Not Found"}) and b"evil.example" not in redirected
     )
     assert code == 0 and "never retrieved" not in err and "Traceback" not in err, err
-    assert "OMP_WAIT_POLICY = 'PASSIVE'" in err, err
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in err and "GOMP_SPINCOUNT = '10000'" in err, err
 
 
 # ------------------------------------------------------------------ stopping
@@ -257,7 +258,7 @@ def test_sigterm_drains_within_the_drain_timeout_and_exits(trained_checkpoint):
         "60000",
         "--drain-timeout",
         "1",
-        env={"OMP_DISPLAY_ENV": "TRUE", "OMP_WAIT_POLICY": "ACTIVE"},
+        env={"OMP_DISPLAY_ENV": "VERBOSE", "OMP_WAIT_POLICY": "PASSIVE"},
     )
     with ThreadPoolExecutor(2) as pool:
         answers = [pool.submit(s.post, "/v1/translate", {"texts": ["A dog."]}) for _ in range(2)]
@@ -267,7 +268,7 @@ def test_sigterm_drains_within_the_drain_timeout_and_exits(trained_checkpoint):
     assert code == 0, err
     assert got == [(503, STOPPED)] * 2
     assert "Traceback" not in err and "never retrieved" not in err, err
-    assert "OMP_WAIT_POLICY = 'ACTIVE'" in err
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in err and "GOMP_SPINCOUNT = '0'" in err, err
 
 
 def test_a_second_ctrl_c_answers_what_is_in_flight_503_without_a_traceback(trained_checkpoint):
