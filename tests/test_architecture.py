@@ -280,3 +280,34 @@ def test_an_oversized_module_or_function_is_reported(tmp_path: Path) -> None:
         f"nmt/big.py: {module_tokens} tokens (at most {MODULE_TOKENS})",
         f"nmt/long.py:1: f is {function_tokens} tokens (at most {FUNCTION_TOKENS})",
     ]
+
+
+# ------------------------------------------------------------------ layout: the formatter's length
+
+
+def long_lines(folders: list[Path], limit: int) -> list[str]:
+    """Every line of the folders' Python files longer than `limit` characters: what `ruff
+    format` cannot wrap (a long string, comment or docstring line) must be wrapped by hand."""
+    found = []
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if len(line) > limit:
+                    found.append(
+                        f"{path.relative_to(folder.parent)}:{number}: {len(line)} characters"
+                    )
+    return found
+
+
+def test_no_line_is_longer_than_the_configured_length() -> None:
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    limit = config["tool"]["ruff"]["line-length"]
+    folders = [PACKAGE.parent / name for name in ("nmt", "tests", "benchmarks", "scripts")]
+    assert long_lines(folders, limit) == []
+
+
+def test_a_long_line_is_reported(tmp_path: Path) -> None:
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "a.py").write_text("x = 1\n" + "# " + "y" * 99 + "\n")
+    assert long_lines([folder], 100) == ["pkg/a.py:2: 101 characters"]

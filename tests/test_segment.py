@@ -54,9 +54,18 @@ def test_lines_blank_lines_crlf_and_spaces_are_kept_as_sent():
 
 @pytest.mark.parametrize(
     "text",
-    ["\U0001f600\U0001f44d", "123 456", "...!?", "https://example.org/a?b=c", "@alice@example.social",
-     "#FediBlock", "2024-05-01 12:00", "", " \r\n\t"],
-)  # fmt: skip
+    [
+        "\U0001f600\U0001f44d",
+        "123 456",
+        "...!?",
+        "https://example.org/a?b=c",
+        "@alice@example.social",
+        "#FediBlock",
+        "2024-05-01 12:00",
+        "",
+        " \r\n\t",
+    ],
+)
 def test_a_text_with_nothing_to_translate_has_no_sentences(text):
     part = segment(text, "en", lambda _: True)
     assert part.spans == []

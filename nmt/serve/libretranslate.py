@@ -106,8 +106,8 @@ def _pair(models: dict[str, Model], source: str, target: str) -> tuple[Model, st
 @dataclass(frozen=True)
 class _Asked:
     """A /translate request as checked: its model, its texts as documents (HTML cut into runs of
-    text, or plain), their runs cut into sentences and the jobs of these sentences, and what its answer holds. A text asked in its own
-    language has no model and no jobs."""
+    text, or plain), their runs cut into sentences and the jobs of these sentences, and what its
+    answer holds. A text asked in its own language has no model and no jobs."""
 
     model: Model | None
     docs: list[Markup]
