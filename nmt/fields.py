@@ -131,9 +131,8 @@ def flag(key: str) -> str:
     return f"--{key.replace('_', '-')}"
 
 
-_SHORT = (
-    reprlib.Repr()
-)  # a rejected value as an error shows it: a YAML alias bomb's list stays a few lines
+# a rejected value as an error shows it: a YAML alias bomb's list stays a few lines
+_SHORT = reprlib.Repr()
 _SHORT.maxlevel = 2
 _SHORT.maxlist = 4
 _SHORT.maxdict = 4
@@ -173,7 +172,7 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
         try:
             return float(value)
         except OverflowError:  # an integer of 400 digits: 1e400 written out
-            message = f"{where}: {key} must be a finite number, got {_SHORT.repr(value)}"
+            message = f"{where}: {key} must be a finite number, got {shown(value)}"
             raise ConfigError(message) from None
     if (
         tp is float and strings and isinstance(value, str)
