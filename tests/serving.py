@@ -3,6 +3,7 @@ URL read from its first line), ready once `/ready` answers 200, talked to over H
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -12,6 +13,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +127,65 @@ def translate_offline(ckpt: Path, lines: list[str], *args: str) -> list[str]:
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
+
+
+async def asgi_request(
+    app: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
+    """One request to the ASGI `app` in this process, as uvicorn hands it over, with exactly these
+    headers: (status, headers, the JSON answer or its text). The client stays connected until
+    answered."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()
+        ],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8080),
+    }
+    delivered = False
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:  # the body is read: the client waits for its answer, never gone
+            await asyncio.Event().wait()
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    answer_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in start["headers"]}
+    try:
+        return start["status"], answer_headers, json.loads(content)
+    except ValueError:
+        return start["status"], answer_headers, content.decode("utf-8", "replace")
+
+
+@contextmanager
+def in_process(translator: Any, **options: Any) -> Iterator[tuple[Any, Any]]:
+    """A Service of the translator as model en-de, with these ServeOptions, and its application
+    (no HTTP, no process)."""
+    from nmt.options import ServeOptions
+    from nmt.serve.app import Service
+    from nmt.serve.model import Model
+
+    service = Service(
+        {"en-de": Model("en-de", translator, "en", "de")}, ServeOptions(**options), []
+    )
+    try:
+        yield service, service.app()
+    finally:
+        service.close()

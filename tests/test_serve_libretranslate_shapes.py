@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -22,10 +20,9 @@ pytest.importorskip(
     "starlette", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
 )
 
+from serving import asgi_request, in_process  # noqa: E402
+
 from nmt import Translator  # noqa: E402
-from nmt.options import ServeOptions  # noqa: E402
-from nmt.serve.app import Service  # noqa: E402
-from nmt.serve.model import Model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,18 +35,6 @@ def translator(random_checkpoint: Path) -> Translator:
     return Translator.load(random_checkpoint, device="cpu", beam=2)
 
 
-@contextmanager
-def serving(translator: Translator, **options: Any) -> Iterator[Any]:
-    """The application of a server with the translator as model en-de and these ServeOptions."""
-    service = Service(
-        {"en-de": Model("en-de", translator, "en", "de")}, ServeOptions(**options), []
-    )
-    try:
-        yield service.app()
-    finally:
-        service.close()
-
-
 def call(
     app: Any,
     method: str,
@@ -57,42 +42,8 @@ def call(
     body: bytes = b"",
     headers: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, str], Any]:
-    """One request to the ASGI `app`: (status, headers, the JSON answer or its text)."""
-    sent: list[dict[str, Any]] = []
-    delivered = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if delivered:  # the body is read: the client waits for its answer, never gone
-            await asyncio.Event().wait()
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8080),
-    }
-    asyncio.run(app(scope, receive, send))
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    answer_headers = {k.decode(): v.decode() for k, v in start["headers"]}
-    try:
-        return start["status"], answer_headers, json.loads(content)
-    except ValueError:
-        return start["status"], answer_headers, content.decode()
+    """One request to the ASGI `app`, with exactly the headers a client sends."""
+    return asyncio.run(asgi_request(app, method, path, body, headers))
 
 
 def post_json(app: Any, path: str, body: Any) -> tuple[int, Any]:
@@ -110,7 +61,7 @@ def post_form(app: Any, path: str, fields: dict[str, str]) -> tuple[int, Any]:
 def test_languages_list_every_language_with_its_targets_itself_included(translator):
     """Weblate's is_supported(source, target) needs both codes listed: with only en listed it
     never offered en to de. Mastodon reads each language's targets less the language itself."""
-    with serving(translator) as app:
+    with in_process(translator) as (_, app):
         # Mastodon's GET carries a JSON content type; the libretranslate client's a form body
         status, _, mastodon = call(
             app, "GET", "/languages", headers={"Content-Type": "application/json"}
@@ -133,7 +84,7 @@ def test_languages_list_every_language_with_its_targets_itself_included(translat
 
 def test_mastodon_html_posts_in_a_list_with_source_auto(translator):
     expected = translator.translate([LINE])[0]
-    with serving(translator) as app:
+    with in_process(translator) as (_, app):
         status, answer = post_json(
             app,
             "/translate",
@@ -153,7 +104,7 @@ def test_mastodon_html_posts_in_a_list_with_source_auto(translator):
 
 def test_weblate_and_the_libretranslate_client_send_form_data(translator):
     expected = translator.translate([LINE])[0]
-    with serving(translator) as app:
+    with in_process(translator) as (_, app):
         weblate = post_form(
             app, "/translate", {"api_key": "", "q": LINE, "source": "en", "target": "de"}
         )
@@ -164,7 +115,7 @@ def test_weblate_and_the_libretranslate_client_send_form_data(translator):
 def test_the_libretranslate_client_s_detect(translator):
     """detect(q) posts q as form data and reads a list of {confidence, language}: nmt detects
     nothing and answers the one source language it serves."""
-    with serving(translator) as app:
+    with in_process(translator) as (_, app):
         assert post_form(app, "/detect", {"q": LINE}) == (
             200,
             [{"confidence": 100.0, "language": "en"}],
@@ -181,7 +132,7 @@ def test_the_libretranslate_client_s_detect(translator):
 
 def test_language_codes_are_read_in_any_case(translator):
     expected = translator.translate([LINE])[0]
-    with serving(translator) as app:
+    with in_process(translator) as (_, app):
         for source, target in [("EN", "DE"), ("En", "de"), ("AUTO", "De")]:
             status, answer = post_json(
                 app, "/translate", {"q": LINE, "source": source, "target": target}
@@ -206,7 +157,7 @@ def test_a_text_asked_in_its_own_language_comes_back_as_it_is(translator, source
     """LibreTranslate answers source == target with the text unchanged; nmt decoded it (into
     German, or a 400 for de to de). auto is the one source language served, as /detect says."""
     target = "en" if source == "auto" else source.lower()
-    with serving(translator) as app:
+    with in_process(translator) as (_, app):
         status, answer = post_json(
             app,
             "/translate",
@@ -218,7 +169,7 @@ def test_a_text_asked_in_its_own_language_comes_back_as_it_is(translator, source
 
 
 def test_a_language_not_served_is_not_its_own_target(translator):
-    with serving(translator) as app:
+    with in_process(translator) as (_, app):
         status, answer = post_json(app, "/translate", {"q": LINE, "source": "fr", "target": "fr"})
     assert status == 400 and "no model translates fr to fr" in answer["error"]
 
@@ -229,19 +180,19 @@ def test_a_browser_s_preflight_is_answered_where_cors_is_on(translator):
         "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "content-type",
     }
-    with serving(translator, cors_origins=["https://example.org"]) as app:
+    with in_process(translator, cors_origins=["https://example.org"]) as (_, app):
         for path in ("/translate", "/detect", "/languages"):
             status, headers, _ = call(app, "OPTIONS", path, headers=preflight)
             assert status == 200, path
             assert headers["access-control-allow-origin"] == "https://example.org"
             assert "POST" in headers["access-control-allow-methods"]
-    with serving(translator) as app:  # CORS off unless asked: no preflight answered
+    with in_process(translator) as (_, app):  # CORS off unless asked: no preflight answered
         status, headers, _ = call(app, "OPTIONS", "/translate", headers=preflight)
         assert status == 405 and "access-control-allow-origin" not in headers
 
 
 def test_frontend_settings_and_spec_in_libretranslate_s_shape(translator):
-    with serving(translator, max_chars=1234) as app:
+    with in_process(translator, max_chars=1234) as (_, app):
         status, _, settings = call(app, "GET", "/frontend/settings")
         spec = call(app, "GET", "/spec")
         openapi = call(app, "GET", "/openapi.json")

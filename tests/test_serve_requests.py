@@ -14,7 +14,6 @@ import os
 import threading
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,11 @@ pytest.importorskip(
 )
 
 from helpers import nmt  # noqa: E402
-from serving import Server  # noqa: E402
+from serving import Server, asgi_request, in_process  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 from nmt.errors import ConfigError  # noqa: E402
 from nmt.fields import coerce  # noqa: E402
-from nmt.options import ServeOptions  # noqa: E402
-from nmt.serve.app import Model, Service  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,45 +46,10 @@ async def asgi(
     body: Any = None,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, str], Any]:
-    """One request to the ASGI `app`, as uvicorn hands it over: (status, headers, the JSON answer
-    or its text). The client stays connected until answered."""
+    """`asgi_request` with a JSON body (or raw bytes) sent as application/json."""
     raw = body if isinstance(body, bytes) else b"" if body is None else json.dumps(body).encode()
     head = {"content-type": "application/json", **(headers or {})}
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in head.items()],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8080),
-    }
-    delivered = False
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if delivered:  # the body is read: the client waits for its answer, never gone
-            await asyncio.Event().wait()
-        delivered = True
-        return {"type": "http.request", "body": raw, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    await app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    answer_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in start["headers"]}
-    try:
-        return start["status"], answer_headers, json.loads(content)
-    except ValueError:
-        return start["status"], answer_headers, content.decode("utf-8", "replace")
+    return await asgi_request(app, method, path, raw, head)
 
 
 def call(
@@ -107,16 +69,7 @@ def roomy(random_checkpoint: Path) -> Translator:
     return Translator.load(random_checkpoint, device="cpu", beam=2, max_len_b=100)
 
 
-@contextmanager
-def serving(translator: Translator, **options: Any) -> Iterator[tuple[Service, Any]]:
-    """A Service of the translator as model en-de, with these ServeOptions, and its application."""
-    service = Service(
-        {"en-de": Model("en-de", translator, "en", "de")}, ServeOptions(**options), []
-    )
-    try:
-        yield service, service.app()
-    finally:
-        service.close()
+serving = in_process
 
 
 # ------------------------------------------------------------------ --max-chars bounds everything
