@@ -430,3 +430,43 @@ def greedy_search(
         model, src, cfg, first_maximum, pad=pad, unk=unk, bos=bos, eos=eos, max_len=max_len
     )
     return [h.tokens for h in hyps]
+
+
+def first_train_pairs(raw_corpus: Any, root: Path, lines: int) -> Path:
+    """`root`/train.en and train.de: the first `lines` pairs of raw_corpus's train split."""
+    pairs = list(
+        zip(
+            raw_corpus.lines("train", "en")[:lines],
+            raw_corpus.lines("train", "de")[:lines],
+            strict=True,
+        )
+    )
+    write_parallel(pairs, root / "train", "en", "de")
+    return root
+
+
+def distill_command(
+    teacher: Path, corpus: Path, raw_corpus: Any, out: Path, *extra: str, shard: int
+) -> list[str]:
+    """`nmt distill` of `corpus`/train.en-de with `teacher` into `out`, shards of `shard` lines,
+    one thread, validated on raw_corpus's val split."""
+    return [
+        "distill",
+        "--teacher",
+        str(teacher),
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        str(corpus / "train"),
+        "--validpref",
+        raw_corpus.prefix("val"),
+        "--out",
+        str(out),
+        "--shard-lines",
+        str(shard),
+        "--threads",
+        "1",
+        *extra,
+    ]

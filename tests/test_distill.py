@@ -27,6 +27,8 @@ from helpers import (
     TINY,
     assert_one_line,
     dead_pid,
+    distill_command,
+    first_train_pairs,
     last_error_line,
     nmt_here,
     one_error_line,
@@ -59,43 +61,15 @@ STUDENT = [
 @pytest.fixture(scope="module")
 def corpus(raw_corpus: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """train.en / train.de: the first LINES pairs of raw_corpus's train split."""
-    root = tmp_path_factory.mktemp("distill_corpus")
-    pairs = list(
-        zip(
-            raw_corpus.lines("train", "en")[:LINES],
-            raw_corpus.lines("train", "de")[:LINES],
-            strict=True,
-        )
-    )
-    write_parallel(pairs, root / "train", "en", "de")
-    return root
+    return first_train_pairs(raw_corpus, tmp_path_factory.mktemp("distill_corpus"), LINES)
+
+
+def distill_args(teacher: Path, corpus: Path, raw_corpus: Any, out: Path, *extra: str) -> list[str]:
+    return distill_command(teacher, corpus, raw_corpus, out, *extra, shard=SHARD)
 
 
 def lines_of(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
-
-
-def distill_args(teacher: Path, corpus: Path, raw_corpus: Any, out: Path, *extra: str) -> list[str]:
-    return [
-        "distill",
-        "--teacher",
-        str(teacher),
-        "-s",
-        "en",
-        "-t",
-        "de",
-        "--trainpref",
-        str(corpus / "train"),
-        "--validpref",
-        raw_corpus.prefix("val"),
-        "--out",
-        str(out),
-        "--shard-lines",
-        str(SHARD),
-        "--threads",
-        "1",
-        *extra,
-    ]
 
 
 def shard_files(out: Path) -> list[Path]:

@@ -28,11 +28,12 @@ import torch
 from helpers import (
     ROOT,
     TINY,
+    distill_command,
+    first_train_pairs,
     last_error_line,
     nmt_here,
     save_random_model,
     set_args,
-    write_parallel,
 )
 
 from nmt import atomic
@@ -493,41 +494,11 @@ LINES, SHARD = 60, 30
 
 @pytest.fixture(scope="module")
 def distill_corpus(raw_corpus, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("distill_corpus")
-    pairs = list(
-        zip(
-            raw_corpus.lines("train", "en")[:LINES],
-            raw_corpus.lines("train", "de")[:LINES],
-            strict=True,
-        )
-    )
-    write_parallel(pairs, root / "train", "en", "de")
-    return root
+    return first_train_pairs(raw_corpus, tmp_path_factory.mktemp("distill_corpus"), LINES)
 
 
-def _distill_args(
-    teacher: Path, corpus: Path, raw_corpus: Any, out: Path, *extra: str
-) -> list[str]:
-    return [
-        "distill",
-        "--teacher",
-        str(teacher),
-        "-s",
-        "en",
-        "-t",
-        "de",
-        "--trainpref",
-        str(corpus / "train"),
-        "--validpref",
-        raw_corpus.prefix("val"),
-        "--out",
-        str(out),
-        "--shard-lines",
-        str(SHARD),
-        "--threads",
-        "1",
-        *extra,
-    ]
+def distill_args(teacher: Path, corpus: Path, raw_corpus: Any, out: Path, *extra: str) -> list[str]:
+    return distill_command(teacher, corpus, raw_corpus, out, *extra, shard=SHARD)
 
 
 def _references(
@@ -576,7 +547,7 @@ def distilled(random_checkpoint, distill_corpus, raw_corpus, tmp_path_factory) -
         try:
             assert (
                 nmt_here(
-                    *_distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)
+                    *distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)
                 )
                 == 0
             )
@@ -593,7 +564,7 @@ def test_a_distillation_killed_while_translating_a_shard_again_resumes(
     every later run refused ("holds a student of other distilled pairs"), though nothing changed."""
     out = tmp_path / "d"
     shutil.copytree(distilled, out)
-    args = _distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)
+    args = distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)
     (out / "shards" / "00001.de").unlink()
     _references(monkeypatch, distill_corpus, stop_at=1)
     assert nmt_here(*args) == 130
@@ -610,7 +581,7 @@ def test_a_student_on_a_device_it_cannot_use_is_refused_before_any_shard(
     calls = _references(monkeypatch, distill_corpus)
     out = tmp_path / "d"
     device = "cuda:9999" if torch.cuda.is_available() else "cuda"
-    args = _distill_args(
+    args = distill_args(
         random_checkpoint,
         distill_corpus,
         raw_corpus,
@@ -679,7 +650,7 @@ def test_distill_with_a_link_or_a_special_file_at_each_path_it_writes(
         victim.unlink()
         before = {}
     _references(monkeypatch, distill_corpus)
-    args = _distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)
+    args = distill_args(random_checkpoint, distill_corpus, raw_corpus, out, *STUDENT)
     with no_hang():
         code = nmt_here(*args)
     refused = (
