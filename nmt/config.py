@@ -197,8 +197,11 @@ class TrainConfig:
     valid_bleu: bool = opt(True, "Decode the valid set and compute BLEU at each validation.")
     valid_beam: int = opt(1, "Beam size for validation BLEU (1 = greedy).", at_least=1)
     seed: int = opt(1, "Random seed (parameters, dropout, batch order).", at_least=0, below=2**62)
-    precision: Literal["fp32", "bf16", "fp16"] = opt(
-        "fp32", "Autocast precision; fp16 is CUDA only and uses dynamic loss scaling."
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = opt(
+        "fp32",
+        "Autocast precision; auto = bf16 where the device computes it natively (CUDA with bf16, "
+        "a CPU with AVX512-BF16 or AMX), else fp32; fp16 is CUDA only and uses dynamic loss "
+        "scaling.",
     )
     fp16_init_scale: float = opt(128.0, "Initial loss scale for fp16.", above=0)
     fp16_min_scale: float = opt(

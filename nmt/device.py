@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+TRAIN_PRECISIONS = ("auto", *PRECISIONS)
 DEVICES = "auto, cpu, cuda or cuda:N"
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
 _M_MMAP_THRESHOLD = -3
@@ -131,6 +132,29 @@ def keep_freed_memory() -> int:
     # mmap threshold at its 128 KiB default, worse than the dynamic one
     size = next((s for s in (1 << 30, 1 << 25) if mallopt(_M_MMAP_THRESHOLD, s) == 1), 0)
     return size if size and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 else 0
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes bf16 in hardware: CUDA with bf16 (Ampere and later), or a CPU
+    with AVX512-BF16 or AMX. Elsewhere autocast emulates bf16 on the CPU, about 30x slower than
+    fp32 on an AVX2-only CPU."""
+    import torch
+
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, name, lambda: False)() for name in checks)
+
+
+def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
+    """The precision that `train.precision` names on `device`, and why: `auto` is bf16 where
+    the device computes bf16 natively (`native_bf16`), fp32 elsewhere; any other is itself."""
+    if precision != "auto":
+        return precision, "as configured"
+    if native_bf16(device):
+        return "bf16", f"auto: {device.type} computes bf16 natively"
+    return "fp32", f"auto: {device.type} has no native bf16"
 
 
 def autocast(device: torch.device, precision: str) -> Any:

@@ -8,6 +8,7 @@ dropout 0 where exact equality is asserted.
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from helpers import (
     THREADS,
     TINY,
@@ -639,3 +641,57 @@ def test_tiny_model_learns_to_copy(copy_data, tmp_path):
     train(cfg)
     valid = records(tmp_path / "run", "valid")
     assert valid[-1]["valid_bleu"] > 80, valid
+
+
+@pytest.mark.parametrize(
+    "configured, native, trained, why",
+    [
+        ("auto", True, "bf16", "computes bf16 natively"),
+        ("auto", False, "fp32", "has no native bf16"),
+        ("bf16", False, "bf16", "as configured"),
+        ("fp32", True, "fp32", "as configured"),
+    ],
+)
+def test_precision_auto_is_bf16_only_where_the_device_computes_it_natively(
+    prepared, tmp_path, monkeypatch, caplog, configured, native, trained, why
+):
+    """Only the capability check is mocked: the trainer's autocast, validation's search and the
+    run's records follow its answer; an explicit precision is honoured whatever it says."""
+    import nmt.device
+    import nmt.training.trainer as trainer_module
+    import nmt.training.validate as validate_module
+
+    monkeypatch.setattr(nmt.device, "native_bf16", lambda device: native)
+    used = {"train": set(), "valid": set()}
+    real_autocast = trainer_module.autocast
+    real_search = validate_module.translate_token_lists
+
+    def autocast(device, precision):
+        used["train"].add(precision)
+        return real_autocast(device, precision)
+
+    def search(*args, **kwargs):
+        used["valid"].add(kwargs["precision"])
+        return real_search(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "autocast", autocast)
+    monkeypatch.setattr(validate_module, "translate_token_lists", search)
+    run = tmp_path / "run"
+    caplog.set_level("INFO", logger="nmt.training.trainer")
+    train(tiny(prepared[0], run, max_updates=2, precision=configured, valid_bleu=True))
+    assert used == {"train": {trained}, "valid": {trained}}
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["type"] == "start"
+    assert first["precision"] == trained
+    assert why in first["precision_reason"]
+    assert f"precision {trained} (" in caplog.text
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["precision"] == configured
+
+
+@pytest.mark.parametrize("avx512_bf16, amx", [(True, False), (False, True), (False, False)])
+def test_a_cpu_computes_bf16_natively_with_avx512_bf16_or_amx(monkeypatch, avx512_bf16, amx):
+    from nmt.device import native_bf16
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert native_bf16(torch.device("cpu")) is (avx512_bf16 or amx)

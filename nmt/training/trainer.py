@@ -26,7 +26,7 @@ import torch
 from nmt import checkpoint as ckpt
 from nmt import data as datamod
 from nmt.config import Config
-from nmt.device import autocast, configure_device
+from nmt.device import autocast, configure_device, resolve_precision
 from nmt.errors import NmtError, one_line
 from nmt.models.transformer import num_parameters, summary
 from nmt.tokenizer import NMT_SPECIALS
@@ -113,7 +113,9 @@ class Trainer:
         self.cfg = cfg
         self.env = env
         t = cfg.train
-        if t.precision == "fp16" and env.device.type != "cuda":
+        # train.precision auto is resolved here, on this device; the config keeps "auto"
+        self.precision, self.precision_reason = resolve_precision(t.precision, env.device)
+        if self.precision == "fp16" and env.device.type != "cuda":
             raise NmtError("train.precision fp16 needs a CUDA device; use bf16 on CPU")
         configure_device(env.device)
         self.run_dir = RunDir(Path(t.run_dir), tensorboard=t.tensorboard)
@@ -149,7 +151,7 @@ class Trainer:
         self.unchecked = FiniteChecks()
         self.optimizer = build_optimizer(list(self.model.parameters()), t)
         self.scaler = DynamicLossScaler(
-            t.fp16_init_scale, t.fp16_min_scale, enabled=t.precision == "fp16"
+            t.fp16_init_scale, t.fp16_min_scale, enabled=self.precision == "fp16"
         )
         self.progress = Progress()
         if self.init_from:  # where the run's weights came from, kept in its checkpoints
@@ -295,10 +297,22 @@ class Trainer:
         """Label-smoothed loss and NLL summed over the batch's real target tokens
         (`nmt.training.loss`: no logits for padding, no (tokens x vocabulary) tensor in fp32 at
         once)."""
-        with autocast(self.env.device, self.cfg.train.precision):
+        with autocast(self.env.device, self.precision):
             return net(batch.src, batch.prev_output, batch.target_index, batch.target_tokens)
 
     # ---------------------------------------------------------------- the loop
+
+    def _announce_precision(self) -> None:
+        """Say in train.log and in a `start` record of metrics.jsonl (a new run's first record)
+        which precision this session of the run trains in, and why."""
+        log.info("precision %s (%s)", self.precision, self.precision_reason)
+        record = {
+            "type": "start",
+            "update": self.progress.update,
+            "precision": self.precision,
+            "precision_reason": self.precision_reason,
+        }
+        self.run_dir.emit(record)
 
     def run(self) -> str:
         """Train until a stop reason (`stop_reason`) or a stop signal; returns why it stopped."""
@@ -313,6 +327,7 @@ class Trainer:
                 reason,
             )
             return reason
+        self._announce_precision()
         start = time.monotonic()
         elapsed0 = p.elapsed
         metrics = TrainMetrics(cfg, self.env, p.update, self.run_dir.emit)
@@ -448,6 +463,7 @@ class Trainer:
             self.tgt_lang,
             self.env.device,
             lambda batch: self._batch_loss(objective, batch),
+            self.precision,
         )
 
     # ---------------------------------------------------------------- checkpoints

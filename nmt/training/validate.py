@@ -30,10 +30,12 @@ def validate(
     tgt_lang: str,
     device: torch.device,
     batch_loss: BatchLoss,
+    precision: str,
 ) -> dict[str, float]:
     """Valid loss/perplexity and (if train.valid_bleu) detokenized sacreBLEU of the search.
 
-    `batch_loss` is the trainer's: the valid loss is the loss that training minimises."""
+    `batch_loss` is the trainer's: the valid loss is the loss that training minimises; the search
+    decodes at the trainer's `precision` (train.precision resolved)."""
     t = cfg.train
     model.eval()
     loss_sum = nll_sum = ntok = 0.0
@@ -69,7 +71,7 @@ def validate(
             dc_replace(cfg.decode, beam=t.valid_beam),
             specials=tokenizer.specials,
             device=device,
-            precision=t.precision,
+            precision=precision,
             max_positions=cfg.model.max_positions,
             workers=0,
         )  # as nmt translate
