@@ -212,12 +212,10 @@ class Translator:
         self.workers = workers
         self.shortlist = shortlist
         self.alignment_layer = alignment_layer  # as given: checked against the model when used
-        self.target_lang: str | None = (
-            None  # the >>xxx<< token every source gets (from_options sets it)
-        )
-        self.terminology: Terminology | None = (
-            None  # source term -> target term constraints (from_options)
-        )
+        # the >>xxx<< token every source gets (from_options sets it)
+        self.target_lang: str | None = None
+        # source term -> target term constraints (from_options)
+        self.terminology: Terminology | None = None
         self.term_stats = {
             "lines": 0,
             "terms": 0,
@@ -261,11 +259,10 @@ class Translator:
         return cls.from_options(opts, name=lambda key: f"{key}=")
 
     @staticmethod
-    def check_options(opts: TranslateOptions, name: Callable[[str], str] | None = None) -> None:
+    def check_options(opts: TranslateOptions, name: Callable[[str], str] = flag) -> None:
         """The bounds of the options that are not decode settings (those are checked against
         the checkpoint's in `from_options`). `name(key)` names an option in errors: `--threads`
         for the command (the default), `threads=` for the API."""
-        name = name or flag
         if opts.precision not in DECODE_PRECISIONS:
             raise NmtError(
                 f"{name('precision')} must be one of {', '.join(DECODE_PRECISIONS)}, got "
@@ -283,19 +280,16 @@ class Translator:
         if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
             raise NmtError(f"{name('alignment_layer')} must be an integer or None, got {layer!r}")
         for key in ("shortlist", "terminology"):
-            if not isinstance(getattr(opts, key), (str, os.PathLike, type(None))):
+            path = getattr(opts, key)
+            if not isinstance(path, (str, os.PathLike, type(None))):
                 raise NmtError(
-                    f"{name(key)} must be a path (str or os.PathLike), got "
-                    f"{type(getattr(opts, key)).__name__}"
+                    f"{name(key)} must be a path (str or os.PathLike), got {type(path).__name__}"
                 )
 
     @classmethod
-    def from_options(
-        cls, opts: TranslateOptions, name: Callable[[str], str] | None = None
-    ) -> Translator:
+    def from_options(cls, opts: TranslateOptions, name: Callable[[str], str] = flag) -> Translator:
         """The translator `opts` describe (their I/O fields aside), options named in errors by
         `name` (see `check_options`)."""
-        name = name or flag
         cls.check_options(opts, name)
         if opts.threads > 0:
             torch.set_num_threads(min(opts.threads, MAX_THREADS))
@@ -304,15 +298,13 @@ class Translator:
             "cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device
         )
         decode_autocast(device, opts.precision)  # fp16 off CUDA: refused before the models load
-        loaded = load_models(
-            resolve_checkpoints([str(p) for p in opts.checkpoints]), device, opts.precision
-        )
-        source = str(opts.checkpoints[0]) if opts.checkpoints else "the checkpoint"
+        checkpoints = resolve_checkpoints([str(p) for p in opts.checkpoints])
+        loaded = load_models(checkpoints, device, opts.precision)
         cfg = decode_config(
             loaded.config.decode,
             opts.decode,
             opts.nbest,
-            source=source,
+            source=str(checkpoints[0]),
             vocab_size=loaded.tokenizer.vocab_size,
             option=name,
         )
@@ -335,9 +327,8 @@ class Translator:
             need_beam_search(cfg, name("terminology"))
             translator.terminology = terms.load_terminology(opts.terminology)
         layers = layer_count(loaded.model)
-        if (
-            opts.alignment_layer is not None and layers
-        ):  # checked against the model now, not at the first line
+        # checked against the model now, not at the first line
+        if opts.alignment_layer is not None and layers:
             resolve_layer(opts.alignment_layer, layers, name("alignment_layer"))
         return translator
 
@@ -370,11 +361,12 @@ class Translator:
                 ordered=ordered,
                 split=True,
             )
-            return [h[0].text if h else "" for h in hyps]
-        lang = self.loaded.tokenizer.language_token(target_lang, "translate: target_lang")
-        texts = _texts(texts, "texts", "translate", kinds=_TO_TRANSLATE)
-        requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, "translate")
-        return [hyps[0].text if hyps else "" for hyps in self._nbest(requests, lang=lang)]
+        else:
+            lang = self.loaded.tokenizer.language_token(target_lang, "translate: target_lang")
+            texts = _texts(texts, "texts", "translate", kinds=_TO_TRANSLATE)
+            requests = terms.requests_from(texts, constraints, avoid, prefix, ordered, "translate")
+            hyps = self._nbest(requests, lang=lang)
+        return [h[0].text if h else "" for h in hyps]
 
     def translate_nbest(
         self,
@@ -468,8 +460,7 @@ class Translator:
         if alignment or attention:  # a bad alignment layer fails before decoding
             resolve_layer(self.alignment_layer, layer_count(self.loaded.model))
         seqs = self.encode([r.text for r in requests], where, lang=lang or self.target_lang)
-        if self.terminology is not None:
-            requests = [terms.with_terms(r, self.terminology) for r in requests]
+        requests = [terms.with_terms(r, self.terminology) for r in requests]
         cons = self.lexical.constraints(requests, seqs, self.decode, where)
         hyps = translate_token_lists(
             self.loaded.model,
@@ -559,22 +550,10 @@ class Translator:
             [Translation(clean_output(decode(h.tokens)), h.score, h.logprob) for h in hs]
             for hs in hyps
         ]
-        if alignment or attention:
-            layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model))
-            self._attach_attention(seqs, hyps, out, layer, alignment, attention)
-        return out
-
-    def _attach_attention(
-        self,
-        seqs: list[list[int]],
-        hyps: list[list[Hypothesis]],
-        out: list[list[Translation]],
-        layer: int,
-        alignment: bool,
-        attention: bool,
-    ) -> None:
-        """Fill in each translation's alignment and/or attention (nmt.decoding.alignment), in
-        place."""
+        if not (alignment or attention):
+            return out
+        # each translation's alignment and / or attention (nmt.decoding.alignment)
+        layer = resolve_layer(self.alignment_layer, layer_count(self.loaded.model))
         pairs = [(i, k) for i, hs in enumerate(hyps) for k in range(len(hs))]
         weights = attention_matrices(
             self.loaded.model,
@@ -584,7 +563,7 @@ class Translator:
             device=self.device,
             precision=self.precision,
         )
-        (source, target) = self.loaded.tokenizer.vocabularies()
+        source, target = self.loaded.tokenizer.vocabularies()
         eos = self.loaded.tokenizer.specials.eos
         for (i, k), w in zip(pairs, weights, strict=True):
             att = None
@@ -597,6 +576,7 @@ class Translator:
             out[i][k] = replace(
                 out[i][k], alignment=hard_alignment(w, layer) if alignment else None, attention=att
             )
+        return out
 
     def translate_stream(self, lines: Iterable[str], *, buffer_lines: int = 1) -> Iterator[str]:
         """Translate an iterable of lines (str, or `Request`s) lazily, yielding one result per line

@@ -115,9 +115,7 @@ def _parent_problem(path: Path) -> str | None:
     parent = path.parent
     if parent.is_dir():
         return None
-    existing = (
-        next((p for p in parent.parents if p.exists()), None) if not parent.exists() else parent
-    )
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         return f"{existing}: not a directory"
     return f"{parent}: no such directory"
@@ -140,7 +138,7 @@ def target(path: str | Path, option: str = "") -> Path:
         return Path(path)
     name = _named(Path(path), option)
     path = _through_link(path, name)
-    if path.is_dir() or not path.name or path.name in (".", ".."):
+    if path.is_dir() or path.name in ("", ".."):  # a Path's name is never "."
         raise NmtError(f"{name}: is a directory; give a file name")
     problem = _parent_problem(path)
     if problem is not None:
@@ -154,7 +152,7 @@ def directory_target(path: str | Path, option: str = "") -> Path:
     a regular file ("not a directory")."""
     name = _named(path, option)
     path = _through_link(path, name)
-    if not path.name or path.name in (".", ".."):
+    if path.name in ("", ".."):
         raise NmtError(f"{name}: name a directory to create or replace, not {str(path)!r}")
     problem = _parent_problem(path)
     if (
@@ -402,8 +400,8 @@ def clean_temporaries(
     """
     removed = 0
     try:
-        entries = list(Path(directory).iterdir()) if Path(directory).is_dir() else []
-    except OSError:  # unreadable: nothing we may clean
+        entries = list(Path(directory).iterdir())
+    except OSError:  # missing, not a directory, unreadable: nothing we may clean
         entries = []
     for entry in entries:
         match = TEMPORARY.fullmatch(entry.name)

@@ -316,9 +316,8 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
 
 
 def select_for_average(run_dir: str | Path, last: int) -> list[Path]:
-    """The `last` newest `checkpoint_<update>.pt` of `run_dir`, oldest first."""
-    if last < 1:
-        raise NmtError(f"number of checkpoints to average must be at least 1, not {last}")
+    """The `last` (at least 1: `average_command` checks it) newest `checkpoint_<update>.pt` of
+    `run_dir`, oldest first."""
     found = list_update_checkpoints(run_dir)
     if len(found) < last:
         raise NmtError(
@@ -463,12 +462,13 @@ def average_command(inputs: list[Path], output: Path, last: int | None) -> None:
     """`nmt average-checkpoints`: the `last` latest numbered checkpoints of one run directory,
     or the given files, averaged into `output`."""
     check_bounds(AverageOptions, flag, last=last)
+    paths = inputs
     if last is not None:
         if len(inputs) != 1 or not inputs[0].is_dir():
             raise NmtError("--last N takes exactly one run directory")
         paths = select_for_average(inputs[0], last)
     else:
-        if any(p.is_dir() for p in inputs):
-            raise NmtError(f"{next(p for p in inputs if p.is_dir())} is a directory: add --last N")
-        paths = list(inputs)
+        for path in inputs:
+            if path.is_dir():
+                raise NmtError(f"{path} is a directory: add --last N")
     average_checkpoints(paths, output)

@@ -29,8 +29,7 @@ from nmt.errors import NmtError
 app = typer.Typer(
     name="nmt",
     help="Neural machine translation: prepare data, train, average, translate, score; import, "
-    "fine-tune, "
-    "distill, export and serve models; plot.",
+    "fine-tune, distill, export and serve models; plot.",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -108,16 +107,11 @@ def _options_command(
     for f in dataclasses.fields(cls):
         if not f.metadata.get("cli", True):
             continue
-        default = (
-            inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
-        )  # empty: required
+        # empty: required
+        default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
         if f.default_factory is not dataclasses.MISSING:  # an empty list: None on the command line
             default = f.default_factory() or None
-        tp = (
-            hints[f.name]
-            if default is not None or get_origin(hints[f.name]) is not list
-            else hints[f.name] | None
-        )
+        tp = hints[f.name] if default is not None else hints[f.name] | None
         params.append(_option(f, tp, default, f.metadata["help"]))
         if f.name == decode_after:  # the decode settings (translate: after the files)
             decode_hints = typing.get_type_hints(DecodeConfig)
@@ -315,7 +309,7 @@ def _import(opts: options.ImportOptions) -> None:
     """
     from nmt.convert.marian import import_command
 
-    imported = import_command(opts.source, opts.output, opts.config)
+    imported = import_command(**vars(opts))
     m = imported.model
     tok = imported.tokenizer
     vocab = (
@@ -358,20 +352,7 @@ def _score(opts: options.ScoreOptions) -> None:
     """
     from nmt.evaluate import score_command
 
-    if opts.hyp is None and sys.stdin is None:
-        raise NmtError("standard input is closed; give --hyp FILE")
-    echo(
-        score_command(
-            opts.ref or None,
-            opts.hyp if opts.hyp is not None else sys.stdin.buffer,
-            test_set=opts.test_set,
-            langpair=opts.langpair,
-            metrics=opts.metrics,
-            tokenize=opts.tokenize,
-            lowercase=opts.lowercase,
-            json=opts.json,
-        )
-    )
+    echo(score_command(opts))
 
 
 _options_command("score", options.ScoreOptions, _score)
@@ -406,7 +387,7 @@ def _plot_curves(opts: options.PlotCurvesOptions) -> None:
     Example: nmt plot curves runs/a runs/b -o curves.png"""
     from nmt.plot import plot_curves
 
-    plot_curves(opts.run_dirs, opts.output, labels=opts.labels)
+    plot_curves(**vars(opts))
 
 
 _options_command("attention", options.PlotAttentionOptions, _plot_attention, group=plot_app)
@@ -461,16 +442,12 @@ def _run(command: Any, args: list[str]) -> None:
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except (
-        typer.Abort,
-        KeyboardInterrupt,
-        Terminated,
-    ) as e:  # not EOFError: a truncated file raises it
-        print(
-            "nmt: stopped by SIGTERM" if isinstance(e, Terminated) else "nmt: interrupted",
-            file=sys.stderr,
-        )
-        sys.exit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
+    except Terminated:
+        print("nmt: stopped by SIGTERM", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
+    except (typer.Abort, KeyboardInterrupt):  # not EOFError: a truncated file raises it
+        print("nmt: interrupted", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
     except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument
         ctx = getattr(e, "ctx", None)
         help_only = type(e).__name__ == "NoArgsIsHelpError"  # `nmt` alone: the help

@@ -70,7 +70,7 @@ def read_meta(data_dir: str | Path) -> dict:
 
 
 # The keys of prepare.json that nmt reads, and their types
-_META_SHAPE: dict[str, type | tuple[type, ...]] = {
+_META_SHAPE: dict[str, type] = {
     "source_lang": str,
     "target_lang": str,
     "vocab_size": int,
@@ -88,9 +88,11 @@ def _check_meta(meta: object, path: Path) -> None:
             f"{path}: not a prepare-bpe report (expected a JSON object, got {type(meta).__name__})"
         )
     for key, tp in _META_SHAPE.items():
-        if not isinstance(meta.get(key), tp) or isinstance(meta.get(key), bool):
-            name = tp.__name__  # type: ignore[union-attr]
-            raise NmtError(f"{path}: not a prepare-bpe report ({key} missing or not a {name})")
+        value = meta.get(key)
+        if not isinstance(value, tp) or isinstance(value, bool):
+            raise NmtError(
+                f"{path}: not a prepare-bpe report ({key} missing or not a {tp.__name__})"
+            )
     if (
         not isinstance(meta["spm"].get("sha256"), str)
         or meta["dtype"] not in ("uint16", "int32")
@@ -158,7 +160,6 @@ def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
 class ParallelData:
     """One split's source and target sentences; sentence i of both is a translation pair."""
 
-    split: str
     src_lang: str
     tgt_lang: str
     src_data: TokenArray
@@ -189,7 +190,7 @@ class ParallelData:
                 f"{data_dir}: {split}.{src_lang} has {len(src)} sentences but {split}.{tgt_lang} "
                 f"has {len(tgt)}; re-run nmt prepare-bpe"
             )
-        return cls(split, src_lang, tgt_lang, src, tgt)
+        return cls(src_lang, tgt_lang, src, tgt)
 
     def __len__(self) -> int:
         return len(self.src_data)
@@ -233,9 +234,9 @@ class Batch:
     def pin_memory(self) -> Batch:
         return self._map(torch.Tensor.pin_memory)
 
-    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
+    def to(self, device: torch.device | str) -> Batch:
         """Copy the tensors to `device` (asynchronous from pinned memory); ids stay."""
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        return self._map(lambda t: t.to(device, non_blocking=True))
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
         return dataclasses.replace(
@@ -279,8 +280,6 @@ def collate(
     epoch take few distinct shapes (kernels, attention backends and torch.compile see
     repeats); the padding is masked like any other and changes no result."""
     ids = np.array(indices, dtype=np.int64)  # a copy: batch.ids must not alias the batch list
-    if len(ids) == 0:
-        raise ValueError("collate: empty batch")
     src_len = data.src_sizes[ids]
     tgt_len = data.tgt_sizes[ids]
     src = np.full(
@@ -355,28 +354,22 @@ def make_batches(
     keep = np.arange(len(src))
     if max_positions is not None:  # the EOS (source) and BOS/EOS (target) need a position too
         keep = np.flatnonzero((src < max_positions) & (tgt < max_positions))
+    pools = [keep]  # without shuffle: one global length sort
     if shuffle:
         rng = np.random.default_rng([seed, epoch])
         order = rng.permutation(keep)
         mean_pair = float(src[keep].mean() + tgt[keep].mean()) + 2 if len(keep) else 1.0
         pool = POOL_BATCHES * max(1, int(max_tokens // mean_pair))
-        batches = Batches()
-        for start in range(0, len(order), pool):
-            chunk = order[start : start + pool]
-            batches.extend(
-                _pack(
-                    chunk[_length_order(src[chunk], tgt[chunk], pad_to)],
-                    src,
-                    tgt,
-                    max_tokens,
-                    pad_to,
-                )
-            )
+        pools = [order[start : start + pool] for start in range(0, len(order), pool)]
+    batches = Batches()
+    for chunk in pools:
+        # pairs of similar lengths together: by source length, then target length. With pad_to > 1
+        # the source lengths that pad to the same width count as equal, so that the target lengths
+        # sort within them (less target padding, for free)
+        by_length = np.lexsort((tgt[chunk], padded_length(src[chunk] + 1, pad_to)))
+        batches.extend(_pack(chunk[by_length], src, tgt, max_tokens, pad_to))
+    if shuffle:
         batches[:] = [batches[i] for i in rng.permutation(len(batches))]
-    else:
-        batches = Batches(
-            _pack(keep[_length_order(src[keep], tgt[keep], pad_to)], src, tgt, max_tokens, pad_to)
-        )
     batches.excluded = len(src) - len(keep)
     batches.oversized = sum(
         1 for b in batches if len(b) == 1 and src[b[0]] + tgt[b[0]] + 2 > max_tokens
@@ -394,15 +387,8 @@ def make_batches(
     return batches
 
 
-def _length_order(src: np.ndarray, tgt: np.ndarray, pad_to: int) -> np.ndarray:
-    """The order that puts pairs of similar lengths together: by source length, then target
-    length. With pad_to > 1 the source lengths that pad to the same width count as equal, so
-    that the target lengths sort within them (less target padding, for free)."""
-    return np.lexsort((tgt, padded_length(src + 1, pad_to)))
-
-
 def _pack(
-    order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int, pad_to: int = 1
+    order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int, pad_to: int
 ) -> list[np.ndarray]:
     """Cut `order` greedily into consecutive batches within the padded-token budget."""
     cuts = [0]

@@ -59,19 +59,12 @@ log = logging.getLogger(__name__)
 REPORT = "distill.json"
 MANIFEST = "manifest.json"
 LOCK = "distill.lock"
-FORMAT_VERSION = (
-    2  # of the manifest; 1 (in OUT/shards/) held the teachers' paths, not their content
-)
-STEPS = (
-    "translate",
-    "select",
-    "prepare",
-)  # the manifest's records, each step made from the one before
+# of the manifest; 1 (in OUT/shards/) held the teachers' paths, not their content
+FORMAT_VERSION = 2
+STEPS = ("translate", "select", "prepare")  # the manifest's records, each made from the one before
 SMALL = 1 << 20  # the manifest and the reports distill reads are a few kB
-FILTER_RULES = (
-    "copy",
-    "repeat",
-)  # checked in this order; a pair is counted under the first that applies
+# checked in this order; a pair is counted under the first that applies
+FILTER_RULES = ("copy", "repeat")
 REPEATS = 4  # a word n-gram this many times in a row makes a translation degenerate ...
 MAX_NGRAM = 4  # ... for n-grams of 1 to this many words
 # the options a record's keys come from, for messages; JSON's types, named
@@ -92,6 +85,7 @@ _KINDS = {
     float: "a number",
     type(None): "null",
 }
+JsonObject = dict[str, Any]  # the manifest, a step's record in it, the report
 _BUSY = (
     "another nmt distill (pid {pid}) is using this directory; wait for it to finish, stop it, or "
     "choose another --out"
@@ -113,7 +107,7 @@ class Job(NamedTuple):
     lines: int
     paths: list[Path]  # the shards
     cfg: Config | None  # the student's
-    records: dict[str, dict[str, Any]]
+    records: dict[str, JsonObject]
 
 
 # ------------------------------------------------------------------ the rule and the selection
@@ -145,7 +139,7 @@ def degenerate(source: str, target: str) -> str | None:
     return "repeat" if repeated_ngram(words) else None
 
 
-def select_hypothesis(hyps: Sequence[str], reference: str, metric: str = "chrf") -> int:
+def select_hypothesis(hyps: Sequence[str], reference: str, metric: str) -> int:
     """The index of the hypothesis with the best sentence `metric` score against `reference`
     (sacreBLEU's, `nmt.evaluate.sentence_scores`); on a tie the first, i.e. the one the
     teacher ranks higher. A single hypothesis (or none) is not scored."""
@@ -163,9 +157,8 @@ def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
     or None."""
     job = _checked(opts)
     todo = _plan(job)[1]
-    translator = (
-        Translator.from_options(opts.teacher_options()) if todo else None
-    )  # --beam, --nbest, ...
+    # the teacher (--beam, --nbest, ...), where shards are left to translate
+    translator = Translator.from_options(opts.teacher_options()) if todo else None
     if translator is not None:  # refused now, before anything is written, not at the first shard
         decode_autocast(translator.device, opts.precision)  # fp16 needs CUDA
     _make_directory(job.out)
@@ -211,9 +204,8 @@ def _checked(opts: DistillOptions) -> Job:
             separate = model.tokenizer.source_vocab_size is not None
         except NmtError as e:
             raise NmtError(f"--teacher {e}") from None
-        if (
-            separate and cfg is not None and cfg.model.share_embeddings
-        ):  # the student has the teacher's vocabularies
+        # the student has the teacher's vocabularies
+        if separate and cfg is not None and cfg.model.share_embeddings:
             raise NmtError(
                 f"--config {opts.config}: model.share_embeddings must be false: the source and "
                 f"target vocabularies of {teacher} are separate"
@@ -282,13 +274,11 @@ def _check_own_files(job: Job) -> None:
         job.manifest: "the distillation's manifest",
         job.report: "the distillation report",
     }
-    files.update({path: "a shard of translations" for path in job.paths})
-    files.update(
-        {
-            job.distilled / f"train.{lang}": "the distilled text"
-            for lang in (job.opts.source_lang, job.opts.target_lang)
-        }
-    )
+    files |= dict.fromkeys(job.paths, "a shard of translations")
+    files |= {
+        job.distilled / f"train.{lang}": "the distilled text"
+        for lang in (job.opts.source_lang, job.opts.target_lang)
+    }
     for path, what in files.items():
         atomic.own_file(path, what)
 
@@ -310,19 +300,20 @@ def _inputs(
     return inputs
 
 
-def _after_translation(job: Job, manifest: dict[str, Any], progress: bool) -> TrainResult | None:
+def _after_translation(job: Job, manifest: JsonObject, progress: bool) -> TrainResult | None:
     """Steps 2 to 4, each made again where its record in the manifest is not this run's."""
     opts = job.opts
     records = job.records
     report = _json_of(job.report, "the distillation report")  # not an object: written again
     report = report if isinstance(report, dict) else {}
     outputs = [job.distilled / f"train.{lang}" for lang in (opts.source_lang, opts.target_lang)]
+    new_pairs = manifest.get("select") != records["select"]
     if (
-        manifest.get("select") != records["select"]
+        new_pairs
         or not isinstance(report.get("filter"), dict)
         or not all(p.is_file() for p in outputs)
     ):
-        if manifest.get("select") != records["select"]:  # the student's data goes with the pairs
+        if new_pairs:  # the student's data goes with the pairs
             manifest = _save_manifest(job, manifest, "select", None)
         report = {
             "format_version": 1,
@@ -343,7 +334,7 @@ def _after_translation(job: Job, manifest: dict[str, Any], progress: bool) -> Tr
         log.info("reusing %s (the selected and filtered pairs)", job.distilled)
     try:  # prepare-bpe's counts, or it prepares again
         split = _json_of(job.data / META_FILE, "the student's data report")["splits"]["train"]
-        prepared: dict[str, Any] | None = {"kept": split["kept"], "dropped": split["dropped"]}
+        prepared: JsonObject | None = {"kept": split["kept"], "dropped": split["dropped"]}
     except (LookupError, TypeError):
         prepared = None
     if prepared is None or manifest.get("prepare") != records["prepare"]:
@@ -363,8 +354,7 @@ def _after_translation(job: Job, manifest: dict[str, Any], progress: bool) -> Tr
     if job.cfg is None:
         log.info(
             "no --config: the student is not trained; train it on %s, e.g. nmt train "
-            "configs/student.yaml "
-            "--set data.dir=%s",
+            "configs/student.yaml --set data.dir=%s",
             job.data,
             job.data,
         )
@@ -382,7 +372,7 @@ def _after_translation(job: Job, manifest: dict[str, Any], progress: bool) -> Tr
 # ------------------------------------------------------------------ the manifest
 
 
-def _records(opts: DistillOptions, splits: list[Split], lines: int) -> dict[str, dict[str, Any]]:
+def _records(opts: DistillOptions, splits: list[Split], lines: int) -> dict[str, JsonObject]:
     """What each step's output is made from: the files by their content (a text moved elsewhere
     resumes), each teacher hashed once per run; the reference only where there is a choice."""
     choice = opts.nbest > 1
@@ -424,7 +414,7 @@ def _sha256(stream: BinaryIO) -> str:
     return digest.hexdigest()
 
 
-def _plan(job: Job) -> tuple[dict[str, Any], list[int]]:
+def _plan(job: Job) -> tuple[JsonObject, list[int]]:
     """OUT's manifest ({} where new) and the shards left to translate. Finished shards of another
     teacher, text or setting are refused, never mixed; so is a student (the config's run
     directory) of other pairs: `nmt train` would refuse it, but after its pairs were replaced."""
@@ -438,10 +428,9 @@ def _plan(job: Job) -> tuple[dict[str, Any], list[int]]:
             f"the same text, teachers and settings, or delete {job.shards} to translate again"
         )
     changed = next((step for step in STEPS[:2] if known.get(step) != records[step]), None)
-    run = job.cfg.train.run_dir if job.cfg is not None else None
-    if changed is not None and run is not None and has_checkpoints(run):
+    if changed is not None and job.cfg is not None and has_checkpoints(job.cfg.train.run_dir):
         raise NmtError(
-            f"{run}: holds a student of other distilled pairs than these "
+            f"{job.cfg.train.run_dir}: holds a student of other distilled pairs than these "
             f"({_difference(job, changed, known.get(changed))}); move it away, or --set "
             "train.run_dir=ANOTHER, to train one on these"
         )
@@ -450,7 +439,7 @@ def _plan(job: Job) -> tuple[dict[str, Any], list[int]]:
     ]
 
 
-def _difference(job: Job, step: str, old: dict[str, Any] | None) -> str:
+def _difference(job: Job, step: str, old: JsonObject | None) -> str:
     """The first key where `step`'s record in the manifest (`old`) differs, as options name it."""
     new = job.records[step]
     if old is None:
@@ -476,7 +465,7 @@ def _difference(job: Job, step: str, old: dict[str, Any] | None) -> str:
     return f"{_OPTIONS.get(key, key)} {before} (now {now})"
 
 
-def _read_manifest(job: Job) -> dict[str, Any]:
+def _read_manifest(job: Job) -> JsonObject:
     """OUT/manifest.json, checked; {} where OUT is new or holds only a killed run's lock and
     temporaries. Anything else is refused: distill writes only where it has written before."""
     if job.out.exists() and not job.out.is_dir():
@@ -504,7 +493,7 @@ def _read_manifest(job: Job) -> dict[str, Any]:
     return known
 
 
-def _manifest_problem(known: Any, records: dict[str, dict[str, Any]]) -> str | None:
+def _manifest_problem(known: Any, records: dict[str, JsonObject]) -> str | None:
     """What in `known` (a parsed manifest) is not as distill writes it, naming the key, or None:
     each step's record holds this run's keys, each of its type (or null), and no others."""
     if not isinstance(known, dict):
@@ -528,7 +517,7 @@ def _manifest_problem(known: Any, records: dict[str, dict[str, Any]]) -> str | N
     return None
 
 
-def _save_manifest(job: Job, manifest: dict[str, Any], step: str, record: Any) -> dict[str, Any]:
+def _save_manifest(job: Job, manifest: JsonObject, step: str, record: Any) -> JsonObject:
     """`manifest` with `step`'s record (None: none) and none of the later steps' (made from its
     output), written whole."""
     later = STEPS[STEPS.index(step) :]
@@ -563,16 +552,15 @@ def translate_shards(translator: Translator, job: Job, todo: set[int], progress:
     _make_directory(job.shards)
     atomic.clean_temporaries(job.shards)
     done = sum(min(size, lines - k * size) for k in range(len(paths)) if k not in todo)
-    bar = tqdm(
+    say = log.debug if progress else log.info
+    with tqdm(
         total=lines,
         initial=done,
         unit="line",
         desc="translate",
         dynamic_ncols=True,
         disable=None if progress else True,
-    )
-    say = log.debug if progress else log.info
-    try:
+    ) as bar:
         for k, chunk in enumerate(
             _chunks(read_lines(source, TextStats(str(source), log_each=True)), size)
         ):
@@ -599,8 +587,6 @@ def translate_shards(translator: Translator, job: Job, todo: set[int], progress:
                 lines,
                 time.time() - start,
             )
-    finally:
-        bar.close()
 
 
 # ------------------------------------------------------------------ step 2: select and filter
@@ -608,7 +594,7 @@ def translate_shards(translator: Translator, job: Job, todo: set[int], progress:
 
 def select_and_filter(
     source: Path, reference: Path, paths: list[Path], outputs: list[Path], opts: DistillOptions
-) -> dict[str, Any]:
+) -> JsonObject:
     """The distilled pairs: per source line its selected hypothesis, unless `degenerate`;
     written to `outputs` (source, target), each whole. Returns the report's sections."""
     _make_directory(outputs[0].parent)
@@ -632,7 +618,7 @@ def select_and_filter(
                 )
             pairs = []
             for src, ref, line in zip(srcs, refs, shard, strict=True):
-                hyps = line.split("\t") if line else [""]
+                hyps = line.split("\t")  # an empty line: one empty hypothesis
                 best = select_hypothesis(hyps, ref, opts.select)
                 changed += best != 0
                 reason = degenerate(src, hyps[best])
@@ -682,7 +668,7 @@ def _make_directory(path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
-def _write_json(path: Path, obj: dict[str, Any], what: str) -> None:
+def _write_json(path: Path, obj: JsonObject, what: str) -> None:
     """`obj` in `path`, written whole; left as it is where it holds `obj` already (a rerun)."""
     if _json_of(path, what) != obj:
         atomic.atomic_write_bytes(

@@ -12,6 +12,7 @@ import json as jsonlib
 import os
 import re
 import socket
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from nmt import textio
 from nmt.atomic import FileArg, check_outputs
 from nmt.errors import NmtError, one_line
-from nmt.options import SENTENCE_METRICS
+from nmt.options import SENTENCE_METRICS, ScoreOptions
 
 METRICS = ("bleu", "chrf", "ter")
 DOWNLOAD_TIMEOUT_S = 60  # per socket operation; sacreBLEU's urlopen has none of its own
@@ -79,8 +80,6 @@ def score_corpus(
     if not refs:
         raise NmtError("scoring needs at least one reference stream")
     names = [f"reference {i + 1}" for i in range(len(refs))] if names is None else names
-    if len(names) != len(refs):
-        raise ValueError(f"{len(names)} names for {len(refs)} reference streams")
     if not hyps:
         raise NmtError(f"{hyp_name}: nothing to score (0 lines)")
     for ref_name, stream in zip(names, refs, strict=True):
@@ -190,51 +189,39 @@ def _placement_hint(dataset, langpair: str, exc: BaseException) -> str:
     )
 
 
-def score_command(
-    refs: Sequence[Path] | None,
-    hyp: Path | BinaryIO,
-    *,
-    test_set: str | None = None,
-    langpair: str | None = None,
-    metrics: str = "bleu,chrf",
-    tokenize: str | None = None,
-    lowercase: bool = False,
-    json: bool = False,
-) -> str:
-    """`nmt score`: the hypotheses of a file or stream against reference files or a sacreBLEU
-    test set, formatted (text or JSON)."""
-    if (refs is None) == (test_set is None):
+def score_command(opts: ScoreOptions) -> str:
+    """`nmt score`: the hypotheses of --hyp or standard input against reference files or a
+    sacreBLEU test set, formatted (text or JSON)."""
+    if opts.hyp is None and sys.stdin is None:
+        raise NmtError("standard input is closed; give --hyp FILE")
+    if (not opts.ref) == (opts.test_set is None):
         raise NmtError("give either --ref FILE or --test-set NAME --langpair XX-YY")
-    names_of_metrics = tuple(
-        dict.fromkeys(m.strip().lower() for m in metrics.split(",") if m.strip())
-    )
-    if not names_of_metrics:
-        raise NmtError(f"--metrics {metrics!r}: give at least one of {', '.join(METRICS)}")
-    is_path = isinstance(hyp, (str, Path))
-    reads = [FileArg("--ref", path, "a reference") for path in refs or ()]
+    metrics = tuple(dict.fromkeys(m.strip().lower() for m in opts.metrics.split(",") if m.strip()))
+    if not metrics:
+        raise NmtError(f"--metrics {opts.metrics!r}: give at least one of {', '.join(METRICS)}")
+    reads = [FileArg("--ref", path, "a reference") for path in opts.ref]
     reads.append(
-        FileArg("--hyp", hyp, "the hypotheses")
-        if isinstance(hyp, (str, Path))
+        FileArg("--hyp", opts.hyp, "the hypotheses")
+        if opts.hyp is not None
         else FileArg("standard input", 0, "the hypotheses")
     )
     check_outputs(reads, [FileArg("standard output", 1, "the scores")])
-    if test_set is not None:
-        if not langpair:
+    if opts.test_set is not None:
+        if not opts.langpair:
             raise NmtError("--test-set needs --langpair, e.g. --langpair en-de")
-        _, ref_streams = load_test_set(test_set, langpair)
-        names = [f"{test_set}:{langpair}"] * len(ref_streams)
+        _, ref_streams = load_test_set(opts.test_set, opts.langpair)
+        names = [f"{opts.test_set}:{opts.langpair}"] * len(ref_streams)
     else:
-        assert refs is not None
-        ref_streams = [read_lines(p) for p in refs]
-        names = [str(p) for p in refs]
-    hyps = read_lines(hyp) if is_path else read_stream(hyp)  # type: ignore[arg-type]
+        ref_streams = [read_lines(p) for p in opts.ref]
+        names = [str(p) for p in opts.ref]
+    hyps = read_lines(opts.hyp) if opts.hyp is not None else read_stream(sys.stdin.buffer)
     results = score_corpus(
         hyps,
         ref_streams,
-        metrics=names_of_metrics,
-        tokenize=tokenize,
-        lowercase=lowercase,
+        metrics=metrics,
+        tokenize=opts.tokenize,
+        lowercase=opts.lowercase,
         names=names,
-        hyp_name=str(hyp) if is_path else "<stdin>",
+        hyp_name=str(opts.hyp) if opts.hyp is not None else "<stdin>",
     )
-    return format_results(results, json=json)
+    return format_results(results, json=opts.json)

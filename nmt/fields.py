@@ -161,7 +161,7 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
     if get_origin(tp) is Literal:
         choices = Bounds(choices=get_args(tp))
         if not choices.allows(value):
-            raise ConfigError(f"{where}: {key} {choices.rule()}, got {_SHORT.repr(value)}")
+            raise ConfigError(f"{where}: {key} {choices.rule()}, got {shown(value)}")
         return value
     if tp not in _PLAIN:
         raise AssertionError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
@@ -172,14 +172,14 @@ def coerce(value: Any, tp: Any, key: str, where: str, *, strings: bool = True) -
         try:
             return float(value)
         except OverflowError:  # an integer of 400 digits: 1e400 written out
-            message = f"{where}: {key} must be a finite number, got {shown(value)}"
-            raise ConfigError(message) from None
-    if (
-        tp is float and strings and isinstance(value, str)
-    ):  # YAML 1.1 reads `5e-4` (no dot) as a string
+            raise ConfigError(
+                f"{where}: {key} must be a finite number, got {shown(value)}"
+            ) from None
+    # YAML 1.1 reads `5e-4` (no dot) as a string
+    if tp is float and strings and isinstance(value, str):
         with contextlib.suppress(ValueError):
             return float(value)
-    raise ConfigError(f"{where}: {key} must be {expected}, got {_SHORT.repr(value)}")
+    raise ConfigError(f"{where}: {key} must be {expected}, got {shown(value)}")
 
 
 def coerce_option(cls: type, key: str, value: Any, where: str, name: str | None = None) -> Any:

@@ -70,8 +70,7 @@ class PrepareOptions:
         None,
         "Segment with the tokenizer and vocabulary of this nmt checkpoint (the sentencepiece "
         "model inside it, copied byte for byte to spm.model) instead of learning one: data to "
-        "fine-tune it on "
-        "(train.init_from). Not with --vocab-size or --spm-model.",
+        "fine-tune it on (train.init_from). Not with --vocab-size or --spm-model.",
     )
     max_len: int = opt(
         250, "Drop training pairs with a side longer than this (tokens).", at_least=1
@@ -90,15 +89,14 @@ class PrepareOptions:
         """The options' declared bounds and the rules between them, each refused in one line
         naming its flag."""
         require(
-            bool(self.source_lang) and bool(self.target_lang),
+            bool(self.source_lang and self.target_lang),
             "--source-lang and --target-lang are required",
         )
         require(self.source_lang != self.target_lang, "--source-lang and --target-lang must differ")
         require(bool(self.trainpref), "--trainpref is required")
         require(bool(self.destdir), "--destdir is required")
-        if (
-            self.tokenizer_from is not None
-        ):  # the checkpoint's vocabulary, nothing learned or chosen
+        # --tokenizer-from: the checkpoint's vocabulary, nothing learned or chosen
+        if self.tokenizer_from is not None:
             require(
                 self.spm_model is None,
                 "--tokenizer-from and --spm-model cannot be combined: the checkpoint "
@@ -148,8 +146,7 @@ class TranslateOptions:
         False,
         "After each translation, a tab and its hard alignment in Pharaoh format (source-target "
         "pairs `i-j` of sentencepiece pieces, 0-based, without </s>): for each target piece the "
-        "source "
-        "piece with the most cross-attention of --alignment-layer, averaged over heads.",
+        "source piece with the most cross-attention of --alignment-layer, averaged over heads.",
         io=True,
     )
     attention: Path | None = opt(
@@ -158,8 +155,7 @@ class TranslateOptions:
         "hypothesis) with its source and target pieces to this .npz file, as each line is "
         "translated (memory stays flat; the file grows by layers x heads x target x source x 4 "
         "bytes a line before compression, e.g. ~60 KB for 6 layers, 8 heads and 18 x 18 pieces) "
-        "and complete at the end; "
-        "draw it with `nmt plot attention`.",
+        "and complete at the end; draw it with `nmt plot attention`.",
         io=True,
     )
     buffer_lines: int = opt(
@@ -193,8 +189,7 @@ class TranslateOptions:
         'Each input line is a JSON object: {"text": ..., "constraints": [...], "avoid": [...], '
         '"prefix": ..., "ordered": false}, every key but text optional (Sockeye\'s '
         "--json-input): target phrases that must appear, phrases that must not, the translation's "
-        "start; still one output "
-        "line per input line.",
+        "start; still one output line per input line.",
         io=True,
     )
     split_sentences: bool = opt(
@@ -211,15 +206,13 @@ class TranslateOptions:
         None,
         "A file of 'source term<TAB>target term' lines: where a source term occurs in a line "
         "(whole words, any case), its target term must appear in the translation (a lexical "
-        "constraint). A "
-        "summary goes to stderr at the end.",
+        "constraint). A summary goes to stderr at the end.",
     )
     target_lang: str | None = opt(
         None,
         "Multilingual models (OPUS-MT, Marian): the target language, e.g. fra: each source line "
         "starts with the model's >>fra<< token (a line that already starts with a >>xxx<< token "
-        "keeps "
-        "its own). The model must have the token; refused for models without such tokens.",
+        "keeps its own). The model must have the token; refused for models without such tokens.",
     )
     alignment_layer: int | None = opt(
         None,
@@ -299,8 +292,7 @@ class ServeOptions:
     head_timeout: float = opt(
         10.0,
         "Seconds a client may take to send a request's head (request line and headers) from its "
-        "connection or the previous answer; then 408, and the "
-        "connection is closed.",
+        "connection or the previous answer; then 408, and the connection is closed.",
         above=0,
     )
     max_head_bytes: int = opt(
@@ -331,8 +323,7 @@ class ServeOptions:
     max_attention: int = opt(
         1_000_000,
         'Most attention weights a request with "alignment" or "attention" may ask for: target x '
-        "source tokens of each hypothesis, its "
-        "target at its length limit (400 above).",
+        "source tokens of each hypothesis, its target at its length limit (400 above).",
         at_least=1,
     )
     api_keys: Path | None = opt(
@@ -358,12 +349,8 @@ class DistillOptions:
     fields (nmt.cli); `check` checks their bounds, and the other methods make from them the
     options of what distill runs: prepare-bpe's, the teacher's, the student's config."""
 
-    source_lang: str = opt(
-        REQUIRED, "Source language suffix, e.g. en.", flags=("--source-lang", "-s")
-    )
-    target_lang: str = opt(
-        REQUIRED, "Target language suffix, e.g. de.", flags=("--target-lang", "-t")
-    )
+    source_lang: str = _as_in(PrepareOptions, "source_lang")
+    target_lang: str = _as_in(PrepareOptions, "target_lang")
     trainpref: str = opt(
         REQUIRED,
         "The original training text (PREFIX.LANG or PREFIX.LANG.gz): the teacher "
@@ -545,8 +532,7 @@ class ImportOptions:
         REQUIRED,
         "A Hugging Face MarianMT folder (config.json, model.safetensors or pytorch_model.bin, "
         "source.spm, target.spm, vocab.json), or a Marian release: its folder with decoder.yml, "
-        "or "
-        "the decoder.yml.",
+        "or the decoder.yml.",
         argument=True,
     )
     output: Path = opt(REQUIRED, "The checkpoint to write.", flags=("--output", "-o"))
@@ -572,7 +558,7 @@ class ShortlistOptions:
 
 @dataclass
 class ScoreOptions:
-    """The options of `nmt score` (nmt.evaluate.score_command's arguments)."""
+    """The options of `nmt score` (what nmt.evaluate.score_command reads)."""
 
     ref: list[Path] = opt_list("Reference file(s); repeat for several.", flags=("--ref", "-r"))
     hyp: Path | None = opt(None, "Hypotheses (default stdin).")

@@ -59,9 +59,8 @@ def _save(fig: Any, path: Path, dpi: int) -> None:
 # ------------------------------------------------------------------ attention
 
 
-MAX_PIECES = (
-    2000  # a side of one map: 0.28 inch each at 100 dpi stays under matplotlib's 2^16 pixels
-)
+# a side of one map: 0.28 inch each at 100 dpi stays under matplotlib's 2^16 pixels
+MAX_PIECES = 2000
 
 
 def plot_attention(
@@ -92,8 +91,7 @@ def plot_attention(
         [FileArg("-o", out / f"attention_{i}.png") for i, *_ in items],
     )
     for index, weights, _, _ in items:
-        L = weights.shape[0]
-        (_, _, T, S) = weights.shape
+        L, _, T, S = weights.shape
         if layer is not None and not -L <= layer < L:
             raise NmtError(
                 f"--layer {layer}: {path} has {L} layer(s) (0 .. {L - 1}, or negative from the end)"
@@ -129,10 +127,9 @@ def _attention_figure(
     L = weights.shape[0]
     if average:
         panels = [("layers and heads averaged", weights.mean((0, 1)))]
-    elif layer is not None:
-        panels = [(f"layer {layer % L}, heads averaged", weights[layer].mean(0))]
     else:
-        panels = [(f"layer {i}, heads averaged", weights[i].mean(0)) for i in range(L)]
+        layers = range(L) if layer is None else [layer % L]
+        panels = [(f"layer {i}, heads averaged", weights[i].mean(0)) for i in layers]
     cell = 0.28  # inches per piece, so that labels stay readable
     width = max(3.0, cell * len(src) + 1.5)
     height = max(2.5, cell * len(tgt) + 1.2)
@@ -163,16 +160,17 @@ PANELS = (
 # ValueError at 1.7e308, overflow warnings of log-scale ticks at 1e300)
 MAX_VALUE = 1e100
 PLOTTED = ("update", "elapsed", *(key for _, *keys, _ in PANELS for key in keys if key))
+Record = dict[str, Any]  # a record of metrics.jsonl
 
 
-def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def read_metrics(run_dir: str | Path) -> tuple[list[Record], list[Record]]:
     """The train and valid records of RUN_DIR/metrics.jsonl, by update; where a resumed run
     wrote an update twice, the later record. The file is text a user may edit: a bad record
     (not UTF-8 or not JSON, as the partial last line of a killed run; not an object with an
     integer `update`; a drawn field that is not a number within +-MAX_VALUE) is skipped, and
     one warning says how many, naming the file and the first one's line."""
     path = Path(run_dir) / "metrics.jsonl"
-    records: dict[tuple[str, int], dict[str, Any]] = {}
+    records: dict[tuple[str, int], Record] = {}
     bad = 0
     first_bad = 0
     try:
@@ -181,7 +179,7 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
                 if (rec := _record(line)) is not None:
                     records[(rec.get("type", "train"), rec["update"])] = rec
                 elif line.strip():
-                    bad = bad + 1
+                    bad += 1
                     first_bad = first_bad or lineno
     except FileNotFoundError:
         raise NmtError(f"{run_dir}: no metrics.jsonl (not a run directory of nmt train?)") from None
@@ -201,23 +199,20 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
     ]
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
+def _record(line: bytes) -> Record | None:
     """One line of metrics.jsonl as a record, or None where it is not one (see `read_metrics`)."""
     try:
         rec = json.loads(line.decode("utf-8"))
-    except (
-        UnicodeDecodeError,
-        ValueError,
-        RecursionError,
-    ):  # RecursionError: arrays nested too deep
+    except (ValueError, RecursionError):  # not UTF-8 or not JSON; arrays nested too deep
         return None
-    ok = (
+    if (
         isinstance(rec, dict)
         and isinstance(rec.get("type", "train"), str)
         and isinstance(rec.get("update"), int)
         and all(_drawable(rec[k]) for k in PLOTTED if k in rec)
-    )
-    return rec if ok else None
+    ):
+        return rec
+    return None
 
 
 def _drawable(value: Any) -> bool:
@@ -247,18 +242,14 @@ def plot_curves(
         (labels[i] if labels else Path(d).name or str(d), *read_metrics(d))
         for i, d in enumerate(run_dirs)
     ]
-    empty = next(
-        (d for d, (_, train, valid) in zip(run_dirs, runs, strict=True) if not train and not valid),
-        None,
-    )
-    if empty is not None:  # an empty figure is no picture of a run
-        raise NmtError(
-            f"{Path(empty) / 'metrics.jsonl'}: no records to draw (a run that has not logged an "
-            "update yet?)"
-        )
+    for d, (_, train, valid) in zip(run_dirs, runs, strict=True):
+        if not train and not valid:  # an empty figure is no picture of a run
+            raise NmtError(
+                f"{Path(d) / 'metrics.jsonl'}: no records to draw (a run that has not logged an "
+                "update yet?)"
+            )
     fig, axes = plt.subplots(len(PANELS), 2, figsize=(11, 3.0 * len(PANELS)), squeeze=False)
     for run, (label, train, valid) in enumerate(runs):
-        color = f"C{run % 10}"
         for row, (title, train_key, valid_key, log_scale) in enumerate(PANELS):
             for col, x_key in enumerate(("update", "elapsed")):
                 ax = axes[row][col]
@@ -269,7 +260,7 @@ def plot_curves(
                     points = [
                         (r[x_key] / (60 if col else 1), r[key])
                         for r in records
-                        if key and isinstance(r.get(key), (int, float)) and x_key in r
+                        if key and key in r and x_key in r  # a number: `read_metrics` checked
                     ]
                     if points:
                         xs, ys = np.array(points).T
@@ -277,7 +268,7 @@ def plot_curves(
                             xs,
                             ys,
                             style,
-                            color=color,
+                            color=f"C{run % 10}",  # one colour per run
                             markersize=3,
                             linewidth=1.2,
                             label=f"{label} ({kind})",

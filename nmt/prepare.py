@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain, compress, islice
 from pathlib import Path
 from typing import BinaryIO
@@ -55,9 +55,7 @@ class Split:
     files: dict[str, Path]  # lang -> input file (as messages and the report name it)
     lines: int
     filtered: bool
-    copies: dict[str, Path] = field(
-        default_factory=dict
-    )  # lang -> the copy of a named pipe, read in its place
+    copies: dict[str, Path]  # lang -> the copy of a named pipe, read in its place
 
     def text(self, lang: str) -> Path:
         """Where the text of `lang` is read: its file, or the copy of a named pipe."""
@@ -79,7 +77,48 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
     reused = _reused_tokenizer(opts)
     with tempfile.TemporaryDirectory(prefix="nmt-prepare-") as pipes:
         splits = find_splits(opts, Path(pipes))  # reads every file once: after the cheap checks
-        report = _prepare(opts, dest, splits, reused, progress, start)
+        atomic.check_outputs(
+            input_files(opts, splits), [atomic.FileArg("--destdir", opts.destdir, directory=True)]
+        )
+        with atomic.os_errors_as(f"--destdir {dest}", "cannot create it"):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        # the output is made in a temporary sibling that replaces `dest` at the end
+        with atomic.replacing_directory(dest, "the prepared data", "--destdir") as work:
+            tok = _tokenizer(opts, splits[0], reused, work)
+            dtype = token_dtype(max(tok.vocab_size, tok.source_vocab_size or 0))
+            reports = {}
+            hashes = {}
+            for split in splits:
+                reports[split.name], file_hashes = _binarize(
+                    split, tok, dtype, opts, work, progress
+                )
+                hashes.update(file_hashes)
+            train = "".join(
+                f"{name}:{hashes[name]}" for name in sorted(hashes) if name.startswith("train.")
+            )
+            fingerprint = hashlib.sha256((tok.sha256 + train).encode()).hexdigest()
+            report: dict = {
+                "format_version": 1,
+                "nmt_version": __version__,
+                "source_lang": opts.source_lang,
+                "target_lang": opts.target_lang,
+                "vocab_size": tok.vocab_size,
+                # source_vocab_size: separate vocabularies; else None
+                "source_vocab_size": tok.source_vocab_size,
+                "dtype": dtype.name,
+                "spm": {
+                    "model": "spm.model",
+                    "sha256": tok.sha256,
+                    "source": str(opts.spm_model or opts.tokenizer_from) if reused else "trained",
+                },
+                "splits": reports,
+                "sha256": hashes,
+                "fingerprint": fingerprint,
+                "options": dataclasses.asdict(opts),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "seconds": round(time.time() - start, 3),
+            }
+            (work / META_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     logger.info(
         "wrote %s in %.1f s (vocab %d, fingerprint %s)",
         dest,
@@ -87,58 +126,6 @@ def prepare_bpe(opts: PrepareOptions, progress: bool = True) -> dict:
         report["vocab_size"],
         report["fingerprint"][:12],
     )
-    return report
-
-
-def _prepare(
-    opts: PrepareOptions,
-    dest: Path,
-    splits: list[Split],
-    reused: Tokenizer | None,
-    progress: bool,
-    start: float,
-) -> dict:
-    """The output of prepare-bpe (its report's seconds counted from `start`), made in a
-    temporary sibling that replaces `dest` at the end."""
-    atomic.check_outputs(
-        input_files(opts, splits), [atomic.FileArg("--destdir", opts.destdir, directory=True)]
-    )
-    with atomic.os_errors_as(f"--destdir {dest}", "cannot create it"):
-        dest.parent.mkdir(parents=True, exist_ok=True)
-    with atomic.replacing_directory(dest, "the prepared data", "--destdir") as work:
-        tok = _tokenizer(opts, splits[0], reused, work)
-        dtype = token_dtype(max(tok.vocab_size, tok.source_vocab_size or 0))
-        reports = {}
-        hashes = {}
-        for split in splits:
-            reports[split.name], file_hashes = _binarize(split, tok, dtype, opts, work, progress)
-            hashes.update(file_hashes)
-        train = "".join(
-            f"{name}:{hashes[name]}" for name in sorted(hashes) if name.startswith("train.")
-        )
-        fingerprint = hashlib.sha256((tok.sha256 + train).encode()).hexdigest()
-        report = {
-            "format_version": 1,
-            "nmt_version": __version__,
-            "source_lang": opts.source_lang,
-            "target_lang": opts.target_lang,
-            "vocab_size": tok.vocab_size,
-            # source_vocab_size: separate vocabularies; else None
-            "source_vocab_size": tok.source_vocab_size,
-            "dtype": dtype.name,
-            "spm": {
-                "model": "spm.model",
-                "sha256": tok.sha256,
-                "source": str(opts.spm_model or opts.tokenizer_from) if reused else "trained",
-            },
-            "splits": reports,
-            "sha256": hashes,
-            "fingerprint": fingerprint,
-            "options": dataclasses.asdict(opts),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "seconds": round(time.time() - start, 3),
-        }
-        (work / META_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
 
 
@@ -334,9 +321,8 @@ class _TokenWriter:
     def close(self) -> dict[str, str]:
         """Finish both files; returns their sha256 by file name."""
         self.file.close()
-        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
-        offsets = np.zeros(len(lengths) + 1, dtype="<i8")
-        np.cumsum(lengths, out=offsets[1:])
+        # offsets: 0, then where each sentence ends
+        offsets = np.concatenate([np.zeros(1, "<i8"), *self.lengths]).cumsum(dtype="<i8")
         data = offsets.tobytes()
         self.idx.write_bytes(data)
         return {
@@ -365,9 +351,7 @@ def _binarize(
     bar = tqdm(total=split.lines, unit="pairs", desc=split.name, disable=None if progress else True)
 
     def store(src: list[str], tgt: list[str], encoded: Future) -> None:
-        ids = encoded.result()
-        src_ids = ids[: len(src)]
-        tgt_ids = ids[len(src) :]
+        src_ids, tgt_ids = encoded.result()
         src_len, tgt_len = (
             np.fromiter(map(len, side), np.int64, len(side)) for side in (src_ids, tgt_ids)
         )
@@ -444,9 +428,11 @@ def _chunks(readers: list[Iterator[str]], split: Split) -> Iterator[tuple[list[s
         raise NmtError(f"{files} changed while being read (line counts differ now)") from None
 
 
-def _encode_pair(tok: Tokenizer, src: list[str], tgt: list[str], workers: int) -> list[list[int]]:
-    """The ids of a chunk's source lines, then of its target lines (each side its own model)."""
-    return tok.encode_batch(src, workers) + tok.encode_target_batch(tgt, workers)
+def _encode_pair(
+    tok: Tokenizer, src: list[str], tgt: list[str], workers: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The ids of a chunk's source lines and of its target lines (each side its own model)."""
+    return tok.encode_batch(src, workers), tok.encode_target_batch(tgt, workers)
 
 
 def _keep_mask(

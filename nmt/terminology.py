@@ -78,7 +78,9 @@ class Request:
             raise NmtError(f"{where}: {q}prefix{q} must be a string, got {type(prefix).__name__}")
         object.__setattr__(self, "prefix", prefix)
         for key in ("constraints", "avoid"):
-            phrases = () if getattr(self, key) is None else getattr(self, key)
+            phrases = getattr(self, key)
+            if phrases is None:
+                phrases = ()
             if (
                 isinstance(phrases, str)
                 or not isinstance(phrases, Sequence)
@@ -197,9 +199,6 @@ class Surfaces:
         the phrase's bytes from q; and the tokens whose surface holds the whole phrase further
         in. Found again at each call, never kept: a phrase is a request's, and what a request
         sends must not outlive its answer (4,096 kept phrases could hold gigabytes)."""
-        return self._find(phrase)
-
-    def _find(self, phrase: bytes) -> tuple[list[int], list[int], list[int]]:
         n = len(phrase)
         lo = [0] * n  # a rest longer than any surface: no token
         hi = [0] * n
@@ -208,22 +207,20 @@ class Surfaces:
             lo[q] = bisect_left(self._sorted, rest)
             hi[q] = bisect_right(self._sorted, rest, lo[q], key=itemgetter(slice(len(rest))))
         inside = []
-        if len(phrase) < self.width:  # a longer surface may hold it
+        if n < self.width:  # a longer surface may hold it
             for m in re.finditer(b"(?=" + re.escape(phrase) + b")", self._joined):
                 t = bisect_right(self._ends, m.start())
-                if m.start() + len(phrase) <= self._ends[t]:
+                if m.start() + n <= self._ends[t]:
                     inside.append(t)
         return lo, hi, inside
 
 
 # ------------------------------------------------------------------ terminology
 
-TERMINOLOGY_LIMIT = (
-    64 << 20
-)  # bytes of a terminology file: a million terms fit; /dev/zero or a runaway file does not
-MAX_TERM_CHARS = (
-    1000  # a term is a word or a phrase; a longer one is a wrong file or a hostile request
-)
+# bytes of a terminology file: a million terms fit; /dev/zero or a runaway file does not
+TERMINOLOGY_LIMIT = 64 << 20
+# a term is a word or a phrase; a longer one is a wrong file or a hostile request
+MAX_TERM_CHARS = 1000
 
 
 @functools.cache
@@ -242,9 +239,8 @@ def folded_units(text: str) -> list[str]:
     marks after it (a match starts and ends between two of them, never inside: not "s" in
     "ß", whose folding is "ss"), each folded: NFKC (fullwidth "ｄｏｇ" is "dog", "ﬁ" is "fi")
     and case-folded (`str.casefold`: "ß" is "ss")."""
-    if (
-        text.isascii()
-    ):  # most lines: there the normalizations change nothing and the fold is lower()
+    # most lines: there the normalizations change nothing and the fold is lower()
+    if text.isascii():
         return list(text.lower())
     units: list[str] = []
     for c in unicodedata.normalize("NFC", text):

@@ -149,8 +149,9 @@ def gunzipped(stream: BinaryIO, own: bool = False) -> BinaryIO:
     )  # a pipe's first bytes are waited on as `_blocks` waits (signals)
     if peek(2)[:2] != b"\x1f\x8b":
         return stream
-    gz = _GzipStream(stream) if own else gzip.GzipFile(fileobj=stream, mode="rb")
-    return gz  # type: ignore[return-value]
+    if own:
+        return _GzipStream(stream)  # type: ignore[return-value]
+    return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
 
 
 def open_stream(path: str | Path) -> BinaryIO:
@@ -238,12 +239,6 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
 
 def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
     before = stats.cleaned
-    line = _clean_line(raw, lineno, stats)
-    stats.cleaned_lines += stats.cleaned > before
-    return line
-
-
-def _clean_line(raw: bytes, lineno: int, stats: TextStats) -> str:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -259,6 +254,7 @@ def _clean_line(raw: bytes, lineno: int, stats: TextStats) -> str:
         line = _BREAKS.sub(" ", line)
         stats.line_breaks += 1
         stats._note(lineno)
+    stats.cleaned_lines += stats.cleaned > before
     return line
 
 
@@ -290,8 +286,8 @@ def iter_line_blocks(
 def _line_blocks(stream: BinaryIO, stats: TextStats, block_size: int) -> Iterator[list[str]]:
     first = True
     for block in _blocks(stream, block_size):
-        if first and block.startswith(_BOM):
-            block = block[len(_BOM) :]
+        if first:
+            block = block.removeprefix(_BOM)
         first = False
         try:
             text = block.decode("utf-8")

@@ -144,9 +144,10 @@ class Tokenizer:
 
     @staticmethod
     def from_bytes(model_bytes: bytes, name: str | None = None) -> Tokenizer:
-        if bytes(model_bytes[: len(BUNDLE_MAGIC)]) == BUNDLE_MAGIC:
-            return VocabTokenizer.from_bundle(bytes(model_bytes), name)
-        return SentencePieceTokenizer(bytes(model_bytes), name)
+        data = bytes(model_bytes)
+        if data.startswith(BUNDLE_MAGIC):
+            return VocabTokenizer.from_bundle(data, name)
+        return SentencePieceTokenizer(data, name)
 
     def __reduce__(self):
         return (Tokenizer.from_bytes, (self.model_bytes, self.name))
@@ -218,7 +219,7 @@ class Tokenizer:
         if not isinstance(lang, str):
             raise NmtError(f"{name} must be a language code string, got {type(lang).__name__}")
         bare = lang[2:-2] if LANGUAGE_TOKEN.fullmatch(lang) else lang
-        if not bare or not re.fullmatch(r"[^\s<>]+", bare):
+        if not re.fullmatch(r"[^\s<>]+", bare):  # not empty either
             raise NmtError(f"{name} must be a language code such as fra, got {lang!r}")
         token = f">>{bare}<<"
         known = self.language_tokens()
@@ -393,8 +394,9 @@ class VocabTokenizer(Tokenizer):
             header = json.loads(data[len(BUNDLE_MAGIC) : end])
             n_src = int(header["source_bytes"])
             n_tgt = int(header["target_bytes"])
-            src = data[end + 1 : end + 1 + n_src]
-            tgt = data[end + 1 + n_src :]
+            models = data[end + 1 :]  # the source's, then the target's
+            src = models[:n_src]
+            tgt = models[n_src:]
             source_pieces = header.get("source_pieces")
             if len(tgt) != n_tgt or not all(
                 isinstance(p, list) for p in (header["pieces"], source_pieces or [])
@@ -470,8 +472,10 @@ def _surface(sp: spm.SentencePieceProcessor, piece: str) -> bytes:
     if sp.id_to_piece(i) == piece:
         if sp.is_byte(i):
             return bytes([int(piece[1:-1], 16)])  # <0xNN>
-        if sp.is_control(i) or sp.is_unknown(i):
-            return b"" if sp.is_control(i) else " \u2047 ".encode()
+        if sp.is_control(i):
+            return b""
+        if sp.is_unknown(i):
+            return " \u2047 ".encode()
     return piece.replace("\u2581", " ").encode()
 
 

@@ -112,18 +112,13 @@ def write_translations(
     translator: Translator,
     inp: BinaryIO,
     out: Any,
-    *,
+    opts: TranslateOptions,
     name: str,
-    nbest: int = 1,
-    scores: bool = False,
-    buffer_lines: int = 0,
-    alignment: bool = False,
-    attention: AttentionWriter | None = None,
-    json_input: bool = False,
-    split: bool = False,
+    attention: AttentionWriter | None,
 ) -> int:
-    """Translate `inp` to `out` chunk by chunk, flushing after each; returns the lines written.
-    buffer_lines: see `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
+    """Translate `inp` (named `name`) to `out` chunk by chunk, as `opts` (nmt translate's options)
+    say, flushing after each; returns the lines written. --buffer-lines: see
+    `TranslateOptions.buffer_lines` (0: CHUNK_LINES, streaming on a terminal).
     With an `attention` file, the attention of each non-empty line's best translation is added
     to it as the line is translated (nmt.decoding.alignment.writing_attention)."""
     from tqdm import tqdm
@@ -132,26 +127,26 @@ def write_translations(
         unit="line", dynamic_ncols=True, leave=False, disable=not sys.stderr.isatty()
     )  # on a terminal
     written = 0
-    streaming = buffer_lines > 0 or _isatty(inp)
-    for texts in read_chunks(inp, name, buffer_lines or CHUNK_LINES, until_pause=streaming):
+    streaming = opts.buffer_lines > 0 or _isatty(inp)
+    for texts in read_chunks(inp, name, opts.buffer_lines or CHUNK_LINES, until_pause=streaming):
         where = partial(_line_name, name, written + 1)
         items: list[str | Request] = list(texts)
-        if json_input:  # each line a JSON request: its text and its lexical constraints
+        if opts.json_input:  # each line a JSON request: its text and its lexical constraints
             items = [
                 parse_json_line(t, where(i)) if t.strip() else Request("")
                 for i, t in enumerate(texts)
             ]
         hyps = translator.translate_nbest(
             items,
-            nbest,
+            opts.nbest,
             where=where,
             first_index=written,
-            alignment=alignment,
+            alignment=opts.alignment,
             attention=attention is not None,
-            split=split,
+            split=opts.split_sentences,
         )
         for i, h in enumerate(hyps):
-            out.write(format_line(h, nbest, scores, alignment) + "\n")
+            out.write(format_line(h, opts.nbest, opts.scores, opts.alignment) + "\n")
             if attention is not None and h and h[0].attention is not None:
                 a = h[0].attention
                 attention.add(written + i, a.weights, a.source, a.target)
@@ -195,30 +190,20 @@ def translate_main(opts: TranslateOptions) -> None:
         raise NmtError("standard output is closed; give -o FILE")
     try:
         translator = Translator.from_options(opts)
-        if (
-            opts.alignment or opts.attention
-        ):  # a model without attention says so before any input is read
+        # a model without attention says so before any input is read
+        if opts.alignment or opts.attention:
             resolve_layer(opts.alignment_layer, layer_count(translator.loaded.model))
-        text = _gunzipped(
-            inp, name
-        )  # once the model is loaded: a terminal or a pipe may wait for its first line
+        # plain or gzip (by content), the stream peeked at once and never reopened; once the
+        # model is loaded: a terminal or a pipe may wait for its first line
+        with os_errors_as(name, "cannot read"):
+            text = gunzipped(inp)
         with (
             writing_attention(opts.attention)
             if opts.attention
             else contextlib.nullcontext() as attention
         ):
             run = partial(
-                write_translations,
-                translator,
-                text,
-                name=name,
-                nbest=opts.nbest,
-                scores=opts.scores,
-                buffer_lines=opts.buffer_lines,
-                alignment=opts.alignment,
-                attention=attention,
-                json_input=opts.json_input,
-                split=opts.split_sentences,
+                write_translations, translator, text, opts=opts, name=name, attention=attention
             )
             if output is not None:
                 # written to a temporary next to it and renamed at the end: an error or an interrupt
@@ -278,7 +263,7 @@ def _closed(fd: int) -> bool:
 
 def _input(path: Path | None) -> tuple[BinaryIO, str]:
     """The input stream and its name for messages: a file (or a named pipe, `<(...)`), or
-    stdin, as opened: `_gunzipped` tells plain from gzip."""
+    stdin, as opened: `nmt.textio.gunzipped` tells plain from gzip."""
     if path is None:
         if sys.stdin is None or _closed(0):
             raise NmtError("standard input is closed; give --input FILE")
@@ -287,10 +272,3 @@ def _input(path: Path | None) -> tuple[BinaryIO, str]:
         return open_stream(path), str(path)
     except NmtError as e:
         raise NmtError(f"--input {e}") from None
-
-
-def _gunzipped(inp: BinaryIO, name: str) -> BinaryIO:
-    """The text of `inp`, plain or gzip (by content: a file, a pipe or standard input), the
-    stream peeked at once and never reopened (`nmt.textio.gunzipped`)."""
-    with os_errors_as(name, "cannot read"):
-        return gunzipped(inp)

@@ -765,7 +765,7 @@ def test_a_sentence_nobody_waits_for_leaves_the_running_search_at_its_next_step(
     jobs = [Job("k", text, tokens=1) for text in (lines[0], "a dog and " * 100)]
     assert stream.run(jobs) == [] and stream.run([]) == []
     jobs[1].abandoned = True
-    assert [job for job, _ in stream.run([])] == [jobs[1]] and len(stream) == 1
+    assert [job for job, _ in stream.run([])] == [jobs[1]] and len(stream.search) == 1
 
 
 def test_lanes_fill_in_order_and_a_lone_search_takes_every_thread():

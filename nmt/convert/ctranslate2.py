@@ -159,7 +159,9 @@ def export(
         cfg, tokenizer.vocab_size, tokenizer.specials.pad, tokenizer.source_vocab_size
     )
     ckpt.load_into(model)
-    own = _holds_others(out, format)
+    # a name no export of `format` writes (a clone's .git, a README): replacing OUT_DIR must refuse
+    # to remove it; what an earlier export wrote, in the other vocabulary layout too, is replaced
+    own = out.is_dir() and not {p.name for p in out.iterdir()} <= WRITES[format]
     if format == "hf":
         with replacing_directory(out, "the export", "OUT_DIR", own=own) as work:
             write_hf_folder(ckpt, model.eval(), work)
@@ -218,13 +220,6 @@ def _destination(checkpoint: Path, out_dir: Path, force: bool, format: str) -> P
         "OUT_DIR",
     )
     return out
-
-
-def _holds_others(out: Path, format: str) -> bool:
-    """Whether `out` holds a name no export of `format` writes (a clone's .git, a README), which
-    replacing it must refuse to remove; what an earlier export wrote, in the other vocabulary
-    layout too, is replaced with it."""
-    return out.is_dir() and not {p.name for p in out.iterdir()} <= WRITES[format]
 
 
 def _check_exportable(cfg: ModelConfig, where: str, model: str, only: dict[str, Any]) -> None:

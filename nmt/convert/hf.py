@@ -55,8 +55,9 @@ _ACTIVATIONS = {
     "silu": "swish",
     "quick_gelu": "gelu_sigmoid",
 }
-# what MarianMT computes, where nmt has a choice: an export of anything else is refused
-HF_ONLY = {
+# what MarianMT computes, where nmt has a choice: an import sets it, an export of anything else is
+# refused
+HF_ONLY: dict[str, Any] = {
     "arch": "transformer",
     "norm_first": False,
     "learned_positions": False,
@@ -95,7 +96,6 @@ def read_hf_folder(folder: Path) -> Imported:
         cfg.text("model_type", "") == "marian",
         f"model_type {cfg.raw.get('model_type')!r}, not marian",
     )
-    d_model = cfg.int("d_model", 512)
     heads = cfg.int("encoder_attention_heads", 8)
     ffn = cfg.int("encoder_ffn_dim", 2048)
     dec_heads = cfg.int("decoder_attention_heads", 8)
@@ -124,23 +124,19 @@ def read_hf_folder(folder: Path) -> Imported:
         "share_encoder_decoder_embeddings is true",
     )
     model = ModelConfig(
-        arch="transformer",
+        **HF_ONLY,
         encoder_layers=cfg.int("encoder_layers"),
         decoder_layers=cfg.int("decoder_layers"),
-        d_model=d_model,
+        d_model=cfg.int("d_model", 512),
         ffn_dim=ffn,
         heads=heads,
         dropout=cfg.number("dropout", 0.1),
         attention_dropout=cfg.number("attention_dropout", 0.0),
         activation_dropout=cfg.number("activation_dropout", 0.0),
-        norm_first=False,
         share_embeddings=share,
         tie_output=cfg.flag("tie_word_embeddings", True),
         output_bias=True,
         activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
-        norm_eps=1e-5,
-        positions="hf_marian",
-        decoder_start="bos",
         max_positions=cfg.int("max_position_embeddings", 512),
     )
     check_config(model, cfg.where, _KEYS)
@@ -182,8 +178,6 @@ def _hf_decode(
             continue
         settings[ours] = keys.number(key, 1.0) if key == "length_penalty" else keys.int(key)
         names[ours] = f"{keys.where}: {key}"
-    if not 0 <= settings["lenpen"] <= 10:
-        raise NmtError(f"{names['lenpen']} {settings['lenpen']!r} is not a number between 0 and 10")
     length = settings.pop("max_len_b", positions)
     if length < 2:
         raise NmtError(
@@ -235,20 +229,13 @@ def _hf_tokenizer(
         f"separate_vocabs is not true, but config.json's decoder_vocab_size "
         f"{sizes[1]} != vocab_size {sizes[0]}",
     )
-    files = [("vocab.json", "vocab_size", sizes[0])]
-    files += [
-        (
-            Path(tok_cfg.text("target_vocab_file", "target_vocab.json")).name,
-            "decoder_vocab_size",
-            sizes[1],
-        )
-    ] * separate
-    source, *rest = (
-        _hf_vocab(reader, folder / name, key, size, ids.pad) for name, key, size in files
-    )
-    target = rest[0] if rest else source
-    if source.index("<unk>") != target.index("<unk>"):
-        raise NmtError(f"{folder}: <unk> has two ids in vocab.json and {files[-1][0]}")
+    source = _hf_vocab(reader, folder / "vocab.json", "vocab_size", sizes[0], ids.pad)
+    target = source
+    if separate:
+        target_file = Path(tok_cfg.text("target_vocab_file", "target_vocab.json")).name
+        target = _hf_vocab(reader, folder / target_file, "decoder_vocab_size", sizes[1], ids.pad)
+        if source.index("<unk>") != target.index("<unk>"):
+            raise NmtError(f"{folder}: <unk> has two ids in vocab.json and {target_file}")
     src_spm, tgt_spm = (
         reader.bytes(folder / name, "a sentencepiece model")
         for name in ("source.spm", "target.spm")
@@ -356,7 +343,7 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
 
     cfg = ckpt.config.model
     tok = ckpt.tokenizer
-    ids = ckpt.tokenizer.specials
+    ids = tok.specials
     decode = ckpt.config.decode
     source, pieces = tok.vocabularies()
     sides = [pieces] if source is pieces else [source, pieces]
@@ -380,6 +367,12 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     # account)
     (folder / "model.safetensors").write_bytes(save(tensors, metadata={"format": "pt"}))
     activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[cfg.activation]
+    # the ids transformers reads from config.json and from generation_config.json alike
+    special_ids = {
+        "pad_token_id": ids.pad,
+        "eos_token_id": ids.eos,
+        "decoder_start_token_id": ids.bos,
+    }
     config = {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
@@ -402,9 +395,7 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
         "normalize_embedding": False,
         "share_encoder_decoder_embeddings": cfg.share_embeddings,
         "tie_word_embeddings": cfg.tie_output,
-        "pad_token_id": ids.pad,
-        "eos_token_id": ids.eos,
-        "decoder_start_token_id": ids.bos,
+        **special_ids,
     }
     # generate() as nmt's search: the tokens it never writes suppressed, the beam stopped as
     # nmt stops it (early_stopping: at `beam` finished; without a length penalty, exactly); no
@@ -424,9 +415,7 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
         "no_repeat_ngram_size": decode.no_repeat_ngram_size,
         "suppress_tokens": never,
         "length_penalty": 0.0 if exact else decode.lenpen,
-        "pad_token_id": ids.pad,
-        "eos_token_id": ids.eos,
-        "decoder_start_token_id": ids.bos,
+        **special_ids,
     }
     if decode.lenpen_style == "gnmt":  # generate() divides by length^alpha only
         log.warning(

@@ -83,7 +83,7 @@ def _read(path: Path) -> Imported:
         return read_hf_folder(path)
     if path.is_dir() and os.path.lexists(path / "decoder.yml"):
         return read_marian(path / "decoder.yml")
-    if path.suffix in (".yml", ".yaml") and os.path.lexists(path) and not path.is_dir():
+    if path.suffix in (".yml", ".yaml") and not path.is_dir():  # a missing one: "not found"
         return read_marian(path)
     if not os.path.lexists(path):
         raise NmtError(f"{path}: not found")
@@ -93,9 +93,9 @@ def _read(path: Path) -> Imported:
     )
 
 
-def imported_checkpoint(imported: Imported, base: Config | None = None) -> dict[str, Any]:
+def imported_checkpoint(imported: Imported) -> dict[str, Any]:
     """The checkpoint dict of an imported model (nmt's format, `nmt.checkpoint`)."""
-    cfg = _imported_config(base or Config(), imported)
+    cfg = _imported_config(Config(), imported)
     return checkpoint_dict(imported.weights, cfg, imported.tokenizer, imported_from=imported.source)
 
 
@@ -125,19 +125,14 @@ def read_marian(decoder_yml: Path) -> Imported:
         )
     if len(vocabs) != 2:
         raise NmtError(f"{where}: vocabs: must list a source and a target vocabulary")
-    decode: dict[str, Any] = {"lenpen_style": "length"}
+    # Marian's normalize: score / len^normalize, len counting </s> (History::add)
+    decode: dict[str, Any] = {"lenpen_style": "length", "lenpen": dec.number("normalize", 0.0)}
     if dec.raw.get("beam-size") is not None:
         decode["beam"] = dec.int("beam-size")
-        dec.need(decode["beam"] > 0, f"beam-size {decode['beam']} is not positive")
-    decode["lenpen"] = dec.number(
-        "normalize", 0.0
-    )  # Marian: score / len^normalize, len counting </s> (History::add)
-    if not 0 <= decode["lenpen"] <= 10:
-        raise NmtError(f"{where}: normalize {decode['lenpen']!r} is not a number between 0 and 10")
     root = decoder_yml.parent
     npz = root / models[0]
     with contextlib.closing(reader.npz(npz)) as w:
-        opts = _model_yml(w, npz)
+        opts = _model_yml(w)
         tok = _marian_tokenizer(reader, root / vocabs[0], root / vocabs[1], where)
         names = {"beam": f"{where}: beam-size", "lenpen": f"{where}: normalize"}
         decode_settings(decode, names, tok.vocab_size)
@@ -145,13 +140,13 @@ def read_marian(decoder_yml: Path) -> Imported:
     return Imported(model, weights, tok, decode, str(npz), reader.files)
 
 
-def _model_yml(w: Npz, npz: Path) -> Keys:
+def _model_yml(w: Npz) -> Keys:
     if "special:model.yml" not in w.members:
-        raise NmtError(f"{npz}: no special:model.yml (not a Marian model)")
+        raise NmtError(f"{w.path}: no special:model.yml (not a Marian model)")
     raw = w.member("special:model.yml", _MODEL_YML_LIMIT)[2]
     assert raw is not None
     text = raw.tobytes().rstrip(b"\0").decode("utf-8", "replace")
-    where = f"{npz}: special:model.yml"
+    where = f"{w.path}: special:model.yml"
     return Keys(load_yaml(text, where), where)
 
 
@@ -190,12 +185,13 @@ def _marian_tokenizer(
     """Yml vocabularies with source.spm/target.spm beside them, or .spm vocabularies (whose ids
     are Marian's ids), one or two (separate vocabularies, of one size); the pad row is appended."""
     if src_vocab.suffix == ".spm" or tgt_vocab.suffix == ".spm":
-        src_bytes, tgt_bytes = (
-            reader.bytes(p, "a sentencepiece model") for p in (src_vocab, tgt_vocab)
-        )
-        sides = [spm_pieces(b, str(p)) for b, p in ((src_bytes, src_vocab), (tgt_bytes, tgt_vocab))]
+        src_bytes = reader.bytes(src_vocab, "a sentencepiece model")
+        tgt_bytes = reader.bytes(tgt_vocab, "a sentencepiece model")
+        source = spm_pieces(src_bytes, str(src_vocab))
+        pieces = spm_pieces(tgt_bytes, str(tgt_vocab))
     else:
-        sides = [read_marian_vocab(p, reader) for p in dict.fromkeys((src_vocab, tgt_vocab))]
+        source = read_marian_vocab(src_vocab, reader)
+        pieces = source if tgt_vocab == src_vocab else read_marian_vocab(tgt_vocab, reader)
         folder = src_vocab.parent
         for name in ("source.spm", "target.spm"):
             if not os.path.lexists(folder / name):
@@ -203,11 +199,8 @@ def _marian_tokenizer(
                     f"{folder}: {name} is missing (a .yml vocabulary needs the release's "
                     "source.spm and target.spm beside it)"
                 )
-        src_bytes, tgt_bytes = (
-            reader.bytes(folder / n, "a sentencepiece model") for n in ("source.spm", "target.spm")
-        )
-    source = sides[0]
-    pieces = sides[-1]
+        src_bytes = reader.bytes(folder / "source.spm", "a sentencepiece model")
+        tgt_bytes = reader.bytes(folder / "target.spm", "a sentencepiece model")
     for piece in ("</s>", "<unk>"):
         if piece not in source or piece not in pieces:
             raise NmtError(
@@ -259,13 +252,10 @@ def _map_marian(
         ("transformer-disable-position-embeddings", ""),
         ("right-left", ""),
         ("ulr", " (universal language representation embeddings)"),
+        ("transformer-pool", " (pooling in place of self-attention)"),
     ):
         need(not o.flag(key, False), f"{key} is true{what}")
     need(not o.raw.get("transformer-tied-layers"), "transformer-tied-layers is set")
-    need(
-        not o.flag("transformer-pool", False),
-        "transformer-pool is true (pooling in place of self-attention)",
-    )
     need(
         not o.int("factors-dim-emb", 0) and not o.raw.get("factors-combine"),
         "factors-dim-emb / factors-combine are set (factored vocabulary)",

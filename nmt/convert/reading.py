@@ -37,7 +37,8 @@ from safetensors import SafetensorError, safe_open
 
 from nmt.atomic import READ_LIMIT, open_for_reading, os_errors_as
 from nmt.config import Config, DecodeConfig, ModelConfig, check_decode, validate
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
+from nmt.fields import shown
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
 
@@ -69,24 +70,14 @@ class Imported:
     languages: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:160] or type(e).__name__
-
-
-def shown(value: Any) -> str:
-    """A value for a message: short, and never the repr of a deep structure."""
-    if isinstance(value, (list, dict)):
-        return f"a {'list' if isinstance(value, list) else 'mapping'}"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 class Keys:
     """A JSON or YAML mapping (config.json, decoder.yml, special:model.yml), each value read as
     the type its reader expects (None: the default); anything else is one line naming `where`
     (the file) and the key."""
 
     def __init__(self, raw: Any, where: str):
+        if isinstance(raw, list):  # named by its kind, not its items
+            raise NmtError(f"{where}: not a mapping of keys (it is a list)")
         if not isinstance(raw, dict):
             raise NmtError(
                 f"{where}: not a mapping of keys (it is {'empty' if raw is None else shown(raw)})"
@@ -232,10 +223,12 @@ def check_config(cfg: ModelConfig, where: str, keys: dict[str, str]) -> None:
 def decode_settings(
     settings: dict[str, Any], names: dict[str, str], vocab_size: int
 ) -> dict[str, Any]:
-    """`settings` (DecodeConfig keys read from the model's files), checked as training checks a
-    config's decode section (`nmt.config.check_decode`, the beam below the vocabulary too): a
-    value nothing can decode with is refused naming its file and key (`names`: nmt's key ->
-    "file: key")."""
+    """`settings` (DecodeConfig keys read from the model's files, a lenpen always), checked as
+    training checks a config's decode section (`nmt.config.check_decode`, the beam below the
+    vocabulary too) and with a length penalty between 0 and 10: a value nothing can decode with
+    is refused naming its file and key (`names`: nmt's key -> "file: key")."""
+    if not 0 <= settings["lenpen"] <= 10:
+        raise NmtError(f"{names['lenpen']} {settings['lenpen']!r} is not a number between 0 and 10")
     decode = dataclasses.replace(DecodeConfig(), **settings)
     check_decode(decode, lambda key: names.get(key, f"decode.{key}"), vocab_size)
     return settings
@@ -283,7 +276,7 @@ class Weights:
         if name not in self.keys:
             raise NmtError(f"{self.path}: no weight {name}")
         key = self.keys[name]
-        have, dtype, floating = self._header(key, shape)
+        have, dtype, floating = self._header(key)
         if not floating:
             raise NmtError(f"{self.path}: weight {key} holds {dtype}, not floating-point numbers")
         if have != shape and not (len(shape) == 1 and have == (1, *shape)):
@@ -311,7 +304,7 @@ class Weights:
                 "nmt import refuses weights it would drop"
             )
 
-    def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+    def _header(self, name: str) -> tuple[tuple[int, ...], str, bool]:
         """(shape, dtype name, whether floating-point) of `name`, its data not read."""
         raise NotImplementedError
 
@@ -343,7 +336,7 @@ class _StateDict(Weights):
         super().__init__(path, list(state))
         self.state = state
 
-    def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+    def _header(self, name: str) -> tuple[tuple[int, ...], str, bool]:
         t = self.state[name]
         if (
             t.layout != torch.strided or t.is_meta
@@ -366,7 +359,7 @@ class _Safetensors(Weights):
             raise NmtError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
         super().__init__(path, names)
 
-    def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+    def _header(self, name: str) -> tuple[tuple[int, ...], str, bool]:
         part = self.file.get_slice(name)
         return tuple(part.get_shape()), part.get_dtype(), part.get_dtype() in _FLOATS
 
@@ -442,7 +435,7 @@ class Npz(Weights):
             raise NmtError(f"{self.path}: {name} is truncated ({len(raw):,} of {size:,} bytes)")
         return shape, dtype, np.frombuffer(raw, dtype).reshape(shape, order="F" if fortran else "C")
 
-    def _header(self, name: str, want: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+    def _header(self, name: str) -> tuple[tuple[int, ...], str, bool]:
         shape, dtype, _ = self.member(name, None)
         return shape, str(dtype), dtype.kind == "f"
 

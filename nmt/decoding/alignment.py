@@ -43,7 +43,7 @@ def layer_count(model: Any) -> int:
     """Decoder layers with cross-attention (1 for the RNN, 0 for an RNN without attention)."""
     m = attention_model(model)
     if hasattr(m, "has_attention"):
-        return 1 if m.has_attention else 0
+        return int(m.has_attention)
     return len(m.decoder)
 
 
@@ -108,7 +108,7 @@ def hard_alignment(weights: np.ndarray, layer: int) -> list[tuple[int, int]]:
     (EOS excluded) the source piece (EOS excluded) with the most attention of `layer`,
     averaged over its heads; in target order. Empty for an empty output."""
     mean = weights[layer].mean(0)[:-1, :-1]  # (T - 1, S - 1)
-    if mean.shape[0] == 0 or mean.shape[1] == 0:
+    if 0 in mean.shape:
         return []
     return [(int(i), j) for j, i in enumerate(mean.argmax(1))]
 
@@ -118,9 +118,8 @@ def pharaoh(pairs: Sequence[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-AttentionItem = tuple[
-    int, np.ndarray, list[str], list[str]
-]  # (index, weights (L, H, T, S), source, target)
+# (index, weights (L, H, T, S), source, target)
+AttentionItem = tuple[int, np.ndarray, list[str], list[str]]
 
 
 class AttentionWriter:
@@ -146,7 +145,7 @@ class AttentionWriter:
         # what np.savez_compressed writes for one array, so that np.load reads the file as one of
         # its own
         with self.archive.open(f"{key}.npy", "w", force_zip64=True) as f:
-            np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+            np.lib.format.write_array(f, array, allow_pickle=False)
 
 
 @contextlib.contextmanager

@@ -36,13 +36,21 @@ def _rank_keys(values: Tensor, index: Tensor) -> Tensor:
     return order * 2**32 + (2**32 - 1 - index)
 
 
+def repeats(values: Tensor) -> Tensor:
+    """(R, C) -> (R, C) bool: whether each value equals the one before it in its row (in a
+    sorted row: a repeat)."""
+    return torch.cat(
+        [torch.zeros_like(values[:, :1], dtype=torch.bool), values[:, 1:] == values[:, :-1]], 1
+    )
+
+
 def top_candidates(
-    lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = None
+    lprobs: Tensor, scores: Tensor, k: int, chunk: int = CHUNK
 ) -> tuple[Tensor, Tensor]:
     """The k best continuations of each sentence: their scores and indices, best first.
 
     lprobs (Bn*width, V) contiguous next-token log-probs of Bn sentences' `width` rows each,
-    scores (Bn, width) the rows' log-probs; `chunk` defaults to CHUNK. A continuation (row j
+    scores (Bn, width) the rows' log-probs; `chunk` columns per chunk. A continuation (row j
     of its sentence, token t) scores scores[b, j] + lprobs[b*width + j, t] and has index
     j*V + t. Returns (Bn, k) scores and indices, by score descending, equal scores by lower
     index; k <= width * V.
@@ -52,7 +60,6 @@ def top_candidates(
     best continuations lie in the k best chunks, ranked the same way (each chunk ranked
     before a continuation's own holds a continuation ranked before it). Else one top-k.
     """
-    chunk = chunk or CHUNK
     n_sent, width = scores.shape
     vocab = lprobs.size(1)
     if vocab < 4 * chunk:
@@ -73,10 +80,9 @@ def top_candidates(
     cols = first.unsqueeze(2) + torch.arange(chunk, device=lprobs.device)  # (Bn, c, chunk)
     outside = cols >= vocab  # the shorter last chunk's padding
     cols = cols.clamp(max=vocab - 1)
-    rows = (
-        row + torch.arange(n_sent, device=lprobs.device).unsqueeze(1) * width
-    )  # (Bn, c) of lprobs
-    lp = lprobs.view(-1)[(rows * vocab).unsqueeze(2) + cols].masked_fill_(outside, -math.inf)
+    # (Bn, c) of lprobs
+    rows = row + torch.arange(n_sent, device=lprobs.device).unsqueeze(1) * width
+    lp = lprobs[rows.unsqueeze(2), cols].masked_fill_(outside, -math.inf)
     cand = (scores.view(-1)[rows].unsqueeze(2) + lp).view(n_sent, -1)  # (Bn, c * chunk)
     index = ((row * vocab).unsqueeze(2) + cols).view(n_sent, -1)
     pick = _rank_keys(cand, index.masked_fill(outside.view(n_sent, -1), 2**32 - 1)).topk(k).indices
@@ -124,9 +130,8 @@ def bank_candidates(
     need_scores = torch.where(
         need >= 0, row_scores + lprobs.gather(1, need.clamp(min=0)), -math.inf
     )
-    first = (torch.arange(width, device=device) * vocab).view(
-        1, width, 1
-    )  # index of each row's token 0
+    # index of each row's token 0
+    first = (torch.arange(width, device=device) * vocab).view(1, width, 1)
     cand = torch.cat([top_scores, best_score.view(n_sent, width), need_scores.view(n_sent, -1)], 1)
     index = torch.cat(
         [
@@ -143,10 +148,7 @@ def bank_candidates(
     cand = cand.gather(1, by_score)
     index = index.gather(1, by_score)
     by_index = index.argsort(dim=1, stable=True)
-    grouped = index.gather(1, by_index)
-    repeat = torch.cat(
-        [torch.zeros_like(grouped[:, :1], dtype=torch.bool), grouped[:, 1:] == grouped[:, :-1]], 1
-    )
+    repeat = repeats(index.gather(1, by_index))
     dead = torch.zeros_like(repeat).scatter_(1, by_index, repeat) | cand.isneginf()
     cand = cand.masked_fill(dead, -math.inf)  # a repeat may neither end nor live twice
 
@@ -159,9 +161,7 @@ def bank_candidates(
     by_bank = bank.argsort(dim=1, descending=True, stable=True)
     bank = bank.gather(1, by_bank)
     position = torch.arange(bank.size(1), device=device).expand_as(bank)
-    new_bank = torch.cat(
-        [torch.ones_like(bank[:, :1], dtype=torch.bool), bank[:, 1:] != bank[:, :-1]], 1
-    )
+    new_bank = ~repeats(bank)
     rank = position - torch.where(new_bank, position, 0).cummax(1).values
     top = cons.total
     key = torch.where(bank >= 0, rank * (top + 1) + top - bank, (top + 1) * bank.size(1) + position)

@@ -38,13 +38,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.decoding.candidates import bank_candidates
+from nmt.data import pad_rows
+from nmt.decoding.candidates import bank_candidates, repeats
 from nmt.terminology import Surfaces
 
 Phrases = tuple[tuple[int, ...], ...]
-EosBlocked = tuple[
-    Tensor, Tensor
-]  # `block_`'s: the rows (N,) whose EOS it took away, EOS's log-prob (N,) before
+# `block_`'s: the rows (N,) whose EOS it took away, EOS's log-prob (N,) before
+EosBlocked = tuple[Tensor, Tensor]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Constraints:
     def __post_init__(self) -> None:
         for name in ("include", "avoid"):  # lists are welcome: stored as tuples
             phrases = tuple(tuple(int(t) for t in phrase) for phrase in getattr(self, name))
-            if any(not phrase for phrase in phrases):
+            if not all(phrases):
                 raise ValueError(f"an empty {name} phrase")
             object.__setattr__(self, name, phrases)
         object.__setattr__(self, "prefix", tuple(int(t) for t in self.prefix))
@@ -212,13 +212,12 @@ class _Table:
                 [k for t in tables for k in t[1]],
             )
         )
-        width = max(1, *map(len, sentences))  # P
+        # (Bn, P), P at least 1: a sentence without phrases has one of length 0
         starts = accumulate(map(len, phrases), initial=0)
-        offset = [[next(starts) for _ in ps] + [0] * (width - len(ps)) for ps in sentences]
-        length = [[len(p) for p in ps] + [0] * (width - len(ps)) for ps in sentences]
-        self.offset, self.length = (
-            torch.tensor(x, dtype=torch.long, device=device) for x in (offset, length)
+        self.offset = pad_rows([[next(starts) for _ in ps] or [0] for ps in sentences], 0).to(
+            device
         )
+        self.length = pad_rows([[len(p) for p in ps] or [0] for ps in sentences], 0).to(device)
 
     def step(self, offset: Tensor, state: Tensor, unit: Tensor) -> Tensor:
         """The states (..., P) of phrases at `offset` (..., P) after one more unit (broadcast)."""
@@ -229,7 +228,8 @@ class _Table:
         return q + 1
 
     def keep(self, sentences: Tensor) -> None:
-        self.offset, self.length = self.offset[sentences], self.length[sentences]
+        self.offset = self.offset[sentences]
+        self.length = self.length[sentences]
 
 
 class _Avoided:
@@ -252,10 +252,11 @@ class _Avoided:
         found = [
             (b, surfaces.index(phrase)) for b, phrases in enumerate(sentences) for phrase in phrases
         ]
+        # (T,) the range of tokens completing a phrase from each state
         self.lo, self.hi = (
             torch.tensor([x for _, f in found for x in f[i]] + [0], dtype=torch.long, device=device)
             for i in (0, 1)
-        )  # (T,) the range of tokens completing a phrase from each state
+        )
         inside = torch.zeros(len(sentences), surfaces.size, dtype=torch.bool)
         for b, f in found:
             inside[b, f[2]] = True
@@ -272,14 +273,13 @@ class _Avoided:
         offset = t.offset[sentence]
         length = t.length[sentence]
         j = self.state
-        ends = torch.zeros(
-            j.size(0), size + 1, dtype=torch.long, device=j.device
-        )  # +1 at lo, -1 at hi
+        # +1 at lo, -1 at hi
+        ends = torch.zeros(j.size(0), size + 1, dtype=torch.long, device=j.device)
         for _ in range(self.walk):  # j: the state, then the starts that also end the output
-            on = ((j >= 0) & (length > 0) & (length - j <= self.surfaces.width)).long()
+            on = (j >= 0) & (length > 0) & (length - j <= self.surfaces.width)
             at = offset + j.clamp(min=0)
-            ends.scatter_add_(1, torch.where(on > 0, self.lo[at], size), on)
-            ends.scatter_add_(1, torch.where(on > 0, self.hi[at], size), -on)
+            ends.scatter_add_(1, torch.where(on, self.lo[at], size), on.long())
+            ends.scatter_add_(1, torch.where(on, self.hi[at], size), -on.long())
             j = torch.where(j >= 0, t.fail[at], j)
         rank = _tensors(self.surfaces, j.device)[1].expand(j.size(0), -1)
         banned = (ends[:, :size].cumsum(1) > 0).gather(1, rank) | self.inside[sentence]
@@ -300,13 +300,13 @@ class _Avoided:
         for w in range(1 if units.size(1) == 1 else int((units >= 0).sum(1).max())):
             unit = units[:, w : w + 1]
             state = torch.where(unit >= 0, t.step(offset, state, unit), state)
-        self.state = torch.minimum(
-            state, (t.length[sentence] - 1).clamp(min=0)
-        )  # only a dead row gets there
+        # only a dead row gets there
+        self.state = torch.minimum(state, (t.length[sentence] - 1).clamp(min=0))
 
     def keep(self, sentences: Tensor, rows: Tensor) -> None:
         self.table.keep(sentences)
-        self.inside, self.state = self.inside[sentences], self.state[rows]
+        self.inside = self.inside[sentences]
+        self.state = self.state[rows]
 
 
 @dataclass
@@ -358,12 +358,7 @@ class ConstraintTracker:
                     device,
                 )
             )
-        self.prefix_len = max(len(c.prefix) for c in constraints)
-        self.prefix = torch.tensor(
-            [c.prefix + (-1,) * (self.prefix_len - len(c.prefix)) for c in constraints],
-            dtype=torch.long,
-            device=device,
-        )  # (Bn, F)
+        self.prefix = pad_rows([c.prefix for c in constraints], -1).to(device)  # (Bn, F)
         self.max_token = max(max(c.tokens(), default=-1) for c in constraints)
 
         # step 0: one row per sentence (the search's first reorder makes `beam` of it)
@@ -410,7 +405,7 @@ class ConstraintTracker:
     def prefix_logprobs(self, lprobs: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
         """Before the search's token rules: each row's prefix token at `step` (-1: none) and its
         model log-prob, for `block_` to force; None past every prefix."""
-        if step >= self.prefix_len:
+        if step >= self.prefix.size(1):
             return None
         token = self.prefix[self._sentence_of(self._rows()), step]  # (N,)
         return token, lprobs.gather(1, token.clamp(min=0).unsqueeze(1)).squeeze(1)
@@ -432,7 +427,7 @@ class ConstraintTracker:
         if at_max is not None:
             blocked &= ~at_max
         model_eos = lprobs[:, eos].clone()
-        lprobs[:, eos] = lprobs[:, eos].masked_fill(blocked, -math.inf)
+        lprobs[:, eos].masked_fill_(blocked, -math.inf)
         if forced is not None:
             token, logprob = forced
             rows = token >= 0
@@ -463,16 +458,17 @@ class ConstraintTracker:
         sentence = self._sentence_of(self._rows())
         progress = self.state.progress
         active = self._active(self.state.met, sentence)
+        # (N, M) the next token of each phrase a row works on
         token = torch.where(
             active, self.include.units[self.include.offset[sentence] + progress], -1
-        )  # (N, M)
+        )
         if token.size(1) <= k:
             return token
         begun = active & (progress > 0)
         order = (token * 2 + (~begun).long()).argsort(dim=1)  # by token, a begun phrase's first
         token = token.gather(1, order)
         begun = begun.gather(1, order)
-        repeat = torch.cat([torch.zeros_like(begun[:, :1]), token[:, 1:] == token[:, :-1]], 1)
+        repeat = repeats(token)
         token = token.masked_fill(repeat, -1)
         begun = begun & ~repeat
         score = torch.where(token >= 0, lprobs.gather(1, token.clamp(min=0)), -math.inf)
@@ -515,22 +511,17 @@ class ConstraintTracker:
         whose states are `state` (Bn, C, M), the rows they extend (indices of the previous live
         rows) and their tokens."""
         state = state.gather(order)
-        self.state = RowState(
-            state.progress.reshape(-1, state.progress.size(-1)),
-            state.met.reshape(-1, state.met.size(-1)),
-        )
+        self.state = RowState(state.progress.flatten(0, 1), state.met.flatten(0, 1))
         sentence = self._sentence_of(self._rows())
         for avoided in self.avoided:
             avoided.advance(rows.reshape(-1), tokens.reshape(-1), sentence)
 
     def keep(self, sentences: Tensor) -> None:
         """Only `sentences` (indices of the live ones) go on; call after `choose`."""
-        width = self.state.met.size(0) // self.lengths.size(0)
-        rows = (sentences.unsqueeze(1) * width + torch.arange(width, device=sentences.device)).view(
-            -1
-        )
+        rows = self._rows().view(self.lengths.size(0), -1)[sentences].view(-1)
         self.state = RowState(self.state.progress[rows], self.state.met[rows])
         self.include.keep(sentences)
-        self.ordered, self.prefix = self.ordered[sentences], self.prefix[sentences]
+        self.ordered = self.ordered[sentences]
+        self.prefix = self.prefix[sentences]
         for avoided in self.avoided:
             avoided.keep(sentences, rows)

@@ -68,6 +68,7 @@ class LexicalConstraints:
             if not request.asks() or not seq:
                 out.append(None)
                 continue
+            line = where(i)
             limit = int(
                 max_output_lengths(
                     pad_rows([[*seq, specials.eos]], specials.pad),
@@ -77,15 +78,15 @@ class LexicalConstraints:
                 )[0]
             )
             own = request.constraints[: len(request.constraints) - len(request.terms)]
-            include = [self._encoded("constraint", p, limit, where(i)) for p in own]
+            include = [self._encoded("constraint", p, limit, line) for p in own]
             texts = list(own)
             for term in request.terms:
-                ids = self._encoded("term", term, limit, where(i), refuse=False)
+                ids = self._encoded("term", term, limit, line, refuse=False)
                 if ids:
                     include.append(ids)
                     texts.append(term)
             prefix = (
-                self._encoded("prefix", request.prefix, limit, where(i))
+                self._encoded("prefix", request.prefix, limit, line)
                 if request.prefix.strip()
                 else ()
             )
@@ -93,9 +94,9 @@ class LexicalConstraints:
             for phrase, text in zip(request.avoid, avoid, strict=True):
                 if not text or text in self.surfaces.text(prefix):
                     raise NmtError(
-                        f"{where(i)}: the avoided {shown(phrase)} is empty once normalized"
+                        f"{line}: the avoided {shown(phrase)} is empty once normalized"
                         if not text
-                        else f"{where(i)}: the prefix {shown(request.prefix)} holds the avoided "
+                        else f"{line}: the prefix {shown(request.prefix)} holds the avoided "
                         f"{shown(phrase)}"
                     )
             c = Constraints(
@@ -108,14 +109,14 @@ class LexicalConstraints:
             asked = Constraints(tuple(include[: len(own)]), request.ordered)  # terms may go unmet
             if asked.min_length() > limit:
                 raise NmtError(
-                    f"{where(i)}: the {len(asked.include)} constraints need at least "
+                    f"{line}: the {len(asked.include)} constraints need at least "
                     f"{asked.min_length()} tokens, more than the {limit} this line's translation "
                     "may have (decode.max_len_a/b)"
                 )
             if specials.unk in prefix:
                 log.warning(
                     "%s: the prefix %s has pieces the model's vocabulary lacks: forced as <unk>",
-                    where(i),
+                    line,
                     shown(request.prefix),
                 )
             out.append(c)
@@ -163,7 +164,8 @@ class LexicalConstraints:
             if not hs or c is None:
                 continue
             avoid = c.avoid_text.texts if c.avoid_text else ()
-            if hs[0].unmet:
+            unmet = hs[0].unmet  # of the best translation
+            if unmet:
                 why = [
                     f"{shown(text)} "
                     + (
@@ -174,15 +176,15 @@ class LexicalConstraints:
                     for text, ids in zip(c.texts, c.include, strict=True)
                     if unk in ids or any(a in self.surfaces.text(ids) for a in avoid)
                 ]
-                if hs[0].unmet > len(why):
+                if unmet > len(why):
                     why.append(
-                        f"{hs[0].unmet - len(why)} not within the length limit"
+                        f"{unmet - len(why)} not within the length limit"
                         + (" or after one of those in the order" if why and c.ordered else "")
                     )
                 log.warning(
                     "%s: %d of %d constraints not met: %s",
                     where(i),
-                    hs[0].unmet,
+                    unmet,
                     len(c.include),
                     "; ".join(why),
                 )

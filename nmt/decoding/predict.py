@@ -56,9 +56,8 @@ class Ensemble:
     def decode_step(
         self, tokens: torch.Tensor, states: list[Any]
     ) -> tuple[torch.Tensor, list[Any]]:
-        outs = [m.decode_step(tokens, s) for m, s in zip(self.models, states)]
-        lprobs = torch.stack([o[0] for o in outs]).mean(dim=0)  # (N, V)
-        return lprobs, [o[1] for o in outs]
+        lprobs, new_states = zip(*(m.decode_step(tokens, s) for m, s in zip(self.models, states)))
+        return torch.stack(lprobs).mean(dim=0), list(new_states)  # (N, V)
 
     def reorder(self, states: list[Any], index: torch.Tensor) -> list[Any]:
         return [m.reorder(s, index) for m, s in zip(self.models, states)]
@@ -75,15 +74,12 @@ class _Shortlisted:
     def __init__(self, model: Any, vocab: torch.Tensor, allowed: torch.Tensor):
         self.model = model
         self.shortlist = (vocab, allowed)
+        # the rest of the protocol is the model's own
+        self.decode_step = model.decode_step
+        self.reorder = model.reorder
 
     def encode(self, src: torch.Tensor) -> Any:
         return self.model.encode(src, self.shortlist)
-
-    def decode_step(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
-        return self.model.decode_step(tokens, state)
-
-    def reorder(self, state: Any, index: torch.Tensor) -> Any:
-        return self.model.reorder(state, index)
 
 
 def _asked(c: Constraints | None) -> set[int]:
@@ -94,7 +90,7 @@ def _asked(c: Constraints | None) -> set[int]:
 def _in_columns(c: Constraints, vocab: torch.Tensor) -> Constraints:
     """`c` numbered by the columns of a shortlisted batch's vocabulary; an avoided phrase with a
     token outside it cannot appear anyway and is dropped."""
-    column = {int(t): i for i, t in enumerate(vocab.tolist())}
+    column = {t: i for i, t in enumerate(vocab.tolist())}
     avoid = tuple(p for p in c.avoid if all(t in column for t in p))
     return replace(c, avoid=avoid).mapped(column.__getitem__)
 
@@ -123,7 +119,7 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
     except NmtError as e:
         raise NmtError(f"{e}, or give --checkpoint") from None
     try:
-        with open(fd, "rb", closefd=True) as f:
+        with open(fd, "rb") as f:
             run_dir = Path(f.read(65536).decode("utf-8").strip())
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a UTF-8 path"
@@ -131,9 +127,10 @@ def resolve_checkpoints(paths: list[str]) -> list[Path]:
             f"{marker.resolve()}: cannot read the last run ({reason}); give --checkpoint"
         ) from None
     for name in ("checkpoint_avg.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
-        if (run_dir / name).exists():
-            log.info("using %s (the last `nmt train` run here)", run_dir / name)
-            return [run_dir / name]
+        checkpoint = run_dir / name
+        if checkpoint.exists():
+            log.info("using %s (the last `nmt train` run here)", checkpoint)
+            return [checkpoint]
     raise NmtError(
         f"{run_dir}: no checkpoint_avg.pt, checkpoint_best.pt or checkpoint_last.pt found"
     )
@@ -212,7 +209,7 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterat
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batch: list[int] = []
     for i in order:
-        longest = lengths[batch[0]] + 1 if batch else lengths[i] + 1
+        longest = lengths[batch[0] if batch else i] + 1
         full = len(batch) >= batch_size or (max_tokens and (len(batch) + 1) * longest > max_tokens)
         if batch and full:
             yield batch
@@ -225,9 +222,8 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> Iterat
 def load_shortlist_for(path: str, loaded: Loaded, beam: int) -> Shortlist:
     """A file from `nmt shortlist`, checked against the loaded model's vocabulary and the beam."""
     shortlist = load_shortlist(path, loaded.tokenizer)
-    if (
-        len(loaded.tokenizer.specials.ids()) + shortlist.frequent.numel() <= beam
-    ):  # a list must outnumber the beam
+    # a list must outnumber the beam
+    if len(loaded.tokenizer.specials.ids()) + shortlist.frequent.numel() <= beam:
         raise NmtError(
             f"{path}: {shortlist.frequent.numel()} frequent tokens are too few for beam {beam}; "
             f"rebuild it with nmt shortlist --frequent {beam}"
@@ -373,9 +369,8 @@ def _run_batches(run: Callable[[list[int]], None], batches: list[list[int]], wor
         for _ in pool.map(run, batches):  # re-raises a worker's exception (or Ctrl-C) here
             pass
     finally:
-        pool.shutdown(
-            cancel_futures=True
-        )  # after an error, the batches not yet started are dropped
+        # after an error, the batches not yet started are dropped
+        pool.shutdown(cancel_futures=True)
         torch.set_num_threads(threads)
 
 

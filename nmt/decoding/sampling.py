@@ -58,7 +58,7 @@ def sampler(cfg: DecodeConfig, indices: Sequence[int]) -> Pick:
         if cfg.topp < 1.0:  # the mass before a token must be below p for it to be kept
             keep &= (probs.cumsum(-1) - probs) < cfg.topp
         keep[:, 0] = True  # the likeliest token is always a candidate
-        probs = probs.masked_fill_(~keep, 0.0)
+        probs.masked_fill_(~keep, 0.0)
         cdf = probs.cumsum(-1)  # (N, V), cdf[:, -1] = the kept mass
         draws = torch.stack(
             [
@@ -67,7 +67,7 @@ def sampler(cfg: DecodeConfig, indices: Sequence[int]) -> Pick:
             ]
         ).to(scores.device)  # (N,)
         position = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True)
-        position = position.clamp_(max=keep.sum(-1, keepdim=True) - 1)  # never past the kept ones
+        position.clamp_(max=keep.sum(-1, keepdim=True) - 1)  # never past the kept ones
         tokens = order.gather(1, position).squeeze(1)  # (N,)
         return scores.gather(1, tokens.unsqueeze(1)).squeeze(1), tokens
 

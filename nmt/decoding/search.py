@@ -94,9 +94,8 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | 
     src_len = (src != pad).sum(1).cpu().double()
     # in doubles, capped below int64's limit: --max-len-b 1e30 or --max-len-a 1e308 mean "no limit",
     # and so does a max_len_b of 400 digits, too large for a double (it was an OverflowError)
-    out = (
-        (cfg.max_len_a * src_len + float(min(cfg.max_len_b, 2**62))).clamp(max=2.0**62).long()
-    )  # as int()
+    # .long() truncates as int() does
+    out = (cfg.max_len_a * src_len + float(min(cfg.max_len_b, 2**62))).clamp(max=2.0**62).long()
     if max_len is not None:
         out = out.clamp(max=max_len - 1)
     return out.clamp(min=0)
@@ -104,7 +103,7 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | 
 
 def _block_(
     scores: Tensor,
-    step: int | Tensor,
+    steps: Tensor,
     history: Tensor,
     at_max: Tensor | None,
     cfg: DecodeConfig,
@@ -115,8 +114,8 @@ def _block_(
 ) -> None:
     """Set to -inf, in place, the scores of the next tokens the search may not produce.
 
-    scores (N, V) of the next token of N hypotheses of `step` tokens each (or (N,) each row's
-    count), history (N, T) their tokens, the last `step` of each row (those before: `pad`),
+    scores (N, V) of the next token of N hypotheses, steps (N,) (or () for all) the tokens each
+    has, history (N, T) their tokens, the last `steps` of each row (those before: `pad`),
     at_max (N,) bool: rows at their maximum length (None: no row), where only EOS is allowed,
     with its model score, whatever min_len says.
     """
@@ -124,12 +123,8 @@ def _block_(
     scores[:, [pad, bos]] = -math.inf
     if not cfg.allow_unk:
         scores[:, unk] = -math.inf
-    if isinstance(
-        step, Tensor
-    ):  # --min-len 1e30 is more than int64 holds, and than any output's length
-        scores[:, eos].masked_fill_(step < min(cfg.min_len, 2**62), -math.inf)
-    elif step < cfg.min_len:
-        scores[:, eos] = -math.inf
+    # --min-len 1e30 is more than int64 holds, and than any output's length
+    scores[:, eos].masked_fill_(steps < min(cfg.min_len, 2**62), -math.inf)
     n = cfg.no_repeat_ngram_size
     history_len = history.size(1)
     # an n-gram through the pad before a row's tokens matches none of its own
@@ -176,9 +171,8 @@ def token_search(
     """
     bsz = src.size(0)
     device = src.device
-    max_out = max_output_lengths(
-        src, cfg, pad if source_pad is None else source_pad, max_len
-    )  # (N,) CPU
+    # (N,) CPU, the most tokens of each output
+    max_out = max_output_lengths(src, cfg, pad if source_pad is None else source_pad, max_len)
     out: list[Hypothesis] = [Hypothesis([], 0.0, 0.0, []) for _ in range(bsz)]
     sent_ids = torch.arange(bsz)  # (N,) CPU: sentence of each live row
     tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (N, step)
@@ -196,18 +190,23 @@ def token_search(
             max_out = max_out.masked_fill(left, step)
         ending = max_out <= step
         at_max = ending.to(device) if ending.any() else None
-        _block_(scores, step, tokens, at_max, cfg, pad, unk, bos, eos)
+        _block_(scores, torch.tensor(step, device=device), tokens, at_max, cfg, pad, unk, bos, eos)
         best_score, best = pick(scores, sent_ids)  # (N,)
         # a row ends with EOS, or when every token is blocked (no finite continuation)
         flags = torch.cat([(best == eos) | best_score.isneginf(), nan]).cpu()  # one copy
         if flags[-1]:
             raise FloatingPointError(NAN_LOGPROBS)
+        tokens = torch.cat([tokens, best.unsqueeze(1)], 1)
+        pos_scores = torch.cat([pos_scores, best_score.unsqueeze(1)], 1)
         done = flags[:-1] | ending
+        # an ended row's last pick (EOS, or -inf where all was blocked) counts in its scores only
         if done.any():
             ended = done.to(device)
-            finals = torch.cat([pos_scores[ended], best_score[ended].unsqueeze(1)], 1).tolist()
             for i, toks, pos in zip(
-                sent_ids[done].tolist(), tokens[ended].tolist(), finals, strict=True
+                sent_ids[done].tolist(),
+                tokens[ended, :-1].tolist(),
+                pos_scores[ended].tolist(),
+                strict=True,
             ):
                 logprob = sum(pos)
                 out[i] = Hypothesis(
@@ -224,12 +223,8 @@ def token_search(
             keep = keep.to(device)
             tokens = tokens[keep]
             pos_scores = pos_scores[keep]
-            best = best[keep]
-            best_score = best_score[keep]
             state = model.reorder(state, keep)
-        tokens = torch.cat([tokens, best.unsqueeze(1)], 1)
-        pos_scores = torch.cat([pos_scores, best_score.unsqueeze(1)], 1)
-        last = best
+        last = tokens[:, -1]
     return out
 
 
@@ -273,11 +268,10 @@ class _Candidates:
         self.tokens = index % vocab
         first_rows = torch.arange(scores.size(0), device=scores.device) * rows_per_sentence
         self.rows = index // vocab + first_rows.unsqueeze(1)
-        self.lp = lprobs.view(-1)[self.rows * vocab + self.tokens]
+        self.lp = lprobs[self.rows, self.tokens]
         is_eos = self.tokens == eos
         self.ends = is_eos[:, :beam] & scores[:, :beam].isfinite()
-        order = is_eos.long() * is_eos.size(1) + torch.arange(is_eos.size(1), device=is_eos.device)
-        self.order = order.topk(beam, largest=False).indices
+        self.order = is_eos.long().argsort(dim=1, stable=True)[:, :beam]  # the first not EOS
 
 
 class _Sentences:
@@ -349,8 +343,8 @@ class _Sentences:
             )
         for i in set(b.tolist()):
             hyps = self.lists[self.tags[i]]
-            hyps.sort(key=lambda h: h.score, reverse=True)  # stable: ties keep the earlier
-            hyps.sort(key=lambda h: h.unmet)  # those that lack fewer constraints first
+            # those that lack fewer constraints first, then by score (stable: ties keep the earlier)
+            hyps.sort(key=lambda h: (h.unmet, -h.score))
             del hyps[beam:]
             if len(hyps) == beam and not hyps[-1].unmet:
                 self.worst[i] = hyps[-1].score
@@ -379,11 +373,9 @@ class _Sentences:
         out = [(tag, self.lists.pop(tag)[:nbest]) for tag, d in zip(self.tags, done.tolist()) if d]
         keep = (~done).nonzero().view(-1)
         self.tags = [self.tags[i] for i in keep.tolist()]
-        self.max_out, self.worst, self.steps = (
-            self.max_out[keep],
-            self.worst[keep],
-            self.steps[keep],
-        )
+        self.max_out = self.max_out[keep]
+        self.worst = self.worst[keep]
+        self.steps = self.steps[keep]
         return out
 
 
@@ -447,9 +439,8 @@ class BeamSearch:
         cons = ConstraintTracker.build(constraints, bsz, self.eos, device)
         state = self.model.encode(src)
         scores = torch.zeros(bsz, 1, device=device)
-        if (
-            self.state is None
-        ):  # Step 0 runs on one row per sentence; the first reorder expands it to `beam`
+        # Step 0 runs on one row per sentence; the first reorder expands it to `beam`
+        if self.state is None:
             self.state = state
             self.cons = cons or _Unconstrained()
             self.rows_per_sentence = 1
@@ -473,8 +464,9 @@ class BeamSearch:
             self.scores = torch.cat(
                 [self.scores, F.pad(scores, (0, self.rows_per_sentence - 1), value=-math.inf)]
             )
-            padding = self.tokens.new_full((rows, history_len), self.pad)
-            self.tokens = torch.cat([self.tokens, padding])
+            self.tokens = torch.cat(
+                [self.tokens, self.tokens.new_full((rows, history_len), self.pad)]
+            )
             self.pos_scores = torch.cat(
                 [self.pos_scores, self.pos_scores.new_zeros(rows, history_len)]
             )
@@ -492,7 +484,6 @@ class BeamSearch:
         hypotheses."""
         books = self.books
         cons = self.cons
-        cfg = self.cfg
         beam = self.cfg.beam
         rows_per_sentence = self.rows_per_sentence
         lprobs, state = self.model.decode_step(self.last, self.state)
@@ -508,23 +499,21 @@ class BeamSearch:
             )
         ending = books.max_out <= books.steps
         at_max = ending.repeat_interleave(rows_per_sentence).to(device) if ending.any() else None
-        forced = cons.prefix_logprobs(
-            lprobs, int(books.steps[0])
-        )  # read before the token rules mask them
+        # read before the token rules mask them
+        forced = cons.prefix_logprobs(lprobs, int(books.steps[0]))
         _block_(
             lprobs,
             books.steps.repeat_interleave(rows_per_sentence).to(device),
             self.tokens,
             at_max,
-            cfg,
+            self.cfg,
             self.pad,
             self.unk,
             self.bos,
             self.eos,
         )
-        blocked = cons.block_(
-            lprobs, at_max, forced
-        )  # avoided phrases, EOS before the phrases to include
+        # avoided phrases, EOS before the phrases to include
+        blocked = cons.block_(lprobs, at_max, forced)
 
         # continuations scores[row] + lprobs[row, token], best 2*beam (constraints: more, by bank)
         top_scores, top_idx, picked = cons.candidates(
@@ -533,8 +522,9 @@ class BeamSearch:
         cand = _Candidates(top_scores, top_idx, lprobs, rows_per_sentence, beam, self.eos)
         ends = cand.ends  # those that finish a hypothesis, and the new live beam
         order = cand.order
-        rows = cand.rows.gather(1, order)
-        scores, new_tok, new_lp = (t.gather(1, order) for t in (cand.scores, cand.tokens, cand.lp))
+        rows, scores, new_tok, new_lp = (
+            t.gather(1, order) for t in (cand.rows, cand.scores, cand.tokens, cand.lp)
+        )
         cons.choose(picked, order, rows, new_tok)
 
         # the step's one copy to the host: which candidates end, each sentence's best live log-prob

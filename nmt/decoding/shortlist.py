@@ -43,17 +43,15 @@ _OCCURRENCES_PER_CHUNK = 4_000_000  # (source, target) token pairs handled at on
 
 @dataclass
 class Shortlist:
-    candidates: (
-        Tensor  # (source V, top) long: per source token its likeliest target tokens, -1 = none
-    )
+    # (source V, top) long: per source token its likeliest target tokens, -1 = none
+    candidates: Tensor
     frequent: Tensor  # (F,) long: the most frequent target tokens
     vocab_size: int  # the target vocabulary's
     spm_sha256: str
     source_lang: str = ""
     target_lang: str = ""
-    copies: Tensor | None = (
-        None  # (source V,) separate vocabularies: each source token as a target token, or -1
-    )
+    # (source V,) separate vocabularies: each source token as a target token, or -1
+    copies: Tensor | None = None
 
     def allowed(self, src: Tensor, specials: SpecialIds) -> Tensor:
         """src (B, S) token ids -> (B, V) bool: the target tokens each sentence may produce,
@@ -66,8 +64,8 @@ class Shortlist:
         allowed[:, self.frequent] = True
         real = src != specials.pad
         own = src if self.copies is None else self.copies[src]
-        allowed.scatter_(1, torch.where(real & (own >= 0), own, V), True)  # its own tokens
-        cand = self.candidates[src]  # (B, S, top)
+        # (B, S, 1 + top): each source token as a target token, then its likeliest translations
+        cand = torch.cat([own.unsqueeze(2), self.candidates[src]], 2)
         allowed.scatter_(1, torch.where(real.unsqueeze(2) & (cand >= 0), cand, V).view(B, -1), True)
         return allowed[:, :V]
 
@@ -83,7 +81,7 @@ class Shortlist:
         allowed = self.allowed(src, specials)
         for b, tokens in enumerate(extra):
             if tokens:
-                allowed[b, torch.tensor(sorted(set(tokens)), dtype=torch.long)] = True
+                allowed[b, list(tokens)] = True
         vocab = allowed.any(0).nonzero().view(-1)
         return vocab, allowed[:, vocab]
 
@@ -126,12 +124,12 @@ def model1(
     chunks: list[np.ndarray],
     V: int,
     iterations: int,
-    source_vocab: int | None = None,
+    source_vocab: int,
 ) -> tuple[Tensor, Tensor]:
     """IBM Model 1 by EM on the sentence pairs `chunks` (see `_chunks`) of `data`: the pairs
-    (s, t) that co-occur, as sorted keys s * V + t (s = the source vocabulary's size, V unless
-    `source_vocab`, is the NULL word), and p(t|s) of each."""
-    null = source_vocab or V  # source id of the NULL word; pair key = s * V + t
+    (s, t) that co-occur, as sorted keys s * V + t (s = `source_vocab`, the source vocabulary's
+    size, is the NULL word), and p(t|s) of each."""
+    null = source_vocab  # source id of the NULL word; pair key = s * V + t
 
     def chunk_pairs(chunk: np.ndarray) -> tuple[Tensor, Tensor]:
         s, t, position = _pairs([data.src(i) for i in chunk], [data.tgt(i) for i in chunk], null)
@@ -154,9 +152,8 @@ def model1(
     return keys, prob
 
 
-MAX_VOCAB = (
-    1 << 22
-)  # token ids: 16 times the largest vocabularies in use (~256k); the tables are V x top
+# token ids: 16 times the largest vocabularies in use (~256k); the tables are V x top
+MAX_VOCAB = 1 << 22
 
 
 def _vocab_sizes(meta: dict, path: Path) -> tuple[int, int]:
@@ -166,7 +163,7 @@ def _vocab_sizes(meta: dict, path: Path) -> tuple[int, int]:
     chooses it) or MAX_VOCAB."""
     most = 65535 if meta["dtype"] == "uint16" else MAX_VOCAB
     V = meta["vocab_size"]
-    Vs = meta.get("source_vocab_size") or meta["vocab_size"]
+    Vs = meta.get("source_vocab_size") or V
     if not (1 <= V <= most and 1 <= Vs <= most):
         raise NmtError(
             f"{path}: vocab_size {V:,} or source_vocab_size {Vs:,} is not a vocabulary of "
@@ -235,8 +232,8 @@ def learn_shortlist(
     key_src = keys // V
 
     # per source token (not NULL), its targets by descending p(t|s)
-    order = torch.sort(prob, descending=True, stable=True).indices
-    order = order[torch.sort(key_src[order], stable=True).indices]
+    order = prob.argsort(descending=True, stable=True)
+    order = order[key_src[order].argsort(stable=True)]
     src_of = key_src[order]
     tgt_of = keys[order] % V
     rank = torch.arange(order.numel()) - torch.searchsorted(src_of, src_of, side="left")
@@ -249,7 +246,7 @@ def learn_shortlist(
         counts_tgt += torch.from_numpy(
             np.bincount(np.concatenate([data.tgt(i) for i in chunk]), minlength=V)
         )
-    frequent_ids = counts_tgt.topk(min(frequent, V)).indices.sort().values
+    frequent_ids = counts_tgt.topk(frequent).indices.sort().values
     return Shortlist(
         candidates, frequent_ids, V, meta["spm"]["sha256"], meta["source_lang"], meta["target_lang"]
     )
@@ -343,9 +340,8 @@ def load_shortlist(path: str | Path, tokenizer: Tokenizer) -> Shortlist:
     )
     frequent = _ids(obj, "frequent", None, 0, vocab_size, path)
     copies = None
-    if (
-        tokenizer.source_vocab_size is not None
-    ):  # separate: each source token's piece as a target id
+    # separate vocabularies: each source token's piece as a target id
+    if tokenizer.source_vocab_size is not None:
         source, target = tokenizer.vocabularies()
         ids = {p: i for i, p in enumerate(target)}
         copies = torch.tensor([ids.get(p, -1) for p in source])

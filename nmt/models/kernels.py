@@ -117,10 +117,9 @@ def check_int8(device: torch.device) -> None:
 
 def quantize_decoder(model: Transformer) -> Transformer:
     """Replace the decoder's linear layers and the output projection by Int8Linear (in place)."""
-    for layer in model.decoder:
-        for module in list(layer.modules()):
-            for name, child in list(module.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(module, name, Int8Linear(child.weight, child.bias))
+    for module in list(model.decoder.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, Int8Linear(child.weight, child.bias))
     model.cpu_output = Int8Linear(model.output_weight, model.output_bias)
     return model

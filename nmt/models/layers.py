@@ -22,7 +22,7 @@ from nmt.config import ModelConfig
 KV = tuple[Tensor, Tensor]  # keys and values, each (B, H, L, Dh)
 
 
-def sinusoids(length: int, dim: int, layout: str = "nmt") -> Tensor:
+def sinusoids(length: int, dim: int, layout: str) -> Tensor:
     """(length, dim) positions table, row p = position p, sin in the first columns and cos in the
     rest (not interleaved), in the layout `model.positions` names:
     nmt: frequency 10000^(-i/(h-1)) for column i of each half h = dim // 2 (tensor2tensor);
@@ -33,7 +33,7 @@ def sinusoids(length: int, dim: int, layout: str = "nmt") -> Tensor:
         h = dim // 2
         cols = torch.arange(dim)
         freqs = torch.exp((cols % h) * -(math.log(10000.0) / ((dim / 2 - 1) or 1.0)))
-        args = torch.arange(length).unsqueeze(1) * freqs.unsqueeze(0)  # (length, dim)
+        args = torch.arange(length).unsqueeze(1) * freqs  # (length, dim)
         return torch.where(cols < h, torch.sin(args), torch.cos(args))
     if layout == "hf_marian":  # ceil(dim/2) sin columns, then floor(dim/2) cos columns
         freqs = torch.pow(10000.0, -2 * torch.arange((dim + 1) // 2, dtype=torch.float64) / dim)
@@ -43,7 +43,7 @@ def sinusoids(length: int, dim: int, layout: str = "nmt") -> Tensor:
         return torch.cat([torch.sin(args), torch.cos(args[:, : dim // 2])], dim=1).float()
     half = dim // 2
     freqs = torch.exp(torch.arange(half) * -(math.log(10000.0) / max(half - 1, 1)))
-    args = torch.arange(length).unsqueeze(1) * freqs.unsqueeze(0)  # (length, half)
+    args = torch.arange(length).unsqueeze(1) * freqs  # (length, half)
     table = torch.cat([torch.sin(args), torch.cos(args)], dim=1)
     return F.pad(table, (0, dim % 2))  # odd dim: a zero last column
 
@@ -137,16 +137,16 @@ class Embedding(nn.Module):
         table = self.positions.weight if self.learned else self.sinusoids
         x = self.tokens(tokens) * self.scale  # (B, T, D)
         if isinstance(start, Tensor):
-            if self.zero_start:
-                x = x.masked_fill((start == 0).to(x.device).view(-1, 1, 1), 0.0)
-            return self.dropout(x + table[start.to(x.device)].unsqueeze(1))
-        if self.zero_start and start == 0:
-            x = torch.cat([torch.zeros_like(x[:, :1]), x[:, 1:]], dim=1)
-        return self.dropout(x + table[start:end])
+            positions = start.to(x.device).unsqueeze(1)  # (B, 1)
+        else:
+            positions = torch.arange(start, end, device=x.device)  # (T,)
+        if self.zero_start:
+            x = x.masked_fill((positions == 0).unsqueeze(-1), 0.0)
+        return self.dropout(x + table[positions])
 
 
 def append(
-    cache: Tensor, new: Tensor, rows: Tensor | None, slots: Tensor | None = None, width: int = 0
+    cache: Tensor, new: Tensor, rows: Tensor | None, slots: Tensor | None, width: int
 ) -> Tensor:
     """Rows `rows` (N,) of cache (N0, H, L, Dh) (all if None) followed by new (N, H, T, Dh).
 
@@ -373,15 +373,26 @@ def source_rows(sources: int, group: int, index: Tensor) -> tuple[Tensor | None,
     Source rows stay shared as long as the new rows stay grouped (sentence-major, the same
     count per sentence); otherwise each new row gets its own source row (group 1).
     """
-    source = torch.arange(sources, device=index.device).repeat_interleave(group)[index]  # (N',)
-    used, source = torch.unique(source, return_inverse=True)  # sources still read, renumbered
+    source = index // group  # (N',): the source row each new row reads
+    used, renumbered = torch.unique(source, return_inverse=True)  # sources still read
     n = index.numel()
     b = used.numel()
     grouped = (
         b > 0
         and n % b == 0
-        and torch.equal(source, torch.arange(b, device=index.device).repeat_interleave(n // b))
+        and torch.equal(renumbered, torch.arange(b, device=index.device).repeat_interleave(n // b))
     )
-    if grouped and b == sources:
-        return None, n // b
-    return (used if grouped else used[source]), (n // b if grouped else 1)
+    if not grouped:
+        return source, 1
+    return (None if b == sources else used), n // b
+
+
+def log_probs(logits: Tensor, blocked: Tensor | None) -> Tensor:
+    """A decode step's logits (N, V), or a shortlist's (N, K) -> fp32 log-probs, the columns
+    `blocked` (B, K) of source row r -inf in its rows r*g .. r*g+g-1 (g = N / B). In place: on
+    CPU a fresh (N, V) tensor costs page faults and a pass over memory."""
+    logits = logits.float()
+    if blocked is not None:
+        B, K = blocked.shape
+        logits.view(B, -1, K).masked_fill_(blocked.unsqueeze(1), -math.inf)
+    return torch.log_softmax(logits, dim=-1, out=logits)

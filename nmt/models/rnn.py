@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.config import ModelConfig
-from nmt.models.layers import Dropout, source_rows, token_embedding
+from nmt.models.layers import Dropout, log_probs, source_rows, token_embedding
 
 
 @dataclass
@@ -79,7 +79,7 @@ class RNN(nn.Module):
             dropout=cfg.dropout if cfg.rnn_layers > 1 else 0.0,
         )
         self.init = nn.Linear(2 * H, H)
-        if cfg.attention == "bahdanau":
+        if self.has_attention:
             self.attn_query = nn.Linear(H, H, bias=False)  # W_a
             self.attn_key = nn.Linear(2 * H, H)  # U_a
             self.attn_v = nn.Linear(H, 1, bias=False)  # v
@@ -230,15 +230,10 @@ class RNN(nn.Module):
             tokens = state.vocab[tokens]
         out, hidden, cell, _ = self._step(self.tgt_tokens(tokens), state.hidden, state.cell, state)
         if state.project is None:
-            logits = F.linear(out, self.output_weight).float()  # (N, V)
+            logits = F.linear(out, self.output_weight)  # (N, V)
         else:
-            assert state.blocked is not None
-            logits = state.project(out).float()  # (N, K)
-            B, K = state.blocked.shape
-            logits.view(B, -1, K).masked_fill_(state.blocked.unsqueeze(1), -math.inf)
-        return torch.log_softmax(logits, dim=-1, out=logits), replace(
-            state, hidden=hidden, cell=cell
-        )
+            logits = state.project(out)  # (N, K)
+        return log_probs(logits, state.blocked), replace(state, hidden=hidden, cell=cell)
 
     @torch.no_grad()
     def reorder(self, state: RNNState, index: Tensor) -> RNNState:

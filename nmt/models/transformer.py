@@ -13,7 +13,6 @@ V vocabulary, N decoder rows during search (e.g. B * beam).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -32,6 +31,7 @@ from nmt.models.layers import (
     Embedding,
     EncoderLayer,
     Layer,
+    log_probs,
     source_rows,
     token_embedding,
 )
@@ -102,6 +102,15 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity()
         self.cpu_output: nn.Module | None = None  # nmt.models.kernels: PackedLinear or Int8Linear
+
+    def describe(self) -> str:
+        c = self.cfg
+        return (
+            f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, "
+            f"{c.heads} heads, ffn {c.ffn_dim}, {'pre' if c.norm_first else 'post'}-norm, "
+            f"{'learned' if c.learned_positions else 'sinusoidal'} positions, vocab "
+            f"{self.vocab_size}, {_tying(c)}"
+        )
 
     def set_dropout(self, p: float) -> None:
         """Set the dropout on sub-layer outputs and embeddings (model.dropout) to p; attention
@@ -255,16 +264,10 @@ class Transformer(nn.Module):
             )
             cache = None  # freed here, before the next layer copies its own
             self_kv.append(kv)
-        if state.project is None:
-            logits = self.output(x.squeeze(1)).float()  # (N, V)
-        else:
-            assert state.blocked is not None
-            logits = state.project(self.decoder_norm(x.squeeze(1))).float()  # (N, K)
-            B, K = state.blocked.shape  # the `group` rows of a source row share its mask
-            logits.view(B, -1, K).masked_fill_(state.blocked.unsqueeze(1), -math.inf)
+        project = state.project or self.projection()  # (N, D) -> (N, V), or a shortlist's (N, K)
+        logits = project(self.decoder_norm(x.squeeze(1)))
         new = replace(state, self_kv=self_kv, self_kv_rows=None, step=state.step + 1)
-        # in place: on CPU a fresh (N, V) tensor costs page faults and a pass over memory
-        return torch.log_softmax(logits, dim=-1, out=logits), new
+        return log_probs(logits, state.blocked), new
 
     @torch.no_grad()
     def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:
@@ -274,24 +277,16 @@ class Transformer(nn.Module):
         (sentence-major, same count per sentence); otherwise each row gets its own copy.
         """
         take, group = source_rows(state.src_mask.size(0), state.group, index)
-        src_mask = state.src_mask
-        cross_kv = state.cross_kv
-        blocked = state.blocked
-        if take is not None:
-            src_mask = src_mask.index_select(0, take)
-            cross_kv = [(k.index_select(0, take), v.index_select(0, take)) for k, v in cross_kv]
-            blocked = None if blocked is None else blocked.index_select(0, take)
         rows = index if state.self_kv_rows is None else state.self_kv_rows[index]
         step = state.step[index.cpu()] if isinstance(state.step, Tensor) else state.step
-        return replace(
-            state,
-            src_mask=src_mask,
-            cross_kv=cross_kv,
-            group=group,
-            self_kv_rows=rows if state.self_kv else None,
-            blocked=blocked,
-            step=step,
-        )
+        new = replace(state, group=group, self_kv_rows=rows if state.self_kv else None, step=step)
+        if take is not None:
+            new.src_mask = state.src_mask.index_select(0, take)
+            new.cross_kv = [
+                (k.index_select(0, take), v.index_select(0, take)) for k, v in state.cross_kv
+            ]
+            new.blocked = None if state.blocked is None else state.blocked.index_select(0, take)
+        return new
 
     @torch.no_grad()
     def merge(self, a: DecoderState, b: DecoderState) -> DecoderState:
@@ -366,20 +361,9 @@ def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def summary(model: nn.Module) -> str:
+def summary(model: Transformer | RNN) -> str:
     """A few lines: the architecture, parameters per top-level module, the total."""
-    c = cast(ModelConfig, model.cfg)
-    describe = getattr(model, "describe", None)
-    lines = (
-        [describe()]
-        if describe is not None
-        else [
-            f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, "
-            f"{c.heads} heads, ffn {c.ffn_dim}, {'pre' if c.norm_first else 'post'}-norm, "
-            f"{'learned' if c.learned_positions else 'sinusoidal'} positions, vocab "
-            f"{model.vocab_size}, {_tying(c)}"
-        ]
-    )
+    lines = [model.describe()]
     seen: set[int] = set()
     for name, child in model.named_children():
         params = [p for p in child.parameters() if id(p) not in seen]

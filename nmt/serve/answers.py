@@ -89,18 +89,13 @@ def _alignment(part: Segmented, used: list[Translation]) -> list[dict[str, list[
     for (first, end), h, start in zip(part.spans, used, starts, strict=True):
         if h.attention is None:
             continue
-        src = _spans(h.attention.source, part.text[first:end])
-        tgt = _spans(h.attention.target, h.text)
+        src = _spans(h.attention.source, part.text[first:end], first)
+        tgt = _spans(h.attention.target, h.text, start)
         for i, j in h.alignment or []:
             source = src[i]
             target = tgt[j]
             if source and target:
-                out.append(
-                    {
-                        "source": [source[0] + first, source[1] + first],
-                        "target": [target[0] + start, target[1] + start],
-                    }
-                )
+                out.append({"source": source, "target": target})
     return out
 
 
@@ -108,14 +103,15 @@ def number(x: float) -> float | None:
     return round(x, 6) if x == x and abs(x) != float("inf") else None  # JSON has no infinity
 
 
-def _spans(pieces: list[str], text: str) -> list[list[int] | None]:
-    """Where each sentencepiece piece is in `text`: [start, end) character offsets, None for a
-    piece not found in order (a language token, EOS, a character normalization changed)."""
+def _spans(pieces: list[str], text: str, offset: int) -> list[list[int] | None]:
+    """Where each sentencepiece piece is in `text`, itself at `offset` of what the answer names:
+    [start, end) character offsets there, None for a piece not found in order (a language
+    token, EOS, a character normalization changed)."""
     out = []
     pos = 0
     for piece in pieces:
         surface = piece.replace("\u2581", " ").strip()
         start = text.find(surface, pos) if surface else -1
-        out.append([start, start + len(surface)] if start >= 0 else None)
+        out.append([offset + start, offset + start + len(surface)] if start >= 0 else None)
         pos = start + len(surface) if start >= 0 else pos
     return out

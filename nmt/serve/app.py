@@ -160,25 +160,27 @@ class Service:
             )
         key = JobKey.translation(overrides, nbest, align or attend, lang)
         tr = model.variant(key)
-        # a str is a request of its text alone
-        texts = [{"text": t} if isinstance(t, str) else t for t in texts]
-        for i, t in enumerate(texts):
-            if set(t) - set(JSON_KEYS):
-                raise ApiError(
-                    400,
-                    f"texts[{i}]: unknown key {sorted(set(t) - set(JSON_KEYS))[0]!r}: keys are "
-                    f"{', '.join(JSON_KEYS)}",
-                )
-        requests = [self._request(t, f"texts[{i}]") for i, t in enumerate(texts)]
-        requests = [with_terms(r, terminology) for r in requests]
         parts = []
         items: list[Request] = []
         owners = []
-        for i, r in enumerate(requests):
+        for i, text in enumerate(texts):
+            where = f"texts[{i}]"
+            # a str is a request of its text alone
+            fields = {"text": text} if isinstance(text, str) else text
+            r = with_terms(self._request(fields, where), terminology)
             # one matrix of a text's source and target pieces: attention keeps it whole
             whole = r.asks() or attend
-            part = self._whole(model, key, r.text, f"texts[{i}]") if whole else None
-            part = part or model.translator.segmented(r.text, key.lang)
+            if whole:  # as one sentence: 400 if too long, never the translation of part of it
+                _within_model(
+                    model,
+                    where,
+                    model.translator.encode([r.text], None, lang=key.lang)[0],
+                    ": a text with constraints, a prefix or attention is translated whole, not "
+                    "split",
+                )
+                part = Segmented(r.text, [(0, len(r.text))], False)
+            else:
+                part = model.translator.segmented(r.text, key.lang)
             parts.append(part)
             items += [r] if whole else [Request(r.text[a:b]) for a, b in part.spans]
             owners += [i] * len(part.spans)
@@ -187,23 +189,14 @@ class Service:
             self._attention_within(jobs, tr, nbest, "attention" if attend else "alignment")
         return Asked(model, parts, jobs, align, attend)
 
-    @staticmethod
-    def _whole(model: Model, key: JobKey, text: str, where: str) -> Segmented:
-        """A text translated whole (constraints, a prefix, attention) as one sentence: 400 if it
-        is longer than the model's maximum, never the translation of part of it."""
-        limit = model.translator.loaded.max_positions - 1
-        tokens = len(model.translator.encode([text], None, lang=key.lang)[0])
-        if tokens > limit:
-            raise ApiError(
-                400,
-                f"{where} has {tokens} tokens, more than the model's maximum of {limit}: a text "
-                "with constraints, a prefix or attention is translated whole, not split",
-            )
-        return Segmented(text, [(0, len(text))], False)
-
     def _request(self, fields: dict[str, Any], where: str) -> Request:
         """A text's request (nmt.terminology.Request checks its types), its phrases and its prefix
         each within --max-chars."""
+        unknown = sorted(set(fields) - set(JSON_KEYS))
+        if unknown:
+            raise ApiError(
+                400, f"{where}: unknown key {unknown[0]!r}: keys are {', '.join(JSON_KEYS)}"
+            )
         request = Request(**fields, where=where, json_keys=True)
         for key, phrases in (
             ("constraints", request.constraints),
@@ -264,21 +257,16 @@ class Service:
         if len(sources) != len(targets):
             raise ApiError(400, f'{len(sources)} "sources" but {len(targets)} "targets"')
         tr = model.translator
-        limit = tr.loaded.max_positions - 1
         # a pair too long for the model is refused, never scored truncated
         for name, seqs in (
             ("sources", tr.encode(sources, None)),
             ("targets", tr.encode(targets, None, target=True)),
         ):
             for i, seq in enumerate(seqs):
-                if len(seq) > limit:
-                    raise ApiError(
-                        400,
-                        f"{name}[{i}] has {len(seq)} tokens, more than the model's maximum of "
-                        f"{limit}",
-                    )
+                _within_model(model, f"{name}[{i}]", seq)
         key = JobKey("score", normalize=typed(p, "normalize", bool, False))
-        return model, model.jobs(key, list(zip(sources, targets, strict=True)), sources)
+        pairs = list(zip(sources, targets, strict=True))
+        return model, model.jobs(key, pairs, sources, range(len(pairs)))
 
     def models_info(self) -> list[dict[str, Any]]:
         return [
@@ -300,6 +288,7 @@ class Service:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
         from starlette.middleware import Middleware
+        from starlette.requests import ClientDisconnect
         from starlette.responses import HTMLResponse, JSONResponse, Response
         from starlette.routing import Route
 
@@ -324,16 +313,13 @@ class Service:
                 except NmtError as e:
                     status = 400
                     body = {"error": one_line(e, 500)}
-                except Exception as e:  # a bug: logged with its traceback, never sent
-                    from starlette.requests import ClientDisconnect
-
-                    status, body = (
-                        (499, None)
-                        if isinstance(e, ClientDisconnect)
-                        else (500, {"error": "internal error"})
-                    )
-                    if status == 500:
-                        log.exception("%s %s", request.method, request.url.path)
+                except ClientDisconnect:
+                    status = 499
+                    body = None
+                except Exception:  # a bug: logged with its traceback, never sent
+                    status = 500
+                    body = {"error": "internal error"}
+                    log.exception("%s %s", request.method, request.url.path)
                 if status >= 400 and isinstance(
                     body, dict
                 ):  # a lone surrogate the error echoes: escaped, never a 500
@@ -415,6 +401,16 @@ class Service:
             False  # /health/ is 404, not a redirect to the Host the client named
         )
         return app
+
+
+def _within_model(model: Model, where: str, tokens: list[int], why: str = "") -> None:
+    """400 where `tokens`, the encoded text `where`, are more than the model's maximum."""
+    limit = model.translator.loaded.max_positions - 1
+    if len(tokens) > limit:
+        raise ApiError(
+            400,
+            f"{where} has {len(tokens)} tokens, more than the model's maximum of {limit}{why}",
+        )
 
 
 CSP = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"

@@ -49,11 +49,6 @@ class Job:
     )
     queued: float = field(default_factory=time.monotonic)
 
-    def gone(self, _: int = 0) -> bool:
-        """`abandoned`, as `Translator.translate_nbest(abandoned=)` asks it of a request of this job
-        alone."""
-        return self.abandoned
-
 
 def gathered(jobs: list[Job]) -> asyncio.Future[list[Any]]:
     """The results of `jobs` on the running event loop (their futures gathered). Once their
@@ -209,6 +204,7 @@ class Batcher:
         join it."""
         live: list[Job] = []
         while jobs or live:
+            live += jobs
             # lane 0 alone: every thread (lanes fill in order, so no second OpenMP team); else its
             # share
             try:
@@ -218,11 +214,9 @@ class Batcher:
             except (
                 Exception
             ):  # the search is lost: its sentences one at a time, so that only the bad ones fail
-                live += jobs
                 self.on_batch(len(live), len(live))
                 self._answer(live, [self._decoded([job])[0] for job in live])
                 break
-            live += jobs
             self.on_batch(len(ended), len(live))
             finished = {id(job) for job, _ in ended}
             live = [job for job in live if id(job) not in finished]

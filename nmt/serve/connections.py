@@ -25,11 +25,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from nmt.errors import NmtError
 from nmt.options import ServeOptions
 
+# ASGI's
 Message = MutableMapping[str, Any]
-App = Callable[
-    [Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
-    Awaitable[None],
-]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Message, Receive, Send], Awaitable[None]]
 LINGER = 1.0  # s a refused connection stays open, reading and dropping what the client still sends
 FILES_BESIDE_CONNECTIONS = (
     256  # open files the server needs besides its connections (models, logs, pipes)
@@ -159,11 +159,7 @@ def guarded(app: App, opts: ServeOptions) -> App:
       second Ctrl-C) is answered 503, where uvicorn would log a traceback and send a plain-text
       500."""
 
-    async def run(
-        scope: Message,
-        receive: Callable[[], Awaitable[Message]],
-        send: Callable[[Message], Awaitable[None]],
-    ) -> None:
+    async def run(scope: Message, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await app(scope, receive, send)
         if _head_size(scope) > opts.max_head_bytes:
@@ -190,9 +186,7 @@ def _head_size(scope: Message) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
 
 
-async def _send_error(
-    send: Callable[[Message], Awaitable[None]], status: int, message: str
-) -> None:
+async def _send_error(send: Send, status: int, message: str) -> None:
     body = error_body(message)
     await send(
         {

@@ -167,20 +167,12 @@ def _asked(limits: Limits, models: dict[str, Model], p: dict[str, Any]) -> _Aske
 
 
 def _answer(asked: _Asked, p: dict[str, Any], results: list[Any]) -> Any:
-    """The answer, as LibreTranslate gives it: one text (q a str) is answered without lists. A
-    sentence too long for the model, translated in pieces, is said in a `Warning` header, as
-    LibreTranslate's answer has no field for it."""
+    """The answer, as LibreTranslate gives it: each run's sentences put back in its place
+    (`nmt.api.joined`: one sentence's alternatives, the best of each of several); one text (q a
+    str) answered without lists. A sentence too long for the model, translated in pieces, is
+    said in a `Warning` header, as LibreTranslate's answer has no field for it."""
     from starlette.responses import JSONResponse
 
-    answer = _answered(asked, p, results)
-    if not any(part.cut for part in asked.parts):
-        return answer
-    return JSONResponse(answer, headers={"Warning": f'299 - "{CUT}"'})
-
-
-def _answered(asked: _Asked, p: dict[str, Any], results: list[Any]) -> dict[str, Any]:
-    """The answer's fields: each run's sentences put back in its place (`nmt.api.joined`: one
-    sentence's alternatives, the best of each of several)."""
     out = []
     alts = []
     runs = [joined(part, hyps) for part, hyps in zip(asked.parts, per_text(asked.parts, results))]
@@ -194,12 +186,15 @@ def _answered(asked: _Asked, p: dict[str, Any], results: list[Any]) -> dict[str,
     # nmt does not detect languages: the only model into `target` says, as /detect does
     detected = {"confidence": 100.0, "language": asked.source}
     auto = str(p["source"]).lower() == "auto"
-    answer = {
+    fields = {
         "translatedText": out,
         "alternatives": alts if asked.alternatives else None,
         "detectedLanguage": [detected] * len(out) if auto else None,
     }
-    return {k: v[0] if isinstance(p["q"], str) else v for k, v in answer.items() if v is not None}
+    answer = {k: v[0] if isinstance(p["q"], str) else v for k, v in fields.items() if v is not None}
+    if not any(part.cut for part in asked.parts):
+        return answer
+    return JSONResponse(answer, headers={"Warning": f'299 - "{CUT}"'})
 
 
 # as LibreTranslate's HTML path leaves them (and translate="no")

@@ -4,11 +4,12 @@ sentence waits in that queue as a `Job` whose key (`JobKey`) says what is done w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from copy import copy
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from nmt.api import Translator
+from nmt.api import Translation, Translator
 from nmt.decoding.predict import decode_config
 from nmt.serve.batching import Batcher, Job
 from nmt.serve.stream import Stream, can_stream
@@ -79,15 +80,14 @@ class Model:
         return tr
 
     def jobs(
-        self, key: JobKey, items: list[Any], texts: list[str], owners: list[int] | None = None
+        self, key: JobKey, items: list[Any], texts: list[str], owners: Sequence[int]
     ) -> list[Job]:
         """The jobs of `items` (sentences, Requests, source and target pairs), whose sources are
-        `texts`, of the request's texts `owners` (item i's own index by default); a sentence with
+        `texts`, of the request's texts `owners` (item i of text owners[i]); a sentence with
         lexical constraints never joins a running search. A job's index (its sampling generator)
         is its item's place in the request, as `Translator.translate_nbest` numbers sentences."""
         encode = self.translator.loaded.tokenizer.encode
         constrained = replace(key, plain=False)
-        owners = owners if owners is not None else list(range(len(items)))
         return [
             Job(
                 constrained if isinstance(item, Request) and item.asks() else key,
@@ -115,29 +115,24 @@ class Model:
             )
         tr = self.variant(key)
         if tr.decode.sampling:  # a sentence's generator is its index in its request: one at a time
-            return [
-                tr.translate_nbest(
-                    [j.item],
-                    key.nbest,
-                    where=[j.where].__getitem__,
-                    first_index=j.index,
-                    alignment=key.attend,
-                    attention=key.attend,
-                    target_lang=key.lang,
-                    abandoned=j.gone,
-                )[0]
-                for j in jobs
-            ]
+            return [_translated(tr, key, [j])[0] for j in jobs]
         # cut into the command's batches (decode.batch_size), one per CPU worker: a batch of at
         # most batch_size runs whole on every thread, faster than cut in halves
-        # (docs/benchmarks.md); a sentence nobody waits for any more (a 504, a client gone) ends at
-        # its search's next step
-        return tr.translate_nbest(
-            [j.item for j in jobs],
-            key.nbest,
-            where=lambda i: jobs[i].where,
-            alignment=key.attend,
-            attention=key.attend,
-            target_lang=key.lang,
-            abandoned=lambda i: jobs[i].abandoned,
-        )
+        # (docs/benchmarks.md)
+        return _translated(tr, key, jobs)
+
+
+def _translated(tr: Translator, key: JobKey, jobs: list[Job]) -> list[list[Translation]]:
+    """The hypotheses of `jobs`, sentence i the request's sentence jobs[0].index + i (sampling's
+    generator); a sentence nobody waits for any more (a 504, a client gone) ends at its search's
+    next step."""
+    return tr.translate_nbest(
+        [j.item for j in jobs],
+        key.nbest,
+        where=lambda i: jobs[i].where,
+        first_index=jobs[0].index,
+        alignment=key.attend,
+        attention=key.attend,
+        target_lang=key.lang,
+        abandoned=lambda i: jobs[i].abandoned,
+    )

@@ -53,33 +53,29 @@ class Limits:
         so (urlencoded or multipart), read within the limits of size and time; 403 without a valid
         API key where the server has keys."""
         limit = self.opts.max_body_bytes
-        chunks = []
         too_big = ApiError(
             413, f"the request body is larger than this server's limit of {limit} bytes"
         )
         if int(request.headers.get("content-length", "0") or 0) > limit:
             raise too_big
 
-        async def read() -> None:
-            size = 0
+        async def read() -> bytes:
+            body = bytearray()
             async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
+                body += chunk
+                if len(body) > limit:
                     raise too_big
-                chunks.append(chunk)
+            return bytes(body)
 
         try:
-            await asyncio.wait_for(read(), self.opts.read_timeout)
+            body = await asyncio.wait_for(read(), self.opts.read_timeout)
         except asyncio.TimeoutError:
             raise ApiError(
                 408, f"the request body did not arrive within {self.opts.read_timeout:g} s"
             ) from None
-        body = b"".join(chunks)
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        kind = kind if form else "application/json"
-        data = await asyncio.to_thread(
-            _parsed, body, kind, request.headers.get("content-type", ""), form
-        )
+        content_type = request.headers.get("content-type", "")
+        kind = content_type.split(";")[0].strip().lower() if form else "application/json"
+        data = await asyncio.to_thread(_parsed, body, kind, content_type, form)
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
         if form and kind != "application/json":

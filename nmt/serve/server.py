@@ -28,13 +28,13 @@ INSTALL = (
 WARM_UP = "A warm-up sentence."
 
 
-def model_specs(opts: ServeOptions) -> list[tuple[str | None, list[str]]]:
+def model_specs(opts: ServeOptions) -> list[tuple[str | None, list[Path]]]:
     """(name or None, checkpoints) of each model to serve: -c's one (an ensemble if several), or
     each --model's."""
     if opts.checkpoints and opts.models:
         raise NmtError("give either -c (one model) or --model NAME=CHECKPOINT, not both")
-    specs: list[tuple[str | None, list[str]]] = (
-        [(None, [str(c) for c in opts.checkpoints])] if opts.checkpoints else []
+    specs: list[tuple[str | None, list[Path]]] = (
+        [(None, opts.checkpoints)] if opts.checkpoints else []
     )
     for spec in opts.models:
         name, sep, path = spec.partition("=")
@@ -42,7 +42,7 @@ def model_specs(opts: ServeOptions) -> list[tuple[str | None, list[str]]]:
             raise NmtError(f"--model must be NAME=CHECKPOINT, got {spec!r}")
         if name in [n for n, _ in specs]:
             raise NmtError(f"--model {name}: given twice")
-        specs.append((name, [path]))
+        specs.append((name, [Path(path)]))
     if not specs:
         raise NmtError(
             "nmt serve needs a checkpoint: -c CHECKPOINT, or --model NAME=CHECKPOINT (repeatable)"
@@ -50,7 +50,7 @@ def model_specs(opts: ServeOptions) -> list[tuple[str | None, list[str]]]:
     return specs
 
 
-def load_models(specs: list[tuple[str | None, list[str]]], opts: ServeOptions) -> dict[str, Model]:
+def load_models(specs: list[tuple[str | None, list[Path]]], opts: ServeOptions) -> dict[str, Model]:
     """The models, loaded weights-only as everywhere, each warmed up with one batch. A NAME like
     en-de gives a model its languages; else its config's data.source_lang / target_lang do."""
     load = {
@@ -58,7 +58,7 @@ def load_models(specs: list[tuple[str | None, list[str]]], opts: ServeOptions) -
     }  # ServeOptions has `nmt translate`'s
     models: dict[str, Model] = {}
     for name, paths in specs:
-        tr = Translator.from_options(TranslateOptions(checkpoints=[Path(p) for p in paths], **load))
+        tr = Translator.from_options(TranslateOptions(checkpoints=paths, **load))
         data = tr.loaded.config.data
         pair = (
             name.split("-")

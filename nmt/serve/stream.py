@@ -53,9 +53,6 @@ class Stream:
         )
         self.sources: dict[Any, list[int]] = {}  # a live job's source tokens
 
-    def __len__(self) -> int:
-        return len(self.search)
-
     def run(self, jobs: list[Any], alone: bool = False) -> list[tuple[Any, list[Any]]]:
         """The `jobs` (nmt.serve.batching.Job; items: texts or `Request`s without constraints) join
         the search, which decodes one step (on every thread when `alone`, the only search

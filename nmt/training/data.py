@@ -42,11 +42,9 @@ PREFETCH_UPDATES = 2  # updates collated ahead of the one on the device
 
 @dataclass
 class TrainingData:
-    src_lang: str
-    tgt_lang: str
     fingerprint: str  # the training data's, direction included (nmt.training.state)
     tokenizer: Tokenizer
-    train: datamod.ParallelData
+    train: datamod.ParallelData  # in the direction read (its src_lang, tgt_lang)
     valid: datamod.ParallelData | None  # None where data.dir has no data.valid_split
 
     @classmethod
@@ -54,27 +52,24 @@ class TrainingData:
         d = cfg.data
         t = cfg.train
         meta = datamod.read_meta(d.dir)
-        src = d.source_lang or meta["source_lang"]
-        tgt = d.target_lang or meta["target_lang"]
         tokenizer = Tokenizer.from_file(Path(d.dir) / "spm.model")
         if tokenizer.sha256 != meta["spm"]["sha256"]:
             raise NmtError(
                 f"{Path(d.dir) / 'spm.model'}: not the tokenizer the data was prepared with "
                 "(prepare.json's spm.sha256); run nmt prepare-bpe again"
             )
-        for key, beam in (("decode.beam", cfg.decode.beam), ("train.valid_beam", t.valid_beam))[
-            : 1 + t.valid_bleu
-        ]:
-            check_beam_fits(
-                beam, tokenizer.vocab_size, key
-            )  # the checkpoints' decode settings must be usable
-        train = datamod.ParallelData.load(d.dir, d.train_split, src, tgt)
+        # the checkpoints' decode settings must be usable
+        check_beam_fits(cfg.decode.beam, tokenizer.vocab_size, "decode.beam")
+        if t.valid_bleu:
+            check_beam_fits(t.valid_beam, tokenizer.vocab_size, "train.valid_beam")
+        # the direction: the config's, or prepare.json's where it names none
+        train = datamod.ParallelData.load(d.dir, d.train_split, d.source_lang, d.target_lang)
+        src = train.src_lang
+        tgt = train.tgt_lang
         # no validation where the default split was not prepared; a split named otherwise must exist
-        has_valid = (
-            d.valid_split in meta.get("splits", {}) or d.valid_split != DataConfig.valid_split
-        )
+        has_valid = d.valid_split in meta["splits"] or d.valid_split != DataConfig.valid_split
         valid = datamod.ParallelData.load(d.dir, d.valid_split, src, tgt) if has_valid else None
-        return cls(src, tgt, data_fingerprint(meta, src, tgt), tokenizer, train, valid)
+        return cls(data_fingerprint(meta, src, tgt), tokenizer, train, valid)
 
 
 class EmptyShard:
@@ -98,7 +93,7 @@ def shard_batches(batches: list, rank: int, world_size: int) -> list:
         return batches
     if not 0 <= rank < world_size:
         raise ValueError(f"shard_batches: rank {rank} not in [0, {world_size})")
-    mine = list(batches[rank::world_size])
+    mine = batches[rank::world_size]
     per_rank = -(-len(batches) // world_size)
     return mine + [EMPTY_SHARD] * (per_rank - len(mine))
 
@@ -125,7 +120,7 @@ def epoch_updates(
             epoch,
             batches.excluded,
         )
-    local = shard_batches(list(batches), env.rank, env.world_size)
+    local = shard_batches(batches, env.rank, env.world_size)
     return [local[i : i + t.update_freq] for i in range(0, len(local), t.update_freq)]
 
 
@@ -133,9 +128,7 @@ def dummy_batch(specials: SpecialIds, pad_to: int) -> datamod.Batch:
     """What a rank without a batch of its own runs, with weight 0, where DDP all-reduces the
     gradients (every rank must take part): one empty pair, its source and target just EOS."""
     empty = datamod.TokenArray(np.zeros(0, np.int64), np.zeros(2, np.int64))
-    return datamod.collate(
-        datamod.ParallelData("dummy", "", "", empty, empty), [0], specials, pad_to=pad_to
-    )
+    return datamod.collate(datamod.ParallelData("", "", empty, empty), [0], specials, pad_to=pad_to)
 
 
 class Prefetcher:

@@ -74,33 +74,32 @@ def teardown_env(env: Env, finished: bool) -> None:
 
 
 def wrap_for_training(
-    objective: torch.nn.Module, env: Env, compile: bool = False, compile_mode: str = "default"
+    objective: torch.nn.Module, env: Env, compile: bool, compile_mode: str
 ) -> torch.nn.Module:
     """The module that training calls: `objective` under DDP when there are several processes,
     then compiled with torch.compile if asked."""
     net = objective
     if env.world_size > 1:
-        ids = [env.device.index] if env.device.type == "cuda" else None
         # No buffer broadcast: the only buffers are the sinusoids, equal everywhere, and a
         # collective in the forward would let a rank that ran out of memory there fall out
         # of step with the others.
         net = torch.nn.parallel.DistributedDataParallel(
-            objective, device_ids=ids, broadcast_buffers=False
+            objective,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            broadcast_buffers=False,
         )
     if compile:
         # a missing compiler (C++ on the CPU, C for Triton) fails here, not in the first update
         try:
             torch.compile(lambda x: x * 2 + 1)(torch.ones(2, device=env.device))
         except Exception as exc:
-            why = one_line(exc).split(" Set TORCHDYNAMO_VERBOSE")[
-                0
-            ]  # torch's advice to developers goes
+            # torch's advice to developers goes
+            why = one_line(exc).split(" Set TORCHDYNAMO_VERBOSE")[0]
             raise ConfigError(
                 f"train.compile: torch.compile cannot run on {env.device} ({why}); install a C/C++ "
                 "compiler or set train.compile=false"
             ) from None
-        mode = None if compile_mode == "default" else compile_mode
-        net = torch.compile(net, mode=mode)  # type: ignore[assignment]
+        net = torch.compile(net, mode=compile_mode)  # type: ignore[assignment]
     return net
 
 

@@ -103,12 +103,8 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
         a, b = smoothing_weights(epsilon, weight.size(0))
         half = False  # then the chunks' gradients leave out -b (see below)
         grad_states = torch.empty_like(states)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        grad_bias = (
-            None
-            if bias is None
-            else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
-        )
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
         total = torch.zeros(2, dtype=torch.float32, device=states.device)
         low = weight
         for start in range(0, states.size(0), rows):
@@ -173,11 +169,10 @@ class TranslationLoss(nn.Module):
     target_tokens) of a `nmt.data.Batch` -> (label-smoothed loss, NLL), summed over the
     real target tokens. The model's parameters are this module's `model.*`."""
 
-    def __init__(self, model: Any, epsilon: float, chunk_rows: int | None = None):
+    def __init__(self, model: Any, epsilon: float):
         super().__init__()
         self.model = model
         self.epsilon = epsilon
-        self.chunk_rows = chunk_rows
 
     def forward(
         self,
@@ -192,6 +187,6 @@ class TranslationLoss(nn.Module):
             self.model.output_weight,
             target_tokens,
             self.epsilon,
-            self.chunk_rows,
+            None,  # chunks of the default size
             self.model.output_bias,
         )

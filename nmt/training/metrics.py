@@ -27,8 +27,6 @@ from nmt.training.state import Progress
 
 log = logging.getLogger(__name__)
 
-_NO_LOSSES = {"loss_tokens": 0.0, "loss_updates": 0}
-
 
 @dataclass
 class UpdateStats(Mapping[str, float]):
@@ -48,15 +46,13 @@ class UpdateStats(Mapping[str, float]):
     def __getitem__(self, key: str) -> float:
         """loss and nll in bits per target token, gnorm, tokens, sentences, lr (as floats)."""
         per_token = max(self.tokens, 1.0) * math.log(2)
-        values = {
-            "loss": lambda: float(self.loss_sum) / per_token,
-            "nll": lambda: float(self.nll_sum) / per_token,
-            "gnorm": lambda: float(self.gnorm),
-            "tokens": lambda: self.tokens,
-            "sentences": lambda: self.sentences,
-            "lr": lambda: self.lr,
-        }
-        return values[key]()
+        if key == "loss":
+            return float(self.loss_sum) / per_token
+        if key == "nll":
+            return float(self.nll_sum) / per_token
+        if key in self.KEYS:  # gnorm, tokens, sentences, lr
+            return float(getattr(self, key))
+        raise KeyError(key)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.KEYS)
@@ -75,9 +71,6 @@ class FiniteChecks:
 
     def add(self, update: int, loss_sum: torch.Tensor, gnorm: torch.Tensor) -> None:
         self.pending.append((update, loss_sum, gnorm))
-
-    def __len__(self) -> int:
-        return len(self.pending)
 
     def updates(self) -> list[int]:
         return [u for u, _, _ in self.pending]
@@ -111,52 +104,36 @@ class TrainMetrics:
     ):
         self.cfg = cfg
         self.emit = emit
-        # throughput since the last log/validation/save; loss, nll and gnorm since the last log line
-        self.window: dict[str, float] = {
-            "tokens": 0.0,
-            "time": time.monotonic(),
-            "updates": 0,
-            **_NO_LOSSES,
-        }
-        self.sums: torch.Tensor | None = None  # (3,) on the device: loss, nll (nats), gnorm
+        # throughput since the last log line, validation or save
+        self.tokens = 0.0
+        self.updates = 0
+        self.started = time.monotonic()
+        # since the last log line: loss, nll (nats) and gnorm summed on the device (3,), over
+        # loss_updates updates of loss_tokens target tokens
+        self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)
+        self.loss_tokens = 0.0
+        self.loss_updates = 0
         self.bar = _progress_bar(env, initial_update, cfg.train.max_updates)
 
     def add(self, stats: UpdateStats, p: Progress, scaler: DynamicLossScaler) -> None:
         """Count an update that was taken (`stats` from Trainer.train_update); log when it is
         time."""
-        window = self.window
-        window["tokens"] += stats.tokens
-        window["updates"] += 1
-        window["loss_tokens"] += stats.tokens
-        window["loss_updates"] += 1
-        update = torch.stack(
-            [stats.loss_sum.double(), stats.nll_sum.double(), stats.gnorm.double()]
-        )
-        self.sums = update if self.sums is None else self.sums + update
-        self._log(stats, p, scaler)
+        self.tokens += stats.tokens
+        self.updates += 1
+        self.loss_tokens += stats.tokens
+        self.loss_updates += 1
+        self.sums += torch.stack([stats.loss_sum, stats.nll_sum, stats.gnorm])
 
-    def restart_throughput(self) -> None:
-        """After a validation or a save: keep them out of the throughput figures."""
-        self.window.update(tokens=0.0, time=time.monotonic(), updates=0)
-
-    def close(self) -> None:
-        if self.bar is not None:  # a bar without a total is falsy
-            self.bar.close()
-
-    def _log(self, stats: UpdateStats, p: Progress, scaler: DynamicLossScaler) -> None:
+        # the progress bar every update (its figures every 10), a record every train.log_interval
         t = self.cfg.train
-        window = self.window
         bar = self.bar
         if bar is not None:
             bar.update(1)
         if p.update % t.log_interval and not (bar is not None and p.update % 10 == 0):
             return
-        now = time.monotonic()
-        dt = max(now - window["time"], 1e-9)
-        ntok = max(window["loss_tokens"], 1.0) * math.log(2)
-        loss_sum, nll_sum, gnorm_sum = (
-            self.sums.tolist() if self.sums is not None else (0.0, 0.0, 0.0)
-        )
+        dt = max(time.monotonic() - self.started, 1e-9)
+        ntok = max(self.loss_tokens, 1.0) * math.log(2)
+        loss_sum, nll_sum, gnorm_sum = self.sums.tolist()
         loss = loss_sum / ntok
         nll = nll_sum / ntok
         record = {
@@ -167,11 +144,11 @@ class TrainMetrics:
             "nll": nll,
             "ppl": 2**nll,
             "lr": stats.lr,
-            "gnorm": gnorm_sum / max(window["loss_updates"], 1),
-            "updates_logged": int(window["loss_updates"]),
-            "tgt_tokens": window["loss_tokens"],
-            "tgt_tokens_per_s": window["tokens"] / dt,
-            "updates_per_s": window["updates"] / dt,
+            "gnorm": gnorm_sum / max(self.loss_updates, 1),
+            "updates_logged": self.loss_updates,
+            "tgt_tokens": self.loss_tokens,
+            "tgt_tokens_per_s": self.tokens / dt,
+            "updates_per_s": self.updates / dt,
             "elapsed": p.elapsed,
             "oom_skipped": p.oom_skipped,
         }
@@ -191,21 +168,33 @@ class TrainMetrics:
         if p.update % t.log_interval == 0:
             self.emit(record)
             log.info(
-                "train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | gnorm "
-                "%.3f | "
-                "tgt tok/s %.0f | ups %.2f",
+                "train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | "
+                "gnorm %.3f | tgt tok/s %.0f | ups %.2f",
                 p.epoch,
                 p.update,
-                record["loss"],
-                record["nll"],
+                loss,
+                nll,
                 record["ppl"],
-                record["lr"],
+                stats.lr,
                 record["gnorm"],
                 record["tgt_tokens_per_s"],
                 record["updates_per_s"],
             )
-            window.update(tokens=0.0, time=now, updates=0, **_NO_LOSSES)
-            self.sums = None
+            self.restart_throughput()
+            self.sums.zero_()
+            self.loss_tokens = 0.0
+            self.loss_updates = 0
+
+    def restart_throughput(self) -> None:
+        """After a log line, or a validation or a save (to keep them out of the throughput
+        figures): the throughput is measured again from now."""
+        self.tokens = 0.0
+        self.updates = 0
+        self.started = time.monotonic()
+
+    def close(self) -> None:
+        if self.bar is not None:  # a bar without a total is falsy
+            self.bar.close()
 
 
 def _rss_mb() -> float | None:

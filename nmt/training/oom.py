@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
 from nmt.training.distributed import Env
 from nmt.training.state import Progress
 
@@ -51,12 +51,11 @@ class OomSkips:
         optimizer.zero_grad(set_to_none=True)
         if self.env.device.type == "cuda":
             torch.cuda.empty_cache()
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         log.warning(
             "out of memory at update %d%s: skipping the update (%s)",
             update,
             f" on rank {self.env.rank}" if self.env.world_size > 1 else "",
-            first[:200],
+            one_line(error),
         )
 
     def skip(self, ranks: int, optimizer: torch.optim.Optimizer, p: Progress) -> None:
@@ -94,12 +93,11 @@ def inject_oom_faults(model: torch.nn.Module, rank: int, next_update: Callable[[
         targets = {(int(r), int(u)) for r, u in (item.split(":") for item in spec.split(","))}
     except ValueError:
         raise NmtError(f"{FAULT_OOM_ENV}={spec!r}: expected RANK:UPDATE[,RANK:UPDATE...]") from None
-    fired: set[tuple[int, int]] = set()
 
     def hook(module: torch.nn.Module, args: Any) -> None:
         key = (rank, next_update())
-        if module.training and key in targets and key not in fired:
-            fired.add(key)
+        if module.training and key in targets:
+            targets.remove(key)  # once
             raise torch.OutOfMemoryError(f"simulated by {FAULT_OOM_ENV}={spec}")
 
     model.register_forward_pre_hook(hook)

@@ -114,9 +114,8 @@ class RunDir:
         clean_temporaries(self.path)
         for name, what in APPENDED.items():
             unshare(self.path / name, what)
-        log_path = self.path / "train.log"
         metrics_path = self.path / "metrics.jsonl"
-        handler = _RunLogHandler(log_path)
+        handler = _RunLogHandler(self.path / "train.log")
         handler.setFormatter(
             logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s")
         )
@@ -147,18 +146,16 @@ class RunDir:
         if self.metrics_fd is not None:
             with os_errors_as(self.path / "metrics.jsonl", "cannot write metrics"):
                 write_all(self.metrics_fd, (json.dumps(record) + "\n").encode("utf-8"))
-        if (
-            self._board is not None
-        ):  # the same numbers as scalars "train/loss", "valid/valid_bleu", ...
-            kind = record.get("type", "train")
-            step = record.get("update", 0)
+        # the same numbers as scalars "train/loss", "valid/valid_bleu", ... (every record has a
+        # type and an update)
+        if self._board is not None:
             for key, value in record.items():
                 if (
                     key not in ("type", "update")
                     and isinstance(value, (int, float))
                     and not isinstance(value, bool)
                 ):
-                    self._board.add_scalar(f"{kind}/{key}", value, step)
+                    self._board.add_scalar(f"{record['type']}/{key}", value, record["update"])
             self._board.flush()
 
     def write_config(self, cfg: Config) -> None:
@@ -179,7 +176,8 @@ class RunDir:
         every save, and resuming already falls back from a damaged last to the previous
         numbered checkpoint (docs/reliability.md)."""
         names = ([f"checkpoint_{update}.pt"] if numbered else []) + ["checkpoint_last.pt"]
-        for name in names + (["checkpoint_best.pt"] if best else []):
+        written = names + (["checkpoint_best.pt"] if best else [])
+        for name in written:
             own_file(self.path / name, "a checkpoint")
         if best:
             ckpt.atomic_save(state, self.path / "checkpoint_best.pt", own=True)
@@ -195,7 +193,7 @@ class RunDir:
                     f"{e.filename or self.path}: cannot delete an old checkpoint "
                     f"({e.strerror or e})"
                 ) from None
-        log.info("saved %s", ", ".join(names + (["checkpoint_best.pt"] if best else [])))
+        log.info("saved %s", ", ".join(written))
 
 
 def _record_last_run(run_dir: Path) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from nmt import device as devices
 from nmt.config import ModelConfig
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
 from nmt.models.rnn import RNN
 from nmt.models.transformer import Transformer, build_model
 from nmt.tokenizer import Tokenizer
@@ -49,7 +49,7 @@ def meta_model(
             raise
         raise NmtError(
             f"{_sizes(named or cfg, vocab_size)} make a model whose tensors cannot even be sized "
-            f"({str(e).strip()[:200]}); lower them"
+            f"({one_line(e)}); lower them"
         ) from None
 
 
@@ -65,14 +65,15 @@ def model_elements(
         model = meta_model(
             dataclasses.replace(cfg, **layers), vocab_size, pad_id, cfg, source_vocab
         )
-        return (sum(p.numel() for p in model.parameters()), sum(b.numel() for b in model.buffers()))
+        return sum(p.numel() for p in model.parameters()), sum(b.numel() for b in model.buffers())
 
     one = dict.fromkeys(LAYER_KEYS, 1)
     params, buffers = base = count(**one)
     for key in LAYER_KEYS:
         two = count(**{**one, key: 2})
-        params += (getattr(cfg, key) - 1) * (two[0] - base[0])
-        buffers += (getattr(cfg, key) - 1) * (two[1] - base[1])
+        more = getattr(cfg, key) - 1  # layers beyond the first
+        params += more * (two[0] - base[0])
+        buffers += more * (two[1] - base[1])
     return params, buffers
 
 
@@ -97,10 +98,9 @@ def build_training_model(
     except (RuntimeError, MemoryError) as e:
         if not (is_oom(e) or isinstance(e, MemoryError)):
             raise
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise NmtError(
             f"{_sizes(cfg, vocab_size)} make a model of {_approx(params)} parameters, which cannot "
-            f"be allocated on {device} ({reason}); lower them"
+            f"be allocated on {device} ({one_line(e)}); lower them"
         ) from None
 
 

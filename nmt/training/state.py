@@ -22,7 +22,6 @@ from nmt.config import (
     Config,
     changed_keys,
     config_from_dict,
-    config_to_dict,
 )
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
@@ -40,9 +39,8 @@ class Progress:
     updates_in_epoch: int = 0  # update groups of `epoch` already consumed
     elapsed: float = 0.0  # seconds of training, summed over resumes
     best: float | None = None
-    best_metric: str = (
-        ""  # what `best` is: "bleu" or "loss" ("": a checkpoint from before it was kept)
-    )
+    # what `best` is: "bleu" or "loss" ("": a checkpoint from before it was kept)
+    best_metric: str = ""
     bad_validations: int = 0
     schedule_offset: int = 0  # --reset-optimizer restarts the warm-up here
     skipped_overflow: int = 0
@@ -54,7 +52,7 @@ def stop_reason(cfg: Config, p: Progress) -> str | None:
     t = cfg.train
     if t.max_updates and p.update >= t.max_updates:
         return f"reached train.max_updates={t.max_updates}"
-    if t.max_epochs and (p.epoch > t.max_epochs):
+    if t.max_epochs and p.epoch > t.max_epochs:
         return f"reached train.max_epochs={t.max_epochs}"
     if t.max_time and p.elapsed >= t.max_time:
         return f"reached train.max_time={t.max_time:g}s"
@@ -68,16 +66,6 @@ def data_fingerprint(meta: dict[str, Any], source_lang: str, target_lang: str) -
     the sentencepiece model and the train files) and the direction read from them, e.g.
     "3f2a...:en->de". The same files read de->en are other training data."""
     return f"{meta.get('fingerprint', '')}:{source_lang}->{target_lang}"
-
-
-def _direction_changed(old_fp: str, new_fp: str) -> str | None:
-    """`old->new` where both fingerprints name a direction and they differ (checkpoints written
-    before the direction was part of the fingerprint have none: their files still count)."""
-    old_files, _, old_direction = old_fp.partition(":")
-    new_files, _, new_direction = new_fp.partition(":")
-    if old_direction and old_direction != new_direction:
-        return f"the run translates {old_direction} but the data is now read {new_direction}"
-    return None
 
 
 def build_checkpoint(
@@ -148,7 +136,7 @@ def restore(
         progress.bad_validations = 0
     rng = ts["rng"]
     torch.set_rng_state(rng["torch"])
-    if torch.cuda.is_available() and rng.get("cuda") is not None and device.type == "cuda":
+    if rng.get("cuda") is not None and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"], device)
     return progress
 
@@ -166,10 +154,8 @@ def check_compatible(
     # the run's config with the defaults of keys added since it was written (an upgrade of nmt
     # must not read a new key as a change)
     old_cfg = config_from_dict(state["config"], where=str(run_dir))
-    old = config_to_dict(old_cfg)
-    new = config_to_dict(cfg)
-    old_spm = (state.get("tokenizer") or {}).get("sha256")
-    if old_spm != tokenizer.sha256:  # token ids would mean other pieces, even with --reset-data
+    # token ids would mean other pieces, even with --reset-data
+    if (state.get("tokenizer") or {}).get("sha256") != tokenizer.sha256:
         raise NmtError(
             f"{run_dir}: resume refused, the tokenizer of {cfg.data.dir} (spm.model) differs from "
             "the run's; prepare the new data with --spm-model from the run or use a new "
@@ -187,16 +173,21 @@ def check_compatible(
     # training data is still the same.
     # A run saved before its languages were resolved from prepare.json names none: its fingerprint
     # still holds the direction.
-    unnamed = [k for k in ("source_lang", "target_lang") if not old["data"].get(k)]
+    unnamed = [f"data.{k}" for k in ("source_lang", "target_lang") if not getattr(old_cfg.data, k)]
     data_changed = [
-        f"data.{k}: {old['data'].get(k)!r} -> {v!r}"
-        for k, v in new["data"].items()
-        if k not in ("dir", "valid_split", *unnamed) and old["data"].get(k) != v
+        f"{key}: {a!r} -> {b!r}"
+        for key, a, b in changed_keys(old_cfg, cfg, "data")
+        if key not in ("data.dir", "data.valid_split", *unnamed)
     ]
-    old_fp = str(state["train_state"].get("fingerprint") or "")
-    if direction := _direction_changed(old_fp, fingerprint):
-        data_changed.append(direction)
-    if old_fp.partition(":")[0] != fingerprint.partition(":")[0]:
+    old_files, _, old_direction = str(state["train_state"].get("fingerprint") or "").partition(":")
+    new_files, _, new_direction = fingerprint.partition(":")
+    # checkpoints written before the direction was part of the fingerprint have none: their
+    # files still count
+    if old_direction and old_direction != new_direction:
+        data_changed.append(
+            f"the run translates {old_direction} but the data is now read {new_direction}"
+        )
+    if old_files != new_files:
         data_changed.append(f"the prepared data in {cfg.data.dir} (fingerprint)")
     if data_changed:
         raise NmtError(

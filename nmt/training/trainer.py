@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 class TrainResult:
     reason: str
     update: int
-    interrupted_by: int | None = None  # the signal that stopped it, if any
+    interrupted_by: int | None  # the signal that stopped it, if any
 
 
 def train(cfg: Config, *, reset_optimizer: bool = False, reset_data: bool = False) -> TrainResult:
@@ -95,7 +95,7 @@ def dry_run(cfg: Config, vocab_size: int | None) -> str:
     source_vocab = None  # --vocab-size: a joint vocabulary
     if vocab_size is None:
         meta = datamod.read_meta(cfg.data.dir)
-        vocab_size = int(meta["vocab_size"])
+        vocab_size = meta["vocab_size"]
         source_vocab = meta.get("source_vocab_size")
     least = max(NMT_SPECIALS.ids()) + 1  # the special tokens of the vocabulary nmt trains
     if not least <= vocab_size < 2**31:  # token ids are at most int32
@@ -110,7 +110,6 @@ class Trainer:
     resumes from the run directory, then `run()`s the loop of `train_update`s."""
 
     def __init__(self, cfg: Config, env: Env, reset_optimizer: bool, reset_data: bool):
-        self.cfg = cfg
         self.env = env
         t = cfg.train
         # train.precision auto is resolved here, on this device; the config keeps "auto"
@@ -122,13 +121,14 @@ class Trainer:
         data = TrainingData.load(cfg)
         # the direction read, prepare.json's where the config names none, is saved: its
         # checkpoints say what they translate (nmt serve's languages, ensembles', averages' checks)
-        languages = replace(cfg.data, source_lang=data.src_lang, target_lang=data.tgt_lang)
+        languages = replace(
+            cfg.data, source_lang=data.train.src_lang, target_lang=data.train.tgt_lang
+        )
         cfg = replace(cfg, data=languages)
         self.cfg = cfg
         self.tokenizer = data.tokenizer
         self.train_data = data.train
         self.valid_data = data.valid
-        self.tgt_lang = data.tgt_lang
         self.fingerprint = data.fingerprint
         torch.manual_seed(t.seed)
         # the bare model (saved, validated) and what an update calls: the model and its loss
@@ -139,8 +139,11 @@ class Trainer:
         self.init_from = (
             t.init_from if t.init_from and not ckpt.has_checkpoints(self.run_dir.path) else ""
         )
+        self.progress = Progress()
         if self.init_from:
             init_from_checkpoint(cfg, self.model, self.tokenizer)
+            # where the run's weights came from, kept in its checkpoints
+            self.progress.history.append(f"initialized from {Path(self.init_from).resolve()}")
         objective = TranslationLoss(self.model, t.label_smoothing)
         inject_oom_faults(objective, env.rank, lambda: self.progress.update + 1)
         self.training_loss = wrap_for_training(objective, env, t.compile, t.compile_mode)
@@ -153,9 +156,6 @@ class Trainer:
         self.scaler = DynamicLossScaler(
             t.fp16_init_scale, t.fp16_min_scale, enabled=self.precision == "fp16"
         )
-        self.progress = Progress()
-        if self.init_from:  # where the run's weights came from, kept in its checkpoints
-            self.progress.history.append(f"initialized from {Path(self.init_from).resolve()}")
         self.signals = StopSignals()
         self.interrupted_by: int | None = None
         self.oom = OomSkips(env, self.run_dir.path)
@@ -243,8 +243,8 @@ class Trainer:
                 try:
                     batch = self._on_device(item)
                     sums += self._forward_backward(batch, self.scaler.scale, all_reduce)
-                    ntokens = ntokens + batch.num_target_tokens
-                    nsent = nsent + len(batch)
+                    ntokens += batch.num_target_tokens
+                    nsent += len(batch)
                     continue
                 except Exception as e:
                     if not is_oom(e):
@@ -256,15 +256,15 @@ class Trainer:
         return sums, ntokens, nsent, oom
 
     def _on_device(self, item: Any) -> datamod.Batch:
-        cuda = self.env.device.type == "cuda"
-        batch = (
-            item
-            if isinstance(item, datamod.Batch)
-            else datamod.collate(
-                self.train_data, item, self.tokenizer.specials, pin_memory=cuda, pad_to=self.pad_to
+        if not isinstance(item, datamod.Batch):  # index arrays: collated here
+            item = datamod.collate(
+                self.train_data,
+                item,
+                self.tokenizer.specials,
+                pin_memory=self.env.device.type == "cuda",
+                pad_to=self.pad_to,
             )
-        )
-        return batch.to(self.env.device)
+        return item.to(self.env.device)
 
     def _forward_backward(
         self, batch: datamod.Batch, loss_scale: float, all_reduce: bool
@@ -328,8 +328,7 @@ class Trainer:
             )
             return reason
         self._announce_precision()
-        start = time.monotonic()
-        elapsed0 = p.elapsed
+        start = time.monotonic() - p.elapsed  # the training seconds of earlier sessions count
         metrics = TrainMetrics(cfg, self.env, p.update, self.run_dir.emit)
         with self.signals:
             while reason is None:
@@ -356,7 +355,7 @@ class Trainer:
                         stats = self.train_update(group)
                         p.updates_in_epoch += 1
                         epoch_end = p.updates_in_epoch == len(updates)
-                        p.elapsed = elapsed0 + time.monotonic() - start
+                        p.elapsed = time.monotonic() - start
                         reason = self._after_update(stats, epoch_end, metrics)
                         if reason is not None or epoch_end:
                             break
@@ -375,7 +374,7 @@ class Trainer:
     ) -> str | None:
         """Log, validate and save as the intervals say; returns why to stop, if it is time."""
         cfg = self.cfg
-        t = self.cfg.train
+        t = cfg.train
         p = self.progress
         if stats is not None:
             if p.update % t.log_interval == 0:  # a log record must not carry a NaN's numbers
@@ -394,20 +393,19 @@ class Trainer:
         )
         at_save = fresh and t.save_interval_updates and p.update % t.save_interval_updates == 0
         if interrupted and reason is None:
-            self.save(numbered=True, best=False)
+            self.save(best=False)
             self.interrupted_by = self.signals.received or signal.SIGTERM
             return (
                 f"stopped by {signal.Signals(self.interrupted_by).name} at update {p.update}; "
                 "checkpoint written, run the same command to resume"
             )
         if at_valid or epoch_end or reason is not None:  # the final update validates too
-            self._validate_and_save(numbered=True)
+            self._validate_and_save()
             reason = reason or stop_reason(cfg, p)
         elif at_save:
-            self.save(numbered=True, best=False)
-        if (
-            at_valid or at_save or epoch_end
-        ):  # keep validation and saving out of the throughput figures
+            self.save(best=False)
+        # keep validation and saving out of the throughput figures
+        if at_valid or at_save or epoch_end:
             metrics.restart_throughput()
         return reason
 
@@ -419,34 +417,35 @@ class Trainer:
         )
         return stop > 0
 
-    def _validate_and_save(self, numbered: bool) -> None:
+    def _validate_and_save(self) -> None:
+        p = self.progress
         self.check_finite()
         best = False
         if self.valid_data is not None and self.env.is_main:
             started = time.monotonic()
             result = self.validate()
-            best = validation.track_best(self.progress, result, self.cfg.train.best_metric)
+            best = validation.track_best(p, result, self.cfg.train.best_metric)
             # elapsed: training seconds at this update (as in train records), for learning curves
             self.run_dir.emit(
                 {
                     "type": "valid",
-                    "update": self.progress.update,
-                    "epoch": self.progress.epoch,
+                    "update": p.update,
+                    "epoch": p.epoch,
                     **result,
-                    "best": self.progress.best,
-                    "elapsed": self.progress.elapsed,
+                    "best": p.best,
+                    "elapsed": p.elapsed,
                     "valid_s": time.monotonic() - started,
                 }
             )
             log.info(
                 "valid | update %d | %s | best %s",
-                self.progress.update,
+                p.update,
                 " | ".join(f"{k} {v:.3f}" for k, v in result.items()),
-                f"{self.progress.best:.3f}",
+                f"{p.best:.3f}",
             )
         # everyone follows rank 0's early-stopping bookkeeping
-        self.progress.bad_validations = int(from_main(self.env, self.progress.bad_validations))
-        self.save(numbered=numbered, best=best)
+        p.bad_validations = int(from_main(self.env, p.bad_validations))
+        self.save(best=best)
 
     def validate(self) -> dict[str, float]:
         """Valid loss/perplexity and (if train.valid_bleu) BLEU: nmt.training.validate, with this
@@ -460,7 +459,7 @@ class Trainer:
             self.model,
             self.tokenizer,
             self.valid_data,
-            self.tgt_lang,
+            self.cfg.data.target_lang,
             self.env.device,
             lambda batch: self._batch_loss(objective, batch),
             self.precision,
@@ -468,8 +467,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def save(self, numbered: bool, best: bool) -> None:
-        """Write checkpoint_<update>.pt (if numbered), checkpoint_best.pt and checkpoint_last.pt."""
+    def save(self, best: bool) -> None:
+        """Write checkpoint_<update>.pt, checkpoint_last.pt and (if `best`) checkpoint_best.pt."""
         self.check_finite()
         if self.env.is_main:
             state = build_checkpoint(
@@ -485,13 +484,13 @@ class Trainer:
             self.run_dir.save_checkpoint(
                 state,
                 self.progress.update,
-                numbered=numbered,
+                numbered=True,
                 best=best,
                 keep_last=self.cfg.train.keep_last,
             )
 
     def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
-        state = ckpt.load_latest(self.run_dir.path) if self.run_dir.path.exists() else None
+        state = ckpt.load_latest(self.run_dir.path)  # None: a new run
         if state is None:
             if self.env.is_main:
                 self.run_dir.write_config(self.cfg)
@@ -518,10 +517,9 @@ class Trainer:
             AttributeError,
             RuntimeError,
         ) as e:  # loads, but not ours
-            reason = one_line(e)
             raise NmtError(
                 f"{self.run_dir.path}: its checkpoint loads but cannot be resumed from "
-                f"({type(e).__name__}: {reason}); move it away or use a new train.run_dir"
+                f"({type(e).__name__}: {one_line(e)}); move it away or use a new train.run_dir"
             ) from None
         if self.env.is_main:
             if self.cfg.train.init_from:
