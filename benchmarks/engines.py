@@ -11,11 +11,12 @@ loads the model, translates the test set and writes it; we report
   sentencepiece encoding and decoding included for both engines), best of `--repeat`;
 - `process s` and `peak RSS MB`: the whole child (start-up, imports, loading), its wall time
   and its own peak resident memory (VmHWM at its end).
-nmt runs at each `--precision` (fp32; fp32,int8 adds `nmt translate --precision int8`) with
-`--threads T` and its default workers (one per thread), through the Python API that
-`nmt translate` is a reader/writer over; CTranslate2 with `inter_threads=T, intra_threads=1`,
-the same layout (`--layouts` adds others, e.g. 1x2). Sentences are batched as nmt batches
-them (sorted by length, `--batch-size` each) and submitted asynchronously, so that the
+nmt runs at each `--precision` (fp32; fp32,int8 adds `nmt translate --precision int8`) on each
+of `--nmt-engines` (torch, ctranslate2: the conversion into the cache happens at load, outside
+the timed translation) with `--threads T` and its default workers (one per thread), through the
+Python API that `nmt translate` is a reader/writer over; CTranslate2 with `inter_threads=T,
+intra_threads=1`, the same layout (`--layouts` adds others, e.g. 1x2). Sentences are batched as
+nmt batches them (sorted by length, `--batch-size` each) and submitted asynchronously, so that the
 inter_threads decode batches in parallel; the length limits as `benchmarks.ct2` says.
 `--max-len-a 0 --max-len-b N` gives every sentence the same limit, N tokens and the EOS (a
 randomly initialised model, e.g. `python -m benchmarks import --workdir W`'s W/model.pt, runs
@@ -53,6 +54,11 @@ def add_engine_args(p: argparse.ArgumentParser, precision: str = "fp32") -> None
         "--precision",
         default=precision,
         help="comma-separated `nmt translate --precision` runs, e.g. fp32,int8",
+    )
+    p.add_argument(
+        "--nmt-engines",
+        default="torch,ctranslate2",
+        help="comma-separated `nmt translate --engine` runs at each --precision",
     )
     p.add_argument("--quantization", default="float32,int8", help="comma-separated export types")
     p.add_argument(
@@ -113,6 +119,8 @@ def _nmt_translate(spec: dict) -> Any:
         batch_size=spec["batch_size"],
         max_len_a=spec["max_len_a"],
         max_len_b=spec["max_len_b"],
+        engine=spec["nmt_engine"],
+        cache_dir=spec["cache_dir"],
     )
     return translator.translate
 
@@ -191,13 +199,16 @@ def measure(args: argparse.Namespace, checkpoint: str, test: str) -> list[dict]:
         tokenizer = ct2.write_tokenizer(state, Path(tmp) / "tokenizer")
         runs: list[tuple[str, dict, float | None]] = []
         for precision in args.precision.split(","):
-            spec = {
-                "engine": "nmt",
-                "checkpoint": checkpoint,
-                "threads": args.threads,
-                "precision": precision,
-            }
-            runs.append((f"nmt translate ({precision})", spec, None))
+            for nmt_engine in args.nmt_engines.split(","):
+                spec = {
+                    "engine": "nmt",
+                    "nmt_engine": nmt_engine,
+                    "cache_dir": str(Path(tmp) / "cache"),
+                    "checkpoint": checkpoint,
+                    "threads": args.threads,
+                    "precision": precision,
+                }
+                runs.append((f"nmt translate --engine {nmt_engine} ({precision})", spec, None))
         for quantization in args.quantization.split(","):
             model_dir = Path(tmp) / quantization
             size = ct2.export(checkpoint, model_dir, quantization)

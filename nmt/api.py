@@ -21,6 +21,7 @@ any iterable of str but one str, a number as a number, a bool as a bool), named 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -52,6 +53,7 @@ from nmt.decoding.predict import (
 from nmt.decoding.search import Hypothesis, length_penalty
 from nmt.decoding.shortlist import Shortlist
 from nmt.device import resolve_device
+from nmt.engine import ENGINES, CTranslate2Engine, converted, decode_refusal, load_refusal
 from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option, flag
 from nmt.options import TranslateOptions
@@ -225,6 +227,8 @@ class Translator:
             loaded.tokenizer, loaded.max_positions
         )  # requests -> Constraints
         self._warned: set[str] = set()  # unknown >>xxx<< tokens warned about
+        self.engine: CTranslate2Engine | None = None  # CTranslate2 decodes (`from_options`)
+        self.engine_choice = "torch"  # as asked: torch, ctranslate2 or auto
 
     @classmethod
     def load(
@@ -271,6 +275,10 @@ class Translator:
         if opts.threads < 0:
             raise NmtError(
                 f"{name('threads')} must be 0 (torch's default) or more, got {opts.threads}"
+            )
+        if opts.engine not in ENGINES:
+            raise NmtError(
+                f"{name('engine')} must be one of {', '.join(ENGINES)}, got {opts.engine!r}"
             )
         if opts.workers < 0:
             raise NmtError(
@@ -330,7 +338,55 @@ class Translator:
         # checked against the model now, not at the first line
         if opts.alignment_layer is not None and layers:
             resolve_layer(opts.alignment_layer, layers, name("alignment_layer"))
+        translator._choose_engine(opts, checkpoints, name)
         return translator
+
+    def _choose_engine(
+        self, opts: TranslateOptions, checkpoints: list[Path], name: Callable[[str], str]
+    ) -> None:
+        """Set up CTranslate2 where `opts.engine` asks for it and the options allow it
+        (nmt.engine): `ctranslate2` refuses an option it cannot honour, `auto` stays on torch
+        there (or where the ctranslate2 package is missing); the choice goes to the log."""
+        self.engine_choice = opts.engine
+        if opts.engine == "torch":
+            return
+        if opts.engine == "auto" and importlib.util.find_spec("ctranslate2") is None:
+            log.info("engine torch (auto: the ctranslate2 package is not installed)")
+            return
+        why = load_refusal(
+            len(checkpoints),
+            self.loaded.config.model.arch,
+            self.precision,
+            self.device,
+            self.shortlist is not None,
+            self.terminology is not None,
+        )
+        why = why or decode_refusal(self.decode)
+        if why and opts.engine == "ctranslate2":
+            raise NmtError(f"{name('engine')} ctranslate2 cannot honour {why}; use torch or auto")
+        if why:
+            log.info("engine torch (auto: CTranslate2 cannot honour %s)", why)
+            return
+        folder = converted(checkpoints[0], opts.cache_dir)
+        self.engine = CTranslate2Engine(
+            folder, self.loaded.tokenizer, self.device, self.precision, self.workers
+        )
+        log.info("engine ctranslate2 (%s, its model in %s)", opts.engine, folder)
+
+    def _on_engine(self, constrained: bool, attend: bool) -> bool:
+        """Whether CTranslate2 decodes a call with these decode settings, with lexical
+        constraints or not, asking for alignments or attention or not; under `ctranslate2` an
+        NmtError names what it cannot honour."""
+        if self.engine is None:
+            return False
+        why = decode_refusal(self.decode)
+        if constrained:
+            why = why or "lexical constraints"
+        if attend:
+            why = why or "alignments or attention"
+        if why and self.engine_choice == "ctranslate2":
+            raise NmtError(f"engine ctranslate2 cannot honour {why}; use torch or auto")
+        return why is None
 
     # ------------------------------------------------------------------ translation
 
@@ -462,6 +518,12 @@ class Translator:
         seqs = self.encode([r.text for r in requests], where, lang=lang or self.target_lang)
         requests = [terms.with_terms(r, self.terminology) for r in requests]
         cons = self.lexical.constraints(requests, seqs, self.decode, where)
+        constrained = cons is not None and any(c is not None for c in cons)
+        if self.engine is not None and self._on_engine(constrained, alignment or attention):
+            hyps = self.engine.translate(
+                seqs, self.decode, nbest, self.loaded.max_positions, self.loaded.name
+            )
+            return self.translations(seqs, hyps)
         hyps = translate_token_lists(
             self.loaded.model,
             seqs,
@@ -640,16 +702,21 @@ class Translator:
                     f"targets[{i}]: {len(t)} tokens, more than the model's maximum of {limit}"
                 )
         todo = [i for i, s in enumerate(srcs) if s]
-        lprobs = score_token_lists(
-            self.loaded.model,
-            [srcs[i] for i in todo],
-            [tgts[i] for i in todo],
-            self.decode,
-            specials=self.loaded.tokenizer.specials,
-            device=self.device,
-            precision=self.precision,
-            model_name=self.loaded.name,
-        )
+        if self.engine is not None:
+            lprobs = self.engine.score(
+                [srcs[i] for i in todo], [tgts[i] for i in todo], self.loaded.name
+            )
+        else:
+            lprobs = score_token_lists(
+                self.loaded.model,
+                [srcs[i] for i in todo],
+                [tgts[i] for i in todo],
+                self.decode,
+                specials=self.loaded.tokenizer.specials,
+                device=self.device,
+                precision=self.precision,
+                model_name=self.loaded.name,
+            )
         scores = [0.0 if not t else -math.inf for t in tgts]  # empty sources
         for i, lp in zip(todo, lprobs, strict=True):
             scores[i] = sum(lp)

@@ -173,6 +173,17 @@ class TranslateOptions:
         "decoder and output projection in int8, as Marian's int8 decoding; see the translating "
         "guide).",
     )
+    engine: str = opt(
+        "torch",
+        "torch, ctranslate2 or auto. ctranslate2 decodes with CTranslate2 (needs "
+        "nmt[ctranslate2]), the checkpoint converted once into --cache-dir, and refuses a "
+        "setting it cannot honour in one line; auto takes CTranslate2 where the settings allow "
+        "it and torch elsewhere, and says which in the log (the translating guide has the "
+        "table).",
+    )
+    cache_dir: Path | None = opt(
+        None, "Where checkpoints converted for CTranslate2 are kept; default $XDG_CACHE_HOME/nmt."
+    )
     threads: int = opt(0, "CPU threads; 0 = torch default.")
     workers: int = opt(
         0,
@@ -257,6 +268,8 @@ class ServeOptions:
     decode: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
     device: str = _as_in(TranslateOptions, "device")
     precision: str = _as_in(TranslateOptions, "precision")
+    engine: str = _as_in(TranslateOptions, "engine")
+    cache_dir: Path | None = _as_in(TranslateOptions, "cache_dir")
     threads: int = _as_in(TranslateOptions, "threads")
     workers: int = _as_in(TranslateOptions, "workers")
     shortlist: Path | None = _as_in(TranslateOptions, "shortlist")

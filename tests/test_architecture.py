@@ -45,10 +45,22 @@ MAY_IMPORT = {
     "decoding": {"base", "models"},
     "training": {"base", "models", "decoding"},
     "convert": {"base", "models"},
-    "api": {"base", "models", "decoding"},
+    # CTranslate2 as the inference engine: the exporter converts the model it decodes
+    "engine": {"base", "models", "decoding", "convert"},
+    "api": {"base", "models", "decoding", "engine"},
     "package": {"api"},  # nmt/__init__.py: `from nmt import Translator`
     "serve": {"base", "decoding", "api"},  # the server: a Translator per model behind HTTP
-    "commands": {"base", "models", "decoding", "training", "convert", "api", "package", "serve"},
+    "commands": {
+        "base",
+        "models",
+        "decoding",
+        "training",
+        "convert",
+        "engine",
+        "api",
+        "package",
+        "serve",
+    },
 }
 
 
@@ -62,7 +74,7 @@ def part_of(module: str) -> str:
     head = module.split(".")[1] if "." in module else ""
     if not head:
         return "package"
-    if head in SUBPACKAGES or head == "api":
+    if head in SUBPACKAGES or head in ("api", "engine"):
         return head
     if head in COMMANDS:
         return "commands"

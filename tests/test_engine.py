@@ -1,0 +1,286 @@
+"""`--engine ctranslate2`: CTranslate2 decodes what torch decodes (nmt.engine).
+
+The properties: the same translations and n-best lists as the torch engine, with scores
+within 1e-4; forced-decoding scores the same; where a search reaches its length limit, the
+scores of what CTranslate2 returns are still torch's scores of those tokens; what it cannot
+honour is refused in one line under `ctranslate2` and left to torch under `auto`. The cache:
+one conversion per checkpoint content, never a stale, partial, corrupt or foreign entry, two
+processes converting at once both ending with one good copy, and a cache that cannot be written
+falling back to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt import engine
+from nmt.api import Translator
+from nmt.decoding.predict import score_token_lists
+from nmt.decoding.search import length_penalty
+from nmt.errors import NmtError
+
+pytest.importorskip(
+    "ctranslate2", reason="ctranslate2 is not installed (pip install nmt[ctranslate2])"
+)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def sources(raw_corpus) -> list[str]:
+    """Sentences the trained model translates before its length limit: there the engines agree
+    (the limit is the one place they may not, `test_at_the_length_limit_...`)."""
+    return raw_corpus.lines("train", "en")[:60]
+
+
+def load(checkpoint: Path, cache_dir: Path, engine_name: str, **options) -> Translator:
+    return Translator.load(checkpoint, engine=engine_name, cache_dir=cache_dir, **options)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"beam": 4},
+        {"beam": 1},
+        {"beam": 3, "lenpen_style": "none"},
+        {"beam": 4, "min_len": 0},
+    ],
+)
+def test_ctranslate2_gives_torchs_translations_n_best_and_scores(
+    trained_checkpoint, sources, cache, settings
+):
+    torch_tr = load(trained_checkpoint, cache, "torch", **settings)
+    ct2_tr = load(trained_checkpoint, cache, "ctranslate2", **settings)
+    assert ct2_tr.engine is not None and torch_tr.engine is None
+    nbest = min(3, settings["beam"])
+    expected = torch_tr.translate_nbest(sources, nbest)
+    got = ct2_tr.translate_nbest(sources, nbest)
+    assert [[t.text for t in ts] for ts in got] == [[t.text for t in ts] for ts in expected]
+    # CTranslate2's kernels sum log-probs to within ~1e-4 of torch's per token (docs/translating.md)
+    for ts, us in zip(expected, got):
+        for t, u in zip(ts, us):
+            assert u.score == pytest.approx(t.score, rel=1e-3, abs=1e-4)
+            assert u.logprob == pytest.approx(t.logprob, rel=1e-3, abs=1e-4)
+    assert ct2_tr.translate(["", "  "]) == ["", ""]
+
+
+def test_forced_decoding_scores_are_torchs(trained_checkpoint, sources, cache):
+    torch_tr = load(trained_checkpoint, cache, "torch")
+    ct2_tr = load(trained_checkpoint, cache, "ctranslate2")
+    targets = torch_tr.translate(sources)
+    targets[0] = "ein ganz anderer Satz"
+    for normalize in (False, True):
+        expected = torch_tr.score(sources + [""], targets + ["x"], normalize=normalize)
+        got = ct2_tr.score(sources + [""], targets + ["x"], normalize=normalize)
+        assert got[:-1] == pytest.approx(expected[:-1], abs=1e-4)
+        assert got[-1] == expected[-1] == float("-inf")
+
+
+def test_at_the_length_limit_the_scores_are_those_of_the_tokens_returned(
+    trained_checkpoint, sources, cache
+):
+    """Where the search reaches a limit, CTranslate2 stops without the EOS torch forces there
+    (the one place the engines may choose differently, docs/translating.md); the scores it
+    reports are still torch's for the tokens it returns, forced EOS included."""
+    tr = load(trained_checkpoint, cache, "ctranslate2", max_len_a=0.0, max_len_b=3)
+    seqs = tr.encode(sources, None)
+    hyps = tr.engine.translate(seqs, tr.decode, 2, tr.loaded.max_positions, "the model")
+    assert all(len(h.tokens) <= 3 for hs in hyps for h in hs)
+    assert any(len(h.tokens) == 3 for hs in hyps for h in hs)
+    pairs = [(i, h) for i, hs in enumerate(hyps) for h in hs]
+    expected = score_token_lists(
+        tr.loaded.model,
+        [seqs[i] for i, _ in pairs],
+        [h.tokens for _, h in pairs],
+        tr.decode,
+        specials=tr.loaded.tokenizer.specials,
+    )
+    for (_, h), logprobs in zip(pairs, expected):
+        assert h.logprob == pytest.approx(sum(logprobs), rel=1e-4, abs=1e-4)
+        lp = length_penalty(len(h.tokens) + 1, tr.decode.lenpen, tr.decode.lenpen_style)
+        assert h.score == pytest.approx(sum(logprobs) / lp, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"lenpen_style": "gnmt"}, "lenpen_style gnmt"),
+        ({"sampling": True}, "sampling"),
+        ({"no_repeat_ngram_size": 2}, "no_repeat_ngram_size"),
+        ({"min_len": 3}, "min_len"),
+    ],
+)
+def test_ctranslate2_refuses_what_it_cannot_honour_and_auto_stays_on_torch(
+    trained_checkpoint, cache, caplog, options, named
+):
+    with pytest.raises(NmtError, match=f"engine= ctranslate2 cannot honour {named}") as e:
+        load(trained_checkpoint, cache, "ctranslate2", **options)
+    assert "\n" not in str(e.value)
+    caplog.set_level(logging.INFO, logger="nmt.api")
+    tr = load(trained_checkpoint, cache, "auto", **options)
+    assert tr.engine is None
+    assert f"engine torch (auto: CTranslate2 cannot honour {named}" in caplog.text
+
+
+def test_an_ensemble_and_terminology_stay_on_torch(trained_checkpoint, tmp_path, cache):
+    with pytest.raises(NmtError, match="cannot honour an ensemble"):
+        load([trained_checkpoint, trained_checkpoint], cache, "ctranslate2")
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("dog\tHund\n")
+    with pytest.raises(NmtError, match="cannot honour terminology"):
+        load(trained_checkpoint, cache, "ctranslate2", terminology=terms)
+    assert load([trained_checkpoint] * 2, cache, "auto").engine is None
+
+
+def test_a_call_asking_what_ctranslate2_lacks_goes_to_torch_under_auto(
+    trained_checkpoint, sources, cache
+):
+    torch_tr = load(trained_checkpoint, cache, "torch")
+    auto = load(trained_checkpoint, cache, "auto")
+    strict = load(trained_checkpoint, cache, "ctranslate2")
+    assert auto.engine is not None
+    asked = {"prefix": ["Ein"] + [""] * (len(sources) - 1)}
+    assert auto.translate(sources, **asked) == torch_tr.translate(sources, **asked)
+    with pytest.raises(NmtError, match="cannot honour lexical constraints"):
+        strict.translate(sources, **asked)
+    aligned = auto.translate_nbest(sources[:3], alignment=True)
+    assert aligned == torch_tr.translate_nbest(sources[:3], alignment=True)
+    with pytest.raises(NmtError, match="cannot honour alignments"):
+        strict.translate_nbest(sources[:3], alignment=True)
+
+
+def test_an_unknown_engine_is_one_line(trained_checkpoint, cache):
+    with pytest.raises(
+        NmtError, match=r"engine= must be one of auto, torch, ctranslate2, got 'ct2'"
+    ):
+        load(trained_checkpoint, cache, "ct2")
+
+
+def test_the_command_translates_with_ctranslate2_as_with_torch(
+    trained_checkpoint, sources, tmp_path, cache
+):
+    source = tmp_path / "source.en"
+    source.write_text("\n".join(sources) + "\n")
+    outputs = {}
+    for name in ("torch", "ctranslate2"):
+        command = [sys.executable, "-m", "nmt", "translate", "-c", str(trained_checkpoint)]
+        command += ["--engine", name, "--cache-dir", str(cache), "-i", str(source), "--scores"]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert f"engine {name}" in run.stderr or name == "torch"
+        outputs[name] = [line.split("\t") for line in run.stdout.splitlines()]
+    assert [t for _, t in outputs["ctranslate2"]] == [t for _, t in outputs["torch"]]
+    for (a, _), (b, _) in zip(outputs["ctranslate2"], outputs["torch"]):
+        assert float(a) == pytest.approx(float(b), rel=1e-3, abs=1e-4)
+
+
+# ------------------------------------------------------------------ the cache
+
+
+def entries(cache: Path) -> list[Path]:
+    folder = cache / "ctranslate2"
+    return sorted(p for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_a_checkpoint_is_converted_once_and_a_changed_one_again(
+    trained_checkpoint, tmp_path, cache, monkeypatch
+):
+    calls = []
+    real_export = engine.export
+    monkeypatch.setattr(engine, "export", lambda *a, **k: calls.append(a) or real_export(*a, **k))
+    first = engine.converted(trained_checkpoint, cache)
+    assert engine.converted(trained_checkpoint, cache) == first
+    assert len(calls) == 1 and entries(cache) == [first]
+    marker = json.loads((first / engine.MARKER).read_text())
+    assert (
+        marker["checkpoint_sha256"] in first.name or first.name[:32] in marker["checkpoint_sha256"]
+    )
+    changed = tmp_path / "changed.pt"
+    changed.write_bytes(trained_checkpoint.read_bytes() + b"\0")  # another content, same model
+    other = engine.converted(changed, cache)
+    assert other != first and len(calls) == 2
+    assert set(entries(cache)) == {first, other}
+
+
+@pytest.mark.parametrize("damage", ["no marker", "corrupt weights", "foreign marker", "partial"])
+def test_a_damaged_entry_is_rebuilt_never_used(trained_checkpoint, cache, damage, monkeypatch):
+    entry = engine.converted(trained_checkpoint, cache)
+    good = (entry / "model.bin").read_bytes()
+    if damage == "no marker":
+        (entry / engine.MARKER).unlink()
+    elif damage == "corrupt weights":
+        (entry / "model.bin").write_bytes(good[: len(good) // 2] + b"\xff" * (len(good) // 2))
+    elif damage == "foreign marker":
+        marker = json.loads((entry / engine.MARKER).read_text())
+        marker["checkpoint_sha256"] = "0" * 64
+        (entry / engine.MARKER).write_text(json.dumps(marker))
+    else:  # a conversion killed halfway: its folder, never renamed into place, is left over
+        shutil.rmtree(entry)
+        (cache / "ctranslate2" / ".converting-killed").mkdir()
+    calls = []
+    real_export = engine.export
+    monkeypatch.setattr(engine, "export", lambda *a, **k: calls.append(a) or real_export(*a, **k))
+    again = engine.converted(trained_checkpoint, cache)
+    assert again == entry and len(calls) == 1
+    assert (again / "model.bin").read_bytes() == good
+    assert engine._complete(
+        again, json.loads((again / engine.MARKER).read_text())["checkpoint_sha256"]
+    )
+
+
+def test_two_processes_converting_at_once_both_end_with_one_good_entry(trained_checkpoint, cache):
+    code = (
+        "import sys; from pathlib import Path; from nmt.engine import converted; "
+        "print(converted(Path(sys.argv[1]), Path(sys.argv[2])))"
+    )
+    command = [sys.executable, "-c", code, str(trained_checkpoint), str(cache)]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    paths = {run.communicate(timeout=300)[0].strip() for run in runs}
+    assert all(run.returncode == 0 for run in runs)
+    assert len(paths) == 1
+    entry = Path(paths.pop())
+    assert entries(cache) == [entry]
+    checkpoint_hash = json.loads((entry / engine.MARKER).read_text())["checkpoint_sha256"]
+    assert engine._complete(entry, checkpoint_hash)
+
+
+def test_a_cache_that_cannot_be_written_falls_back_to_a_temporary_folder(
+    trained_checkpoint, sources, tmp_path, caplog
+):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    caplog.set_level(logging.WARNING, logger="nmt.engine")
+    tr = load(trained_checkpoint, blocked / "cache", "ctranslate2")
+    assert "cannot write the CTranslate2 cache" in caplog.text
+    torch_tr = load(trained_checkpoint, blocked / "cache", "torch")
+    assert tr.translate(sources[:3]) == torch_tr.translate(sources[:3])
+    assert blocked.read_text() == "not a folder"
+
+
+def test_a_full_cache_falls_back_to_a_temporary_folder(
+    trained_checkpoint, cache, caplog, monkeypatch
+):
+    real_export = engine.export
+
+    def full(checkpoint, out, **kwargs):
+        if str(cache) in str(out):
+            raise OSError(28, "No space left on device")
+        return real_export(checkpoint, out, **kwargs)
+
+    monkeypatch.setattr(engine, "export", full)
+    caplog.set_level(logging.WARNING, logger="nmt.engine")
+    folder = engine.converted(trained_checkpoint, cache)
+    assert "No space left on device" in caplog.text
+    assert str(cache) not in str(folder) and (folder / "model.bin").is_file()
+    assert not [p for p in (cache / "ctranslate2").iterdir()]  # nothing half-written is left
