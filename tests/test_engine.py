@@ -284,3 +284,42 @@ def test_a_full_cache_falls_back_to_a_temporary_folder(
     assert "No space left on device" in caplog.text
     assert str(cache) not in str(folder) and (folder / "model.bin").is_file()
     assert not [p for p in (cache / "ctranslate2").iterdir()]  # nothing half-written is left
+
+
+# ------------------------------------------------------------------ nmt serve
+
+
+def test_the_server_decodes_with_ctranslate2_and_answers_as_offline(
+    trained_checkpoint, sources, cache
+):
+    pytest.importorskip("starlette", reason="nmt serve's extra is not installed")
+    pytest.importorskip("uvicorn", reason="nmt serve's extra is not installed")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from serving import Server
+
+    expected = load(trained_checkpoint, cache, "torch").translate(sources[:24])
+    args = ["--model", f"en-de={trained_checkpoint}", "--engine", "ctranslate2"]
+    server = Server(*args, "--cache-dir", str(cache))
+    try:
+        status, answer, _ = server.post("/v1/translate", {"texts": sources[:24]})
+        assert status == 200
+        assert [t["text"] for t in answer["translations"]] == expected
+        form = {"q": sources[:3], "source": "en", "target": "de"}
+        status, answer, _ = server.post("/translate", form)
+        assert status == 200 and answer["translatedText"] == expected[:3]
+
+        def client(i: int) -> str:
+            status, answer, _ = server.post("/v1/translate", {"texts": [sources[i]]})
+            assert status == 200, answer
+            return answer["translations"][0]["text"]
+
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(client, range(24))) == expected
+        status, answer, _ = server.post(
+            "/v1/translate", {"texts": [sources[0]], "lenpen_style": "gnmt"}
+        )
+        assert status == 400 and "cannot honour lenpen_style gnmt" in answer["error"]
+    finally:
+        _, err = server.stop()
+    assert "engine ctranslate2" in err

@@ -23,10 +23,12 @@ from nmt.decoding.search import BeamSearch
 
 
 def can_stream(tr: Translator) -> bool:
-    """Whether this translator's sentences can join a running search."""
+    """Whether this translator's sentences can join a running search (torch's: not where
+    CTranslate2 decodes them)."""
     model = tr.loaded.model
     return (
-        not tr.decode.sampling
+        tr.engine is None
+        and not tr.decode.sampling
         and tr.shortlist is None
         and tr.terminology is None
         and all(hasattr(m, "merge") for m in getattr(model, "models", [model]))
