@@ -26,6 +26,7 @@ fp16 where CTranslate2 has no such compute type on the device.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nmt.atomic import read_regular
+from nmt.atomic import clean_temporaries, open_for_reading, read_regular, temporary_name
 from nmt.config import DecodeConfig
 from nmt.convert.ctranslate2 import INSTALL_HINT, export
 from nmt.decoding.predict import nan_error
@@ -108,8 +109,13 @@ def load_refusal(
 # ------------------------------------------------------------------ the cache
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _sha256(path: Path, what: str) -> str:
+    """The SHA-256 of the file at `path`, read in blocks under `open_for_reading`'s rule."""
+    digest = hashlib.sha256()
+    with open_for_reading(path, what, None) as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _complete(entry: Path, checkpoint_hash: str) -> bool:
@@ -117,30 +123,27 @@ def _complete(entry: Path, checkpoint_hash: str) -> bool:
     weights as they were written."""
     try:
         marker = json.loads(read_regular(entry / MARKER, "the cache entry's marker"))
-        weights = read_regular(entry / "model.bin", "the cached model")
+        weights = _sha256(entry / "model.bin", "the cached model")
     except (OSError, ValueError, NmtError):
         return False
     return (
         isinstance(marker, dict)
         and marker.get("checkpoint_sha256") == checkpoint_hash
         and marker.get("conversion") == CONVERSION
-        and marker.get("model_sha256") == _sha256(weights)
+        and marker.get("model_sha256") == weights
     )
 
 
-def _convert_into(folder: Path, checkpoint: Path, checkpoint_hash: str) -> Path:
-    """Convert `checkpoint` into a new folder inside `folder`, marked complete; returns it."""
-    work = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder))
+def _convert_into(work: Path, checkpoint: Path, checkpoint_hash: str) -> Path:
+    """Convert `checkpoint` into the new folder `work` (nmt export), its marker written last;
+    returns `work`."""
     try:
-        export(checkpoint, work / "model", force=True)
-        for item in (work / "model").iterdir():
-            item.rename(work / item.name)
-        (work / "model").rmdir()
+        export(checkpoint, work, force=True)
         marker = {
             "checkpoint": str(checkpoint),
             "checkpoint_sha256": checkpoint_hash,
             "conversion": CONVERSION,
-            "model_sha256": _sha256((work / "model.bin").read_bytes()),
+            "model_sha256": _sha256(work / "model.bin", "the converted model"),
         }
         (work / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
     except BaseException:
@@ -152,25 +155,25 @@ def _convert_into(folder: Path, checkpoint: Path, checkpoint_hash: str) -> Path:
 def converted(checkpoint: Path, cache_dir: Path | None = None) -> Path:
     """The CTranslate2 conversion of `checkpoint`, from the cache or made now (see the module
     docstring); `cache_dir` None is `default_cache_dir()`."""
-    data = read_regular(checkpoint, "the checkpoint")
-    checkpoint_hash = _sha256(data)
-    del data
+    checkpoint_hash = _sha256(checkpoint, "the checkpoint")
     folder = (cache_dir or default_cache_dir()) / "ctranslate2"
     entry = folder / f"{checkpoint_hash[:32]}-{CONVERSION}"
     if _complete(entry, checkpoint_hash):
         return entry
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        work = _convert_into(folder, checkpoint, checkpoint_hash)
+        clean_temporaries(folder, directories=True)  # what killed conversions left
+        work = _convert_into(temporary_name(entry), checkpoint, checkpoint_hash)
     except OSError as e:
         fallback = Path(tempfile.mkdtemp(prefix="nmt-ctranslate2-"))
+        atexit.register(shutil.rmtree, fallback, True)
         log.warning(
             "%s: cannot write the CTranslate2 cache (%s); converting into %s for this process",
             folder,
             e.strerror or e,
             fallback,
         )
-        return _convert_into(fallback, checkpoint, checkpoint_hash)
+        return _convert_into(fallback / "model", checkpoint, checkpoint_hash)
     log.info("converted %s for CTranslate2 into %s", checkpoint, entry)
     try:
         os.rename(work, entry)  # atomic; fails where another process put an entry there first
@@ -178,10 +181,10 @@ def converted(checkpoint: Path, cache_dir: Path | None = None) -> Path:
         if _complete(entry, checkpoint_hash):  # theirs is as good as ours
             shutil.rmtree(work, ignore_errors=True)
             return entry
-        stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=folder))
-        os.rename(entry, stale / "entry")
-        shutil.rmtree(stale, ignore_errors=True)
+        old = temporary_name(entry, "old")
+        os.rename(entry, old)
         os.rename(work, entry)
+        shutil.rmtree(old, ignore_errors=True)
     return entry
 
 

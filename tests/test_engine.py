@@ -227,13 +227,15 @@ def test_a_damaged_entry_is_rebuilt_never_used(trained_checkpoint, cache, damage
         (entry / engine.MARKER).write_text(json.dumps(marker))
     else:  # a conversion killed halfway: its folder, never renamed into place, is left over
         shutil.rmtree(entry)
-        (cache / "ctranslate2" / ".converting-killed").mkdir()
+        # a dead writer's temporary: pid 2**22 + 1 is above Linux's largest pid
+        (cache / "ctranslate2" / f".{entry.name}.tmp-{2**22 + 1}-0abc").mkdir()
     calls = []
     real_export = engine.export
     monkeypatch.setattr(engine, "export", lambda *a, **k: calls.append(a) or real_export(*a, **k))
     again = engine.converted(trained_checkpoint, cache)
     assert again == entry and len(calls) == 1
     assert (again / "model.bin").read_bytes() == good
+    assert entries(cache) == [entry]  # nothing left beside it
     assert engine._complete(
         again, json.loads((again / engine.MARKER).read_text())["checkpoint_sha256"]
     )
