@@ -47,10 +47,9 @@ TEMPORARY = re.compile(r"\.(.+)\.(?:tmp|old)-(\d+)-[0-9a-f]+")
 LONG_NAME = 200
 
 
-def temporary_name(path: str | Path, kind: str = "tmp") -> Path:
+def temporary_name(path: Path, kind: str = "tmp") -> Path:
     """A hidden sibling of `path` for this process to fill: `.{name}.tmp-{pid}-{hex}` (kind
     "old": where a replaced directory waits for its removal); `name` a hash if it is long."""
-    path = Path(path)
     return path.with_name(
         f".{_temporary_stem(path.name)}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
     )
@@ -62,17 +61,6 @@ def _temporary_stem(name: str) -> str:
     if len(os.fsencode(name)) <= LONG_NAME:
         return name
     return hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
-
-
-def os_error(exc: BaseException) -> OSError | None:
-    """The OSError behind `exc`: torch.save reports a failed write (ENOSPC) as a RuntimeError
-    whose context is the OSError raised by the file object."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 @contextlib.contextmanager
@@ -136,7 +124,7 @@ def target(path: str | Path, option: str = "") -> Path:
     `path` itself if it is `written_into`. `option` (e.g. "-o") is named in the NmtError."""
     if written_into(path):
         return Path(path)
-    name = _named(Path(path), option)
+    name = _named(path, option)
     path = _through_link(path, name)
     if path.is_dir() or path.name in ("", ".."):  # a Path's name is never "."
         raise NmtError(f"{name}: is a directory; give a file name")
@@ -216,7 +204,7 @@ def replacing(path: Path, what: str = "checkpoint", *, own: bool = False) -> Ite
     is opened first (a FIFO nobody reads is refused, never waited for), and the temporary, in the
     system's temporary directory, is appended to it at the end. With `own`, `path` is a file of a
     folder the command writes (`own_file`): a link or a special file there is refused."""
-    path = own_file(Path(path), what) if own else target(path)
+    path = own_file(path, what) if own else target(path)
     into = None if own or not written_into(path) else _open_into(path, what)
     clean_temporaries(path.parent, name=path.name)
     tmp = temporary_name(Path(tempfile.gettempdir(), path.name) if into is not None else path)
@@ -266,10 +254,10 @@ def replacing_together(outputs: list[tuple[Path, str]]) -> Iterator[list[Path]]:
     full /dev/full) leaves every file as it was: none is written unless all can be."""
     with contextlib.ExitStack() as stack:
         tmps: dict[int, Path] = {}
-        last_left_first = sorted(range(len(outputs)), key=lambda i: written_into(outputs[i][0]))
-        for i in last_left_first:
+        # the files entered first, so that they are left (renamed) last
+        for i in sorted(range(len(outputs)), key=lambda i: written_into(outputs[i][0])):
             tmps[i] = stack.enter_context(replacing(*outputs[i]))
-        yield [tmps[i] for i in range(len(outputs))]
+        yield [tmps[i] for i in sorted(tmps)]
 
 
 @contextlib.contextmanager
@@ -288,16 +276,13 @@ def replacing_directory(
         work.mkdir()
     try:
         yield work
-        others = (
-            sorted({p.name for p in dest.iterdir()} - {p.name for p in work.iterdir()})
-            if own and dest.is_dir()
-            else []
-        )
-        if others:
-            raise NmtError(
-                f"{name}: holds {', '.join(others[:5])}, which {what} does not write; move them "
-                "away"
-            )
+        if own and dest.is_dir():
+            others = sorted({p.name for p in dest.iterdir()} - {p.name for p in work.iterdir()})
+            if others:
+                raise NmtError(
+                    f"{name}: holds {', '.join(others[:5])}, which {what} does not write; move "
+                    "them away"
+                )
         _swap_directory(work, dest)
     except BaseException as exc:
         shutil.rmtree(work, ignore_errors=True)
@@ -308,13 +293,15 @@ def replacing_directory(
 def _raise_write_error(exc: BaseException, name: object, what: str) -> None:
     """Raise the OSError behind the error `exc` of a write (a full disk) as the NmtError "{name}:
     cannot write {what} (reason)"; an NmtError (it names its cause) or an interrupt is left to the
-    caller."""
-    if (
-        isinstance(exc, Exception)
-        and not isinstance(exc, NmtError)
-        and (error := os_error(exc)) is not None
-    ):
-        raise NmtError(f"{name}: cannot write {what} ({error.strerror or error})") from exc
+    caller. The OSError may be a cause or context: torch.save reports a failed write (ENOSPC) as
+    a RuntimeError whose context is the OSError raised by the file object."""
+    if not isinstance(exc, Exception) or isinstance(exc, NmtError):
+        return
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            raise NmtError(f"{name}: cannot write {what} ({seen.strerror or seen})") from exc
+        seen = seen.__cause__ or seen.__context__
 
 
 def _swap_directory(work: Path, dest: Path) -> None:
@@ -472,7 +459,7 @@ def _file_key(file: str | os.PathLike | int) -> tuple[object, object] | None:
     """(device, inode) of `file` (symlinks followed); ("path", its resolved path) if it is not
     there; None for a descriptor that is not a regular file."""
     try:
-        st = os.fstat(file) if isinstance(file, int) else os.stat(file)
+        st = os.stat(file)  # a descriptor's too
     except OSError:
         return None if isinstance(file, int) else ("path", os.path.realpath(file))
     return (

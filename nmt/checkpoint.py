@@ -110,7 +110,6 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Load and check a checkpoint. `mmap=True` pages tensors in lazily (cheap for
     averaging when `train_state` is large)."""
-    path = Path(path)
     try:
         open_for_reading(
             path, "the checkpoint", None
@@ -121,15 +120,13 @@ def load_checkpoint(
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:
         reason = one_line(exc)
-        if "Weights only load failed" in reason and zipfile.is_zipfile(path):
+        if not zipfile.is_zipfile(path):  # torch's words for it depend on mmap: "invalid load key"
+            reason = "not the zip archive that torch.save writes"
+        elif "Weights only load failed" in reason:
             raise NmtError(
                 f"{path}: checkpoint holds objects that safe loading (weights_only) refuses; it "
                 f"was not written by nmt ({reason[:120]})"
             ) from exc
-        if not zipfile.is_zipfile(
-            path
-        ):  # torch's words for it depend on mmap: "invalid load key", ...
-            reason = "not the zip archive that torch.save writes"
         raise NmtError(f"{path}: corrupt or truncated checkpoint ({reason})") from exc
     if not isinstance(ckpt, dict):
         raise NmtError(f"{path}: corrupt or truncated checkpoint (not a dict)")
@@ -193,7 +190,7 @@ def load_model_checkpoint(path: str | Path, *, mmap: bool = False) -> ModelCheck
         raise NmtError(
             f"{path}: the checkpoint holds no sentencepiece model (tokenizer); it cannot translate"
         )
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+    if type(vocab_size) is not int or vocab_size < 1:  # not a bool either
         raise NmtError(f"{path}: the checkpoint's vocab_size is missing or not a positive integer")
     tokenizer = Tokenizer.from_bytes(entry["model"], name=f"{path}: its sentencepiece model")
     if tokenizer.vocab_size != vocab_size:
@@ -338,10 +335,9 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> dict[str, Any]:
     Metadata comes from the newest (last) input; `train_state` is dropped and `averaged_from`
     records the input file names. Only one input is in memory at a time (loaded with mmap).
     """
-    paths = [Path(p) for p in paths]
     if not paths:
         raise NmtError("average: at least one checkpoint is needed")
-    for path in paths:
+    for path in paths:  # before any is read: reading big checkpoints takes minutes
         if not path.is_file():
             raise NmtError(f"{path}: checkpoint not found")
     check_average_output(paths, Path(out))

@@ -347,13 +347,6 @@ def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any
     return cls(**kwargs)
 
 
-def _parse_override(item: str) -> tuple[str, str]:
-    if "=" not in item:
-        raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=7e-4")
-    key, text = item.split("=", 1)
-    return key.strip(), text
-
-
 def _override_value(section: str, name: str, text: str) -> Any:
     """The value of `--set section.name=text`: a string key (a path, a language, a device) takes
     the text as written (`runs/exp #2`, `2024`, `no`); any other is read as YAML (`7e-4`,
@@ -373,15 +366,14 @@ class _UniqueKeys(yaml.SafeLoader):
     """yaml.safe_load refusing a key written twice in one mapping (PyYAML keeps the last one)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        keys = [
-            key for key, _ in node.value if isinstance(key, yaml.ScalarNode) and key.value != "<<"
-        ]
-        if again := next(
-            (key for i, key in enumerate(keys) if key.value in {k.value for k in keys[:i]}), None
-        ):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {again.value} given twice", again.start_mark
-            )
+        seen = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value != "<<":
+                if key.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key.value} given twice", key.start_mark
+                    )
+                seen.add(key.value)
         return super().construct_mapping(node, deep)
 
 
@@ -437,7 +429,10 @@ def load_config(
             elif not isinstance(body, dict):
                 raise ConfigError(f"{path}: section {section} must be a mapping of keys")
     for item in overrides:
-        key, text = _parse_override(item)
+        if "=" not in item:
+            raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=7e-4")
+        written_key, text = item.split("=", 1)
+        key = written_key.strip()
         section, _, name = key.partition(".")
         if section not in SECTIONS or not name:
             raise _unknown(key, "--set")

@@ -23,7 +23,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from nmt.atomic import read_regular
+from nmt.atomic import os_errors_as, read_regular
 from nmt.errors import NmtError
 from nmt.tokenizer import SpecialIds
 
@@ -89,7 +89,7 @@ def _check_meta(meta: object, path: Path) -> None:
         )
     for key, tp in _META_SHAPE.items():
         value = meta.get(key)
-        if not isinstance(value, tp) or isinstance(value, bool):
+        if type(value) is not tp:  # not a bool for an int
             raise NmtError(
                 f"{path}: not a prepare-bpe report ({key} missing or not a {tp.__name__})"
             )
@@ -108,10 +108,8 @@ def _check_meta(meta: object, path: Path) -> None:
 def read_raw(data_dir: str | Path, split: str, lang: str) -> list[str]:
     """The cleaned text of a valid/test split (BLEU references, translation input)."""
     path = raw_path(data_dir, split, lang)
-    try:
+    with os_errors_as(path, "cannot read"):
         text = read_regular(path, "the text", None).decode("utf-8")
-    except OSError as e:
-        raise NmtError(f"{path}: cannot read ({e.strerror})") from None
     return text.split("\n")[:-1]
 
 
@@ -127,9 +125,6 @@ class TokenArray:
     def load(cls, data_dir: str | Path, split: str, lang: str, dtype: np.dtype) -> TokenArray:
         bin_file = bin_path(data_dir, split, lang)
         idx_file = idx_path(data_dir, split, lang)
-        for path in (bin_file, idx_file):
-            if not path.is_file():
-                raise NmtError(f"{path} not found (re-run nmt prepare-bpe?)")
         tokens = _memmap(bin_file, dtype)
         offsets = _memmap(idx_file, np.dtype("<i8"))
         if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(tokens):
@@ -146,6 +141,8 @@ class TokenArray:
 
 
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
+    if not path.is_file():
+        raise NmtError(f"{path} not found (re-run nmt prepare-bpe?)")
     size = path.stat().st_size
     if size % dtype.itemsize:
         raise NmtError(
@@ -349,8 +346,6 @@ def make_batches(
     """
     src = np.asarray(src_sizes, dtype=np.int64)
     tgt = np.asarray(tgt_sizes, dtype=np.int64)
-    if src.shape != tgt.shape:
-        raise ValueError(f"make_batches: {len(src)} source sizes but {len(tgt)} target sizes")
     keep = np.arange(len(src))
     if max_positions is not None:  # the EOS (source) and BOS/EOS (target) need a position too
         keep = np.flatnonzero((src < max_positions) & (tgt < max_positions))

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     import torch
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-TRAIN_PRECISIONS = ("auto", *PRECISIONS)
 DEVICES = "auto, cpu, cuda or cuda:N"
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
 _M_MMAP_THRESHOLD = -3
@@ -82,9 +81,7 @@ def spin_briefly() -> None:
     sentences/s, p50 0.5 s); sleeping at once (PASSIVE) cost an idle server 29% (11.1-11.3
     against 15.6). A brief spin keeps the idle speed (15.7-15.8) and most of the busy one (5.7-6.0).
     """
-    if "torch" in sys.modules:
-        return
-    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return
     os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
     os.environ["GOMP_SPINCOUNT"] = SERVE_SPIN_COUNT

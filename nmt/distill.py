@@ -326,7 +326,7 @@ def _after_translation(job: Job, manifest: JsonObject, progress: bool) -> TrainR
                 "shard_lines": opts.shard_lines,
                 "dir": str(job.shards),
             },
-            **select_and_filter(job.source, job.reference, job.paths, outputs, opts),
+            **select_and_filter(job, outputs),
         }
         _write_json(job.report, report, "the distillation report")
         manifest = _save_manifest(job, manifest, "select", records["select"])
@@ -592,16 +592,17 @@ def translate_shards(translator: Translator, job: Job, todo: set[int], progress:
 # ------------------------------------------------------------------ step 2: select and filter
 
 
-def select_and_filter(
-    source: Path, reference: Path, paths: list[Path], outputs: list[Path], opts: DistillOptions
-) -> JsonObject:
-    """The distilled pairs: per source line its selected hypothesis, unless `degenerate`;
-    written to `outputs` (source, target), each whole. Returns the report's sections."""
+def select_and_filter(job: Job, outputs: list[Path]) -> JsonObject:
+    """The distilled pairs: per source line its selected hypothesis (of job.paths, the shards),
+    unless `degenerate`; written to `outputs` (source, target), each whole. Returns the report's
+    sections."""
+    opts = job.opts
     _make_directory(outputs[0].parent)
     dropped = dict.fromkeys(FILTER_RULES, 0)
     changed = kept = 0
     sources, references = (
-        _chunks(read_lines(f, TextStats(str(f))), opts.shard_lines) for f in (source, reference)
+        _chunks(read_lines(f, TextStats(str(f))), opts.shard_lines)
+        for f in (job.source, job.reference)
     )
     with (
         atomic.replacing(outputs[0], "the distilled source", own=True) as tmp_src,
@@ -609,7 +610,7 @@ def select_and_filter(
         open(tmp_src, "xb", buffering=0) as out_src,
         open(tmp_tgt, "xb", buffering=0) as out_tgt,
     ):
-        for path, srcs, refs in zip(paths, sources, references, strict=True):
+        for path, srcs, refs in zip(job.paths, sources, references, strict=True):
             shard = list(read_lines(path, TextStats(str(path))))
             if len(shard) != len(srcs):
                 raise NmtError(
@@ -631,8 +632,8 @@ def select_and_filter(
                 atomic.write_all(
                     out.fileno(), "".join(pair[side] + "\n" for pair in pairs).encode("utf-8")
                 )
-        os.fsync(out_src.fileno())
-        os.fsync(out_tgt.fileno())
+        for out in (out_src, out_tgt):
+            os.fsync(out.fileno())
     total = kept + sum(dropped.values())
     log.info(
         "distilled %d pairs into %s: kept %d%s",

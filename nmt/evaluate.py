@@ -16,7 +16,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -123,11 +122,6 @@ def read_lines(path: str | Path) -> list[str]:
     return list(textio.read_lines(path, textio.TextStats(str(path), log_each=True)))
 
 
-def read_stream(stream: BinaryIO, name: str = "<stdin>") -> list[str]:
-    """`read_lines` for an open binary stream (e.g. stdin)."""
-    return list(textio.iter_lines(stream, textio.TextStats(name, log_each=True)))
-
-
 def format_results(results: Sequence[MetricResult], json: bool = False) -> str:
     """`nmt score` output: sacreBLEU's line and the signature per metric, or a JSON list."""
     if json:
@@ -214,7 +208,11 @@ def score_command(opts: ScoreOptions) -> str:
     else:
         ref_streams = [read_lines(p) for p in opts.ref]
         names = [str(p) for p in opts.ref]
-    hyps = read_lines(opts.hyp) if opts.hyp is not None else read_stream(sys.stdin.buffer)
+    hyps = (
+        read_lines(opts.hyp)
+        if opts.hyp is not None
+        else list(textio.iter_lines(sys.stdin.buffer, textio.TextStats("<stdin>", log_each=True)))
+    )
     results = score_corpus(
         hyps,
         ref_streams,

@@ -468,17 +468,17 @@ class DistillOptions:
         """--config with --set, trained on OUT/data-bin in OUT/run (unless --set train.run_dir
         names another run directory); checked before anything is translated."""
         keys = {item.partition("=")[0].strip() for item in self.sets}
-        for key in ("data.dir", "data.source_lang", "data.target_lang"):
-            if key in keys:
-                raise NmtError(
-                    f"--set {key}: the student trains on {out / 'data-bin'} "
-                    f"({self.source_lang}-{self.target_lang}), which distill prepares; leave it out"
-                )
         options: dict[str, tuple[str, Any]] = {
             "data.dir": ("--out", str(out / "data-bin")),
             "data.source_lang": ("--source-lang", self.source_lang),
             "data.target_lang": ("--target-lang", self.target_lang),
         }
+        for key in options:
+            if key in keys:
+                raise NmtError(
+                    f"--set {key}: the student trains on {out / 'data-bin'} "
+                    f"({self.source_lang}-{self.target_lang}), which distill prepares; leave it out"
+                )
         if "train.run_dir" not in keys:
             options["train.run_dir"] = ("--out", str(out / "run"))
         return load_config(self.config, list(self.sets), options)

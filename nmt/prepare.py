@@ -149,9 +149,8 @@ def find_splits(opts: PrepareOptions, pipes: Path | None = None) -> list[Split]:
                 if path not in copied:
                     copied[path] = _copy_pipe(path, pipes, f"{name}.{lang}")
                 copies[lang] = copied[path]
-        (src, n_src), (tgt, n_tgt) = (
-            (files[lang], count_lines(copies.get(lang, files[lang]))) for lang in files
-        )
+        src, tgt = files.values()
+        n_src, n_tgt = (count_lines(copies.get(lang, path)) for lang, path in files.items())
         if n_src != n_tgt:
             raise NmtError(
                 f"{src} has {n_src} lines but {tgt} has {n_tgt}; parallel files must align"
@@ -226,11 +225,12 @@ def _tokenizer(
     work/spm.*"""
     if reused is not None:
         (work / "spm.model").write_bytes(reused.model_bytes)
-        vocab = Path(opts.spm_model).with_suffix(".vocab") if opts.spm_model else None
-        if vocab is not None and vocab.is_file():
-            (work / "spm.vocab").write_bytes(
-                atomic.read_regular(vocab, "the sentencepiece vocabulary")
-            )
+        if opts.spm_model:
+            vocab = Path(opts.spm_model).with_suffix(".vocab")
+            if vocab.is_file():
+                (work / "spm.vocab").write_bytes(
+                    atomic.read_regular(vocab, "the sentencepiece vocabulary")
+                )
         logger.info(
             "reusing the sentencepiece model of %s (vocab %d)",
             opts.spm_model or opts.tokenizer_from,
@@ -239,6 +239,18 @@ def _tokenizer(
         return reused
     start = time.time()
     vocab_size = DEFAULT_VOCAB_SIZE if opts.vocab_size is None else opts.vocab_size
+    source = opts.source_lang
+    target = opts.target_lang
+    # (file prefix, the languages it learns from, its vocabulary size, the option that sets it) of
+    # each sentencepiece model to learn: one joint model, or one per side (--separate-vocab)
+    if opts.separate_vocab:
+        target_option = "--vocab-size" if opts.target_vocab_size is None else "--target-vocab-size"
+        learn = [
+            (f"spm.{source}", [source], vocab_size, "--vocab-size"),
+            (f"spm.{target}", [target], opts.target_vocab_size or vocab_size, target_option),
+        ]
+    else:
+        learn = [("spm", [source, target], vocab_size, "--vocab-size")]
     logger.info(
         "learning a %s sentencepiece model, vocab %d, on %s (sampling at most %d sentences)",
         opts.model_type,
@@ -260,7 +272,7 @@ def _tokenizer(
             source=" + ".join(str(train.files[lang]) for lang in langs),
             size_option=option,
         )
-        for prefix, langs, size, option in _models_to_learn(opts, vocab_size)
+        for prefix, langs, size, option in learn
     ]
     logger.info(
         "learned the sentencepiece model%s in %.1f s",
@@ -280,22 +292,6 @@ def _tokenizer(
     )
     (work / "spm.model").write_bytes(tok.model_bytes)
     return tok
-
-
-def _models_to_learn(
-    opts: PrepareOptions, vocab_size: int
-) -> list[tuple[str, list[str], int, str]]:
-    """(file prefix, the languages it learns from, its vocabulary size, the option that sets it)
-    of each sentencepiece model to learn: one joint model, or one per side (--separate-vocab)."""
-    source = opts.source_lang
-    target = opts.target_lang
-    if not opts.separate_vocab:
-        return [("spm", [source, target], vocab_size, "--vocab-size")]
-    target_option = "--vocab-size" if opts.target_vocab_size is None else "--target-vocab-size"
-    return [
-        (f"spm.{source}", [source], vocab_size, "--vocab-size"),
-        (f"spm.{target}", [target], opts.target_vocab_size or vocab_size, target_option),
-    ]
 
 
 class _TokenWriter:
@@ -422,7 +418,8 @@ def _chunks(readers: list[Iterator[str]], split: Split) -> Iterator[tuple[list[s
     pairs = zip(*readers, strict=True)
     try:
         while chunk := list(islice(pairs, CHUNK_PAIRS)):
-            yield [p[0] for p in chunk], [p[1] for p in chunk]
+            src, tgt = zip(*chunk)
+            yield list(src), list(tgt)
     except ValueError:  # from zip(strict=True); the line counts were equal when checked
         files = " and ".join(map(str, split.files.values()))
         raise NmtError(f"{files} changed while being read (line counts differ now)") from None

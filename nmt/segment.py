@@ -44,17 +44,15 @@ class Segmented:
     def joined(self, translations: list[str]) -> tuple[str, list[int]]:
         """The text with span i replaced by translations[i], and where each translation starts
         in it."""
-        parts = []
+        joined = ""
         starts = []
-        length = 0
         previous = 0
         for (start, end), translation in zip(self.spans, translations, strict=True):
-            length += start - previous
-            starts.append(length)
-            length += len(translation)
-            parts += [self.text[previous:start], translation]
+            joined += self.text[previous:start]
+            starts.append(len(joined))
+            joined += translation
             previous = end
-        return "".join(parts) + self.text[previous:], starts
+        return joined + self.text[previous:], starts
 
 
 def per_text(parts: list[Segmented], items: list[T]) -> list[list[T]]:

@@ -257,7 +257,6 @@ def folded_units(text: str) -> list[str]:
 class Terminology:
     """Source term -> target term pairs (`load_terminology`) and the rule that finds them."""
 
-    pairs: tuple[tuple[str, str], ...]
     pattern: re.Pattern[str] | None  # the folded terms, over folded text
     targets: dict[str, str]  # folded source term -> target term
 
@@ -319,13 +318,13 @@ def _compiled(pairs: Sequence[tuple[str, str]]) -> Terminology:
             " ".join("".join(folded_units(source)).split()), tgt
         )  # folded as the text will be
     if not targets:
-        return Terminology(tuple(pairs), None, targets)
+        return Terminology(None, targets)
     terms = sorted(
         targets, key=len, reverse=True
     )  # longer terms first: the regex takes the first alternative
     body = "|".join(r"\s+".join(re.escape(w) for w in t.split()) for t in terms)
     word = rf"[\w{_marks()}]"  # a letter, a digit, _ or a combining mark
-    return Terminology(tuple(pairs), re.compile(rf"(?<!{word})(?:{body})(?!{word})"), targets)
+    return Terminology(re.compile(rf"(?<!{word})(?:{body})(?!{word})"), targets)
 
 
 def load_terminology(path: str | Path) -> Terminology:

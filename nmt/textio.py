@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
 
 log = logging.getLogger(__name__)
 BLOCK_SIZE = 1 << 20
@@ -67,11 +67,9 @@ class TextStats:
         """Problems cleaned (a line may have several: see `cleaned_lines`)."""
         return self.invalid_utf8 + self.nul + self.line_breaks
 
-    def _note(self, lineno: int, lossy: bool = False) -> None:
+    def _note(self, lineno: int) -> None:
         if len(self.first_lines) < MAX_REPORTED_LINES and lineno not in self.first_lines:
             self.first_lines.append(lineno)
-        if lossy and self.log_each:
-            log.warning("%s:%d: invalid UTF-8 replaced by U+FFFD", self.path, lineno)
 
     def summary(self) -> str:
         """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8 -> U+FFFD); first: 3,
@@ -195,10 +193,6 @@ def _pipe(stream: BinaryIO) -> int | None:
         return None
 
 
-class _LineTooLong(Exception):
-    """A line past MAX_LINE_BYTES (`_blocks`), reported by `iter_line_blocks` with its number."""
-
-
 def _wait_for_input(fd: int | None) -> None:
     """Return once the descriptor `fd` (of `_pipe`; None: return at once) has input or its end,
     waking every 0.25 s so that the main thread runs a signal's handler (see `_blocks`)."""
@@ -206,8 +200,9 @@ def _wait_for_input(fd: int | None) -> None:
         pass
 
 
-def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
-    """Chunks of whole lines (each ending in b"\\n", except maybe the stream's last).
+def _blocks(stream: BinaryIO, stats: TextStats, block_size: int) -> Iterator[bytes]:
+    """Chunks of whole lines (each ending in b"\\n", except maybe the stream's last); a read
+    error or a line past MAX_LINE_BYTES is an NmtError naming `stats.path` (and the line).
 
     `read1` returns what is there (at most one read of the file or pipe), so a line typed
     into an interactive pipe comes out as soon as it is complete, while a file is still read
@@ -221,31 +216,44 @@ def _blocks(stream: BinaryIO, block_size: int) -> Iterator[bytes]:
     rest = b""
     full = True
     while True:
-        if not full:
-            _wait_for_input(fd)
-        if not (chunk := read(block_size)):
+        try:
+            if not full:
+                _wait_for_input(fd)
+            chunk = read(block_size)
+        except BrokenPipeError:
+            raise
+        except (OSError, EOFError, zlib.error) as e:
+            raise NmtError(f"{stats.path}: cannot read ({one_line(e)})") from None
+        if not chunk:
             break
         full = len(chunk) == block_size
         chunk = rest + chunk
         cut = chunk.rfind(b"\n") + 1
         rest = chunk[cut:]
-        if len(rest) > MAX_LINE_BYTES:
-            raise _LineTooLong
+        if len(rest) > MAX_LINE_BYTES:  # the lines yielded before are counted by now
+            raise NmtError(
+                f"{stats.path}: line {stats.lines + 1} runs past {MAX_LINE_BYTES:,} bytes without "
+                "a line break; not text (a device, a binary file?)"
+            )
         if cut:
             yield chunk[:cut]
     if rest:
         yield rest + b"\n"
 
 
-def _clean(raw: bytes, lineno: int, stats: TextStats) -> str:
+def _clean(raw: bytes, stats: TextStats) -> str:
+    """The line `raw`, line `stats.lines` of its file, cleaned, counted into `stats`."""
+    lineno = stats.lines
     before = stats.cleaned
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
         line = raw.decode("utf-8", errors="replace")
         stats.invalid_utf8 += 1
-        stats._note(lineno, lossy=True)
-    line = line[:-1] if line.endswith("\r") else line
+        stats._note(lineno)
+        if stats.log_each:
+            log.warning("%s:%d: invalid UTF-8 replaced by U+FFFD", stats.path, lineno)
+    line = line.removesuffix("\r")
     if "\x00" in line:
         line = line.replace("\x00", " ")
         stats.nul += 1
@@ -269,33 +277,17 @@ def iter_line_blocks(
     Fast path: a whole block is decoded at once; only blocks with something to clean are
     handled line by line.
     """
-    try:
-        yield from _line_blocks(stream, stats, block_size)
-    except _LineTooLong:
-        raise NmtError(
-            f"{stats.path}: line {stats.lines + 1} runs past {MAX_LINE_BYTES:,} bytes without a "
-            "line break; not text (a device, a binary file?)"
-        ) from None
-    except (OSError, EOFError, zlib.error) as e:
-        if isinstance(e, BrokenPipeError):
-            raise
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise NmtError(f"{stats.path}: cannot read ({reason})") from None
-
-
-def _line_blocks(stream: BinaryIO, stats: TextStats, block_size: int) -> Iterator[list[str]]:
     first = True
-    for block in _blocks(stream, block_size):
+    for block in _blocks(stream, stats, block_size):
         if first:
             block = block.removeprefix(_BOM)
         first = False
         try:
             text = block.decode("utf-8")
         except UnicodeDecodeError:
-            text = None
-        if text is not None:
-            if "\r" in text:
-                text = text.replace("\r\n", "\n")
+            pass  # cleaned line by line below
+        else:
+            text = text.replace("\r\n", "\n")
             if "\x00" not in text and not any(c in text for c in _BREAK_CHARS):  # memchr-fast
                 lines = text.split("\n")[:-1]
                 stats.lines += len(lines)
@@ -304,7 +296,7 @@ def _line_blocks(stream: BinaryIO, stats: TextStats, block_size: int) -> Iterato
         cleaned = []
         for raw in block.split(b"\n")[:-1]:
             stats.lines += 1
-            cleaned.append(_clean(raw, stats.lines, stats))
+            cleaned.append(_clean(raw, stats))
         yield cleaned
 
 
@@ -318,9 +310,7 @@ def clean_text(text: str) -> str:
     """One sentence given as a Python string, cleaned as a line read from a file would be:
     line breaks (including `\\n`), NUL and the other separators become spaces, and lone
     surrogates (undecodable bytes smuggled in by `surrogateescape`) become U+FFFD."""
-    if text.endswith("\r"):
-        text = text[:-1]
-    text = _BREAKS.sub(" ", text.replace("\n", " ").replace("\x00", " "))
+    text = _BREAKS.sub(" ", text.removesuffix("\r").replace("\n", " ").replace("\x00", " "))
     return SURROGATES.sub("\ufffd", text)
 
 
@@ -339,13 +329,13 @@ def read_lines(
         yield from iter_lines(f, stats, block_size)  # read errors: an NmtError naming stats.path
 
 
-def count_lines(path: str | Path, block_size: int = BLOCK_SIZE) -> int:
+def count_lines(path: str | Path) -> int:
     """Number of lines `read_lines` yields (a last line without a newline counts)."""
     n = 0
     last = b"\n"
     with open_bytes(path) as f:
         try:
-            while chunk := f.read(block_size):
+            while chunk := f.read(BLOCK_SIZE):
                 n += chunk.count(b"\n")
                 last = chunk[-1:]
         except (OSError, EOFError, zlib.error) as e:

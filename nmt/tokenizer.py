@@ -97,7 +97,7 @@ def train_sentencepiece(
             unk_id=NMT_SPECIALS.unk,
             bos_id=NMT_SPECIALS.bos,
             eos_id=NMT_SPECIALS.eos,
-            num_threads=max(1, num_threads),
+            num_threads=num_threads,  # at least 1: PrepareOptions.workers
             minloglevel=2,
         )  # INFO is hundreds of lines, WARNING repeats the error we report in one line
     except RuntimeError as e:
@@ -250,7 +250,7 @@ class SentencePieceTokenizer(Tokenizer):
     model's ids, on both sides."""
 
     def __init__(self, model_bytes: bytes, name: str | None = None):
-        self.model_bytes = bytes(model_bytes)
+        self.model_bytes = model_bytes  # bytes (`Tokenizer.from_bytes`)
         self.name = name or "<sentencepiece model>"
         self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
         self._sp = sp = _load_spm(self.model_bytes, self.name)
@@ -341,10 +341,8 @@ class VocabTokenizer(Tokenizer):
         self.specials = specials
         self.separate = source_pieces is not None
         self.source_pieces = list(source_pieces) if source_pieces is not None else self.pieces
-        self._ids, self._source_ids = (
-            self._index(p, side)
-            for p, side in ((self.pieces, "target "), (self.source_pieces, "source "))
-        )
+        self._ids = self._index(self.pieces, "target ")
+        self._source_ids = self._index(self.source_pieces, "source ")
         header = {
             "pieces": self.pieces,
             "specials": vars(specials),
@@ -393,12 +391,11 @@ class VocabTokenizer(Tokenizer):
             end = data.index(b"\n", len(BUNDLE_MAGIC))
             header = json.loads(data[len(BUNDLE_MAGIC) : end])
             n_src = int(header["source_bytes"])
-            n_tgt = int(header["target_bytes"])
             models = data[end + 1 :]  # the source's, then the target's
             src = models[:n_src]
             tgt = models[n_src:]
             source_pieces = header.get("source_pieces")
-            if len(tgt) != n_tgt or not all(
+            if len(tgt) != int(header["target_bytes"]) or not all(
                 isinstance(p, list) for p in (header["pieces"], source_pieces or [])
             ):
                 raise ValueError("truncated")

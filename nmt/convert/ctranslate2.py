@@ -92,28 +92,24 @@ EXPORTED_FIELDS = frozenset(
 MARKERS = {"ctranslate2": ("config.json", "model.bin"), "hf": ("config.json", "model.safetensors")}
 # every name an export writes, in either vocabulary layout (one joint, or a source's and a target's)
 WRITES = {
-    "ctranslate2": frozenset(
-        {
-            *MARKERS["ctranslate2"],
-            "shared_vocabulary.json",
-            "source_vocabulary.json",
-            "target_vocabulary.json",
-            "spm.model",
-            "source.spm",
-            "target.spm",
-        }
-    ),
-    "hf": frozenset(
-        {
-            *MARKERS["hf"],
-            "generation_config.json",
-            "tokenizer_config.json",
-            "vocab.json",
-            "target_vocab.json",
-            "source.spm",
-            "target.spm",
-        }
-    ),
+    "ctranslate2": {
+        *MARKERS["ctranslate2"],
+        "shared_vocabulary.json",
+        "source_vocabulary.json",
+        "target_vocabulary.json",
+        "spm.model",
+        "source.spm",
+        "target.spm",
+    },
+    "hf": {
+        *MARKERS["hf"],
+        "generation_config.json",
+        "tokenizer_config.json",
+        "vocab.json",
+        "target_vocab.json",
+        "source.spm",
+        "target.spm",
+    },
 }
 
 
@@ -164,13 +160,18 @@ def export(
     own = out.is_dir() and not {p.name for p in out.iterdir()} <= WRITES[format]
     if format == "hf":
         with replacing_directory(out, "the export", "OUT_DIR", own=own) as work:
-            write_hf_folder(ckpt, model.eval(), work)
+            write_hf_folder(ckpt, model, work)
         log.info(
             "wrote %s (a Hugging Face MarianMT folder, vocabulary %d)", out, tokenizer.vocab_size
         )
         return out
-    converters = _import_ctranslate2()
-    spec = transformer_spec(model.eval(), tokenizer)
+    try:
+        import ctranslate2.converters as converters
+    except ImportError:
+        raise NmtError(
+            f"nmt export --format ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}"
+        ) from None
+    spec = transformer_spec(model, tokenizer)
 
     class _Converter(converters.Converter):  # type: ignore[name-defined]
         def _load(self) -> Any:
@@ -178,10 +179,8 @@ def export(
 
     with replacing_directory(out, "the export", "OUT_DIR", own=own) as work:
         _Converter().convert(str(work), quantization=quantization, force=True)
-        for (
-            name,
-            data,
-        ) in tokenizer.files().items():  # spm.model, or an imported model's source/target.spm
+        # spm.model, or an imported model's source/target.spm
+        for name, data in tokenizer.files().items():
             (work / name).write_bytes(data)
     log.info(
         "wrote %s (CTranslate2%s, vocabulary %d)",
@@ -190,16 +189,6 @@ def export(
         tokenizer.vocab_size,
     )
     return out
-
-
-def _import_ctranslate2() -> Any:
-    try:
-        import ctranslate2.converters as converters
-    except ImportError:
-        raise NmtError(
-            f"nmt export --format ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}"
-        ) from None
-    return converters
 
 
 def _destination(checkpoint: Path, out_dir: Path, force: bool, format: str) -> Path:
@@ -226,14 +215,15 @@ def _check_exportable(cfg: ModelConfig, where: str, model: str, only: dict[str, 
     """Every model setting is one the format (`model`: "a CTranslate2") maps; those of `only` have
     the one value it computes."""
     for f in fields(ModelConfig):
-        if f.name in only and getattr(cfg, f.name) != only[f.name]:
+        value = getattr(cfg, f.name)
+        if f.name in only and value != only[f.name]:
             raise NmtError(
-                f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be exported exactly: a "
+                f"{where}: model.{f.name}={value!r} cannot be exported exactly: a "
                 f"MarianMT model has {f.name} {only[f.name]!r}"
             )
-        if f.name not in EXPORTED_FIELDS and getattr(cfg, f.name) != f.default:
+        if f.name not in EXPORTED_FIELDS and value != f.default:
             raise NmtError(
-                f"{where}: model.{f.name}={getattr(cfg, f.name)!r} cannot be represented in "
+                f"{where}: model.{f.name}={value!r} cannot be represented in "
                 f"{model} model by this version of nmt export"
             )
 
@@ -266,15 +256,12 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
     for name, tensor in write(
         CTRANSLATE2, cfg, model.state_dict(), dict(model.named_buffers())
     ).items():
-        scope, _, attr = name.rpartition(
-            "/"
-        )  # index_spec: "decoder/layer_0/ffn" -> spec.decoder.layer[0].ffn
-        setattr(
-            index_spec(spec, scope), attr, tensor.detach().float().cpu().numpy()
-        )  # a spec refuses a new name
-    spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = (
-        True  # x sqrt(d_model), as nmt.models.layers.Embedding
-    )
+        # index_spec: "decoder/layer_0/ffn" -> spec.decoder.layer[0].ffn
+        scope, _, attr = name.rpartition("/")
+        # a spec refuses a new name
+        setattr(index_spec(spec, scope), attr, tensor.float().cpu().numpy())
+    # x sqrt(d_model), as nmt.models.layers.Embedding
+    spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = True
     spec.decoder.start_from_zero_embedding = model.tgt_embed.zero_start
     source, pieces = tokenizer.vocabularies()
     spec.register_source_vocabulary(source)

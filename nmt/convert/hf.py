@@ -106,9 +106,12 @@ def read_hf_folder(folder: Path) -> Imported:
     )
     cfg.need(ffn == dec_ffn, f"encoder_ffn_dim {ffn} != decoder_ffn_dim {dec_ffn}")
     cfg.need(cfg.flag("scale_embedding", False), "scale_embedding is not true")
-    cfg.need(not cfg.flag("normalize_before", False), "normalize_before (pre-norm) is true")
-    cfg.need(not cfg.flag("normalize_embedding", False), "normalize_embedding is true")
-    cfg.need(not cfg.flag("add_final_layer_norm", False), "add_final_layer_norm is true")
+    for key, what in (
+        ("normalize_before", " (pre-norm)"),
+        ("normalize_embedding", ""),
+        ("add_final_layer_norm", ""),
+    ):
+        cfg.need(not cfg.flag(key, False), f"{key}{what} is true")
     act = cfg.text("activation_function", "gelu")
     cfg.need(
         act in _ACTIVATIONS, f"activation_function {act!r} (supported: {', '.join(_ACTIVATIONS)})"
@@ -353,8 +356,7 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     if any(len(vocab) != len(side) for vocab, side in zip(vocabs, sides, strict=True)):
         raise NmtError(f"{ckpt.path}: its vocabulary holds a piece twice; vocab.json cannot map it")
     tensors = {
-        ("" if name in ("lm_head.weight", "final_logits_bias") else "model.") + name: t.detach()
-        .float()
+        ("" if name in ("lm_head.weight", "final_logits_bias") else "model.") + name: t.float()
         .contiguous()
         .clone()
         for name, t in write(HF_MARIAN, cfg, model.state_dict()).items()
@@ -420,8 +422,7 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
     if decode.lenpen_style == "gnmt":  # generate() divides by length^alpha only
         log.warning(
             "decode.lenpen_style gnmt has no equivalent in transformers: generation_config.json "
-            "divides "
-            "by length^%g (nmt's length style, the </s> counted)",
+            "divides by length^%g (nmt's length style, the </s> counted)",
             decode.lenpen,
         )
     data = ckpt.config.data
@@ -436,9 +437,8 @@ def write_hf_folder(ckpt: ModelCheckpoint, model: torch.nn.Module, folder: Path)
         "unk_token": pieces[ids.unk],
         "pad_token": pieces[ids.pad],
     }
-    files = (
-        tok.files()
-    )  # an imported model's source.spm and target.spm, or nmt's one joint spm.model
+    # an imported model's source.spm and target.spm, or nmt's one joint spm.model
+    files = tok.files()
     for name in ("source.spm", "target.spm"):
         (folder / name).write_bytes(files.get(name) or files["spm.model"])
     for name, content in (

@@ -373,7 +373,10 @@ def import_command(source: Path, output: Path, config: Path | None = None) -> Im
     or a FIFO among them is written into (`replacing_together`) before a file is renamed, so that
     neither is written unless both can be (`--config /dev/full` leaves no checkpoint)."""
     outputs = [FileArg("-o", output, "the checkpoint")]
-    outputs += [FileArg("--config", config, "the config")] if config is not None else []
+    written = [(output, "the checkpoint")]
+    if config is not None:
+        outputs.append(FileArg("--config", config, "the config"))
+        written.append((config, "the config"))
     check_outputs([], outputs)
     check_average_output([], output)
     if config is not None:
@@ -383,9 +386,6 @@ def import_command(source: Path, output: Path, config: Path | None = None) -> Im
     files = [*imported.files, *(p for p in sorted(folder.iterdir()) if p.is_file())]
     check_outputs(
         [FileArg("SOURCE", p, "a file of the model being imported") for p in files], outputs
-    )
-    written = [(output, "the checkpoint")] + (
-        [(config, "the config")] if config is not None else []
     )
     with replacing_together(written) as temporaries:
         with open(temporaries[0], "xb") as f:

@@ -42,9 +42,8 @@ from nmt.fields import shown
 from nmt.models.transformer import Transformer
 from nmt.tokenizer import Tokenizer
 
-MAX_POSITIONS = (
-    1 << 16
-)  # Marian and OPUS-MT use 512 to 1024; a longer table is a broken config, not a model
+# Marian and OPUS-MT use 512 to 1024; a longer table is a broken config, not a model
+MAX_POSITIONS = 1 << 16
 _FLOATS = {"F16", "BF16", "F32", "F64"}  # safetensors' names of the floating-point types
 _NPY_HEADER = 1 << 16  # more than numpy writes before a .npy member's data
 # a language of data.source_lang / target_lang: en, deu, zh_Hant, pt-BR
@@ -159,9 +158,8 @@ class Reader:
             return Keys(json.loads(self.text(path, "a JSON file")), str(path))
         except RecursionError:
             raise NmtError(f"{path}: nested too deeply to be a model's JSON") from None
-        except (
-            ValueError
-        ) as e:  # JSONDecodeError, or an integer of more digits than Python converts
+        # JSONDecodeError, or an integer of more digits than Python converts
+        except ValueError as e:
             raise NmtError(f"{path}: not readable JSON ({one_line(e)})") from None
 
     def weights(self, path: Path, prefix: str = "") -> Weights:
@@ -318,9 +316,8 @@ class _StateDict(Weights):
 
     def __init__(self, path: Path, f: BinaryIO):
         try:
-            with (
-                warnings.catch_warnings()
-            ):  # torch's deprecation notes on a quantized tensor: the refusal says it all
+            # torch's deprecation notes on a quantized tensor: the refusal says it all
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 state = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - a damaged or forged file's error is the user's
@@ -338,9 +335,8 @@ class _StateDict(Weights):
 
     def _header(self, name: str) -> tuple[tuple[int, ...], str, bool]:
         t = self.state[name]
-        if (
-            t.layout != torch.strided or t.is_meta
-        ):  # sparse, or no data at all: no array of floats either
+        # sparse, or no data at all: no array of floats either
+        if t.layout != torch.strided or t.is_meta:
             return tuple(t.shape), f"a {'meta' if t.is_meta else t.layout} tensor", False
         return tuple(t.shape), str(t.dtype).removeprefix("torch."), t.dtype.is_floating_point
 

@@ -55,9 +55,8 @@ class Layout:
     norm: tuple[str, str]  # {p} of a LayerNorm's scale and bias ({tail}: Marian's pre-norm suffix)
     top: tuple[Row, ...]  # the weights outside the layers
     transposed: bool = False  # linear weights stored (in, out)
-    ignored: tuple[
-        str, ...
-    ] = ()  # names a source may hold that nmt does not read (tied copies, recomputed tables)
+    # names a source may hold that nmt does not read (tied copies, recomputed tables)
+    ignored: tuple[str, ...] = ()
 
 
 # A layer's modules: nmt's, then Hugging Face MarianMT's, Marian's and CTranslate2's names after
@@ -88,29 +87,27 @@ CROSS = (  # a decoder layer's cross-attention
     ("norms.1", "encoder_attn_layer_norm.{p}", "context_Wo_ln_{p}", "attention/layer_norm/{p}"),
 )
 
-HF_MARIAN = (
-    Layout(  # names without the "model." prefix; logits plus final_logits_bias when it is there
-        "Hugging Face MarianMT",
-        1,
-        "{side}.layers.{i}.",
-        ("weight", "bias"),
-        ("weight", "bias"),
-        top=(
-            Row(
-                "{emb}_embed.tokens.weight", ("{side}.embed_tokens.weight",)
-            ),  # what MarianMTModel reads,
-            Row("{emb}_embed.tokens.weight", ("shared.weight",)),  # a file may hold only `shared`
-            Row("output_embedding", ("lm_head.weight",)),
-            Row("output_bias", ("final_logits_bias",)),
-            Row("output_bias", ()),
-        ),
-        ignored=(
-            "shared.weight",
-            "lm_head.weight",
-            "encoder.embed_positions.weight",
-            "decoder.embed_positions.weight",
-        ),
-    )
+# names without the "model." prefix; logits plus final_logits_bias when it is there
+HF_MARIAN = Layout(
+    "Hugging Face MarianMT",
+    1,
+    "{side}.layers.{i}.",
+    ("weight", "bias"),
+    ("weight", "bias"),
+    top=(
+        # what MarianMTModel reads,
+        Row("{emb}_embed.tokens.weight", ("{side}.embed_tokens.weight",)),
+        Row("{emb}_embed.tokens.weight", ("shared.weight",)),  # a file may hold only `shared`
+        Row("output_embedding", ("lm_head.weight",)),
+        Row("output_bias", ("final_logits_bias",)),
+        Row("output_bias", ()),
+    ),
+    ignored=(
+        "shared.weight",
+        "lm_head.weight",
+        "encoder.embed_positions.weight",
+        "decoder.embed_positions.weight",
+    ),
 )
 
 # Marian's vocabulary has no pad row: a zero embedding, an output bias of PAD_LOGIT_BIAS
@@ -124,9 +121,8 @@ MARIAN = Layout(
     top=(
         Row("{emb}_embed.tokens.weight", ("Wemb",), pad=0.0),
         Row("{emb}_embed.tokens.weight", ("{side}_Wemb",), pad=0.0),
-        Row(
-            "output_embedding", ("decoder_ff_logit_out_W",), transposed=True, pad=0.0
-        ),  # older Marian's
+        # older Marian's
+        Row("output_embedding", ("decoder_ff_logit_out_W",), transposed=True, pad=0.0),
         Row("output_embedding", ("decoder_ff_logit_out_Wt",), pad=0.0),
         Row("output_bias", ("decoder_ff_logit_out_b",), pad=PAD_LOGIT_BIAS),
         Row("output_bias", (), pad=PAD_LOGIT_BIAS),
@@ -182,10 +178,13 @@ def rows(layout: Layout, cfg: ModelConfig) -> Iterator[Row]:
                 for param, p in zip(
                     ("weight", "bias"), layout.norm if norm else layout.linear, strict=True
                 ):
-                    parts = (layout.layer + part for part in module[layout.column].split("+"))
+                    parts = module[layout.column].split("+")
                     yield Row(
                         f"{side}.{i}.{module[0].format(**keys)}.{param}",
-                        tuple(part.format(p=p.format(**keys), **keys) for part in parts),
+                        tuple(
+                            (layout.layer + part).format(p=p.format(**keys), **keys)
+                            for part in parts
+                        ),
                         transposed=layout.transposed and not norm and param == "weight",
                     )
 
@@ -223,9 +222,8 @@ def read(
             continue
         options = list(group)
         row = next((r for r in options if all(map(w.has, r.parts))), options[-1])
-        n, *rest = (
-            like.shape
-        )  # a part's shape in nmt's layout: 1/k of a fused tensor, without the pad row
+        # a part's shape in nmt's layout: 1/k of a fused tensor, without the pad row
+        n, *rest = like.shape
         shape = ((n - (row.pad is not None)) // max(len(row.parts), 1), *rest)
         parts = [w.take(p, *(shape[::-1] if row.transposed else shape)) for p in row.parts] or [
             torch.zeros(shape)
@@ -253,9 +251,8 @@ def write(
     out = dict[str, torch.Tensor]()
     used = set[str]()
     for row in rows(layout, cfg):
-        if (
-            row.nmt not in source or not row.parts or row.parts[0] in out
-        ):  # absent, or an alternative written
+        # absent, or an alternative written
+        if row.nmt not in source or not row.parts or row.parts[0] in out:
             continue
         tensor = source[row.nmt][:-1] if row.pad is not None else source[row.nmt]
         for name, part in zip(row.parts, tensor.chunk(len(row.parts)), strict=True):

@@ -45,7 +45,7 @@ def repeats(values: Tensor) -> Tensor:
 
 
 def top_candidates(
-    lprobs: Tensor, scores: Tensor, k: int, chunk: int = CHUNK
+    lprobs: Tensor, scores: Tensor, k: int, chunk: int | None = None
 ) -> tuple[Tensor, Tensor]:
     """The k best continuations of each sentence: their scores and indices, best first.
 
@@ -62,6 +62,7 @@ def top_candidates(
     """
     n_sent, width = scores.shape
     vocab = lprobs.size(1)
+    chunk = chunk or CHUNK  # read at each call: a test sets CHUNK to reach the two stages
     if vocab < 4 * chunk:
         cand = (scores.view(-1, 1) + lprobs).view(n_sent, width * vocab)
         index = torch.arange(width * vocab, device=lprobs.device).expand(n_sent, -1)

@@ -1,6 +1,6 @@
 """Lexical constraints for the beam search (`nmt.decoding.search.beam_search`): target phrases
-the output must contain (`include`), phrases it must never contain (`avoid`, token ids;
-`avoid_text`, text, whatever tokens spell it) and a forced start (`prefix`).
+the output must contain (`include`), texts it must never contain (`avoid_text`, whatever
+tokens spell them) and a forced start (`prefix`).
 
 This module keeps the books; the search decides. `ConstraintTracker` holds the constraints of
 a batch's live sentences and, for every live row (hypothesis), its state in each phrase,
@@ -15,8 +15,8 @@ still ends the output, not to 0).
   end: they appear one after another, in order, without overlapping. A row's bank (Post &
   Vilar 2018) is the number of constraint tokens it has produced: the lengths of its met
   phrases plus its longest progress into an unmet one.
-- To avoid, over tokens (`avoid`) or the bytes of the output's text (`avoid_text`, each token
-  adding its surface: `nmt.terminology.Surfaces`): a row may not produce a token whose surface
+- To avoid, over the bytes of the output's text (`avoid_text`, each token adding its surface:
+  `nmt.terminology.Surfaces`): a row may not produce a token whose surface
   starts with the rest of a phrase after the row's state, or after a shorter start that also
   ends the output, or holds a whole phrase. The tokens whose surfaces start with a text are a
   range of the vocabulary sorted by surface: a row's banned tokens cost one pass over it.
@@ -27,13 +27,11 @@ keeps one state per phrase and offers the search at most k tokens of them (`next
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -57,37 +55,35 @@ class Constraints:
         only once all appear; one that cannot appear before the maximum length leaves the
         hypothesis ending without it, counted in `Hypothesis.unmet`. Unordered, a phrase
         listed twice is met by one occurrence; ordered, it must occur twice.
-    avoid: token sequences that must never appear (also not across the prefix).
     prefix: the output's first tokens, taken whatever the model and the other rules say
         (their log-probs count in the score); they count toward `include`.
     avoid_text: texts that must never occur in the output's text, also inside a word or
-        across tokens (see `AvoidText`).
+        across tokens (see `AvoidText`), also not across the prefix.
     texts: the text each `include` phrase was asked as, for messages (or ()).
     """
 
     include: Phrases = ()
     ordered: bool = False
-    avoid: Phrases = ()
     prefix: tuple[int, ...] = ()
     avoid_text: AvoidText | None = None
     texts: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("include", "avoid"):  # lists are welcome: stored as tuples
-            phrases = tuple(tuple(int(t) for t in phrase) for phrase in getattr(self, name))
-            if not all(phrases):
-                raise ValueError(f"an empty {name} phrase")
-            object.__setattr__(self, name, phrases)
+        # lists are welcome: stored as tuples
+        include = tuple(tuple(int(t) for t in phrase) for phrase in self.include)
+        if not all(include):
+            raise ValueError("an empty include phrase")
+        object.__setattr__(self, "include", include)
         object.__setattr__(self, "prefix", tuple(int(t) for t in self.prefix))
         if any(t < 0 for t in self.tokens()):
             raise ValueError("a negative token id in the constraints")
 
     def is_empty(self) -> bool:
-        return not (self.include or self.avoid or self.prefix or self.avoid_text)
+        return not (self.include or self.prefix or self.avoid_text)
 
     def tokens(self) -> set[int]:
         """Every token id the constraints name (e.g. to keep them in a shortlist)."""
-        return {t for phrase in (*self.include, *self.avoid, self.prefix) for t in phrase}
+        return {t for phrase in (*self.include, self.prefix) for t in phrase}
 
     def min_length(self) -> int:
         """A lower bound on the output tokens that hold every phrase to include: ordered, the
@@ -103,19 +99,15 @@ class Constraints:
             *(n + k - 1 for n, k in lengths.items()),
         )
 
-    def mapped(self, column: Callable[[int], int]) -> Constraints:
-        """The same constraints with every token id replaced by `column(id)` (e.g. its column
-        in a shortlisted batch's vocabulary; `column` raises LookupError for a token outside)."""
-
-        def phrases(ps: Phrases) -> Phrases:
-            return tuple(tuple(column(t) for t in p) for p in ps)
-
+    def mapped(self, vocab: Sequence[int]) -> Constraints:
+        """The same constraints over the columns of a shortlisted batch's vocabulary, `vocab`
+        the token id of each column (KeyError for a token outside)."""
+        column = {t: i for i, t in enumerate(vocab)}
         return Constraints(
-            phrases(self.include),
+            tuple(tuple(column[t] for t in p) for p in self.include),
             self.ordered,
-            phrases(self.avoid),
-            tuple(column(t) for t in self.prefix),
-            self.avoid_text and self.avoid_text.mapped(column),
+            tuple(column[t] for t in self.prefix),
+            self.avoid_text and replace(self.avoid_text, columns=tuple(vocab)),
             self.texts,
         )
 
@@ -130,46 +122,21 @@ class AvoidText:
     surfaces: Surfaces
     columns: tuple[int, ...] | None = None
 
-    def mapped(self, column: Callable[[int], int]) -> AvoidText:
-        ids: dict[int, int] = {}
-        for t in range(self.surfaces.size):
-            with contextlib.suppress(LookupError):
-                ids[column(t)] = t
-        return AvoidText(self.texts, self.surfaces, tuple(ids[c] for c in sorted(ids)))
 
-
-class _Tokens:
-    """Token ids as the units of avoided phrases (`Constraints.avoid`), `size` of them: each
-    token is its one unit (the counterpart of `nmt.terminology.Surfaces`)."""
-
-    width = 1
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.tensors = dict[Any, Any]()
-
-    def index(self, phrase: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
-        n = len(phrase)  # only the last unit completes a phrase, from the state before it
-        return [0] * (n - 1) + [phrase[-1]], [0] * (n - 1) + [phrase[-1] + 1], []
-
-
-def _tensors(surfaces: Surfaces | _Tokens, device: torch.device) -> tuple[Tensor | None, Tensor]:
-    """Kept by device: units (V, W) of each token, -1 after its surface (None: the tokens are
-    their units), and rank (V,), each token's place in the vocabulary sorted by surface."""
+def _tensors(surfaces: Surfaces, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Kept by device: units (V, W) of each token, -1 after its surface, and rank (V,), each
+    token's place in the vocabulary sorted by surface."""
     if device not in surfaces.tensors:
-        if isinstance(surfaces, _Tokens):
-            surfaces.tensors[device] = None, torch.arange(surfaces.size, device=device)
-        else:
-            lengths = torch.tensor([len(p) for p in surfaces.pieces], dtype=torch.long)
-            row = torch.arange(surfaces.size).repeat_interleave(lengths)
-            column = torch.arange(row.numel()) - torch.repeat_interleave(
-                lengths.cumsum(0) - lengths, lengths
-            )
-            units = torch.full((surfaces.size, max(1, surfaces.width)), -1, dtype=torch.long)
-            units[row, column] = torch.tensor(list(b"".join(surfaces.pieces)), dtype=torch.long)
-            rank = torch.empty(surfaces.size, dtype=torch.long)
-            rank[torch.tensor(surfaces.order, dtype=torch.long)] = torch.arange(surfaces.size)
-            surfaces.tensors[device] = units.to(device), rank.to(device)
+        lengths = torch.tensor([len(p) for p in surfaces.pieces], dtype=torch.long)
+        row = torch.arange(surfaces.size).repeat_interleave(lengths)
+        column = torch.arange(row.numel()) - torch.repeat_interleave(
+            lengths.cumsum(0) - lengths, lengths
+        )
+        units = torch.full((surfaces.size, max(1, surfaces.width)), -1, dtype=torch.long)
+        units[row, column] = torch.tensor(list(b"".join(surfaces.pieces)), dtype=torch.long)
+        rank = torch.empty(surfaces.size, dtype=torch.long)
+        rank[torch.tensor(surfaces.order, dtype=torch.long)] = torch.arange(surfaces.size)
+        surfaces.tensors[device] = units.to(device), rank.to(device)
     return surfaces.tensors[device]
 
 
@@ -239,8 +206,8 @@ class _Avoided:
 
     def __init__(
         self,
-        sentences: Sequence[Sequence[Any]],
-        surfaces: Surfaces | _Tokens,
+        sentences: Sequence[Sequence[bytes]],
+        surfaces: Surfaces,
         columns: Sequence[int] | None,
         device: torch.device,
     ) -> None:
@@ -292,12 +259,8 @@ class _Avoided:
         offset = t.offset[sentence]
         state = self.state[rows]
         table = _tensors(self.surfaces, tokens.device)[0]
-        units = (
-            tokens.unsqueeze(1)
-            if table is None
-            else table[tokens if self.columns is None else self.columns[tokens]]
-        )
-        for w in range(1 if units.size(1) == 1 else int((units >= 0).sum(1).max())):
+        units = table[tokens if self.columns is None else self.columns[tokens]]
+        for w in range(int((units >= 0).sum(1).max())):
             unit = units[:, w : w + 1]
             state = torch.where(unit >= 0, t.step(offset, state, unit), state)
         # only a dead row gets there
@@ -327,8 +290,8 @@ class ConstraintTracker:
     sentence-major) and the beam search's moves with them (`search._Unconstrained`'s: without).
 
     Sentence tables: the phrases to include (`include`, a `_Table`; `lengths` (Bn, M), a
-    missing phrase has length 0 and counts as met), `ordered` (Bn,), the avoided phrases and
-    texts (`avoided`, each with its rows' states), the prefixes `prefix` (Bn, F) (-1 after
+    missing phrase has length 0 and counts as met), `ordered` (Bn,), the avoided texts
+    (`avoided`, with its rows' states; None: none), the prefixes `prefix` (Bn, F) (-1 after
     the end).
     """
 
@@ -339,24 +302,17 @@ class ConstraintTracker:
             [c.ordered for c in constraints], dtype=torch.bool, device=device
         )
         self.total = int(self.lengths.sum(1).max())  # the highest bank
-        self.avoided: list[_Avoided] = []
-        if any(c.avoid for c in constraints):
-            size = 1 + max(t for c in constraints for p in c.avoid for t in p)
-            self.avoided.append(
-                _Avoided([c.avoid for c in constraints], _Tokens(size), None, device)
-            )
+        self.avoided: _Avoided | None = None
         if texts := [c.avoid_text for c in constraints if c.avoid_text is not None]:
             if any(
                 a.surfaces is not texts[0].surfaces or a.columns != texts[0].columns for a in texts
             ):
                 raise ValueError("avoided texts over different vocabularies in one batch")
-            self.avoided.append(
-                _Avoided(
-                    [c.avoid_text.texts if c.avoid_text else () for c in constraints],
-                    texts[0].surfaces,
-                    texts[0].columns,
-                    device,
-                )
+            self.avoided = _Avoided(
+                [c.avoid_text.texts if c.avoid_text else () for c in constraints],
+                texts[0].surfaces,
+                texts[0].columns,
+                device,
             )
         self.prefix = pad_rows([c.prefix for c in constraints], -1).to(device)  # (Bn, F)
         self.max_token = max(max(c.tokens(), default=-1) for c in constraints)
@@ -420,8 +376,8 @@ class ConstraintTracker:
         Returns what it took of EOS, for `candidates` (`unblock_stuck_`)."""
         eos = self.eos
         sentence = self._sentence_of(self._rows())
-        for avoided in self.avoided:
-            banned = avoided.banned(sentence)
+        if self.avoided is not None:
+            banned = self.avoided.banned(sentence)
             lprobs[:, : banned.size(1)].masked_fill_(banned, -math.inf)
         blocked = (~self.state.met).any(1)
         if at_max is not None:
@@ -513,8 +469,8 @@ class ConstraintTracker:
         state = state.gather(order)
         self.state = RowState(state.progress.flatten(0, 1), state.met.flatten(0, 1))
         sentence = self._sentence_of(self._rows())
-        for avoided in self.avoided:
-            avoided.advance(rows.reshape(-1), tokens.reshape(-1), sentence)
+        if self.avoided is not None:
+            self.avoided.advance(rows.reshape(-1), tokens.reshape(-1), sentence)
 
     def keep(self, sentences: Tensor) -> None:
         """Only `sentences` (indices of the live ones) go on; call after `choose`."""
@@ -523,5 +479,5 @@ class ConstraintTracker:
         self.include.keep(sentences)
         self.ordered = self.ordered[sentences]
         self.prefix = self.prefix[sentences]
-        for avoided in self.avoided:
-            avoided.keep(sentences, rows)
+        if self.avoided is not None:
+            self.avoided.keep(sentences, rows)

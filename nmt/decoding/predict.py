@@ -82,19 +82,6 @@ class _Shortlisted:
         return self.model.encode(src, self.shortlist)
 
 
-def _asked(c: Constraints | None) -> set[int]:
-    """The tokens a sentence's constraints make it produce (they join its shortlist)."""
-    return set() if c is None else {t for phrase in (*c.include, c.prefix) for t in phrase}
-
-
-def _in_columns(c: Constraints, vocab: torch.Tensor) -> Constraints:
-    """`c` numbered by the columns of a shortlisted batch's vocabulary; an avoided phrase with a
-    token outside it cannot appear anyway and is dropped."""
-    column = {t: i for i, t in enumerate(vocab.tolist())}
-    avoid = tuple(p for p in c.avoid if all(t in column for t in p))
-    return replace(c, avoid=avoid).mapped(column.__getitem__)
-
-
 @dataclass
 class Loaded:
     model: Any  # a Transformer, an RNN (nmt.models.rnn) or an Ensemble of them
@@ -311,11 +298,14 @@ def translate_token_lists(
         cons = None if constraints is None else [constraints[i] for i in ids]
         gone = None if abandoned is None else lambda row: abandoned(ids[row])
         if shortlist is not None:  # the search numbers outputs by columns of the batch's vocabulary
-            vocab, allowed = shortlist.batch_vocab(src, specials, [_asked(c) for c in cons or []])
+            vocab, allowed = shortlist.batch_vocab(
+                src, specials, [c.tokens() if c else set() for c in cons or []]
+            )
             search_model = _Shortlisted(model, vocab.to(device), allowed.to(device))
             ids_out = {k: int(torch.searchsorted(vocab, v)) for k, v in ids_out.items()}
             if cons is not None:
-                cons = [_in_columns(c, vocab) if c else None for c in cons]
+                columns = vocab.tolist()
+                cons = [c.mapped(columns) if c else None for c in cons]
         with torch.inference_mode(), decode_autocast(device, precision):  # both are per thread
             if cfg.sampling:
                 pick = sampler(cfg, [first_index + i for i in ids])

@@ -80,8 +80,7 @@ class Shortlist:
         `extra[b]`: tokens sentence b may produce besides (its lexical constraints' tokens)."""
         allowed = self.allowed(src, specials)
         for b, tokens in enumerate(extra):
-            if tokens:
-                allowed[b, list(tokens)] = True
+            allowed[b, list(tokens)] = True
         vocab = allowed.any(0).nonzero().view(-1)
         return vocab, allowed[:, vocab]
 

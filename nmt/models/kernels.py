@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, one_line
 
 if TYPE_CHECKING:
     from nmt.models.transformer import Transformer
@@ -91,9 +91,8 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1]).float()
-        row_max = (
-            x.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
-        )  # (N, 1); an all-zero row stays 0
+        # (N, 1); an all-zero row stays 0
+        row_max = x.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
         y = _int8_linear_op()(x / row_max, _X_SCALE, _X_ZERO, self.packed)
         y = y.mul_(row_max) if self.bias is None else torch.addcmul(self.bias, y, row_max)
         return y.view(*shape[:-1], self.out_features)
@@ -108,10 +107,9 @@ def check_int8(device: torch.device) -> None:
     try:
         Int8Linear(torch.ones(2, 4))(torch.ones(1, 4))
     except (RuntimeError, AttributeError, NotImplementedError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise NmtError(
             "--precision int8 needs PyTorch's x86 int8 kernels (fbgemm), which this torch build "
-            f"lacks ({first}); use fp32"
+            f"lacks ({one_line(e)}); use fp32"
         ) from None
 
 

@@ -37,15 +37,14 @@ def sinusoids(length: int, dim: int, layout: str) -> Tensor:
         return torch.where(cols < h, torch.sin(args), torch.cos(args))
     if layout == "hf_marian":  # ceil(dim/2) sin columns, then floor(dim/2) cos columns
         freqs = torch.pow(10000.0, -2 * torch.arange((dim + 1) // 2, dtype=torch.float64) / dim)
-        args = (
-            torch.arange(length, dtype=torch.float64).unsqueeze(1) * freqs
-        )  # (length, ceil(dim/2))
+        # (length, ceil(dim/2))
+        args = torch.arange(length, dtype=torch.float64).unsqueeze(1) * freqs
         return torch.cat([torch.sin(args), torch.cos(args[:, : dim // 2])], dim=1).float()
     half = dim // 2
     freqs = torch.exp(torch.arange(half) * -(math.log(10000.0) / max(half - 1, 1)))
     args = torch.arange(length).unsqueeze(1) * freqs  # (length, half)
-    table = torch.cat([torch.sin(args), torch.cos(args)], dim=1)
-    return F.pad(table, (0, dim % 2))  # odd dim: a zero last column
+    # odd dim: a zero last column
+    return F.pad(torch.cat([torch.sin(args), torch.cos(args)], dim=1), (0, dim % 2))
 
 
 def linear(d_in: int, d_out: int, parts: int = 1, gain: float = 1.0) -> nn.Linear:
@@ -202,9 +201,8 @@ class SelfAttention(nn.Module):
         to the keys the mask allows.
         """
         B, T, D = x.shape
-        q, k, v = (
-            self.qkv(x).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        )  # 3 x (B, H, T, Dh)
+        # 3 x (B, H, T, Dh)
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         if cache is not None:
             width = 0 if mask is None else mask.size(-1)
             k, v = (
@@ -235,9 +233,8 @@ class CrossAttention(nn.Module):
     def keys_values(self, memory: Tensor) -> KV:
         """memory (B, S, D) -> keys, values (B, H, S, Dh); computed once per sentence in search."""
         B, S, D = memory.shape
-        k, v = (
-            self.kv(memory).view(B, S, 2, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        )  # 2 x (B, H, S, Dh)
+        # 2 x (B, H, S, Dh)
+        k, v = self.kv(memory).view(B, S, 2, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         return k, v
 
     def forward(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -190,12 +191,9 @@ class RNN(nn.Module):
                 weights.append(w)
         return self.dropout(torch.stack(outs, 1))  # (B, T, D)
 
-    def forward(
-        self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None
-    ) -> Tensor:
-        """src (B, S), prev_output (B, T) -> logits (B, T, V); with target_mask (B, T), (M, V)."""
-        x = self._decode_all(src, prev_output)
-        return F.linear(x if target_mask is None else x[target_mask], self.output_weight)
+    def forward(self, src: Tensor, prev_output: Tensor) -> Tensor:
+        """src (B, S), prev_output (B, T) -> logits (B, T, V)."""
+        return F.linear(self._decode_all(src, prev_output), self.output_weight)
 
     def decoder_states(self, src: Tensor, prev_output: Tensor, index: Tensor) -> Tensor:
         """The readouts (M, D) at the flat positions `index` of (B * T) (training's loss)."""
@@ -220,7 +218,7 @@ class RNN(nn.Module):
         if shortlist is not None:
             state.vocab = shortlist[0]
             state.blocked = ~shortlist[1]
-            state.project = lambda x, w=self.output_weight[state.vocab]: F.linear(x, w)
+            state.project = partial(F.linear, weight=self.output_weight[state.vocab])
         return state
 
     @torch.no_grad()
@@ -229,11 +227,9 @@ class RNN(nn.Module):
         if state.vocab is not None:  # columns -> token ids
             tokens = state.vocab[tokens]
         out, hidden, cell, _ = self._step(self.tgt_tokens(tokens), state.hidden, state.cell, state)
-        if state.project is None:
-            logits = F.linear(out, self.output_weight)  # (N, V)
-        else:
-            logits = state.project(out)  # (N, K)
-        return log_probs(logits, state.blocked), replace(state, hidden=hidden, cell=cell)
+        # (N, D) -> (N, V), or a shortlist's (N, K)
+        project = state.project or partial(F.linear, weight=self.output_weight)
+        return log_probs(project(out), state.blocked), replace(state, hidden=hidden, cell=cell)
 
     @torch.no_grad()
     def reorder(self, state: RNNState, index: Tensor) -> RNNState:

@@ -60,9 +60,8 @@ class DecoderState:
     # back are columns too; source row r's sentence may not produce the columns blocked[r]
     vocab: Tensor | None = None  # (K,) long
     blocked: Tensor | None = None  # (B, K) bool
-    project: Callable[[Tensor], Tensor] | None = (
-        None  # (N, D) -> (N, K): the output projection's rows of `vocab`
-    )
+    # (N, D) -> (N, K): the output projection's rows of `vocab`
+    project: Callable[[Tensor], Tensor] | None = None
 
 
 class Transformer(nn.Module):
@@ -149,23 +148,17 @@ class Transformer(nn.Module):
             return self.cpu_output
         if isinstance(self.cpu_output, Int8Linear):  # a shortlist's rows: quantised for this batch
             return Int8Linear(weight, bias)
-        return partial(
-            F.linear, weight=weight, bias=bias
-        )  # (packing them would make a kernel per batch)
+        # (packing them would make a kernel per batch)
+        return partial(F.linear, weight=weight, bias=bias)
 
-    def forward(
-        self, src: Tensor, prev_output: Tensor, target_mask: Tensor | None = None
-    ) -> Tensor:
-        """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V); with
-        target_mask (B, T) bool, only the masked positions' logits (M, V), row-major.
+    def forward(self, src: Tensor, prev_output: Tensor) -> Tensor:
+        """src (B, S), prev_output (B, T) ([BOS] + target) -> logits (B, T, V).
 
-        Padding must be at the right end of each row. The output projection is the largest
-        matmul of a small model, so training passes the mask of real target tokens and skips
-        the padded positions (~15% of them with Multi30k's batches). Under autocast the
-        logits stay in the autocast dtype (no fp32 copy); the caller's loss upcasts.
+        Padding must be at the right end of each row. Training computes its loss from
+        `decoder_states` instead, skipping the padded positions. Under autocast the logits stay
+        in the autocast dtype (no fp32 copy); the caller's loss upcasts.
         """
-        x = self._decode_all(src, prev_output)
-        return self.output(x if target_mask is None else x[target_mask])
+        return self.output(self._decode_all(src, prev_output))
 
     def decoder_states(self, src: Tensor, prev_output: Tensor, index: Tensor) -> Tensor:
         """The final decoder states (after the final norm) at the flat positions `index` (M,)
@@ -240,9 +233,8 @@ class Transformer(nn.Module):
             tokens = state.vocab[tokens]
         x = self.tgt_embed(tokens.unsqueeze(1), start=state.step)  # (N, 1, D)
         slots = self_mask = None
-        if (
-            isinstance(state.step, Tensor) and old
-        ):  # row i attends to its own positions 0 .. step[i]
+        # row i attends to its own positions 0 .. step[i]
+        if isinstance(state.step, Tensor) and old:
             slots = state.step.to(x.device)
             self_mask = (
                 torch.arange(int(state.step.max()) + 1, device=x.device) <= slots.unsqueeze(1)
@@ -325,11 +317,7 @@ class Transformer(nn.Module):
 def _stack(x: Tensor, y: Tensor, width: int) -> Tensor:
     """x (Bx, H, Sx, Dh) above y (By, H, Sy, Dh), each with zeros after its positions up to
     `width`."""
-    out = x.new_empty(x.size(0) + y.size(0), x.size(1), width, x.size(3))
-    for part, t in zip(out.split([x.size(0), y.size(0)]), (x, y)):
-        part[:, :, : t.size(2)] = t
-        part[:, :, t.size(2) :] = 0
-    return out
+    return torch.cat([F.pad(t, (0, 0, 0, width - t.size(2))) for t in (x, y)])
 
 
 def build_model(
@@ -370,7 +358,7 @@ def summary(model: Transformer | RNN) -> str:
         seen.update(id(p) for p in params)
         if params:
             lines.append(f"  {name:<14} {sum(p.numel() for p in params):>12,}")
-        elif any(True for _ in child.parameters()):
+        elif list(child.parameters()):
             lines.append(f"  {name:<14} {'(tied)':>12}")
     lines.append(f"parameters: {num_parameters(model)}")
     return "\n".join(lines)

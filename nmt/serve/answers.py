@@ -5,6 +5,7 @@ translation, and attention weights. Built on a thread within the request's deadl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +101,7 @@ def _alignment(part: Segmented, used: list[Translation]) -> list[dict[str, list[
 
 
 def number(x: float) -> float | None:
-    return round(x, 6) if x == x and abs(x) != float("inf") else None  # JSON has no infinity
+    return round(x, 6) if math.isfinite(x) else None  # JSON has no infinity or NaN
 
 
 def _spans(pieces: list[str], text: str, offset: int) -> list[list[int] | None]:

@@ -22,6 +22,7 @@ import torch
 
 from nmt.api import DECODE_OPTIONS, Translation, Translator
 from nmt.config import DecodeConfig
+from nmt.data import pad_rows
 from nmt.decoding.predict import decode_workers
 from nmt.decoding.search import max_output_lengths
 from nmt.errors import NmtError, one_line
@@ -138,7 +139,7 @@ class Service:
         """The request `p` of /v1/translate checked and cut into jobs (400 naming what is wrong)."""
         model = self._model(p.get("model"))
         check_fields(p, V1_KEYS | set(DECODE_OPTIONS))
-        texts = self.limits.texts(p.get("texts"), "texts", (str, dict))
+        texts = self.limits.texts(p.get("texts"), "texts", objects=True)
         nbest = typed(p, "nbest", int, 1)
         align = typed(p, "alignment", bool, False)
         attend = typed(p, "attention", bool, False)
@@ -225,11 +226,9 @@ class Service:
         """400 where the attention weights of the answer (target x source tokens of each
         hypothesis, its target at its length limit) could be more than --max-attention: 4.9 KB of
         request asked for a 133 MB answer and 2.3 GB of memory, past every deadline."""
-        limit = self.opts.max_attention  # (B,)
-        sources = torch.tensor([j.tokens for j in jobs])
-        src = (
-            torch.arange(int(sources.max()))[None, :] < sources[:, None]
-        ).long()  # (B, S): 1 a token, 0 padding
+        limit = self.opts.max_attention
+        src = pad_rows([[1] * j.tokens for j in jobs], 0)  # (B, S): 1 a token, 0 padding
+        sources = src.sum(1)  # (B,): tokens of each source
         targets = max_output_lengths(src, tr.decode, 0, tr.loaded.max_positions)  # (B,)
         weights = nbest * int(
             ((targets + 1) * sources).sum()

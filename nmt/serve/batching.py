@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,7 +139,7 @@ class Batcher:
         for thread in self._threads:
             thread.join()
 
-    def _take(self, live: list[Job] | None = None, lane: int = 0) -> list[Job]:
+    def _take(self, live: Sequence[Job] = (), lane: int = 0) -> list[Job]:
         """The next batch (see the module's docstring), never empty, for worker `lane`, which
         starts one only while `lane` others decode (lanes fill in order); [] once closed. With the
         `live` jobs of a running search: at once, the waiting jobs that join it (maybe none)."""
@@ -153,8 +153,8 @@ class Batcher:
                     continue
                 batch: list[Job] = []
                 rest: deque[Job] = deque()
-                count = len(live or ())
-                longest = max((j.tokens for j in live or ()), default=0)
+                count = len(live)
+                longest = max((j.tokens for j in live), default=0)
                 key = self._jobs[0].key
                 for job in self._jobs:
                     longest_with = max(longest, job.tokens)
@@ -162,15 +162,12 @@ class Batcher:
                         not (batch or live) or longest_with * (count + 1) <= self.batch_tokens
                     ):
                         batch.append(job)
-                        count = count + 1
+                        count += 1
                         longest = longest_with
                     else:
                         rest.append(job)
-                wait = (
-                    self.max_wait - (time.monotonic() - batch[0].queued)
-                    if batch and not live
-                    else 0
-                )
+                # without `live` the batch holds at least the oldest job
+                wait = self.max_wait - (time.monotonic() - batch[0].queued) if not live else 0
                 full = any(j.key == key for j in rest)
                 if wait > 0 and not full:
                     self._cond.wait(wait)
@@ -218,8 +215,8 @@ class Batcher:
                 self._answer(live, [self._decoded([job])[0] for job in live])
                 break
             self.on_batch(len(ended), len(live))
-            finished = {id(job) for job, _ in ended}
-            live = [job for job in live if id(job) not in finished]
+            finished = {job for job, _ in ended}  # a Job hashes by identity (eq=False)
+            live = [job for job in live if job not in finished]
             self._answer([job for job, _ in ended], [(True, result) for _, result in ended])
             jobs = self._take(live) if live else []
 

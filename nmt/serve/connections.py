@@ -20,6 +20,7 @@ from http import HTTPStatus
 from typing import Any
 
 import h11
+from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nmt.errors import NmtError
@@ -42,10 +43,6 @@ def head_too_large(limit: int) -> str:
         "the request head (request line and headers) is larger than this server's limit of "
         f"{limit} bytes"
     )
-
-
-def error_body(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
 
 
 class Connection(H11Protocol):
@@ -119,7 +116,7 @@ class Connection(H11Protocol):
         """Answer `status` with `message`, then close: after LINGER s of dropping what the client
         still sends, or when it closes first (closing on unread data would reset the connection,
         and the client could lose the answer)."""
-        body = error_body(message)
+        body = json.dumps({"error": message}).encode()  # nmt's JSON error
         head = (
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: "
             f"application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n{headers}\r\n"
@@ -163,7 +160,7 @@ def guarded(app: App, opts: ServeOptions) -> App:
         if scope["type"] != "http":
             return await app(scope, receive, send)
         if _head_size(scope) > opts.max_head_bytes:
-            return await _send_error(send, 431, head_too_large(opts.max_head_bytes))
+            return await _error(431, head_too_large(opts.max_head_bytes))(scope, receive, send)
         started = False
 
         async def sending(message: Message) -> None:
@@ -175,7 +172,7 @@ def guarded(app: App, opts: ServeOptions) -> App:
             await app(scope, receive, sending)
         except asyncio.CancelledError:  # the task is ending: answered, not re-raised
             if not started:
-                await _send_error(send, 503, STOPPED)
+                await _error(503, STOPPED)(scope, receive, send)
 
     return run
 
@@ -186,17 +183,6 @@ def _head_size(scope: Message) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
 
 
-async def _send_error(send: Send, status: int, message: str) -> None:
-    body = error_body(message)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+def _error(status: int, message: str) -> JSONResponse:
+    """nmt's JSON error as an ASGI application that answers it; the connection is then closed."""
+    return JSONResponse({"error": message}, status, {"connection": "close"})

@@ -97,9 +97,10 @@ class Limits:
         if not any([hmac.compare_digest(given, key) for key in self.keys]):
             raise ApiError(403, "Invalid API key")
 
-    def texts(self, value: Any, key: str, kinds: tuple[type, ...] = (str,)) -> list[Any]:
+    def texts(self, value: Any, key: str, objects: bool = False) -> list[Any]:
         """A non-empty list of at most max_texts texts (or a str for one), each at most max_chars
-        characters, without NUL or lone surrogates; 400 naming the text otherwise."""
+        characters, without NUL or lone surrogates; 400 naming the text otherwise. With `objects`,
+        a text may also be an object whose "text" is checked (/v1/translate's)."""
         texts = [value] if isinstance(value, str) else value
         if not isinstance(texts, list) or not texts:
             raise ApiError(400, f'"{key}" must be a string or a non-empty list of strings')
@@ -110,7 +111,7 @@ class Limits:
                 f"{self.opts.max_texts}",
             )
         for i, t in enumerate(texts):
-            text = t.get("text") if isinstance(t, dict) and dict in kinds else t
+            text = t.get("text") if isinstance(t, dict) and objects else t
             if not isinstance(text, str):
                 raise ApiError(400, f"{key}[{i}] must be a string, got {type(text).__name__}")
             self.within(f"{key}[{i}]", [text])
@@ -136,8 +137,9 @@ class Limits:
         return asyncio.get_running_loop().time() + self.opts.timeout
 
     def late(self) -> ApiError:
-        limit = self.opts.timeout
-        return ApiError(504, f"the translation took longer than this server's limit of {limit:g} s")
+        return ApiError(
+            504, f"the translation took longer than this server's limit of {self.opts.timeout:g} s"
+        )
 
     async def off_loop(self, deadline: float, work: Callable[..., T], *args: Any) -> T:
         """`work(*args)` on a thread of its own, 504 past `deadline`: what a request asks (its

@@ -59,8 +59,8 @@ class Stream:
         """The `jobs` (nmt.serve.batching.Job; items: texts or `Request`s without constraints) join
         the search, which decodes one step (on every thread when `alone`, the only search
         running, else on its share): the jobs that ended, each with its translations."""
-        specials = self.tr.loaded.tokenizer.specials
         tr = self.tr
+        specials = tr.loaded.tokenizer.specials
         torch.set_num_threads(self.threads[alone])
         seqs = tr.encode(
             [getattr(j.item, "text", j.item) for j in jobs], lambda i: jobs[i].where, lang=self.lang

@@ -17,11 +17,12 @@ line.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,12 +132,10 @@ def dummy_batch(specials: SpecialIds, pad_to: int) -> datamod.Batch:
     return datamod.collate(datamod.ParallelData("", "", empty, empty), [0], specials, pad_to=pad_to)
 
 
-class Prefetcher:
+class Prefetcher(AbstractContextManager["Prefetcher"]):
     """Iterate over `groups` as lists of collated `Batch`es (`EMPTY_SHARD` stays), made by a
     background thread at most PREFETCH_UPDATES ahead. An error in the thread is raised here;
     `close()` (or leaving a `with` block) stops the thread."""
-
-    _DONE = object()
 
     def __init__(
         self,
@@ -147,57 +146,30 @@ class Prefetcher:
         pad_to: int,
         pin_memory: bool,
     ):
-        self.data = data
         self.groups = groups
-        self.pad_to = pad_to
-        self.pin = pin_memory
-        self.specials = specials
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=PREFETCH_UPDATES)
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._work, name="nmt-prefetch", daemon=True)
-        self.thread.start()
+        # index arrays -> a Batch
+        self.collate = partial(
+            datamod.collate, data, specials=specials, pin_memory=pin_memory, pad_to=pad_to
+        )
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-prefetch")
 
-    def _work(self) -> None:
-        try:
-            for group in self.groups:
-                batches = [
-                    ids
-                    if isinstance(ids, EmptyShard)
-                    else datamod.collate(
-                        self.data, ids, self.specials, pin_memory=self.pin, pad_to=self.pad_to
-                    )
-                    for ids in group
-                ]
-                if not self._put(batches):
-                    return
-            self._put(self._DONE)
-        except BaseException as e:  # handed to the consumer, which raises it
-            self._put(e)
-
-    def _put(self, item: Any) -> bool:
-        while not self.stopped.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _collated(
+        self, group: Sequence[np.ndarray | EmptyShard]
+    ) -> list[datamod.Batch | EmptyShard]:
+        return [ids if isinstance(ids, EmptyShard) else self.collate(ids) for ids in group]
 
     def __iter__(self) -> Iterator[list[datamod.Batch | EmptyShard]]:
-        while True:
-            item = self.queue.get()
-            if item is self._DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        ahead: deque[Future[list[datamod.Batch | EmptyShard]]] = deque()
+        for group in self.groups:
+            ahead.append(self.pool.submit(self._collated, group))
+            if len(ahead) > PREFETCH_UPDATES:
+                yield ahead.popleft().result()  # an error in the thread is raised here
+        while ahead:
+            yield ahead.popleft().result()
 
     def close(self) -> None:
-        self.stopped.set()
-        self.thread.join()
-
-    def __enter__(self) -> Prefetcher:
-        return self
+        """Stop the thread: the updates not yet started are dropped."""
+        self.pool.shutdown(cancel_futures=True)
 
     def __exit__(self, *exc: Any) -> None:
         self.close()

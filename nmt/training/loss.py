@@ -44,7 +44,7 @@ def smoothed_cross_entropy(
 
 def smoothing_weights(epsilon: float, vocab: int) -> tuple[float, float]:
     """(a, b): per row, loss = -(a * lp[gold] + b * sum_v lp[v]) (fairseq's smoothing)."""
-    b = epsilon / (vocab - 1) if epsilon else 0.0
+    b = epsilon / (vocab - 1)
     return 1.0 - epsilon - b, b
 
 

@@ -340,7 +340,7 @@ class Trainer:
                 if p.updates_in_epoch >= len(
                     updates
                 ):  # a changed train.max_tokens: the epoch is over
-                    p.epoch = p.epoch + 1
+                    p.epoch += 1
                     p.updates_in_epoch = 0
                     reason = stop_reason(cfg, p)
                     continue
@@ -381,7 +381,7 @@ class Trainer:
                 self.check_finite()
             metrics.add(stats, p, self.scaler)
         if epoch_end:  # now, so that this update's checkpoint resumes at the start of the next
-            p.epoch = p.epoch + 1  # epoch and its validation runs once
+            p.epoch += 1  # epoch and its validation runs once
             p.updates_in_epoch = 0
         # in this order: agreeing to stop also agrees p.elapsed across ranks, which stop_reason
         # reads (reading it first would let ranks disagree and hang DDP)
@@ -459,7 +459,6 @@ class Trainer:
             self.model,
             self.tokenizer,
             self.valid_data,
-            self.cfg.data.target_lang,
             self.env.device,
             lambda batch: self._batch_loss(objective, batch),
             self.precision,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -27,7 +28,6 @@ def validate(
     model: torch.nn.Module,
     tokenizer: Tokenizer,
     valid_data: datamod.ParallelData,
-    tgt_lang: str,
     device: torch.device,
     batch_loss: BatchLoss,
     precision: str,
@@ -35,7 +35,8 @@ def validate(
     """Valid loss/perplexity and (if train.valid_bleu) detokenized sacreBLEU of the search.
 
     `batch_loss` is the trainer's: the valid loss is the loss that training minimises; the search
-    decodes at the trainer's `precision` (train.precision resolved)."""
+    decodes at the trainer's `precision` (train.precision resolved). The references are the valid
+    split's cfg.data.target_lang side (the trainer's cfg names the direction it read)."""
     t = cfg.train
     model.eval()
     loss_sum = nll_sum = ntok = 0.0
@@ -52,9 +53,9 @@ def validate(
         for ids in batches:
             batch = datamod.collate(valid_data, ids, tokenizer.specials).to(device)
             loss, nll = batch_loss(batch)
-            loss_sum = loss_sum + loss.item()
-            nll_sum = nll_sum + nll.item()
-            ntok = ntok + batch.num_target_tokens
+            loss_sum += loss.item()
+            nll_sum += nll.item()
+            ntok += batch.num_target_tokens
     nll_bits = nll_sum / max(ntok, 1) / math.log(2)
     result = {
         "valid_loss": loss_sum / max(ntok, 1) / math.log(2),
@@ -62,13 +63,11 @@ def validate(
         "valid_ppl": 2**nll_bits,
     }
     if t.valid_bleu:
-        from dataclasses import replace as dc_replace
-
         sources = [valid_data.src(i).tolist() for i in range(len(valid_data))]
         hyps = translate_token_lists(
             model,
             sources,
-            dc_replace(cfg.decode, beam=t.valid_beam),
+            replace(cfg.decode, beam=t.valid_beam),
             specials=tokenizer.specials,
             device=device,
             precision=precision,
@@ -76,7 +75,7 @@ def validate(
             workers=0,
         )  # as nmt translate
         text = [tokenizer.decode(h[0].tokens) for h in hyps]
-        refs = datamod.read_raw(cfg.data.dir, cfg.data.valid_split, tgt_lang)
+        refs = datamod.read_raw(cfg.data.dir, cfg.data.valid_split, cfg.data.target_lang)
         result["valid_bleu"] = corpus_bleu(text, [refs])
     return result
 
