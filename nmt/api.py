@@ -52,7 +52,7 @@ from nmt.decoding.predict import (
 )
 from nmt.decoding.search import Hypothesis, length_penalty
 from nmt.decoding.shortlist import Shortlist
-from nmt.device import resolve_device
+from nmt.device import resolve_device, resolve_precision
 from nmt.engine import ENGINES, CTranslate2Engine, converted, decode_refusal, load_refusal
 from nmt.errors import NmtError
 from nmt.fields import coerce, coerce_option, flag
@@ -287,7 +287,7 @@ class Translator:
         layer = opts.alignment_layer
         if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
             raise NmtError(f"{name('alignment_layer')} must be an integer or None, got {layer!r}")
-        for key in ("shortlist", "terminology"):
+        for key in ("shortlist", "terminology", "cache_dir"):
             path = getattr(opts, key)
             if not isinstance(path, (str, os.PathLike, type(None))):
                 raise NmtError(
@@ -305,9 +305,12 @@ class Translator:
         device = resolve_device(
             "cpu" if opts.precision == "int8" and opts.device == "auto" else opts.device
         )
-        decode_autocast(device, opts.precision)  # fp16 off CUDA: refused before the models load
+        precision, why = resolve_precision(opts.precision, device)
+        if opts.precision == "auto":
+            log.info("precision %s (%s)", precision, why)
+        decode_autocast(device, precision)  # fp16 off CUDA: refused before the models load
         checkpoints = resolve_checkpoints([str(p) for p in opts.checkpoints])
-        loaded = load_models(checkpoints, device, opts.precision)
+        loaded = load_models(checkpoints, device, precision)
         cfg = decode_config(
             loaded.config.decode,
             opts.decode,
@@ -323,7 +326,7 @@ class Translator:
             loaded,
             cfg,
             device=device,
-            precision=opts.precision,
+            precision=precision,
             workers=opts.workers,
             shortlist=shortlist,
             alignment_layer=opts.alignment_layer,
@@ -367,23 +370,18 @@ class Translator:
         if why:
             log.info("engine torch (auto: CTranslate2 cannot honour %s)", why)
             return
-        folder = converted(checkpoints[0], opts.cache_dir)
+        folder = converted(checkpoints[0], Path(opts.cache_dir) if opts.cache_dir else None)
         self.engine = CTranslate2Engine(
             folder, self.loaded.tokenizer, self.device, self.precision, self.workers
         )
         log.info("engine ctranslate2 (%s, its model in %s)", opts.engine, folder)
 
-    def _on_engine(self, constrained: bool, attend: bool) -> bool:
+    def _on_engine(self, constrained: bool) -> bool:
         """Whether CTranslate2 decodes a call with these decode settings, with lexical
-        constraints or not, asking for alignments or attention or not; under `ctranslate2` an
-        NmtError names what it cannot honour."""
-        if self.engine is None:
-            return False
+        constraints or not; under `ctranslate2` an NmtError names what it cannot honour."""
         why = decode_refusal(self.decode)
         if constrained:
             why = why or "lexical constraints"
-        if attend:
-            why = why or "alignments or attention"
         if why and self.engine_choice == "ctranslate2":
             raise NmtError(f"engine ctranslate2 cannot honour {why}; use torch or auto")
         return why is None
@@ -519,27 +517,28 @@ class Translator:
         requests = [terms.with_terms(r, self.terminology) for r in requests]
         cons = self.lexical.constraints(requests, seqs, self.decode, where)
         constrained = cons is not None and any(c is not None for c in cons)
-        if self.engine is not None and self._on_engine(constrained, alignment or attention):
+        if self.engine is not None and self._on_engine(constrained):
             hyps = self.engine.translate(
                 seqs, self.decode, nbest, self.loaded.max_positions, self.loaded.name
             )
-            return self.translations(seqs, hyps)
-        hyps = translate_token_lists(
-            self.loaded.model,
-            seqs,
-            self.decode,
-            specials=self.loaded.tokenizer.specials,
-            nbest=nbest,
-            device=self.device,
-            precision=self.precision,
-            max_positions=self.loaded.max_positions,
-            workers=self.workers,
-            shortlist=self.shortlist,
-            first_index=first_index,
-            constraints=cons,
-            model_name=self.loaded.name,
-            abandoned=abandoned,
-        )
+        else:
+            hyps = translate_token_lists(
+                self.loaded.model,
+                seqs,
+                self.decode,
+                specials=self.loaded.tokenizer.specials,
+                nbest=nbest,
+                device=self.device,
+                precision=self.precision,
+                max_positions=self.loaded.max_positions,
+                workers=self.workers,
+                shortlist=self.shortlist,
+                first_index=first_index,
+                constraints=cons,
+                model_name=self.loaded.name,
+                abandoned=abandoned,
+            )
+        # alignments and attention: torch's model forced on the hypotheses, whichever engine
         out = self.translations(seqs, hyps, alignment, attention)
         if cons is not None:
             self.lexical.report(

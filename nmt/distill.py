@@ -160,7 +160,7 @@ def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
     # the teacher (--beam, --nbest, ...), where shards are left to translate
     translator = Translator.from_options(opts.teacher_options()) if todo else None
     if translator is not None:  # refused now, before anything is written, not at the first shard
-        decode_autocast(translator.device, opts.precision)  # fp16 needs CUDA
+        decode_autocast(translator.device, translator.precision)  # fp16 needs CUDA
     _make_directory(job.out)
     with atomic.lock_directory(job.out, LOCK, "the distillation's lock", _BUSY):
         atomic.clean_temporaries(job.out)

@@ -18,10 +18,11 @@ with a warning.
 What the engine honours, exactly as torch decodes: beam size, length penalty (`length` and
 `none`; `gnmt` is not CTranslate2's formula), the per-sentence length limit `max_len_a *
 source + max_len_b` (sentences with the same limit are decoded together), `min_len`, `<unk>`
-blocked, n-best with nmt's scores, target-language tokens, and forced-decoding scores. What
-stays on torch: ensembles, RNN models, terminology, lexical constraints (include, avoid,
-prefix), shortlists, sampling, alignments and attention, `no_repeat_ngram_size`, and bf16 /
-fp16 where CTranslate2 has no such compute type on the device.
+blocked, n-best with nmt's scores, target-language tokens, and forced-decoding scores;
+alignments and attention are computed as for torch's translations (the torch model forced on
+them). What stays on torch: ensembles, RNN models, terminology, lexical constraints (include,
+avoid, prefix), shortlists, sampling, `no_repeat_ngram_size`, and bf16 / fp16 where CTranslate2
+has no such compute type on the device.
 """
 
 from __future__ import annotations

@@ -169,9 +169,10 @@ class TranslateOptions:
     device: str = opt("auto", "auto, cpu, cuda or cuda:N.")
     precision: str = opt(
         "fp32",
-        "fp32, bf16, fp16 (CUDA only) or int8 (CPU only, so --device auto means the CPU: the "
+        "fp32, bf16, fp16 (CUDA only), int8 (CPU only, so --device auto means the CPU: the "
         "decoder and output projection in int8, as Marian's int8 decoding; see the translating "
-        "guide).",
+        "guide) or auto (bf16 where the device computes it natively, AVX512-BF16, AMX or a GPU "
+        "with bf16; fp32 elsewhere).",
     )
     engine: str = opt(
         "torch",
@@ -421,7 +422,9 @@ class DistillOptions:
         "on its config's train.device).",
     )
     precision: str = opt(
-        "fp32", "The teacher's precision: fp32, bf16, fp16 (CUDA only) or int8 (CPU only)."
+        "fp32",
+        "The teacher's precision: fp32, bf16, fp16 (CUDA only), int8 (CPU only) or auto (as "
+        "nmt translate's).",
     )
     threads: int = opt(
         0, "CPU threads of the teacher; 0 = torch default (the student: train.threads)."

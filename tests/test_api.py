@@ -492,3 +492,19 @@ def test_negative_buffer_lines_is_one_line(ckpt):
     r = nmt("translate", "-c", str(ckpt), "--buffer-lines", "-1", env=ONE_THREAD, stdin=b"A dog.\n")
     err = [line for line in r.stderr.decode().splitlines() if line.strip()]
     assert r.returncode == 1 and len(err) == 1 and "--buffer-lines" in err[0], r.stderr.decode()
+
+
+@pytest.mark.parametrize("native, chosen", [(True, "bf16"), (False, "fp32")])
+def test_precision_auto_decodes_in_bf16_only_where_the_device_computes_it_natively(
+    ckpt, sentences, monkeypatch, caplog, native, chosen
+):
+    """Only the capability check is mocked: auto decodes exactly as the precision it chose."""
+    import nmt.device
+
+    monkeypatch.setattr(nmt.device, "native_bf16", lambda device: native)
+    caplog.set_level("INFO", logger="nmt.api")
+    auto = Translator.load(ckpt, device="cpu", precision="auto")
+    assert auto.precision == chosen
+    assert f"precision {chosen} (auto: cpu" in caplog.text
+    explicit = Translator.load(ckpt, device="cpu", precision=chosen)
+    assert auto.translate_nbest(sentences, 2) == explicit.translate_nbest(sentences, 2)

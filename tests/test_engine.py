@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nmt import engine
@@ -45,7 +46,8 @@ def sources(raw_corpus) -> list[str]:
 
 
 def load(checkpoint: Path, cache_dir: Path, engine_name: str, **options) -> Translator:
-    return Translator.load(checkpoint, engine=engine_name, cache_dir=cache_dir, **options)
+    """The API takes a path as a str too: the cache folder is passed as one."""
+    return Translator.load(checkpoint, engine=engine_name, cache_dir=str(cache_dir), **options)
 
 
 @pytest.mark.parametrize(
@@ -154,13 +156,31 @@ def test_a_call_asking_what_ctranslate2_lacks_goes_to_torch_under_auto(
     assert auto.translate(sources, **asked) == torch_tr.translate(sources, **asked)
     with pytest.raises(NmtError, match="cannot honour lexical constraints"):
         strict.translate(sources, **asked)
-    aligned = auto.translate_nbest(sources[:3], alignment=True)
-    assert aligned == torch_tr.translate_nbest(sources[:3], alignment=True)
-    with pytest.raises(NmtError, match="cannot honour alignments"):
-        strict.translate_nbest(sources[:3], alignment=True)
+
+
+def test_alignments_and_attention_are_torchs_on_ctranslate2s_translations(
+    trained_checkpoint, sources, cache
+):
+    """Both engines compute them the same way: the torch model forced on the translation."""
+    torch_tr = load(trained_checkpoint, cache, "torch")
+    ct2_tr = load(trained_checkpoint, cache, "ctranslate2")
+    expected = torch_tr.translate_nbest(sources[:8], 2, alignment=True, attention=True)
+    got = ct2_tr.translate_nbest(sources[:8], 2, alignment=True, attention=True)
+    for ts, us in zip(expected, got, strict=True):
+        for t, u in zip(ts, us, strict=True):
+            assert (u.text, u.alignment) == (t.text, t.alignment)
+            assert (u.attention.source, u.attention.target) == (
+                t.attention.source,
+                t.attention.target,
+            )
+            assert np.allclose(u.attention.weights, t.attention.weights, atol=1e-6)
 
 
 def test_an_unknown_engine_is_one_line(trained_checkpoint, cache):
+    with pytest.raises(
+        NmtError, match=r"cache_dir= must be a path \(str or os.PathLike\), got int"
+    ):
+        Translator.load(trained_checkpoint, engine="ctranslate2", cache_dir=5)
     with pytest.raises(
         NmtError, match=r"engine= must be one of auto, torch, ctranslate2, got 'ct2'"
     ):

@@ -33,7 +33,8 @@ from nmt.models.transformer import build_model
 from nmt.tokenizer import SpecialIds, Tokenizer
 
 log = logging.getLogger(__name__)
-DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8: CPU, see nmt.models.kernels
+# int8: CPU, see nmt.models.kernels; auto: bf16 where the device computes it natively, else fp32
+DECODE_PRECISIONS = (*PRECISIONS, "int8", "auto")
 
 
 def decode_autocast(device: torch.device, precision: str) -> Any:
