@@ -412,8 +412,7 @@ class Translator:
                 constraints=constraints,
                 avoid=avoid,
                 prefix=prefix,
-                ordered=ordered,
-                split=True,
+                split=True,  # which takes no constraints: ordered does not matter
             )
         else:
             lang = self.loaded.tokenizer.language_token(target_lang, "translate: target_lang")
@@ -701,15 +700,15 @@ class Translator:
                     f"targets[{i}]: {len(t)} tokens, more than the model's maximum of {limit}"
                 )
         todo = [i for i, s in enumerate(srcs) if s]
+        todo_sources = [srcs[i] for i in todo]
+        todo_targets = [tgts[i] for i in todo]
         if self.engine is not None:
-            lprobs = self.engine.score(
-                [srcs[i] for i in todo], [tgts[i] for i in todo], self.loaded.name
-            )
+            lprobs = self.engine.score(todo_sources, todo_targets, self.loaded.name)
         else:
             lprobs = score_token_lists(
                 self.loaded.model,
-                [srcs[i] for i in todo],
-                [tgts[i] for i in todo],
+                todo_sources,
+                todo_targets,
                 self.decode,
                 specials=self.loaded.tokenizer.specials,
                 device=self.device,

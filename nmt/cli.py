@@ -372,13 +372,7 @@ def _plot_attention(opts: options.PlotAttentionOptions) -> None:
     Example: nmt plot attention att.npz -o maps/"""
     from nmt.plot import plot_attention
 
-    plot_attention(
-        opts.attention,
-        opts.out_dir,
-        layer=opts.layer,
-        average=opts.average,
-        sentences=opts.sentences,
-    )
+    plot_attention(**vars(opts))
 
 
 def _plot_curves(opts: options.PlotCurvesOptions) -> None:

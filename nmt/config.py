@@ -87,8 +87,7 @@ class ModelConfig:
         True,
         "transformer: the output projection is the target embedding (Marian's tied-embeddings, "
         "fairseq's share_decoder_input_output_embed); false = its own (V, d_model) matrix "
-        "(Marian's "
-        "decoder_ff_logit_out_W).",
+        "(Marian's decoder_ff_logit_out_W).",
     )
     output_bias: bool = opt(
         False,
@@ -102,8 +101,7 @@ class ModelConfig:
         "approximation (Hugging Face's gelu_new); gelu_sigmoid = x*sigmoid(1.702x), what Marian's "
         "transformer-ffn-activation gelu computed until March 2023 (marian-dev d225c24d; "
         "CTranslate2's Marian converter maps it so); swish = x*sigmoid(x) (SiLU; Marian's and "
-        "Hugging Face's "
-        "swish).",
+        "Hugging Face's swish).",
     )
     norm_eps: float = opt(
         1e-5,
@@ -120,15 +118,13 @@ class ModelConfig:
         "(tensor2tensor; Marian's SinusoidalPositionEmbeddings; the two equal for an even "
         "d_model). hf_marian: the table Hugging Face's MarianMT runs (and CTranslate2's Marian "
         "converter writes): the same halves, frequency 10000^(-2i/d), so it differs from Marian's "
-        "own; a "
-        "model fine-tuned there expects it. Not with learned_positions.",
+        "own; a model fine-tuned there expects it. Not with learned_positions.",
     )
     decoder_start: Literal["bos", "zeros"] = opt(
         "bos",
         "transformer: the decoder's first input. bos = the embedding of the start token the "
         "search feeds; zeros = a zero vector (plus the position) whatever that token is, as "
-        "Marian "
-        "starts (Hugging Face MarianMT feeds pad, whose embedding row is zero).",
+        "Marian starts (Hugging Face MarianMT feeds pad, whose embedding row is zero).",
     )
     max_positions: int = opt(
         1024, "Longest source or target sequence the model accepts.", at_least=1
@@ -199,9 +195,8 @@ class TrainConfig:
     seed: int = opt(1, "Random seed (parameters, dropout, batch order).", at_least=0, below=2**62)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = opt(
         "fp32",
-        "Autocast precision; auto = bf16 where the device computes it natively (CUDA with bf16, "
-        "a CPU with AVX512-BF16 or AMX), else fp32; fp16 is CUDA only and uses dynamic loss "
-        "scaling.",
+        "Autocast precision; auto = bf16 where the device computes it natively (CUDA with bf16, a "
+        "CPU with AVX512-BF16 or AMX), else fp32; fp16 is CUDA only and uses dynamic loss scaling.",
     )
     fp16_init_scale: float = opt(128.0, "Initial loss scale for fp16.", above=0)
     fp16_min_scale: float = opt(
@@ -221,8 +216,7 @@ class TrainConfig:
     log_interval: int = opt(
         50,
         "Log training metrics every N updates: loss and nll per target token over those N "
-        "updates, their mean "
-        "gnorm.",
+        "updates, their mean gnorm.",
         at_least=1,
     )
     threads: int = opt(0, "CPU threads for torch; 0 = torch's default.", at_least=0, at_most=4096)
@@ -341,9 +335,10 @@ def _build_section(name: str, raw: dict[str, Any], where: dict[str, str]) -> Any
     kwargs = {}
     for key, value in raw.items():
         path = f"{name}.{key}"
+        source = where.get(path, where["_file"])
         if key not in types_:
-            raise _unknown(path, where.get(path, where["_file"]))
-        kwargs[key] = _coerce(value, types_[key], path, where.get(path, where["_file"]))
+            raise _unknown(path, source)
+        kwargs[key] = _coerce(value, types_[key], path, source)
     return cls(**kwargs)
 
 

@@ -27,7 +27,6 @@ stops at once.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -36,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
@@ -45,8 +44,8 @@ from nmt.api import Translator
 from nmt.checkpoint import check_direction, has_checkpoints, load_model_checkpoint
 from nmt.config import Config
 from nmt.data import META_FILE
-from nmt.decoding.predict import decode_autocast
 from nmt.device import resolve_device
+from nmt.engine import sha256_of
 from nmt.errors import NmtError
 from nmt.evaluate import sentence_scores
 from nmt.options import DistillOptions, PrepareOptions
@@ -157,10 +156,9 @@ def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
     or None."""
     job = _checked(opts)
     todo = _plan(job)[1]
-    # the teacher (--beam, --nbest, ...), where shards are left to translate
+    # the teacher (--beam, --nbest, ...), where shards are left to translate: loaded now, so
+    # that a setting it refuses (fp16 off CUDA) is refused before anything is written
     translator = Translator.from_options(opts.teacher_options()) if todo else None
-    if translator is not None:  # refused now, before anything is written, not at the first shard
-        decode_autocast(translator.device, translator.precision)  # fp16 needs CUDA
     _make_directory(job.out)
     with atomic.lock_directory(job.out, LOCK, "the distillation's lock", _BUSY):
         atomic.clean_temporaries(job.out)
@@ -378,19 +376,19 @@ def _records(opts: DistillOptions, splits: list[Split], lines: int) -> dict[str,
     choice = opts.nbest > 1
     return {
         "translate": {
-            "source_sha256": _sha256(open_bytes(splits[0].files[opts.source_lang])),
+            "source_sha256": sha256_of(open_bytes(splits[0].files[opts.source_lang])),
             "lines": lines,
             "shard_lines": opts.shard_lines,
             "nbest": opts.nbest,
             "beam": opts.beam,
             "precision": opts.precision,
             "teachers_sha256": [
-                _sha256(atomic.open_for_reading(t, "the teacher", None)) for t in opts.teachers
+                sha256_of(atomic.open_for_reading(t, "the teacher", None)) for t in opts.teachers
             ],
         },
         "select": {
             "metric": opts.select if choice else None,
-            "reference_sha256": _sha256(open_bytes(splits[0].files[opts.target_lang]))
+            "reference_sha256": sha256_of(open_bytes(splits[0].files[opts.target_lang]))
             if choice
             else None,
             "repeats": REPEATS,
@@ -398,20 +396,11 @@ def _records(opts: DistillOptions, splits: list[Split], lines: int) -> dict[str,
         },
         "prepare": {
             "splits": [
-                [split.name, *(_sha256(open_bytes(f)) for f in split.files.values())]
+                [split.name, *(sha256_of(open_bytes(f)) for f in split.files.values())]
                 for split in splits[1:]
             ]
         },
     }
-
-
-def _sha256(stream: BinaryIO) -> str:
-    """The sha256 of what `stream` reads, in blocks (a checkpoint may be gigabytes)."""
-    digest = hashlib.sha256()
-    with stream as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _plan(job: Job) -> tuple[JsonObject, list[int]]:

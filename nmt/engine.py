@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from nmt.atomic import clean_temporaries, open_for_reading, read_regular, temporary_name
 from nmt.config import DecodeConfig
@@ -110,10 +110,11 @@ def load_refusal(
 # ------------------------------------------------------------------ the cache
 
 
-def _sha256(path: Path, what: str) -> str:
-    """The SHA-256 of the file at `path`, read in blocks under `open_for_reading`'s rule."""
+def sha256_of(stream: BinaryIO) -> str:
+    """The SHA-256 of what `stream` reads, in blocks (a checkpoint may be gigabytes); closes
+    it."""
     digest = hashlib.sha256()
-    with open_for_reading(path, what, None) as f:
+    with stream as f:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
@@ -124,7 +125,7 @@ def _complete(entry: Path, checkpoint_hash: str) -> bool:
     weights as they were written."""
     try:
         marker = json.loads(read_regular(entry / MARKER, "the cache entry's marker"))
-        weights = _sha256(entry / "model.bin", "the cached model")
+        weights = sha256_of(open_for_reading(entry / "model.bin", "the cached model", None))
     except (OSError, ValueError, NmtError):
         return False
     return (
@@ -144,7 +145,9 @@ def _convert_into(work: Path, checkpoint: Path, checkpoint_hash: str) -> Path:
             "checkpoint": str(checkpoint),
             "checkpoint_sha256": checkpoint_hash,
             "conversion": CONVERSION,
-            "model_sha256": _sha256(work / "model.bin", "the converted model"),
+            "model_sha256": sha256_of(
+                open_for_reading(work / "model.bin", "the converted model", None)
+            ),
         }
         (work / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
     except BaseException:
@@ -156,7 +159,7 @@ def _convert_into(work: Path, checkpoint: Path, checkpoint_hash: str) -> Path:
 def converted(checkpoint: Path, cache_dir: Path | None = None) -> Path:
     """The CTranslate2 conversion of `checkpoint`, from the cache or made now (see the module
     docstring); `cache_dir` None is `default_cache_dir()`."""
-    checkpoint_hash = _sha256(checkpoint, "the checkpoint")
+    checkpoint_hash = sha256_of(open_for_reading(checkpoint, "the checkpoint", None))
     folder = (cache_dir or default_cache_dir()) / "ctranslate2"
     entry = folder / f"{checkpoint_hash[:32]}-{CONVERSION}"
     if _complete(entry, checkpoint_hash):
@@ -212,11 +215,9 @@ class CTranslate2Engine:
             inter_threads=inter,
             intra_threads=max(1, threads // inter) if device.type == "cpu" else 0,
         )
-        source, target = tokenizer.vocabularies()
-        self.source_pieces = source
-        self.target_pieces = target
-        self.target_ids = {piece: i for i, piece in enumerate(target)}
-        self.eos_piece = target[tokenizer.specials.eos]
+        self.source_pieces, self.target_pieces = tokenizer.vocabularies()
+        self.target_ids = {piece: i for i, piece in enumerate(self.target_pieces)}
+        self.eos_piece = self.target_pieces[tokenizer.specials.eos]
 
     def translate(
         self,
@@ -239,14 +240,13 @@ class CTranslate2Engine:
         for i, seq in enumerate(seqs):
             if seq:
                 groups.setdefault(self._limit(len(seq), cfg, max_positions), []).append(i)
-        batch: dict[str, Any] = {"max_batch_size": cfg.max_tokens or cfg.batch_size}
-        batch["batch_type"] = "tokens" if cfg.max_tokens else "examples"
         pending: list[tuple[int, Any]] = []
         for limit, ids in groups.items():
             sources = [self._pieces(seqs[i][: max_positions - 1]) for i in ids]
             futures = self.translator.translate_batch(
                 sources,
-                **batch,
+                max_batch_size=cfg.max_tokens or cfg.batch_size,
+                batch_type="tokens" if cfg.max_tokens else "examples",
                 asynchronous=True,
                 beam_size=cfg.beam,
                 num_hypotheses=nbest,

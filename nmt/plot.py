@@ -64,7 +64,7 @@ MAX_PIECES = 2000
 
 
 def plot_attention(
-    path: str | Path,
+    attention: str | Path,
     out_dir: str | Path,
     *,
     layer: int | None = None,
@@ -72,8 +72,9 @@ def plot_attention(
     sentences: int = 0,
     dpi: int = 100,
 ) -> list[Path]:
-    """One PNG per sentence of an `nmt translate --attention` file: `out_dir/attention_<i>.png`
-    (i = the 0-based input line), source pieces across, target pieces down, heads averaged;
+    """One PNG per sentence of `attention`, an `nmt translate --attention` file:
+    `out_dir/attention_<i>.png` (i = the 0-based input line), source pieces across, target
+    pieces down, heads averaged;
     a panel per decoder layer, or only `layer` (0-based, negative from the end), or with
     `average` one panel averaged over layers too. `sentences` > 0: only the first that many.
     The whole file (those sentences) is checked before anything is drawn."""
@@ -84,21 +85,22 @@ def plot_attention(
             f"-o {out}: exists and is not a directory; give a directory for attention_<line>.png"
         )
     with contextlib.suppress(FileNotFoundError):  # load_attention words a missing file
-        open_for_reading(path, "the attention file", None).close()  # never a FIFO or a device
-    items = load_attention(path, sentences)
+        open_for_reading(attention, "the attention file", None).close()  # never a FIFO or a device
+    items = load_attention(attention, sentences)
     check_outputs(
-        [FileArg("ATTENTION", path, "the attention file")],
+        [FileArg("ATTENTION", attention, "the attention file")],
         [FileArg("-o", out / f"attention_{i}.png") for i, *_ in items],
     )
     for index, weights, _, _ in items:
         L, _, T, S = weights.shape
         if layer is not None and not -L <= layer < L:
             raise NmtError(
-                f"--layer {layer}: {path} has {L} layer(s) (0 .. {L - 1}, or negative from the end)"
+                f"--layer {layer}: {attention} has {L} layer(s) (0 .. {L - 1}, or negative from "
+                "the end)"
             )
         if max(T, S) > MAX_PIECES:
             raise NmtError(
-                f"{path}: attention_{index}: {T} x {S} pieces, too many to draw (at most "
+                f"{attention}: attention_{index}: {T} x {S} pieces, too many to draw (at most "
                 f"{MAX_PIECES})"
             )
     plt = _pyplot()

@@ -186,10 +186,9 @@ def test_compiled_objective_gives_the_loss_and_gradients_of_the_eager_one(prepar
         ].backward()
         return counters["stats"]["unique_graphs"]
 
-    settled = graphs_after(
-        150
-    )  # a length that changes for the first time compiles once more (automatic dynamic)
-    assert [graphs_after(200), graphs_after(250)] == [
-        settled,
-        settled,
-    ]  # 512 and 550 real target tokens
+    # a length that changes for the first time compiles once more (automatic dynamic): which
+    # batch first changes which length depends on the corpus (Multi30k, or the synthetic one
+    # of a clone without it), so two batches settle them
+    graphs_after(150)
+    settled = graphs_after(200)
+    assert graphs_after(250) == settled
