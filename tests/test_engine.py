@@ -345,3 +345,11 @@ def test_the_server_decodes_with_ctranslate2_and_answers_as_offline(
     finally:
         _, err = server.stop()
     assert "engine ctranslate2" in err
+
+
+def test_texts_split_into_sentences_translate_as_on_torch(trained_checkpoint, sources, cache):
+    pytest.importorskip("sentencex", reason="nmt[split] is not installed")
+    texts = [" ".join(sources[i : i + 3]) for i in range(0, 12, 3)]
+    texts.append(sources[0] + "\n\n" + sources[1])
+    expected = load(trained_checkpoint, cache, "torch").translate(texts, split=True)
+    assert load(trained_checkpoint, cache, "ctranslate2").translate(texts, split=True) == expected
