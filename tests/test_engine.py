@@ -3,10 +3,11 @@
 The properties: the same best translations as the torch engine, nearly always the same
 n-best lists, scores within CTranslate2's rounding (~1e-3 per token); forced-decoding scores
 the same; where a search reaches its length limit, the scores of what CTranslate2 returns are
-still torch's scores of those tokens; what it cannot honour is refused in one line under `ctranslate2` and left to torch under `auto`. The cache:
-one conversion per checkpoint content, never a stale, partial, corrupt or foreign entry, two
-processes converting at once both ending with one good copy, and a cache that cannot be written
-falling back to a temporary folder.
+still torch's scores of those tokens; what it cannot honour is refused in one line under
+`ctranslate2` and left to torch under `auto`. The cache: one conversion per checkpoint
+content, never a stale, partial, corrupt or foreign entry, two processes converting at once
+both ending with one good copy, and a cache that cannot be written falling back to a temporary
+folder.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def test_ctranslate2_gives_torchs_translations_n_best_and_scores(
     got = ct2_tr.translate_nbest(sources, nbest)
     assert [ts[0].text for ts in got] == [ts[0].text for ts in expected]
     # CTranslate2's kernels sum log-probs to within ~1e-3 of torch's per token
-    # (docs/translating.md): partial hypotheses whose scores are that close may be pruned the other way, which changes a
-    # lower rank of an n-best list now and then
+    # (docs/translating.md): partial hypotheses whose scores are that close may be pruned the
+    # other way, which changes a lower rank of an n-best list now and then
     same = sum([u.text for u in us] == [t.text for t in ts] for ts, us in zip(expected, got))
     assert same >= 0.9 * len(sources)
     for ts, us in zip(expected, got):
