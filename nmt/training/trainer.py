@@ -304,7 +304,7 @@ class Trainer:
 
     def _announce_precision(self) -> None:
         """Say in train.log and in a `start` record of metrics.jsonl (a new run's first record)
-        which precision this session of the run trains in, and why."""
+        which precision the run trains in from this start on, and why."""
         log.info("precision %s (%s)", self.precision, self.precision_reason)
         record = {
             "type": "start",
