@@ -39,7 +39,6 @@ from nmt.config import DecodeConfig, check_nbest
 from nmt.decoding.alignment import attention_matrices, hard_alignment, layer_count, resolve_layer
 from nmt.decoding.lexical import LexicalConstraints
 from nmt.decoding.predict import (
-    DECODE_PRECISIONS,
     Loaded,
     decode_autocast,
     decode_config,
@@ -53,9 +52,9 @@ from nmt.decoding.predict import (
 from nmt.decoding.search import Hypothesis, length_penalty
 from nmt.decoding.shortlist import Shortlist
 from nmt.device import resolve_device, resolve_precision
-from nmt.engine import ENGINES, CTranslate2Engine, converted, decode_refusal, load_refusal
+from nmt.engine import CTranslate2Engine, converted, decode_refusal, load_refusal
 from nmt.errors import NmtError
-from nmt.fields import coerce, coerce_option, flag
+from nmt.fields import check_bounds, coerce, coerce_option, flag
 from nmt.options import TranslateOptions
 from nmt.segment import Segmented, per_text, segment
 from nmt.terminology import Request, Terminology
@@ -267,23 +266,7 @@ class Translator:
         """The bounds of the options that are not decode settings (those are checked against
         the checkpoint's in `from_options`). `name(key)` names an option in errors: `--threads`
         for the command (the default), `threads=` for the API."""
-        if opts.precision not in DECODE_PRECISIONS:
-            raise NmtError(
-                f"{name('precision')} must be one of {', '.join(DECODE_PRECISIONS)}, got "
-                f"{opts.precision!r}"
-            )
-        if opts.threads < 0:
-            raise NmtError(
-                f"{name('threads')} must be 0 (torch's default) or more, got {opts.threads}"
-            )
-        if opts.engine not in ENGINES:
-            raise NmtError(
-                f"{name('engine')} must be one of {', '.join(ENGINES)}, got {opts.engine!r}"
-            )
-        if opts.workers < 0:
-            raise NmtError(
-                f"{name('workers')} must be 0 (one per CPU thread) or more, got {opts.workers}"
-            )
+        check_bounds(opts, name)
         layer = opts.alignment_layer
         if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
             raise NmtError(f"{name('alignment_layer')} must be an integer or None, got {layer!r}")

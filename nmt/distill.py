@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 REPORT = "distill.json"
 MANIFEST = "manifest.json"
 LOCK = "distill.lock"
-# of the manifest; 1 (in OUT/shards/) held the teachers' paths, not their content
-FORMAT_VERSION = 2
+# of the manifest; 1 (in OUT/shards/) held the teachers' paths, not their content, 2 no engine
+FORMAT_VERSION = 3
 STEPS = ("translate", "select", "prepare")  # the manifest's records, each made from the one before
 SMALL = 1 << 20  # the manifest and the reports distill reads are a few kB
 # checked in this order; a pair is counted under the first that applies
@@ -73,6 +73,7 @@ _OPTIONS = {
     "nbest": "--nbest",
     "beam": "--beam",
     "precision": "--precision",
+    "engine": "--engine",
     "metric": "--select",
 }
 _KINDS = {
@@ -382,6 +383,7 @@ def _records(opts: DistillOptions, splits: list[Split], lines: int) -> dict[str,
             "nbest": opts.nbest,
             "beam": opts.beam,
             "precision": opts.precision,
+            "engine": opts.engine,
             "teachers_sha256": [
                 sha256_of(atomic.open_for_reading(t, "the teacher", None)) for t in opts.teachers
             ],

@@ -39,37 +39,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import torch
+
 from nmt.atomic import clean_temporaries, open_for_reading, read_regular, temporary_name
 from nmt.config import DecodeConfig
-from nmt.convert.ctranslate2 import INSTALL_HINT, export
+from nmt.convert.ctranslate2 import export, import_ctranslate2
 from nmt.decoding.predict import nan_error
-from nmt.decoding.search import Hypothesis, length_penalty
+from nmt.decoding.search import Hypothesis, length_penalty, max_output_lengths
 from nmt.errors import NmtError
 from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-ENGINES = ("auto", "torch", "ctranslate2")
 # nmt's --precision as CTranslate2's compute type (int8: int8 weights, float32 elsewhere)
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8_float32", "bf16": "bfloat16", "fp16": "float16"}
 MARKER = "nmt-cache.json"
 # a new value makes every cache entry a new key: bump it when the conversion's output changes
 CONVERSION = 1
-
-
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/nmt, or ~/.cache/nmt."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "nmt"
-
-
-def import_ctranslate2() -> Any:
-    try:
-        import ctranslate2
-    except ImportError:
-        raise NmtError(
-            f"--engine ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}"
-        ) from None
-    return ctranslate2
 
 
 def decode_refusal(cfg: DecodeConfig) -> str | None:
@@ -100,7 +85,7 @@ def load_refusal(
         return "shortlist"
     if terminology:
         return "terminology"
-    supported = import_ctranslate2().get_supported_compute_types(device.type)
+    supported = import_ctranslate2("--engine ctranslate2").get_supported_compute_types(device.type)
     if COMPUTE_TYPES[precision] not in supported:
         has = ", ".join(sorted(supported))
         return f"precision {precision} on {device.type} (CTranslate2 has {has})"
@@ -158,9 +143,11 @@ def _convert_into(work: Path, checkpoint: Path, checkpoint_hash: str) -> Path:
 
 def converted(checkpoint: Path, cache_dir: Path | None = None) -> Path:
     """The CTranslate2 conversion of `checkpoint`, from the cache or made now (see the module
-    docstring); `cache_dir` None is `default_cache_dir()`."""
+    docstring); `cache_dir` None is $XDG_CACHE_HOME/nmt, or ~/.cache/nmt."""
     checkpoint_hash = sha256_of(open_for_reading(checkpoint, "the checkpoint", None))
-    folder = (cache_dir or default_cache_dir()) / "ctranslate2"
+    if cache_dir is None:
+        cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nmt"
+    folder = cache_dir / "ctranslate2"
     entry = folder / f"{checkpoint_hash[:32]}-{CONVERSION}"
     if _complete(entry, checkpoint_hash):
         return entry
@@ -201,9 +188,7 @@ class CTranslate2Engine:
     def __init__(
         self, model_dir: Path, tokenizer: Tokenizer, device: Any, precision: str, workers: int
     ):
-        ctranslate2 = import_ctranslate2()
-        import torch
-
+        ctranslate2 = import_ctranslate2("--engine ctranslate2")
         self.precision = precision
         threads = torch.get_num_threads()
         inter = workers or threads if device.type == "cpu" else 1
@@ -236,10 +221,12 @@ class CTranslate2Engine:
         EOS there and ranks the hypothesis with its log-prob, CTranslate2 stops without it. The
         scores of such a hypothesis are then computed by forced decoding, as torch's are."""
         results: list[list[Hypothesis]] = [[] for _ in seqs]
+        lengths = torch.tensor([min(len(seq), max_positions - 1) + 1 for seq in seqs])
+        limits = max_output_lengths(lengths, cfg, max_positions).tolist()
         groups: dict[int, list[int]] = {}
         for i, seq in enumerate(seqs):
             if seq:
-                groups.setdefault(self._limit(len(seq), cfg, max_positions), []).append(i)
+                groups.setdefault(limits[i], []).append(i)
         pending: list[tuple[int, Any]] = []
         for limit, ids in groups.items():
             sources = [self._pieces(seqs[i][: max_positions - 1]) for i in ids]
@@ -299,10 +286,3 @@ class CTranslate2Engine:
 
     def _pieces(self, seq: Sequence[int]) -> list[str]:
         return [self.source_pieces[t] for t in seq]
-
-    @staticmethod
-    def _limit(length: int, cfg: DecodeConfig, max_positions: int) -> int:
-        """`max_output_lengths` for one source of `length` tokens (its EOS counted)."""
-        src_len = min(length, max_positions - 1) + 1
-        limit = int(min(cfg.max_len_a * src_len + min(cfg.max_len_b, 2**62), 2.0**62))
-        return max(0, min(limit, max_positions - 1))

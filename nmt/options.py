@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.config import Config, load_config
+from nmt.device import PRECISIONS
 from nmt.errors import NmtError, require
 from nmt.fields import REQUIRED, check_bounds, flag, opt, opt_list
 
@@ -173,6 +174,7 @@ class TranslateOptions:
         "decoder and output projection in int8, as Marian's int8 decoding; see the translating "
         "guide) or auto (bf16 where the device computes it natively, AVX512-BF16, AMX or a GPU "
         "with bf16; fp32 elsewhere).",
+        choices=(*PRECISIONS, "int8", "auto"),
     )
     engine: str = opt(
         "torch",
@@ -181,15 +183,17 @@ class TranslateOptions:
         "setting it cannot honour in one line; auto takes CTranslate2 where the settings allow "
         "it and torch elsewhere, and says which in the log (the translating guide has the "
         "table).",
+        choices=("auto", "torch", "ctranslate2"),
     )
     cache_dir: Path | None = opt(
         None, "Where checkpoints converted for CTranslate2 are kept; default $XDG_CACHE_HOME/nmt."
     )
-    threads: int = opt(0, "CPU threads; 0 = torch default.")
+    threads: int = opt(0, "CPU threads; 0 = torch default.", at_least=0)
     workers: int = opt(
         0,
         "CPU: batches decoded at once, each on its own thread (the threads are "
         "shared out among them); 0 = one per thread. GPU: always 1.",
+        at_least=0,
     )
     shortlist: Path | None = opt(
         None,
@@ -426,6 +430,8 @@ class DistillOptions:
         "The teacher's precision: fp32, bf16, fp16 (CUDA only), int8 (CPU only) or auto (as "
         "nmt translate's).",
     )
+    engine: str = _as_in(TranslateOptions, "engine")
+    cache_dir: Path | None = _as_in(TranslateOptions, "cache_dir")
     threads: int = opt(
         0, "CPU threads of the teacher; 0 = torch default (the student: train.threads)."
     )
@@ -464,6 +470,8 @@ class DistillOptions:
             nbest=self.nbest,
             device=self.device,
             precision=self.precision,
+            engine=self.engine,
+            cache_dir=self.cache_dir,
             threads=self.threads,
         )
 

@@ -187,7 +187,7 @@ def test_bad_calls_raise_one_line_nmt_errors(translator, call, needle):
         ({"bem": 5}, "unknown option bem="),
         ({"input": "x.txt"}, "unknown option input="),  # stream I/O belongs to the command
         ({"precision": "int4"}, "precision= must be one of"),
-        ({"workers": -1}, "workers= must be 0"),
+        ({"workers": -1}, "workers= must not be negative"),
         ({"lenpen_style": "log"}, "lenpen_style= must be one of"),
         # issue 25 (9): one rule for every option: a number is a number, a bool a bool, never a str
         ({"lenpen": "1"}, "lenpen= must be a number"),

@@ -110,7 +110,7 @@ def constrained(rows, c, cfg=CFG, nbest=2, src=ONE):
 
 
 def optimum(rows, c, cfg=CFG, src=ONE):
-    max_out = int(max_output_lengths(src, cfg, IDS["pad"], None)[0])
+    max_out = int(max_output_lengths((src != IDS["pad"]).sum(1), cfg, None)[0])
     return exhaustive(table(rows), src[0].tolist(), c, max_out)[0]
 
 
@@ -421,7 +421,7 @@ def random_constraints(rng, avoid_tokens):
 
 
 def check(src, constraints, hyps, cfg, model, guaranteed):
-    max_out = max_output_lengths(src, cfg, IDS["pad"], None).tolist()
+    max_out = max_output_lengths((src != IDS["pad"]).sum(1), cfg, None).tolist()
     for i, (c, hs) in enumerate(zip(constraints, hyps, strict=True)):
         c = c or Constraints()
         assert hs and len({tuple(h.tokens) for h in hs}) == len(hs)

@@ -497,6 +497,26 @@ def _quiet_cli(path: Path) -> Iterator[pytest.MonkeyPatch]:
             torch.set_num_threads(threads)
 
 
+def test_the_teacher_translates_with_the_engine_asked_for(
+    trained_checkpoint, corpus, raw_corpus, tmp_path, capsys
+):
+    """`--engine ctranslate2`: the shards are CTranslate2's translations, the manifest says so,
+    and the student trains on them as on torch's."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
+    out = tmp_path / "d"
+    engine = ["--engine", "ctranslate2", "--cache-dir", str(tmp_path / "cache")]
+    args = distill_args(trained_checkpoint, corpus, raw_corpus, out, *engine, *STUDENT)
+    assert nmt_here(*args) == 0
+    assert "engine ctranslate2" in capsys.readouterr().err
+    teacher = Translator.load(
+        trained_checkpoint, threads=1, engine="ctranslate2", cache_dir=tmp_path / "cache"
+    )
+    sources = lines_of(corpus / "train.en")
+    assert [line for p in shard_files(out) for line in lines_of(p)] == teacher.translate(sources)
+    assert json.loads((out / "manifest.json").read_text())["translate"]["engine"] == "ctranslate2"
+    assert (out / "run/checkpoint_last.pt").is_file()
+
+
 @pytest.fixture(scope="module")
 def translated(trained_checkpoint, corpus, raw_corpus, tmp_path_factory) -> Path:
     """A distillation directory whose shards are done (hand-made outputs: the references)."""
@@ -514,6 +534,7 @@ def translated(trained_checkpoint, corpus, raw_corpus, tmp_path_factory) -> Path
         ({"--shard-lines": "45"}, [], ["--shard-lines 30 (now 45)"]),
         ({}, ["--nbest", "2"], ["--nbest 1 (now 2)"]),
         ({}, ["--beam", "3"], ["--beam the teacher's (now 3)"]),
+        ({}, ["--engine", "ctranslate2"], ["--engine torch (now ctranslate2)"]),
         ({"--trainpref": "{edited}"}, [], ["{edited}.en", "its content differs"]),
     ],
 )

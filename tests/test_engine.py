@@ -188,7 +188,7 @@ def test_an_unknown_engine_is_one_line(trained_checkpoint, cache):
     ):
         Translator.load(trained_checkpoint, engine="ctranslate2", cache_dir=5)
     with pytest.raises(
-        NmtError, match=r"engine= must be one of auto, torch, ctranslate2, got 'ct2'"
+        NmtError, match=r"engine= must be one of 'auto', 'torch', 'ctranslate2', got 'ct2'"
     ):
         load(trained_checkpoint, cache, "ct2")
 

@@ -135,8 +135,9 @@ def test_length_penalty_formulas():
 def test_max_output_lengths():
     src = src_batch([A, EOS], [A, B, C, D, EOS])
     cfg = replace(CFG, max_len_a=1.5, max_len_b=1)
-    assert max_output_lengths(src, cfg, PAD, None).tolist() == [4, 8]  # int(1.5 * len + 1)
-    assert max_output_lengths(src, cfg, PAD, 6).tolist() == [4, 5]  # BOS + 5 fill 6 positions
+    src_len = (src != PAD).sum(1)
+    assert max_output_lengths(src_len, cfg, None).tolist() == [4, 8]  # int(1.5 * len + 1)
+    assert max_output_lengths(src_len, cfg, 6).tolist() == [4, 5]  # BOS + 5 fill 6 positions
 
 
 # ------------------------------------------------------------------ hand-written tables

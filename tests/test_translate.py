@@ -732,5 +732,5 @@ def test_int8_with_a_shortlist_of_every_token_changes_nothing(setup):
 def test_unknown_precision_is_one_line(setup):
     one_line_error(
         nmt("translate", "-c", str(setup.a), "--precision", "int4", stdin=b"a\n", env=ENV),
-        "--precision must be one of fp32, bf16, fp16, int8, auto, got 'int4'",
+        "--precision must be one of 'fp32', 'bf16', 'fp16', 'int8', 'auto', got 'int4'",
     )

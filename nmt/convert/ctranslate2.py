@@ -58,6 +58,18 @@ QUANTIZATIONS = (
     "float32",
 )
 INSTALL_HINT = "pip install 'nmt[ctranslate2]' (or pip install ctranslate2)"
+
+
+def import_ctranslate2(what: str) -> Any:
+    """The ctranslate2 package, or an NmtError saying that `what` needs it and how to install
+    it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise NmtError(f"{what} needs the ctranslate2 package: {INSTALL_HINT}") from None
+    return ctranslate2
+
+
 # The model settings this export maps. A setting added to ModelConfig later is refused (unless
 # it has its default) until the mapping handles it. Dropouts do not exist at inference.
 EXPORTED_FIELDS = frozenset(
@@ -165,12 +177,7 @@ def export(
             "wrote %s (a Hugging Face MarianMT folder, vocabulary %d)", out, tokenizer.vocab_size
         )
         return out
-    try:
-        import ctranslate2.converters as converters
-    except ImportError:
-        raise NmtError(
-            f"nmt export --format ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}"
-        ) from None
+    converters = import_ctranslate2("nmt export --format ctranslate2").converters
     spec = transformer_spec(model, tokenizer)
 
     class _Converter(converters.Converter):  # type: ignore[name-defined]

@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable, Sequence
 from functools import cached_property
 
+import torch
+
 from nmt.config import DecodeConfig
-from nmt.data import pad_rows
 from nmt.decoding.constraints import AvoidText, Constraints
 from nmt.decoding.predict import need_beam_search
 from nmt.decoding.search import Hypothesis, max_output_lengths
@@ -70,12 +71,7 @@ class LexicalConstraints:
                 continue
             line = where(i)
             limit = int(
-                max_output_lengths(
-                    pad_rows([[*seq, specials.eos]], specials.pad),
-                    cfg,
-                    specials.pad,
-                    self.max_positions,
-                )[0]
+                max_output_lengths(torch.tensor([len(seq) + 1]), cfg, self.max_positions)[0]
             )
             own = request.constraints[: len(request.constraints) - len(request.terms)]
             include = [self._encoded("constraint", p, limit, line) for p in own]

@@ -26,15 +26,13 @@ from nmt.decoding.constraints import Constraints
 from nmt.decoding.sampling import sampler
 from nmt.decoding.search import NAN_LOGPROBS, Hypothesis, beam_search, token_search
 from nmt.decoding.shortlist import Shortlist, load_shortlist
-from nmt.device import PRECISIONS, autocast, configure_device
+from nmt.device import autocast, configure_device
 from nmt.errors import NmtError
 from nmt.models.kernels import PackedLinear, check_int8, packing_works, quantize_decoder
 from nmt.models.transformer import build_model
 from nmt.tokenizer import SpecialIds, Tokenizer
 
 log = logging.getLogger(__name__)
-# int8: CPU, see nmt.models.kernels; auto: bf16 where the device computes it natively, else fp32
-DECODE_PRECISIONS = (*PRECISIONS, "int8", "auto")
 
 
 def decode_autocast(device: torch.device, precision: str) -> Any:

@@ -85,13 +85,14 @@ def length_penalty(length: int, alpha: float, style: str) -> float:
     raise ValueError(f"unknown length penalty style {style!r} (gnmt, length or none)")
 
 
-def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad: int, max_len: int | None) -> Tensor:
-    """src (B, S) -> (B,) CPU: the most tokens each output may have before its EOS.
+def max_output_lengths(src_len: Tensor, cfg: DecodeConfig, max_len: int | None) -> Tensor:
+    """src_len (B,), the length of each source (its EOS included) -> (B,) CPU: the most tokens
+    each output may have before its EOS.
 
-    int(max_len_a * src_len + max_len_b), src_len counting the non-pad source tokens (its
-    EOS included); capped at max_len - 1 so that BOS + output fit in `max_len` positions.
+    int(max_len_a * src_len + max_len_b), capped at max_len - 1 so that BOS + output fit in
+    `max_len` positions.
     """
-    src_len = (src != pad).sum(1).cpu().double()
+    src_len = src_len.cpu().double()
     # in doubles, capped below int64's limit: --max-len-b 1e30 or --max-len-a 1e308 mean "no limit",
     # and so does a max_len_b of 400 digits, too large for a double (it was an OverflowError)
     # .long() truncates as int() does
@@ -172,7 +173,8 @@ def token_search(
     bsz = src.size(0)
     device = src.device
     # (N,) CPU, the most tokens of each output
-    max_out = max_output_lengths(src, cfg, pad if source_pad is None else source_pad, max_len)
+    src_pad = pad if source_pad is None else source_pad
+    max_out = max_output_lengths((src != src_pad).sum(1), cfg, max_len)
     out: list[Hypothesis] = [Hypothesis([], 0.0, 0.0, []) for _ in range(bsz)]
     sent_ids = torch.arange(bsz)  # (N,) CPU: sentence of each live row
     tokens = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (N, step)
@@ -435,7 +437,7 @@ class BeamSearch:
         device = src.device
         if not bsz:
             return
-        max_out = max_output_lengths(src, self.cfg, self.source_pad, self.max_len)
+        max_out = max_output_lengths((src != self.source_pad).sum(1), self.cfg, self.max_len)
         cons = ConstraintTracker.build(constraints, bsz, self.eos, device)
         state = self.model.encode(src)
         scores = torch.zeros(bsz, 1, device=device)

@@ -22,7 +22,6 @@ import torch
 
 from nmt.api import DECODE_OPTIONS, Translation, Translator
 from nmt.config import DecodeConfig
-from nmt.data import pad_rows
 from nmt.decoding.predict import decode_workers
 from nmt.decoding.search import max_output_lengths
 from nmt.errors import NmtError, one_line
@@ -227,9 +226,8 @@ class Service:
         hypothesis, its target at its length limit) could be more than --max-attention: 4.9 KB of
         request asked for a 133 MB answer and 2.3 GB of memory, past every deadline."""
         limit = self.opts.max_attention
-        src = pad_rows([[1] * j.tokens for j in jobs], 0)  # (B, S): 1 a token, 0 padding
-        sources = src.sum(1)  # (B,): tokens of each source
-        targets = max_output_lengths(src, tr.decode, 0, tr.loaded.max_positions)  # (B,)
+        sources = torch.tensor([j.tokens for j in jobs])  # (B,): tokens of each source
+        targets = max_output_lengths(sources, tr.decode, tr.loaded.max_positions)  # (B,)
         weights = nbest * int(
             ((targets + 1) * sources).sum()
         )  # rows and columns: the target's EOS, the source's
