@@ -218,7 +218,6 @@ class Batch:
     prev_output: torch.Tensor  # (B, T) long: BOS + tokens, right-padded (decoder input)
     target: torch.Tensor  # (B, T) long: tokens + EOS, right-padded
     ids: torch.Tensor  # (B,) long: dataset indices; stays on the CPU
-    num_source_tokens: int  # non-pad source positions (EOS included)
     num_target_tokens: int  # non-pad target positions (EOS included): the loss's token count
     # the real (non-pad) target positions, made on the CPU so that the device never has to
     # tell the host how many there are (a boolean mask would: a sync in every forward)
@@ -301,7 +300,6 @@ def collate(
         torch.from_numpy(prev),
         torch.from_numpy(target),
         torch.from_numpy(ids),
-        int(src_len.sum()) + len(ids),
         int(tgt_len.sum()) + len(ids),
         torch.from_numpy(target_index),
         torch.from_numpy(target.reshape(-1)[target_index]),

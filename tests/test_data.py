@@ -154,7 +154,6 @@ def test_collate_layout(prepared, specials):
     assert batch.src.shape == (4, src_len.max() + 1) and batch.src.dtype == torch.long
     assert batch.prev_output.shape == batch.target.shape == (4, tgt_len.max() + 1)
     assert batch.ids.tolist() == ids and len(batch) == 4
-    assert batch.num_source_tokens == int((batch.src != pad).sum()) == int(src_len.sum()) + 4
     assert batch.num_target_tokens == int((batch.target != pad).sum()) == int(tgt_len.sum()) + 4
     for row, i in enumerate(ids):
         n, m = src_len[row], tgt_len[row]

@@ -990,7 +990,7 @@ def test_best_checkpoint_is_its_own_file_and_survives_damage_to_the_last(tmp_pat
     run_dir = RunDir(tmp_path / "run")
     run_dir.path.mkdir()
     state = {"format_version": 1, "model": {"w": torch.ones(3)}, "config": {}, "update": 4}
-    run_dir.save_checkpoint(state, 4, numbered=True, best=True, keep_last=0)
+    run_dir.save_checkpoint(state, 4, best=True, keep_last=0)
     last, best, numbered = (
         run_dir.path / n for n in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_4.pt")
     )

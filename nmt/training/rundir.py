@@ -164,18 +164,18 @@ class RunDir:
         )
 
     def save_checkpoint(
-        self, state: dict[str, Any], update: int, *, numbered: bool, best: bool, keep_last: int
+        self, state: dict[str, Any], update: int, *, best: bool, keep_last: int
     ) -> None:
-        """Write checkpoint_<update>.pt (if numbered) and checkpoint_last.pt (one file: last is a
-        hard link to the numbered one), checkpoint_best.pt (a file of its own), then prune
-        numbered ones beyond `keep_last`.
+        """Write checkpoint_<update>.pt and checkpoint_last.pt (one file: last is a hard link to
+        the numbered one), checkpoint_best.pt (a file of its own), then prune numbered ones
+        beyond `keep_last`.
 
         Why best is written apart: it is the one checkpoint nothing replaces later, so damage to
         the shared file (a truncation in place, a bad block) must not reach it. last and the
         newest numbered checkpoint stay one file: a second copy would double the write of
         every save, and resuming already falls back from a damaged last to the previous
         numbered checkpoint (docs/reliability.md)."""
-        names = ([f"checkpoint_{update}.pt"] if numbered else []) + ["checkpoint_last.pt"]
+        names = [f"checkpoint_{update}.pt", "checkpoint_last.pt"]
         written = names + (["checkpoint_best.pt"] if best else [])
         for name in written:
             own_file(self.path / name, "a checkpoint")
@@ -183,9 +183,8 @@ class RunDir:
             ckpt.atomic_save(state, self.path / "checkpoint_best.pt", own=True)
         first = self.path / names[0]
         ckpt.atomic_save(state, first, own=True)
-        for name in names[1:]:
-            ckpt.link_or_copy(first, self.path / name)
-        if numbered and keep_last:
+        ckpt.link_or_copy(first, self.path / names[1])
+        if keep_last:
             try:
                 ckpt.prune_checkpoints(self.path, keep_last)
             except OSError as e:

@@ -481,11 +481,7 @@ class Trainer:
                 self.env.device,
             )
             self.run_dir.save_checkpoint(
-                state,
-                self.progress.update,
-                numbered=True,
-                best=best,
-                keep_last=self.cfg.train.keep_last,
+                state, self.progress.update, best=best, keep_last=self.cfg.train.keep_last
             )
 
     def _resume(self, reset_optimizer: bool, reset_data: bool) -> None:
