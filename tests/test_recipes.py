@@ -103,6 +103,13 @@ def test_demo_pipeline_reaches_a_bleu_floor(tmp_path, src, tgt):
     assert len(bleus) >= 2 and max(bleus) >= 12.0, bleus
     summary = (tmp_path / "run/summary.txt").read_text()
     assert "test_2016_flickr: BLEU = " in summary and "test_2017_flickr: BLEU = " in summary
+    # the length penalty is the one of the best val BLEU among those tried
+    tried = re.findall(
+        r"val BLEU ([\d.]+) with lenpen ([\d.]+)", (tmp_path / "run/lenpen.txt").read_text()
+    )
+    assert [lp for _, lp in tried] == ["1.0", "1.5", "2.0", "2.5"]
+    best = max(tried, key=lambda t: float(t[0]))
+    assert f"length penalty {best[1]}, chosen on val" in summary
     # a second run reuses everything: no new preparation, training says it is finished
     r2 = run_script(["bash", str(ROOT / "scripts/demo.sh")], env, timeout=3600)
     assert r2.returncode == 0 and "reusing" in r2.stderr and "already finished" in r2.stderr
