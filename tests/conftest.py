@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -27,6 +28,12 @@ from helpers import synthetic_pairs, write_parallel  # noqa: E402
 
 from nmt.prepare import PrepareOptions, prepare_bpe  # noqa: E402
 from nmt.textio import read_lines  # noqa: E402
+
+# The Ctrl-C tests send SIGINT to commands they start, as a terminal would. A shell without job
+# control starts a background job (`make test &` in a script) with SIGINT ignored, which every
+# child inherits and keeps: the test's Ctrl-C would then never arrive. Children see it again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 MULTI30K = Path(
     os.environ.get("NMT_MULTI30K") or Path(__file__).resolve().parents[2] / "shared/data/multi30k"

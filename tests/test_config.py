@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args, get_origin
 import pytest
 
 from nmt import fields, options
+from nmt.api import Translator
 from nmt.checkpoint import average_command
 from nmt.config import (
     SECTIONS,
@@ -224,6 +225,7 @@ VALID_OPTIONS: dict[type, dict[str, Any]] = {
     options.ShortlistOptions: dict(data_dir=Path("data"), output=Path("shortlist.pt")),
     options.PlotAttentionOptions: dict(attention=Path("attention.npz"), out_dir=Path("maps")),
     options.ServeOptions: dict(checkpoints=[Path("a.pt")]),
+    options.TranslateOptions: dict(checkpoints=[Path("a.pt")]),
 }
 # : the library call that each command makes with its options, which checks them before it reads a
 # file
@@ -242,6 +244,7 @@ ENFORCED_BY: dict[type, Callable[[Any], object]] = {
         o.attention, o.out_dir, layer=o.layer, average=o.average, sentences=o.sentences
     ),
     options.ServeOptions: lambda o: serve(o),
+    options.TranslateOptions: lambda o: Translator.from_options(o),
 }
 OPTION_CLASSES = [
     c
