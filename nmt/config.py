@@ -135,13 +135,16 @@ class ModelConfig:
 # from a checkpoint's weights (train.init_from) may set them otherwise.
 TRAINING_ONLY_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout")
 
-# the Transformer's options that the rnn would silently ignore: refused with arch rnn
-TRANSFORMER_ONLY = [
-    f
-    for f in fields(ModelConfig)
-    if f.name
-    in {"tie_output", "output_bias", "activation", "norm_eps", "positions", "decoder_start"}
-]
+# the Transformer's options that the rnn would silently ignore: refused with arch rnn unless at
+# their defaults
+TRANSFORMER_ONLY = (
+    "tie_output",
+    "output_bias",
+    "activation",
+    "norm_eps",
+    "positions",
+    "decoder_start",
+)
 
 
 @dataclass(frozen=True)
@@ -448,7 +451,7 @@ def config_from_dict(raw: dict[str, Any], where: str = "checkpoint") -> Config:
     for section in raw:
         if section not in SECTIONS:
             raise _unknown(section, where)
-    cfg = Config(**{name: _build_section(name, dict(raw.get(name, {})), w) for name in SECTIONS})
+    cfg = Config(**{name: _build_section(name, raw.get(name, {}), w) for name in SECTIONS})
     validate(cfg, w, decode=False)  # a stored decode setting may be overridden where it is used
     return cfg
 
@@ -483,8 +486,7 @@ def validate(cfg: Config, where: dict[str, str] | None = None, decode: bool = Tr
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:
-            section, _, name = key.partition(".")
-            raise ConfigError(f"{named(section)(name)} {msg}")
+            raise ConfigError(f"{where.get(key, where['_file'])}: {key} {msg}")
 
     for section in ("data", "model", "train"):
         check_bounds(getattr(cfg, section), named(section))
@@ -495,10 +497,10 @@ def validate(cfg: Config, where: dict[str, str] | None = None, decode: bool = Tr
         "model.heads",
         f"({m.heads}) must divide model.d_model ({m.d_model})",
     )
-    for f in TRANSFORMER_ONLY:
+    for key in TRANSFORMER_ONLY:
         need(
-            m.arch == "transformer" or getattr(m, f.name) == f.default,
-            f"model.{f.name}",
+            m.arch == "transformer" or getattr(m, key) == getattr(ModelConfig, key),
+            f"model.{key}",
             "applies to model.arch transformer only",
         )
     need(

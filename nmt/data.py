@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TypeVar
 
@@ -401,4 +402,4 @@ def _pack(
             max_s = s
             max_t = t
     cuts.append(len(order))
-    return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+    return [order[a:b] for a, b in pairwise(cuts) if b > a]

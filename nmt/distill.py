@@ -99,6 +99,7 @@ class Job(NamedTuple):
     out: Path
     shards: Path
     distilled: Path
+    outputs: list[Path]  # the distilled text: train.SRC, train.TGT in `distilled`
     data: Path
     report: Path
     manifest: Path
@@ -164,11 +165,12 @@ def distill(opts: DistillOptions, progress: bool = False) -> TrainResult | None:
     with atomic.lock_directory(job.out, LOCK, "the distillation's lock", _BUSY):
         atomic.clean_temporaries(job.out)
         manifest, todo = _plan(job)  # again under the lock: what another run did meanwhile counts
-        if todo and manifest.get("translate") != job.records["translate"]:
-            # new shards: the later steps' records go with the old ones. Missing shards of the same
-            # record keep them (issue 57: a run killed then left a manifest every rerun refused)
-            manifest = _save_manifest(job, manifest, "translate", job.records["translate"])
         if todo:
+            if manifest.get("translate") != job.records["translate"]:
+                # new shards: the later steps' records go with the old ones. Missing shards of the
+                # same record keep them (issue 57: a run killed then left a manifest every rerun
+                # refused)
+                manifest = _save_manifest(job, manifest, "translate", job.records["translate"])
             translate_shards(
                 translator or Translator.from_options(opts.teacher_options()),
                 job,
@@ -228,6 +230,7 @@ def _checked(opts: DistillOptions) -> Job:
         out,
         shards,
         distilled,
+        [distilled / f"train.{lang}" for lang in (opts.source_lang, opts.target_lang)],
         data,
         out / REPORT,
         out / MANIFEST,
@@ -274,10 +277,7 @@ def _check_own_files(job: Job) -> None:
         job.report: "the distillation report",
     }
     files |= dict.fromkeys(job.paths, "a shard of translations")
-    files |= {
-        job.distilled / f"train.{lang}": "the distilled text"
-        for lang in (job.opts.source_lang, job.opts.target_lang)
-    }
+    files |= dict.fromkeys(job.outputs, "the distilled text")
     for path, what in files.items():
         atomic.own_file(path, what)
 
@@ -305,12 +305,11 @@ def _after_translation(job: Job, manifest: JsonObject, progress: bool) -> TrainR
     records = job.records
     report = _json_of(job.report, "the distillation report")  # not an object: written again
     report = report if isinstance(report, dict) else {}
-    outputs = [job.distilled / f"train.{lang}" for lang in (opts.source_lang, opts.target_lang)]
     new_pairs = manifest.get("select") != records["select"]
     if (
         new_pairs
         or not isinstance(report.get("filter"), dict)
-        or not all(p.is_file() for p in outputs)
+        or not all(p.is_file() for p in job.outputs)
     ):
         if new_pairs:  # the student's data goes with the pairs
             manifest = _save_manifest(job, manifest, "select", None)
@@ -325,7 +324,7 @@ def _after_translation(job: Job, manifest: JsonObject, progress: bool) -> TrainR
                 "shard_lines": opts.shard_lines,
                 "dir": str(job.shards),
             },
-            **select_and_filter(job, outputs),
+            **select_and_filter(job),
         }
         _write_json(job.report, report, "the distillation report")
         manifest = _save_manifest(job, manifest, "select", records["select"])
@@ -583,26 +582,25 @@ def translate_shards(translator: Translator, job: Job, todo: set[int], progress:
 # ------------------------------------------------------------------ step 2: select and filter
 
 
-def select_and_filter(job: Job, outputs: list[Path]) -> JsonObject:
+def select_and_filter(job: Job) -> JsonObject:
     """The distilled pairs: per source line its selected hypothesis (of job.paths, the shards),
-    unless `degenerate`; written to `outputs` (source, target), each whole. Returns the report's
+    unless `degenerate`; written to job.outputs (source, target), each whole. Returns the report's
     sections."""
     opts = job.opts
-    _make_directory(outputs[0].parent)
+    _make_directory(job.distilled)
     dropped = dict.fromkeys(FILTER_RULES, 0)
     changed = kept = 0
     sources, references = (
-        _chunks(read_lines(f, TextStats(str(f))), opts.shard_lines)
-        for f in (job.source, job.reference)
+        _chunks(read_lines(f), opts.shard_lines) for f in (job.source, job.reference)
     )
     with (
-        atomic.replacing(outputs[0], "the distilled source", own=True) as tmp_src,
-        atomic.replacing(outputs[1], "the distilled target", own=True) as tmp_tgt,
+        atomic.replacing(job.outputs[0], "the distilled source", own=True) as tmp_src,
+        atomic.replacing(job.outputs[1], "the distilled target", own=True) as tmp_tgt,
         open(tmp_src, "xb", buffering=0) as out_src,
         open(tmp_tgt, "xb", buffering=0) as out_tgt,
     ):
         for path, srcs, refs in zip(job.paths, sources, references, strict=True):
-            shard = list(read_lines(path, TextStats(str(path))))
+            shard = list(read_lines(path))
             if len(shard) != len(srcs):
                 raise NmtError(
                     f"{path}: {len(shard)} lines where its {len(srcs)} source lines need one each; "
@@ -629,7 +627,7 @@ def select_and_filter(job: Job, outputs: list[Path]) -> JsonObject:
     log.info(
         "distilled %d pairs into %s: kept %d%s",
         total,
-        outputs[0].parent,
+        job.distilled,
         kept,
         "".join(f", {n} dropped as {why}" for why, n in dropped.items() if n),
     )
@@ -639,7 +637,7 @@ def select_and_filter(job: Job, outputs: list[Path]) -> JsonObject:
             "pairs": total,
             "kept": kept,
             "dropped": dropped,
-            "files": [str(p) for p in outputs],
+            "files": [str(p) for p in job.outputs],
         },
     }
 

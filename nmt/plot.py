@@ -179,7 +179,7 @@ def read_metrics(run_dir: str | Path) -> tuple[list[Record], list[Record]]:
         with open_for_reading(path, "metrics", None) as f:
             for lineno, line in enumerate(f, 1):
                 if (rec := _record(line)) is not None:
-                    records[(rec.get("type", "train"), rec["update"])] = rec
+                    records[rec.get("type", "train"), rec["update"]] = rec
                 elif line.strip():
                     bad += 1
                     first_bad = first_bad or lineno
@@ -220,9 +220,7 @@ def _record(line: bytes) -> Record | None:
 def _drawable(value: Any) -> bool:
     # Python compares an int with a float exactly: no overflow for an integer beyond any float;
     # False for NaN
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_VALUE
-    )
+    return type(value) in (int, float) and abs(value) <= MAX_VALUE  # not a bool
 
 
 def plot_curves(

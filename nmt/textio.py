@@ -67,10 +67,6 @@ class TextStats:
         """Problems cleaned (a line may have several: see `cleaned_lines`)."""
         return self.invalid_utf8 + self.nul + self.line_breaks
 
-    def _note(self, lineno: int) -> None:
-        if len(self.first_lines) < MAX_REPORTED_LINES and lineno not in self.first_lines:
-            self.first_lines.append(lineno)
-
     def summary(self) -> str:
         """One line for the log, e.g. 'x.de: cleaned 2 lines (2 invalid UTF-8 -> U+FFFD); first: 3,
         9' (a line with several problems counts once as a line and once under each problem)."""
@@ -250,19 +246,19 @@ def _clean(raw: bytes, stats: TextStats) -> str:
     except UnicodeDecodeError:
         line = raw.decode("utf-8", errors="replace")
         stats.invalid_utf8 += 1
-        stats._note(lineno)
         if stats.log_each:
             log.warning("%s:%d: invalid UTF-8 replaced by U+FFFD", stats.path, lineno)
     line = line.removesuffix("\r")
     if "\x00" in line:
         line = line.replace("\x00", " ")
         stats.nul += 1
-        stats._note(lineno)
     if _BREAKS.search(line):
         line = _BREAKS.sub(" ", line)
         stats.line_breaks += 1
-        stats._note(lineno)
-    stats.cleaned_lines += stats.cleaned > before
+    if stats.cleaned > before:  # a line with several problems counts once
+        stats.cleaned_lines += 1
+        if len(stats.first_lines) < MAX_REPORTED_LINES:
+            stats.first_lines.append(lineno)
     return line
 
 

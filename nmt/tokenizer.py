@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -45,8 +44,6 @@ class SpecialIds:
 
 
 NMT_SPECIALS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the ids of every vocabulary nmt trains
-
-logger = logging.getLogger(__name__)
 
 
 # where in its C++ sentencepiece raised an error, before the reason: "INTERNAL: src/x.cc(744) [(a)
@@ -144,10 +141,9 @@ class Tokenizer:
 
     @staticmethod
     def from_bytes(model_bytes: bytes, name: str | None = None) -> Tokenizer:
-        data = bytes(model_bytes)
-        if data.startswith(BUNDLE_MAGIC):
-            return VocabTokenizer.from_bundle(data, name)
-        return SentencePieceTokenizer(data, name)
+        if model_bytes.startswith(BUNDLE_MAGIC):
+            return VocabTokenizer.from_bundle(model_bytes, name)
+        return SentencePieceTokenizer(model_bytes, name)
 
     def __reduce__(self):
         return (Tokenizer.from_bytes, (self.model_bytes, self.name))
@@ -250,7 +246,7 @@ class SentencePieceTokenizer(Tokenizer):
     model's ids, on both sides."""
 
     def __init__(self, model_bytes: bytes, name: str | None = None):
-        self.model_bytes = model_bytes  # bytes (`Tokenizer.from_bytes`)
+        self.model_bytes = model_bytes
         self.name = name or "<sentencepiece model>"
         self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
         self._sp = sp = _load_spm(self.model_bytes, self.name)
@@ -278,7 +274,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Sentencepiece runs `num_threads` threads without the GIL."""
-        return self._sp.encode(list(texts), num_threads=num_threads) if texts else []
+        return self._sp.encode(list(texts), num_threads=num_threads)
 
     encode_target_batch = encode_batch
 
@@ -294,7 +290,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.id_to_piece(token_id)
 
     def surfaces(self) -> list[bytes]:
-        return [_surface(self._sp, self._sp.id_to_piece(i)) for i in range(self.vocab_size)]
+        return [_surface(self._sp, self.piece(i)) for i in range(self.vocab_size)]
 
     def files(self) -> dict[str, bytes]:
         return {"spm.model": self.model_bytes}
@@ -335,8 +331,8 @@ class VocabTokenizer(Tokenizer):
         source_pieces: Sequence[str] | None = None,
     ):
         self.name = name or "<vocabulary tokenizer>"
-        self.source_model = bytes(source_model)
-        self.target_model = bytes(target_model)
+        self.source_model = source_model
+        self.target_model = target_model
         self.pieces = list(pieces)
         self.specials = specials
         self.separate = source_pieces is not None

@@ -256,7 +256,7 @@ def _hf_tokenizer(
 def _hf_vocab(reader: Reader, path: Path, key: str, size: int, pad: int) -> list[str]:
     """A vocabulary file's pieces in id order, as many as config.json's `key` says."""
     vocab = reader.json(path).raw
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in vocab.values()):
+    if not all(type(v) is int for v in vocab.values()):  # not a bool either
         raise NmtError(f"{path}: not a mapping of pieces to ids")
     pieces = pieces_in_id_order(vocab, path)
     if len(pieces) == size - 1 and pad == size - 1:  # the pad row is the model's, not vocab.json's

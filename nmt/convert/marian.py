@@ -294,16 +294,13 @@ def _map_marian(
     F = o.int("transformer-dim-ffn", 2048)
     dec_ffn = o.int("transformer-decoder-dim-ffn", 0) or F
     need(dec_ffn == F, f"transformer-decoder-dim-ffn {dec_ffn} != transformer-dim-ffn {F}")
-    share = (
-        o.flag("tied-embeddings-all", False)
-        or o.flag("tied-embeddings-src", False)
-        or w.has("Wemb")
-    )
+    tied_all = o.flag("tied-embeddings-all", False)  # the source, target and output embeddings
+    share = tied_all or o.flag("tied-embeddings-src", False) or w.has("Wemb")
     need(
         not share or tok.source_vocab_size is None,
         "tied-embeddings-all or tied-embeddings-src with separate source and target vocabularies",
     )
-    tie = o.flag("tied-embeddings-all", False) or o.flag("tied-embeddings", False)
+    tie = tied_all or o.flag("tied-embeddings", False)
     activation = _marian_gelu(o.text("version", "")) if act == "gelu" else act
     cfg = ModelConfig(
         arch="transformer",

@@ -94,18 +94,14 @@ class Keys:
         return value
 
     def int(self, key: str, default: int | None = None) -> int:
-        return self._get(
-            key, default, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"
-        )
+        return self._get(key, default, lambda v: type(v) is int, "an integer")  # not a bool
 
     def number(self, key: str, default: float) -> float:
         return float(
             self._get(
                 key,
                 default,
-                lambda v: (
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                ),
+                lambda v: type(v) in (int, float) and math.isfinite(v),
                 "a finite number",
             )
         )

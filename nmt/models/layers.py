@@ -288,7 +288,8 @@ class FeedForward(nn.Module):
 
 
 class Layer(nn.Module):
-    """Residual + LayerNorm plumbing shared by encoder and decoder layers.
+    """What encoder and decoder layers share: self-attention, the feed-forward block and the
+    residual + LayerNorm plumbing.
 
     Post-norm (paper): x = norm(x + dropout(f(x))). Pre-norm: x = x + dropout(f(norm(x))).
     """
@@ -301,6 +302,7 @@ class Layer(nn.Module):
         )
         self.dropout = Dropout(cfg.dropout)
         self.ffn = FeedForward(cfg)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
 
     def pre(self, x: Tensor, i: int) -> Tensor:
         return self.norms[i](x) if self.norm_first else x
@@ -313,7 +315,6 @@ class Layer(nn.Module):
 class EncoderLayer(Layer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, sublayers=2)
-        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """x (B, S, D), mask (B, 1, 1, S) True at real tokens -> (B, S, D)."""
@@ -324,7 +325,6 @@ class EncoderLayer(Layer):
 class DecoderLayer(Layer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, sublayers=3)
-        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
 
     def forward(

@@ -98,8 +98,9 @@ class Transformer(nn.Module):
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # pre-norm leaves the residual stream un-normalised: one final LayerNorm on each side
         final = cfg.norm_first and cfg.final_norm  # post-norm layers end normalised already
-        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity()
+        norm = partial(nn.LayerNorm, cfg.d_model, eps=cfg.norm_eps) if final else nn.Identity
+        self.encoder_norm = norm()
+        self.decoder_norm = norm()
         self.cpu_output: nn.Module | None = None  # nmt.models.kernels: PackedLinear or Int8Linear
 
     def describe(self) -> str:

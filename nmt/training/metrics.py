@@ -104,10 +104,7 @@ class TrainMetrics:
     ):
         self.cfg = cfg
         self.emit = emit
-        # throughput since the last log line, validation or save
-        self.tokens = 0.0
-        self.updates = 0
-        self.started = time.monotonic()
+        self.restart_throughput()  # throughput since the last log line, validation or save
         # since the last log line: loss, nll (nats) and gnorm summed on the device (3,), over
         # loss_updates updates of loss_tokens target tokens
         self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)
@@ -168,17 +165,10 @@ class TrainMetrics:
         if p.update % t.log_interval == 0:
             self.emit(record)
             log.info(
-                "train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | "
-                "gnorm %.3f | tgt tok/s %.0f | ups %.2f",
-                p.epoch,
-                p.update,
-                loss,
-                nll,
-                record["ppl"],
-                stats.lr,
-                record["gnorm"],
-                record["tgt_tokens_per_s"],
-                record["updates_per_s"],
+                "train | epoch %(epoch)d | update %(update)d | loss %(loss).3f | nll %(nll).3f | "
+                "ppl %(ppl).2f | lr %(lr).3e | gnorm %(gnorm).3f | "
+                "tgt tok/s %(tgt_tokens_per_s).0f | ups %(updates_per_s).2f",
+                record,
             )
             self.restart_throughput()
             self.sums.zero_()
@@ -200,8 +190,7 @@ class TrainMetrics:
 def _rss_mb() -> float | None:
     """This process' resident memory (Linux; None elsewhere): cheap enough for every log line."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            pages = int(f.read().split()[1])
+        pages = int(Path("/proc/self/statm").read_bytes().split()[1])
     except (OSError, ValueError, IndexError):
         return None
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)

@@ -27,9 +27,11 @@ def lr_at(update: int, cfg: TrainConfig, d_model: int) -> float:
     warmup = cfg.warmup_updates
     if cfg.lr_schedule == "noam":
         return cfg.lr * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
-    if warmup > 0 and step < warmup:
+    if warmup == 0:
+        return cfg.lr
+    if step < warmup:
         return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / warmup
-    return cfg.lr * math.sqrt(warmup / step) if warmup > 0 else cfg.lr
+    return cfg.lr * math.sqrt(warmup / step)
 
 
 def dropout_at(update: int, cfg: TrainConfig, dropout: float) -> float:

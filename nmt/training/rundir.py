@@ -184,14 +184,12 @@ class RunDir:
         first = self.path / names[0]
         ckpt.atomic_save(state, first, own=True)
         ckpt.link_or_copy(first, self.path / names[1])
-        if keep_last:
-            try:
-                ckpt.prune_checkpoints(self.path, keep_last)
-            except OSError as e:
-                raise NmtError(
-                    f"{e.filename or self.path}: cannot delete an old checkpoint "
-                    f"({e.strerror or e})"
-                ) from None
+        try:
+            ckpt.prune_checkpoints(self.path, keep_last)
+        except OSError as e:
+            raise NmtError(
+                f"{e.filename or self.path}: cannot delete an old checkpoint ({e.strerror or e})"
+            ) from None
         log.info("saved %s", ", ".join(written))
 
 

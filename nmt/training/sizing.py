@@ -18,7 +18,7 @@ from nmt import device as devices
 from nmt.config import ModelConfig
 from nmt.errors import NmtError, one_line
 from nmt.models.rnn import RNN
-from nmt.models.transformer import Transformer, build_model
+from nmt.models.transformer import Transformer, build_model, num_parameters
 from nmt.tokenizer import Tokenizer
 from nmt.training.oom import is_oom
 
@@ -65,7 +65,7 @@ def model_elements(
         model = meta_model(
             dataclasses.replace(cfg, **layers), vocab_size, pad_id, cfg, source_vocab
         )
-        return sum(p.numel() for p in model.parameters()), sum(b.numel() for b in model.buffers())
+        return num_parameters(model), sum(b.numel() for b in model.buffers())
 
     one = dict.fromkeys(LAYER_KEYS, 1)
     params, buffers = base = count(**one)

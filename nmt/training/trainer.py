@@ -305,13 +305,13 @@ class Trainer:
     def _announce_precision(self) -> None:
         """Say in train.log and in a `start` record of metrics.jsonl (a new run's first record)
         which precision the run trains in from this start on, and why."""
-        log.info("precision %s (%s)", self.precision, self.precision_reason)
         record = {
             "type": "start",
             "update": self.progress.update,
             "precision": self.precision,
             "precision_reason": self.precision_reason,
         }
+        log.info("precision %(precision)s (%(precision_reason)s)", record)
         self.run_dir.emit(record)
 
     def run(self) -> str:
@@ -357,7 +357,7 @@ class Trainer:
                         epoch_end = p.updates_in_epoch == len(updates)
                         p.elapsed = time.monotonic() - start
                         reason = self._after_update(stats, epoch_end, metrics)
-                        if reason is not None or epoch_end:
+                        if reason is not None:  # else the epoch's last update ends the loop
                             break
         metrics.close()
         log.info(
