@@ -359,7 +359,7 @@ class Translator:
         )
         log.info("engine ctranslate2 (%s, its model in %s)", opts.engine, folder)
 
-    def _on_engine(self, constrained: bool) -> bool:
+    def on_engine(self, constrained: bool) -> bool:
         """Whether CTranslate2 decodes a call with these decode settings, with lexical
         constraints or not; under `ctranslate2` an NmtError names what it cannot honour."""
         why = decode_refusal(self.decode)
@@ -499,7 +499,7 @@ class Translator:
         requests = [terms.with_terms(r, self.terminology) for r in requests]
         cons = self.lexical.constraints(requests, seqs, self.decode, where)
         constrained = cons is not None and any(c is not None for c in cons)
-        if self.engine is not None and self._on_engine(constrained):
+        if self.engine is not None and self.on_engine(constrained):
             hyps = self.engine.translate(
                 seqs, self.decode, nbest, self.loaded.max_positions, self.loaded.name
             )

@@ -25,6 +25,7 @@ import torch
 pytest.register_assert_rewrite("helpers")  # its asserts explain themselves like the tests' own
 
 from helpers import synthetic_pairs, write_parallel  # noqa: E402
+from serving import ENGINES, Engine  # noqa: E402
 
 from nmt.prepare import PrepareOptions, prepare_bpe  # noqa: E402
 from nmt.textio import read_lines  # noqa: E402
@@ -228,6 +229,25 @@ def trained_checkpoint(
     finally:
         torch.set_num_threads(threads)
     return run / "checkpoint_last.pt"
+
+
+# ------------------------------------------------------------------ the engines of the server tests
+
+
+@pytest.fixture(scope="session")
+def ctranslate2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`--cache-dir` of the CTranslate2 servers and translators: a checkpoint converted once."""
+    return tmp_path_factory.mktemp("ctranslate2-cache")
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request: pytest.FixtureRequest, ctranslate2_cache: Path) -> Engine:
+    """The engine a server test's server and offline references decode with (serving.Engine):
+    a test that asks for it, or for a fixture that does, runs on each (serving.py's
+    `slow_on_ctranslate2` leaves a costly one's CTranslate2 variant to `make test-slow`)."""
+    if request.param == "ctranslate2":
+        pytest.importorskip("ctranslate2", reason="pip install 'nmt[ctranslate2]'")
+    return Engine(request.param, ctranslate2_cache)
 
 
 @pytest.fixture

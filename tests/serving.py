@@ -1,5 +1,7 @@
 """A real `nmt serve` process for the tests: started on a free loopback port (`--port 0`, the
-URL read from its first line), ready once `/ready` answers 200, talked to over HTTP."""
+URL read from its first line), ready once `/ready` answers 200, talked to over HTTP. `Engine`:
+what a server and its offline references decode with (the `engine` fixture, tests/conftest.py,
+gives every server test torch and CTranslate2)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,57 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 300  # s: loading and the warm-up batch, on a loaded machine
+ENGINES = ("torch", "ctranslate2")  # the `engine` fixture's (tests/conftest.py)
+# The CTranslate2 variant of a test that starts servers of its own, waits out a timeout or drives
+# a browser runs with the slow tests (`make test-slow`): ~3-18 s each on 2 cores
+slow_on_ctranslate2 = pytest.mark.parametrize(
+    "engine", ["torch", pytest.param("ctranslate2", marks=pytest.mark.slow)], indirect=True
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The engine (`--engine`) of a test's server and of the offline translations it is compared
+    with; CTranslate2's conversions are kept in `cache`, made once a test session."""
+
+    name: str  # torch or ctranslate2
+    cache: Path
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """Its options of `nmt serve` and `nmt translate`."""
+        if self.name == "torch":
+            return ()
+        return ("--engine", self.name, "--cache-dir", str(self.cache))
+
+    def load(self, checkpoint: Path, **options: Any) -> Any:
+        """`Translator.load` of `checkpoint` on the CPU with this engine and `options`."""
+        from nmt import Translator
+
+        if self.name != "torch":
+            options.update(engine=self.name, cache_dir=str(self.cache))
+        return Translator.load(checkpoint, device="cpu", **options)
+
+    def refusal(self, setting: str) -> str | None:
+        """What CTranslate2's one-line refusal of `setting`, a setting only torch decodes
+        (nmt/engine.py), says; None on torch."""
+        return None if self.name == "torch" else f"engine ctranslate2 cannot honour {setting}"
+
+    def answered(self, status: int, answer: Any, needs: str | None = None) -> bool:
+        """Whether a request was answered as this engine answers it: 200, or where it `needs` a
+        setting only torch decodes, on CTranslate2 the 400 that names it."""
+        refused = self.refusal(needs) if needs else None
+        if refused:
+            return status == 400 and refused in answer["error"]
+        return status == 200
 
 
 class Server:

@@ -1,6 +1,7 @@
 """`nmt serve`: real server processes on free loopback ports (tests/serving.py), polled on
 /ready; what they answer is compared with `nmt translate` and the Python API on the same
-checkpoint. The batcher and the HTML splitting are also tested on their own, in process."""
+checkpoint and engine (each test of a server runs on torch and on CTranslate2: the `engine`
+fixture). The batcher and the HTML splitting are also tested on their own, in process."""
 
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ pytest.importorskip(
     "uvicorn", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
 )
 
-from serving import ROOT, Server, translate_offline  # noqa: E402
+from serving import ROOT, Server, slow_on_ctranslate2, translate_offline  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 from nmt.serve.batching import TORCH, Batcher, Job  # noqa: E402
 from nmt.serve.libretranslate import Markup  # noqa: E402
+from nmt.serve.model import JobKey, Model  # noqa: E402
 from nmt.serve.stream import Stream  # noqa: E402
 
 
@@ -39,15 +41,15 @@ def lines(raw_corpus) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(trained_checkpoint):
-    with Server("--model", f"en-de={trained_checkpoint}") as s:
+def server(engine, trained_checkpoint):
+    with Server(*engine.args, "--model", f"en-de={trained_checkpoint}") as s:
         yield s
 
 
 @pytest.fixture(scope="module")
-def reference(trained_checkpoint):
-    """The Python API on the same checkpoint, the same defaults as the server's."""
-    return Translator.load(trained_checkpoint, device="cpu")
+def reference(engine, trained_checkpoint):
+    """The Python API on the same checkpoint and engine, the same defaults as the server's."""
+    return engine.load(trained_checkpoint)
 
 
 def best(answer: dict) -> list[str]:
@@ -111,24 +113,26 @@ def test_the_openapi_description_has_every_route_and_no_other(server):
 # ------------------------------------------------------------------ translations
 
 
-def test_translations_equal_nmt_translate(server, trained_checkpoint, lines):
+def test_translations_equal_nmt_translate(server, engine, trained_checkpoint, lines):
     status, answer, _ = server.post("/v1/translate", {"texts": lines})
-    assert status == 200 and best(answer) == translate_offline(trained_checkpoint, lines)
+    assert status == 200 and best(answer) == translate_offline(
+        trained_checkpoint, lines, *engine.args
+    )
     status, answer, _ = server.post("/v1/translate", {"texts": lines[:8], "beam": 2, "lenpen": 0.6})
     assert status == 200 and best(answer) == translate_offline(
-        trained_checkpoint, lines[:8], "--beam", "2", "--lenpen", "0.6"
+        trained_checkpoint, lines[:8], *engine.args, "--beam", "2", "--lenpen", "0.6"
     )
 
 
 def test_32_concurrent_clients_with_mixed_settings_get_what_translate_gives(
-    server, reference, trained_checkpoint, lines
+    server, engine, trained_checkpoint, lines
 ):
     settings = [{}, {"beam": 2}, {"beam": 1}, {"nbest": 2}]
     expected = {
         i: [
             h[0].text
-            for h in Translator.load(
-                trained_checkpoint, device="cpu", **{k: v for k, v in s.items() if k != "nbest"}
+            for h in engine.load(
+                trained_checkpoint, **{k: v for k, v in s.items() if k != "nbest"}
             ).translate_nbest(lines)
         ]
         for i, s in enumerate(settings)
@@ -181,45 +185,51 @@ def test_attention_through_the_api(server, lines):
     assert all(sum(r) == pytest.approx(1, abs=1e-2) for r in att["weights"])
 
 
-def test_constraints_avoid_and_terminology_through_the_api(server, reference, lines):
+def test_constraints_avoid_and_terminology_through_the_api(server, engine, reference, lines):
     line = lines[0]
     plain = reference.translate([line])[0]
     word = plain.split()[0]
-    status, answer, _ = server.post(
-        "/v1/translate",
-        {
-            "texts": [
-                {"text": line, "constraints": ["Katze"]},
-                {"text": line, "avoid": [word]},
-                line,
-            ]
-        },
-    )
-    assert status == 200
-    forced, avoided, same = best(answer)
-    assert "Katze" in forced and word not in avoided and same == plain
-    status, answer, _ = server.post(
-        "/v1/translate", {"texts": [{"text": line, "prefix": "Eine Katze"}]}
-    )
-    assert status == 200 and best(answer)[0].startswith("Eine Katze")
-    assert forced == reference.translate([line], constraints=[["Katze"]])[0]
-    status, answer, _ = server.post(
+    asked = {
+        "constraints": [
+            {"text": line, "constraints": ["Katze"]},
+            {"text": line, "avoid": [word]},
+            line,
+        ],
+        "prefix": [{"text": line, "prefix": "Eine Katze"}],
+    }
+    got = {k: server.post("/v1/translate", {"texts": texts})[:2] for k, texts in asked.items()}
+    got["terminology"] = server.post(
         "/v1/translate", {"texts": [line], "terminology": {line.split()[1]: "Katze"}}
-    )
-    assert status == 200 and "Katze" in best(answer)[0]
+    )[:2]
+    for status, answer in got.values():
+        assert engine.answered(status, answer, "lexical constraints"), answer
+    if engine.refusal("lexical constraints"):  # CTranslate2 decodes none of them: 400s
+        return
+    forced, avoided, same = best(got["constraints"][1])
+    assert "Katze" in forced and word not in avoided and same == plain
+    assert best(got["prefix"][1])[0].startswith("Eine Katze")
+    assert forced == reference.translate([line], constraints=[["Katze"]])[0]
+    assert "Katze" in best(got["terminology"][1])[0]
 
 
-def test_sampling_draws_as_the_command_does(server, trained_checkpoint, lines):
-    """Text i of a request draws from generator (seed, i), as line i does in `nmt translate`."""
+def test_sampling_draws_as_the_command_does(server, engine, trained_checkpoint, lines):
+    """Text i of a request draws from generator (seed, i), as line i does in `nmt translate`.
+    CTranslate2 seeds a batch, not a sentence: it refuses sampling, as the command does."""
     status, answer, _ = server.post(
         "/v1/translate", {"texts": lines[:6], "sampling": True, "seed": 3}
     )
-    assert status == 200 and best(answer) == translate_offline(
+    assert engine.answered(status, answer, "sampling"), answer
+    if engine.refusal("sampling"):
+        return
+    assert best(answer) == translate_offline(
         trained_checkpoint, lines[:6], "--sampling", "--seed", "3"
     )
 
 
-def test_int8_and_a_shortlist_as_server_options(trained_checkpoint, prepared, lines, tmp_path):
+@slow_on_ctranslate2
+def test_int8_and_a_shortlist_as_server_options(
+    engine, trained_checkpoint, prepared, lines, tmp_path
+):
     shortlist = tmp_path / "shortlist.pt"
     out = subprocess.run(
         [sys.executable, "-m", "nmt", "shortlist", str(prepared[0]), "-o", str(shortlist)],
@@ -230,9 +240,16 @@ def test_int8_and_a_shortlist_as_server_options(trained_checkpoint, prepared, li
     )
     assert out.returncode == 0, out.stderr
     args = ("--precision", "int8", "--shortlist", str(shortlist), "--beam", "2")
-    with Server("--model", f"en-de={trained_checkpoint}", *args) as s:
+    if refused := engine.refusal("shortlist"):  # CTranslate2 refuses it at start: int8 alone
+        out = run_serve(*engine.args, "-c", str(trained_checkpoint), "--port", "0", *args)
+        assert out.returncode == 1 and len(out.stderr.splitlines()) == 1, out.stderr
+        assert f"--{refused}; use torch or auto" in out.stderr, out.stderr
+        args = ("--precision", "int8", "--beam", "2")
+    with Server(*engine.args, "--model", f"en-de={trained_checkpoint}", *args) as s:
         status, answer, _ = s.post("/v1/translate", {"texts": lines[:8]})
-    assert status == 200 and best(answer) == translate_offline(trained_checkpoint, lines[:8], *args)
+    assert status == 200 and best(answer) == translate_offline(
+        trained_checkpoint, lines[:8], *engine.args, *args
+    )
 
 
 def test_score_equals_the_api(server, reference, lines):
@@ -313,8 +330,11 @@ def test_libretranslate_reads_raw_utf8_forms_and_the_query_string(server, refere
     assert (status, answer) == (200, {"translatedText": want[0]})
 
 
-def test_a_request_the_queue_can_never_hold_is_400_not_retry_later(trained_checkpoint, lines):
-    with Server("--model", f"en-de={trained_checkpoint}", "--max-queue", "2") as s:
+@slow_on_ctranslate2
+def test_a_request_the_queue_can_never_hold_is_400_not_retry_later(
+    engine, trained_checkpoint, lines
+):
+    with Server(*engine.args, "--model", f"en-de={trained_checkpoint}", "--max-queue", "2") as s:
         status, answer, headers = s.post("/v1/translate", {"texts": lines[:3]})
         assert (
             status == 400
@@ -634,30 +654,41 @@ def test_one_bad_sentence_never_fails_the_others_of_its_batch():
         batcher.close()
 
 
-def test_every_model_decodes_on_the_one_torch_thread():
-    """Two models' batchers hand their batches to one thread (OpenMP keeps a team per calling
-    thread, and two teams on the same cores slow each other down)."""
-    names: list[str] = []
+def test_torch_decodes_every_model_on_the_one_torch_thread_and_ctranslate2_on_its_worker(
+    reference,
+):
+    """Two models' batchers hand their torch batches to one thread (OpenMP keeps a team per
+    calling thread, and two teams on the same cores slow each other down); CTranslate2, which
+    releases the interpreter lock, decodes each on the batcher's own worker thread, so that the
+    workers' batches run at once. Sentences with constraints go to torch on either engine."""
+    names: list[tuple[bool, str]] = []
 
-    def decode(key, jobs):
-        names.append(threading.current_thread().name)
+    def decoded(key: JobKey, jobs: list[Job]) -> list[None]:
+        names.append((key.plain, threading.current_thread().name))
         return [None] * len(jobs)
 
-    batchers = [
-        Batcher(decode, batch_tokens=100, max_queue=100, name=n) for n in ("en-de", "de-en")
-    ]
+    models = [Model(n, reference, "en", "de") for n in ("en-de", "de-en")]
+    batchers = []
+    for m in models:
+        m._decoded = decoded  # type: ignore[method-assign]
+        batchers.append(Batcher(m.decode, batch_tokens=100, max_queue=100, name=m.name))
     try:
-        jobs = [Job("k", str(i), tokens=1) for i in range(4)]
-        assert batchers[0].submit(jobs[:2]) and batchers[1].submit(jobs[2:])
+        plain = JobKey.translation({}, 1, False, None)
+        constrained = JobKey("translate", plain=False)
+        jobs = [Job(key, str(i), tokens=1) for i in range(3) for key in (plain, constrained)]
+        assert batchers[0].submit(jobs[:3]) and batchers[1].submit(jobs[3:])
         for job in jobs:
             job.future.result(60)
     finally:
         for batcher in batchers:
             batcher.close()
-    assert len(names) >= 2 and set(names) == {
-        TORCH.submit(lambda: threading.current_thread().name).result()
-    }
-    assert not any(name.startswith("nmt-serve") for name in names)
+    torch_thread = TORCH.submit(lambda: threading.current_thread().name).result()
+    assert {name for plain, name in names if not plain} == {torch_thread}
+    plain_threads = {name for plain, name in names if plain}
+    if reference.engine is None:
+        assert plain_threads == {torch_thread}
+    else:
+        assert plain_threads and all(name.startswith("nmt-serve-") for name in plain_threads)
 
 
 def test_batches_join_clients_never_settings_and_keep_to_the_budget():
@@ -755,6 +786,7 @@ def test_sentences_join_the_running_search_of_their_key_and_a_failed_step_fails_
         batcher.close()
 
 
+# torch only: continuous batching's running search, which CTranslate2 never joins (can_stream)
 def test_a_sentence_nobody_waits_for_leaves_the_running_search_at_its_next_step(
     trained_checkpoint, lines
 ):
@@ -829,8 +861,10 @@ def read_answer(sock: socket.socket) -> str:
     return data.decode()
 
 
-def test_slow_disconnecting_and_too_many_clients(trained_checkpoint):
+@slow_on_ctranslate2
+def test_slow_disconnecting_and_too_many_clients(engine, trained_checkpoint):
     with Server(
+        *engine.args,
         "--model",
         f"en-de={trained_checkpoint}",
         "--read-timeout",
@@ -885,8 +919,10 @@ def wait_for_queue(s: Server, sentences: int) -> None:
         time.sleep(0.02)
 
 
-def test_a_client_that_goes_away_has_its_sentences_dropped(trained_checkpoint):
-    with Server("--model", f"en-de={trained_checkpoint}", "--max-wait-ms", "10000") as s:
+@slow_on_ctranslate2
+def test_a_client_that_goes_away_has_its_sentences_dropped(engine, trained_checkpoint):
+    model = f"en-de={trained_checkpoint}"
+    with Server(*engine.args, "--model", model, "--max-wait-ms", "10000") as s:
         body = json.dumps({"texts": ["A dog."] * 5}).encode()
         head = (
             "POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
@@ -901,8 +937,9 @@ def test_a_client_that_goes_away_has_its_sentences_dropped(trained_checkpoint):
         assert re.search(r'nmt_requests_total\{endpoint="translate",status="499"\} 1', metrics)
 
 
-def test_sigterm_answers_what_is_in_flight_and_exits_0(trained_checkpoint, lines):
-    s = Server("--model", f"en-de={trained_checkpoint}", "--max-wait-ms", "10000")
+@slow_on_ctranslate2
+def test_sigterm_answers_what_is_in_flight_and_exits_0(engine, trained_checkpoint, lines):
+    s = Server(*engine.args, "--model", f"en-de={trained_checkpoint}", "--max-wait-ms", "10000")
     with ThreadPoolExecutor(4) as pool:
         answers = [
             pool.submit(s.post, "/v1/translate", {"texts": lines[i : i + 2]})
@@ -918,10 +955,12 @@ def test_sigterm_answers_what_is_in_flight_and_exits_0(trained_checkpoint, lines
 # ------------------------------------------------------------------ safety
 
 
-def test_api_keys_cors_and_the_warning_off_loopback(trained_checkpoint, tmp_path):
+@slow_on_ctranslate2
+def test_api_keys_cors_and_the_warning_off_loopback(engine, trained_checkpoint, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("# comment\nsecret-1\nsecret-2\n")
     with Server(
+        *engine.args,
         "--model",
         f"en-de={trained_checkpoint}",
         "--api-keys",
@@ -960,7 +999,7 @@ def test_api_keys_cors_and_the_warning_off_loopback(trained_checkpoint, tmp_path
             "access-control-allow-origin"
         ] == "https://example.org"
         assert s.get("/v1/models")[1]["models"][0]["api_key_required"] is True
-    with Server("--model", f"en-de={trained_checkpoint}", "--host", "0.0.0.0") as s:
+    with Server(*engine.args, "--model", f"en-de={trained_checkpoint}", "--host", "0.0.0.0") as s:
         headers = s.post(
             "/v1/translate", {"texts": ["a"]}, headers={"Origin": "https://example.org"}
         )[2]
@@ -981,7 +1020,8 @@ def run_serve(*args: str, env: dict | None = None) -> subprocess.CompletedProces
     )
 
 
-def test_command_mistakes_are_one_line(trained_checkpoint, tmp_path):
+@slow_on_ctranslate2
+def test_command_mistakes_are_one_line(engine, trained_checkpoint, tmp_path):
     taken = socket.create_server(("127.0.0.1", 0))
     fake = tmp_path / "fake"
     (fake / "starlette").mkdir(parents=True)
@@ -1002,13 +1042,15 @@ def test_command_mistakes_are_one_line(trained_checkpoint, tmp_path):
     ]
     try:
         for args, message in cases:
-            out = run_serve(*args)
+            out = run_serve(*engine.args, *args)
             assert out.returncode != 0 and out.stdout == "", (args, out)
             assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr, (
                 args,
                 out.stderr,
             )
-        out = run_serve("-c", str(trained_checkpoint), env={"PYTHONPATH": f"{fake}:{ROOT}"})
+        out = run_serve(
+            *engine.args, "-c", str(trained_checkpoint), env={"PYTHONPATH": f"{fake}:{ROOT}"}
+        )
         assert (
             out.returncode != 0
             and "pip install 'nmt[serve]'" in out.stderr
@@ -1019,14 +1061,14 @@ def test_command_mistakes_are_one_line(trained_checkpoint, tmp_path):
 
 
 @pytest.mark.slow
-def test_memory_after_10000_requests_does_not_grow(trained_checkpoint):
+def test_memory_after_10000_requests_does_not_grow(engine, trained_checkpoint):
     """RSS after 2,000 requests and after 10,000 more (mixed: translations, errors,
     LibreTranslate)."""
 
     def rss(pid: int) -> int:
         return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
 
-    with Server("--model", f"en-de={trained_checkpoint}") as s:
+    with Server(*engine.args, "--model", f"en-de={trained_checkpoint}") as s:
 
         def burst(n: int) -> None:
             with ThreadPoolExecutor(8) as pool:

@@ -4,7 +4,8 @@ targets read from GET /languages less the language itself), Weblate (form data w
 it offers a pair only where GET /languages lists both codes) and the `libretranslate` Python
 client (urllib's form data, a GET /languages with a form body, detect()). Also what differs
 from LibreTranslate no more: codes in any case, a text asked in its own language answered as
-it is, CORS preflight, /frontend/settings and /spec. The application is called in process."""
+it is, CORS preflight, /frontend/settings and /spec. The application is called in process, its
+translator on torch and on CTranslate2 (the `engine` fixture)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytest.importorskip(
     "starlette", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
 )
 
-from serving import asgi_request, in_process  # noqa: E402
+from serving import Engine, asgi_request, in_process  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 
@@ -31,8 +32,8 @@ FORM = "application/x-www-form-urlencoded"  # what urllib sends a body as unless
 
 
 @pytest.fixture(scope="module")
-def translator(random_checkpoint: Path) -> Translator:
-    return Translator.load(random_checkpoint, device="cpu", beam=2)
+def translator(engine: Engine, random_checkpoint: Path) -> Translator:
+    return engine.load(random_checkpoint, beam=2)
 
 
 def call(

@@ -2,7 +2,8 @@
 by --max-chars, attention by --max-attention; a float setting too large for a float is a 400; a
 request's work runs off the event loop and within its deadline, and nothing it sends is kept once
 it is answered. Most tests call the ASGI application in process (`asgi`); the API
-keys file is read by the command, so its test starts a real server (tests/serving.py)."""
+keys file is read by the command, so its test starts a real server (tests/serving.py). Each runs
+on torch and on CTranslate2 (the `engine` fixture)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ pytest.importorskip(
 )
 
 from helpers import nmt  # noqa: E402
-from serving import Server, asgi_request, in_process  # noqa: E402
+from serving import Engine, Server, asgi_request, in_process, slow_on_ctranslate2  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 from nmt.errors import ConfigError  # noqa: E402
@@ -59,14 +60,14 @@ def call(
 
 
 @pytest.fixture(scope="module")
-def translator(random_checkpoint: Path) -> Translator:
-    return Translator.load(random_checkpoint, device="cpu", beam=2)
+def translator(engine: Engine, random_checkpoint: Path) -> Translator:
+    return engine.load(random_checkpoint, beam=2)
 
 
 @pytest.fixture(scope="module")
-def roomy(random_checkpoint: Path) -> Translator:
+def roomy(engine: Engine, random_checkpoint: Path) -> Translator:
     """Room for long phrases: 100 tokens an output (the checkpoint's decode settings allow 6)."""
-    return Translator.load(random_checkpoint, device="cpu", beam=2, max_len_b=100)
+    return engine.load(random_checkpoint, beam=2, max_len_b=100)
 
 
 serving = in_process
@@ -99,17 +100,16 @@ CARRIED = [
 
 
 @pytest.mark.parametrize(("body", "message"), [c[1:] for c in CARRIED], ids=[c[0] for c in CARRIED])
-def test_max_chars_bounds_every_phrase_and_term_a_request_carries(roomy, body, message):
+def test_max_chars_bounds_every_phrase_and_term_a_request_carries(engine, roomy, body, message):
     """--max-chars bounded the texts alone: a 900,000-character avoided phrase went through."""
     with serving(roomy, max_chars=50) as (_, app):
         status, _, answer = call(app, "POST", "/v1/translate", body)
         assert (status, list(answer)) == (400, ["error"]), answer
         assert message in answer["error"], answer
         assert "more than this server's limit of 50" in answer["error"] or "surrogate" in message
-        assert (
-            call(app, "POST", "/v1/translate", {"texts": [{"text": LINE, "avoid": ["Katze"]}]})[0]
-            == 200
-        )
+        within = {"texts": [{"text": LINE, "avoid": ["Katze"]}]}
+        status, _, answer = call(app, "POST", "/v1/translate", within)
+        assert engine.answered(status, answer, "lexical constraints"), answer
 
 
 def _reachable(root: Any) -> Iterator[Any]:
@@ -126,7 +126,7 @@ def _reachable(root: Any) -> Iterator[Any]:
         todo.extend(gc.get_referents(obj))
 
 
-def test_nothing_a_request_sends_is_kept_once_it_is_answered(translator):
+def test_nothing_a_request_sends_is_kept_once_it_is_answered(engine, translator):
     """The index of each avoided phrase was cached for ever (Surfaces._index: ~17 bytes per byte,
     4,096 phrases), and each request's decode settings kept a translator of their own."""
     marker = f"Zqx{os.getpid()}jv"  # made here: no constant of this module holds it
@@ -134,7 +134,7 @@ def test_nothing_a_request_sends_is_kept_once_it_is_answered(translator):
     with serving(translator) as (service, app):
         body = {"texts": [{"text": LINE, "avoid": [f"{marker} Katze"]}], "lenpen": lenpen}
         status, _, answer = call(app, "POST", "/v1/translate", body)
-        assert status == 200, answer
+        assert engine.answered(status, answer, "lexical constraints"), answer
         kept = [
             o
             for o in _reachable(service)
@@ -190,21 +190,27 @@ def _blocking(
 
 
 @pytest.mark.parametrize(
-    ("name", "body"),
+    ("name", "body", "needs"),
     [
-        ("app.terminology_from_pairs", {"texts": [LINE], "terminology": {"dog": "Hund"}}),
-        ("answers._hypothesis", {"texts": [LINE], "attention": True}),
+        (
+            "app.terminology_from_pairs",
+            {"texts": [LINE], "terminology": {"dog": "Hund"}},
+            "lexical constraints",
+        ),
+        ("answers._hypothesis", {"texts": [LINE], "attention": True}, None),
     ],
     ids=["terminology", "answer"],
 )
-def test_a_request_s_work_never_holds_up_the_event_loop(translator, monkeypatch, name, body):
+def test_a_request_s_work_never_holds_up_the_event_loop(
+    engine, translator, monkeypatch, name, body, needs
+):
     """A request's terminology was compiled and matched, and its answer built, on the event loop:
     25,000 terms froze every client, /health included, for 13.5 s. Here that work is held until
     /health has been answered, which only a free event loop can do."""
     release, events = threading.Event(), []
     _blocking(monkeypatch, name, release, events)
 
-    async def both(app: Any) -> tuple[int, int]:
+    async def both(app: Any) -> tuple[tuple[int, dict[str, str], Any], int]:
         slow = asyncio.ensure_future(asgi(app, "POST", "/v1/translate", body))
         for _ in range(
             6000
@@ -215,13 +221,15 @@ def test_a_request_s_work_never_holds_up_the_event_loop(translator, monkeypatch,
         health = await asgi(app, "GET", "/health")
         events.append("health")
         release.set()
-        return (await slow)[0], health[0]
+        return await slow, health[0]
 
     with serving(translator) as (_, app):
-        assert asyncio.run(both(app)) == (200, 200)
+        (status, _, answer), health = asyncio.run(both(app))
+    assert health == 200 and engine.answered(status, answer, needs), answer
     assert events == ["called", "health", "released"]
 
 
+@slow_on_ctranslate2
 def test_an_answer_is_built_within_the_deadline(translator, monkeypatch):
     """An answer with attention was built after --timeout had passed (91 s against 60 s). Here
     its building is held (the sentence itself decodes in well under the 10 s)."""
@@ -258,13 +266,13 @@ def test_a_float_setting_of_400_digits_is_400(translator, key):
         coerce(BIG, float, "decode.lenpen", "cfg.yaml")  # a config file's `lenpen: 1000...0`
 
 
-def test_a_max_len_b_of_400_digits_means_no_limit_as_1e30_does(translator, random_checkpoint):
+def test_a_max_len_b_of_400_digits_means_no_limit_as_1e30_does(
+    engine, translator, random_checkpoint
+):
     """It passed the checks and failed in the search: a 500 from the server, a traceback from
     `nmt translate --max-len-b 1000...0`. Like --max-len-b 1e30, it leaves the model's positions
     as the only limit."""
-    want = Translator.load(random_checkpoint, device="cpu", beam=2, max_len_b=10**30).translate(
-        [LINE]
-    )
+    want = engine.load(random_checkpoint, beam=2, max_len_b=10**30).translate([LINE])
     raw = f'{{"texts": ["{LINE}"], "max_len_b": {BIG}}}'.encode()
     with serving(translator) as (_, app):
         status, _, answer = call(app, "POST", "/v1/translate", raw)
@@ -273,6 +281,7 @@ def test_a_max_len_b_of_400_digits_means_no_limit_as_1e30_does(translator, rando
         "translate",
         "-c",
         str(random_checkpoint),
+        *engine.args,
         "--beam",
         "2",
         "--max-len-b",
@@ -321,13 +330,18 @@ def test_a_refused_cors_preflight_is_a_json_error_and_the_page_refuses_frames(tr
 # ------------------------------------------------------------------ API keys
 
 
-def test_api_keys_file_comments_bom_and_the_bearer_scheme_in_any_case(random_checkpoint, tmp_path):
+@slow_on_ctranslate2
+def test_api_keys_file_comments_bom_and_the_bearer_scheme_in_any_case(
+    engine, random_checkpoint, tmp_path
+):
     """An indented "  # old-key" was a key, a UTF-8 BOM broke the first key, and
     "Authorization: bearer KEY" (the scheme in lower case) was 403."""
     keys = tmp_path / "keys.txt"
     keys.write_bytes("\ufefffirst-key\n  # old-key\n\tsecond-key  \n".encode())
     body = {"texts": [LINE]}
-    with Server("--model", f"en-de={random_checkpoint}", "--api-keys", str(keys)) as s:
+    with Server(
+        *engine.args, "--model", f"en-de={random_checkpoint}", "--api-keys", str(keys)
+    ) as s:
         assert s.post("/v1/translate", {**body, "api_key": "first-key"})[0] == 200
         for scheme in ("Bearer", "bearer", "BEARER"):
             assert (

@@ -1,7 +1,8 @@
 """`nmt serve` translates sentences, not texts: a real server (tests/serving.py) on a trained
 checkpoint, given multi-line, multi-sentence, HTML, too-long and emoji-only texts through
 /v1/translate and LibreTranslate's /translate, answers what `nmt translate --split-sentences`
-gives for the same lines, alone and under 32 concurrent clients."""
+gives for the same lines, alone and under 32 concurrent clients; on torch and on CTranslate2
+(the `engine` fixture)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def sentences(raw_corpus) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(trained_checkpoint) -> Translator:
-    return Translator.load(trained_checkpoint, device="cpu")
+def reference(engine, trained_checkpoint) -> Translator:
+    return engine.load(trained_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +67,11 @@ def post(sentences) -> str:
     )
 
 
-def offline(ckpt: Path, texts: list[str]) -> list[str]:
-    """Each text translated by `nmt translate --split-sentences`, line by line, its lines put
-    back with the text's own line breaks."""
+def offline(ckpt: Path, texts: list[str], *args: str) -> list[str]:
+    """Each text translated by `nmt translate --split-sentences ARGS`, line by line, its lines
+    put back with the text's own line breaks."""
     lines = [text.replace("\r\n", "\n").split("\n") for text in texts]
-    out = iter(translate_offline(ckpt, [x for ls in lines for x in ls], "--split-sentences"))
+    out = iter(translate_offline(ckpt, [x for ls in lines for x in ls], "--split-sentences", *args))
     return [
         ("\r\n" if "\r\n" in text else "\n").join(next(out) for _ in ls)
         for text, ls in zip(texts, lines, strict=True)
@@ -78,19 +79,21 @@ def offline(ckpt: Path, texts: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def expected(trained_checkpoint, texts, post) -> dict[str, str]:
-    """The offline answer of each case; the post's text nodes each translated as a line."""
+def expected(engine, trained_checkpoint, texts, post) -> dict[str, str]:
+    """The offline answer of each case on the server's engine; the post's text nodes each
+    translated as a line."""
     markup = Markup(post)
     runs = [run.strip() for run in markup.texts]
-    done = offline(trained_checkpoint, [*texts.values(), *runs])
+    done = offline(trained_checkpoint, [*texts.values(), *runs], *engine.args)
     out = dict(zip(texts, done, strict=False))
     out["post"] = markup.join(done[len(texts) :])
     return out
 
 
 @pytest.fixture(scope="module")
-def server(trained_checkpoint):
-    with Server("--model", f"en-de={trained_checkpoint}", "--max-chars", "50000") as s:
+def server(engine, trained_checkpoint):
+    model = f"en-de={trained_checkpoint}"
+    with Server(*engine.args, "--model", model, "--max-chars", "50000") as s:
         yield s
 
 

@@ -1,7 +1,8 @@
 """`nmt serve` under hostile clients, below the requests: heads that never end or never arrive,
 connections that hold every file, requests nobody waits for any more, and stopping with
 requests in flight (SIGTERM, Ctrl-C twice). Real server processes on loopback ports
-(tests/serving.py); the batch path's early ends in process."""
+(tests/serving.py), on torch and on CTranslate2 (the `engine` fixture); the batch path's early
+ends in process."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ pytest.importorskip(
     "uvicorn", reason="nmt serve's extra is not installed: pip install 'nmt[serve]'"
 )
 
-from serving import ROOT, Server  # noqa: E402
+from serving import ROOT, Server, slow_on_ctranslate2  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 from nmt.serve.batching import Job  # noqa: E402
@@ -37,8 +38,9 @@ LONG = "a dog and a cat and " * 20
 
 
 @pytest.fixture(scope="module")
-def server(trained_checkpoint):
+def server(engine, trained_checkpoint):
     with Server(
+        *engine.args,
         "--model",
         f"en-de={trained_checkpoint}",
         "--head-timeout",
@@ -118,6 +120,7 @@ def test_a_head_over_the_limit_is_431_whether_it_comes_in_pieces_or_at_once(serv
     assert server.get("/health", headers={"X-Fits": "a" * (HEAD_LIMIT // 2)})[0] == 200
 
 
+@slow_on_ctranslate2
 def test_a_head_that_does_not_arrive_in_time_is_408_slowloris_or_silent(server):
     healthy(server)
     slow = connect(server)
@@ -135,6 +138,7 @@ def test_a_head_that_does_not_arrive_in_time_is_408_slowloris_or_silent(server):
     assert error_of(answer(silent)) == late
 
 
+@slow_on_ctranslate2
 def test_silent_connections_past_the_limit_cannot_lock_new_clients_out(server):
     """1,000 silent sockets held every file of a 1,000-file limit: past --max-connections a
     connection is answered 503 at once, and the silent ones are closed at the head timeout."""
@@ -180,6 +184,7 @@ class LateJob(Job):
         pass
 
 
+# torch only: CTranslate2's beam search cannot be stopped; it decodes such a sentence to its end
 @pytest.mark.parametrize(
     ("overrides", "first"),
     [({}, LONG), ({}, Request(LONG, constraints=("Hund",))), ({"sampling": True, "seed": 1}, LONG)],
@@ -206,8 +211,9 @@ def test_a_batch_ends_the_sentences_nobody_waits_for_at_their_next_step(
     assert got[1] == whole[1]
 
 
+@slow_on_ctranslate2
 def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(
-    trained_checkpoint, monkeypatch
+    engine, trained_checkpoint, monkeypatch
 ):
     """Every 504 or disconnect logged `ERROR asyncio _GatheringFuture exception was never
     retrieved`; `/health/` redirected to the Host the client named. Also: a lone search's
@@ -215,6 +221,7 @@ def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     with Server(
+        *engine.args,
         "--model",
         f"en-de={trained_checkpoint}",
         "--max-wait-ms",
@@ -247,11 +254,13 @@ def test_504s_and_clients_gone_log_nothing_and_health_slash_redirects_nowhere(
 # ------------------------------------------------------------------ stopping
 
 
-def test_sigterm_drains_within_the_drain_timeout_and_exits(trained_checkpoint):
+@slow_on_ctranslate2
+def test_sigterm_drains_within_the_drain_timeout_and_exits(engine, trained_checkpoint):
     """SIGTERM with requests in flight that would run long (here, held 60 s for company) left
     the process running: those still running after --drain-timeout are answered 503, and it
     exits 0. The environment's OpenMP wait policy is kept."""
     s = Server(
+        *engine.args,
         "--model",
         f"en-de={trained_checkpoint}",
         "--max-wait-ms",
@@ -271,10 +280,13 @@ def test_sigterm_drains_within_the_drain_timeout_and_exits(trained_checkpoint):
     assert "OMP_WAIT_POLICY = 'PASSIVE'" in err and "GOMP_SPINCOUNT = '0'" in err, err
 
 
-def test_a_second_ctrl_c_answers_what_is_in_flight_503_without_a_traceback(trained_checkpoint):
+@slow_on_ctranslate2
+def test_a_second_ctrl_c_answers_what_is_in_flight_503_without_a_traceback(
+    engine, trained_checkpoint
+):
     """With requests in flight, a second Ctrl-C gave plain-text 500s and a traceback each; a
     single Ctrl-C exits 130 (as every command interrupted) once it has answered them."""
-    s = Server("--model", f"en-de={trained_checkpoint}", "--max-wait-ms", "60000")
+    s = Server(*engine.args, "--model", f"en-de={trained_checkpoint}", "--max-wait-ms", "60000")
     with ThreadPoolExecutor(4) as pool:
         answers = [pool.submit(s.post, "/v1/translate", {"texts": ["A dog."]}) for _ in range(4)]
         wait_for_queue(s, 4)
@@ -300,7 +312,10 @@ def wait_for_queue(s: Server, sentences: int) -> None:
         time.sleep(0.02)
 
 
-def test_more_connections_than_the_process_may_open_files_for_is_one_line(trained_checkpoint):
+@slow_on_ctranslate2
+def test_more_connections_than_the_process_may_open_files_for_is_one_line(
+    engine, trained_checkpoint
+):
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY:
         pytest.skip("no hard limit of open files here")
@@ -310,6 +325,7 @@ def test_more_connections_than_the_process_may_open_files_for_is_one_line(traine
             "-m",
             "nmt",
             "serve",
+            *engine.args,
             "-c",
             str(trained_checkpoint),
             "--port",

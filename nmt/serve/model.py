@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from nmt.api import Translation, Translator
 from nmt.decoding.predict import decode_config
-from nmt.serve.batching import Batcher, Job
+from nmt.serve.batching import TORCH, Batcher, Job
 from nmt.serve.stream import Stream, can_stream
 from nmt.terminology import Request
 
@@ -108,7 +108,20 @@ class Model:
         return Stream(tr, key.nbest, key.attend, key.lang, self.threads) if can_stream(tr) else None
 
     def decode(self, key: JobKey, jobs: list[Job]) -> list[Any]:
-        """The worker's decode function (nmt.serve.batching): the results of a batch of one key."""
+        """The worker's decode function (nmt.serve.batching): the results of a batch of one key,
+        decoded by CTranslate2 on the worker's own thread (it releases the interpreter lock, so
+        each worker keeps one of its `inter_threads` busy), or by torch on the one torch thread."""
+        tr = self.variant(key)
+        if (
+            tr.engine is not None
+            and key.plain
+            and not key.attend
+            and tr.on_engine(constrained=False)
+        ):
+            return self._decoded(key, jobs)
+        return TORCH.submit(self._decoded, key, jobs).result()
+
+    def _decoded(self, key: JobKey, jobs: list[Job]) -> list[Any]:
         if key.task == "score":
             return self.translator.score(
                 [j.item[0] for j in jobs], [j.item[1] for j in jobs], normalize=key.normalize
