@@ -27,6 +27,10 @@ SUITES = {
         "serve_busy",
         "`nmt serve`, one client beside busy processes, per OpenMP wait policy",
     ),
+    "libretranslate": (
+        "libretranslate",
+        "`nmt serve` against LibreTranslate on the same weights: sent/s, latency, answers",
+    ),
     "stream": ("stream", "`nmt serve`'s searches without HTTP, under a closed loop of clients"),
     "loss": ("loss", "the chunked training loss alone: ms and error, against another checkout"),
     "three-models": (

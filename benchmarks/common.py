@@ -4,12 +4,16 @@ child process, and the statistics of repeated timings."""
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +185,78 @@ def serve_requests(answer: Any) -> None:
     print(json.dumps({"ready": True}), flush=True)
     for _ in sys.stdin:
         print(json.dumps(answer()), flush=True)
+
+
+# ------------------------------------------------------------------ HTTP clients
+
+
+@dataclass
+class ClosedLoop:
+    """What `closed_loop` measured: its wall seconds, the latency of each answered request, each
+    request's answer (its JSON; None where none came), why the others got none (`timeout`, an
+    HTTP status, an error's name: how many), and the CPU seconds of this process meanwhile."""
+
+    seconds: float
+    latencies: list[float]
+    answers: list[Any]
+    failures: dict[str, int] = field(default_factory=dict)
+    client_cpu_s: float = 0.0
+
+
+def closed_loop(
+    port: int, requests: list[tuple[str, Any]], n: int, timeout: float = 600.0
+) -> ClosedLoop:
+    """`n` concurrent clients, threads of this process each with its own keep-alive connection to
+    127.0.0.1:`port`, POST the JSON `requests` ((path, body) each), one at a time, each client
+    its next once its last is answered, until all are sent. A request with no answer within
+    `timeout` seconds (of silence on its socket), one refused, or one answered other than 200
+    has None for answer and is counted in `failures`; its client goes on on a new connection."""
+    todo = list(enumerate(requests))
+    lock = threading.Lock()
+    latencies: list[float] = []
+    answers: list[Any] = [None] * len(requests)
+    failures: dict[str, int] = {}
+
+    def fail(why: str) -> None:
+        with lock:
+            failures[why] = failures.get(why, 0) + 1
+
+    def client() -> None:
+        conn = None
+        while True:
+            with lock:
+                if not todo:
+                    break
+                i, (path, body) = todo.pop()
+            if conn is None:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+            start = time.perf_counter()
+            try:
+                conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                data = response.read()
+            except (OSError, http.client.HTTPException) as e:  # TimeoutError is an OSError
+                fail("timeout" if isinstance(e, TimeoutError) else type(e).__name__)
+                conn.close()
+                conn = None
+                continue
+            if response.status != 200:
+                fail(str(response.status))
+                continue
+            latencies.append(time.perf_counter() - start)
+            answers[i] = json.loads(data)
+        if conn is not None:
+            conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(n)]
+    start, cpu = time.perf_counter(), time.process_time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return ClosedLoop(
+        time.perf_counter() - start, latencies, answers, failures, time.process_time() - cpu
+    )
 
 
 # ------------------------------------------------------------------ statistics and output

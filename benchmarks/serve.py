@@ -27,22 +27,21 @@ p50 latency within 1.5x of translating that one line alone. Prints a markdown ta
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import select
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.common import (
     DEMO_CHECKPOINT,
     add_test_set_args,
     child_env,
+    closed_loop,
     cpu_seconds,
     median,
     percentile,
@@ -107,8 +106,10 @@ class Server:
         self.stop()
 
 
-def offline(ckpt: str, lines: list[str], threads: int, device: str) -> tuple[float, list[str]]:
-    """(seconds translating, the translations) of `nmt translate` on `lines`."""
+def offline(
+    ckpt: str, lines: list[str], threads: int, device: str, options: Sequence[str] = ()
+) -> tuple[float, list[str]]:
+    """(seconds translating, the translations) of `nmt translate [OPTIONS]` on `lines`."""
 
     def run(text: str) -> tuple[float, str]:
         start = time.perf_counter()
@@ -124,6 +125,7 @@ def offline(ckpt: str, lines: list[str], threads: int, device: str) -> tuple[flo
                 str(threads),
                 "--device",
                 device,
+                *options,
             ],
             input=text,
             capture_output=True,
@@ -168,41 +170,26 @@ def clients(
     port: int, lines: list[str], n: int, expected: list[str], exact: bool
 ) -> tuple[float, list[float], float]:
     """(seconds for all lines, each request's latency, CPU seconds the clients used) with `n`
-    concurrent keep-alive clients (threads of this process); unless `exact`, answers that differ
-    from the offline ones (a GPU's float results depend on the batch) are counted, not fatal."""
-    todo, lock, latencies, wrong = list(enumerate(lines)), threading.Lock(), [], []
-
-    def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        while True:
-            with lock:
-                if not todo:
-                    break
-                i, line = todo.pop()
-            body = json.dumps({"texts": [line]})
-            start = time.perf_counter()
-            conn.request("POST", "/v1/translate", body, {"Content-Type": "application/json"})
-            answer = json.loads(conn.getresponse().read())
-            latencies.append(time.perf_counter() - start)
-            if answer["translations"][0]["text"] != expected[i]:
-                wrong.append(i)
-        conn.close()
-
-    threads = [threading.Thread(target=client) for _ in range(n)]
-    start, cpu = time.perf_counter(), time.process_time()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    concurrent keep-alive clients (threads of this process, `closed_loop`); unless `exact`,
+    answers that differ from the offline ones (a GPU's float results depend on the batch) are
+    counted, not fatal."""
+    requests = [("/v1/translate", {"texts": [line]}) for line in lines]
+    loop = closed_loop(port, requests, n)
+    wrong = [
+        i
+        for i, answer in enumerate(loop.answers)
+        if answer is None or answer["translations"][0]["text"] != expected[i]
+    ]
     if wrong and exact:
         raise SystemExit(
             f"{len(wrong)} answers differ from the offline translation, e.g. line {wrong[0]}"
+            + (f" (no answer: {loop.failures})" if loop.failures else "")
         )
     if wrong:
         print(
             f"{n} clients: {len(wrong)} of {len(lines)} answers differ from the offline translation"
         )
-    return time.perf_counter() - start, latencies, time.process_time() - cpu
+    return loop.seconds, loop.latencies, loop.client_cpu_s
 
 
 def add_model_and_test_set(p: argparse.ArgumentParser) -> None:
