@@ -21,7 +21,10 @@ SUITES = {
         "an imported OPUS-MT-shaped model: nmt against CTranslate2's converter",
     ),
     "constraints": ("constraints", "lexically constrained decoding: speed, BLEU, term use"),
-    "startup": ("startup", "`nmt translate` of one line: interpreter, imports, the whole command"),
+    "startup": (
+        "startup",
+        "`nmt translate` of one line per engine: interpreter, imports, the command, peak memory",
+    ),
     "serve": ("serve", "`nmt serve` under 1 to 128 clients: sent/s and latency against offline"),
     "serve-busy": (
         "serve_busy",
