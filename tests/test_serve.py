@@ -29,6 +29,8 @@ pytest.importorskip(
 from serving import ROOT, Server, slow_on_ctranslate2, translate_offline  # noqa: E402
 
 from nmt import Translator  # noqa: E402
+from nmt.options import ServeOptions  # noqa: E402
+from nmt.serve.app import Service  # noqa: E402
 from nmt.serve.batching import TORCH, Batcher, Job  # noqa: E402
 from nmt.serve.libretranslate import Markup  # noqa: E402
 from nmt.serve.model import JobKey, Model  # noqa: E402
@@ -689,6 +691,18 @@ def test_torch_decodes_every_model_on_the_one_torch_thread_and_ctranslate2_on_it
         assert plain_threads == {torch_thread}
     else:
         assert plain_threads and all(name.startswith("nmt-serve-") for name in plain_threads)
+
+
+def test_ctranslate2_batches_take_every_worker_also_without_continuous_batching(reference):
+    """--no-continuous leaves torch's batches to one worker (they take the one torch thread in
+    turn); CTranslate2's still run one per worker at once."""
+    model = Model("en-de", reference, "en", "de", continuous=False)
+    service = Service({"en-de": model}, ServeOptions(workers=2, continuous=False), [])
+    try:
+        assert model.batcher is not None
+        assert len(model.batcher._threads) == (1 if reference.engine is None else 2)
+    finally:
+        service.close()
 
 
 def test_batches_join_clients_never_settings_and_keep_to_the_budget():

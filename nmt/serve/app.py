@@ -87,9 +87,11 @@ class Service:
         depth = Gauge(
             "nmt_queue_sentences", "Sentences waiting to be decoded", ["model"], registry=reg
         )
-        # continuous batching: a running search per decode worker (--workers)
+        # a running search (continuous batching), or a CTranslate2 batch, per decode worker
+        # (--workers); torch's batches take the one torch thread in turn
         for name, m in models.items():
-            lanes = decode_workers(opts.workers, m.translator.device) if m.continuous else 1
+            at_once = m.continuous or m.translator.engine is not None
+            lanes = decode_workers(opts.workers, m.translator.device) if at_once else 1
             threads = opts.threads or torch.get_num_threads()
             m.threads = (max(1, threads // lanes), threads)
             m.batcher = Batcher(
