@@ -29,8 +29,9 @@ In one run, with nothing else running:
    `--lt-http-threads`, default LibreTranslate's own 4) once per `--lt-threads` setting INTER:INTRA
    (ARGOS_INTER_THREADS, ARGOS_INTRA_THREADS: the ctranslate2.Translator's inter_threads and
    intra_threads) and ARGOS_COMPUTE_TYPE float32 or int8_float32 (nmt's own CTranslate2 compute
-   types for fp32 and int8); then `nmt serve --engine E --precision P --threads T` for each of
-   `--engines`.
+   types for fp32 and int8); then `nmt serve --engine E --precision P --threads T --workers W`
+   for each of `--engines` and `--nmt-workers` (0: one decode worker per thread; on CTranslate2
+   each worker's batch runs on its own inter-thread, 1: one batch at a time on every thread).
 5. Clients: for each count, that many threads, each with its own keep-alive connection
    (`benchmarks.common.closed_loop`), send LibreTranslate's request, `POST /translate` with
    {"q": line, "source": SRC, "target": TGT, "format": "text"}, one line a request, until all
