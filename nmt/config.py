@@ -486,7 +486,8 @@ def validate(cfg: Config, where: dict[str, str] | None = None, decode: bool = Tr
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:
-            raise ConfigError(f"{where.get(key, where['_file'])}: {key} {msg}")
+            section, _, name = key.partition(".")
+            raise ConfigError(f"{named(section)(name)} {msg}")
 
     for section in ("data", "model", "train"):
         check_bounds(getattr(cfg, section), named(section))

@@ -665,7 +665,7 @@ def test_torch_decodes_every_model_on_the_one_torch_thread_and_ctranslate2_on_it
     workers' batches run at once. Sentences with constraints go to torch on either engine."""
     names: list[tuple[bool, str]] = []
 
-    def decoded(key: JobKey, jobs: list[Job]) -> list[None]:
+    def decoded(tr: Translator, key: JobKey, jobs: list[Job]) -> list[None]:
         names.append((key.plain, threading.current_thread().name))
         return [None] * len(jobs)
 

@@ -118,15 +118,15 @@ class Model:
             and not key.attend
             and tr.on_engine(constrained=False)
         ):
-            return self._decoded(key, jobs)
-        return TORCH.submit(self._decoded, key, jobs).result()
+            return self._decoded(tr, key, jobs)
+        return TORCH.submit(self._decoded, tr, key, jobs).result()
 
-    def _decoded(self, key: JobKey, jobs: list[Job]) -> list[Any]:
+    def _decoded(self, tr: Translator, key: JobKey, jobs: list[Job]) -> list[Any]:
+        """The results of a batch of one key, decoded by `tr`, its translator (`variant`)."""
         if key.task == "score":
             return self.translator.score(
                 [j.item[0] for j in jobs], [j.item[1] for j in jobs], normalize=key.normalize
             )
-        tr = self.variant(key)
         if tr.decode.sampling:  # a sentence's generator is its index in its request: one at a time
             return [_translated(tr, key, [j])[0] for j in jobs]
         # cut into the command's batches (decode.batch_size), one per CPU worker: a batch of at
