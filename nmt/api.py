@@ -353,7 +353,13 @@ class Translator:
         if why:
             log.info("engine torch (auto: CTranslate2 cannot honour %s)", why)
             return
-        folder = converted(checkpoints[0], Path(opts.cache_dir) if opts.cache_dir else None)
+        try:
+            folder = converted(checkpoints[0], Path(opts.cache_dir) if opts.cache_dir else None)
+        except NmtError as e:  # a model setting the converter does not map
+            if opts.engine == "ctranslate2":
+                raise
+            log.info("engine torch (auto: %s)", e)
+            return
         self.engine = CTranslate2Engine(
             folder, self.loaded.tokenizer, self.device, self.precision, self.workers
         )

@@ -21,8 +21,9 @@ source + max_len_b` (sentences with the same limit are decoded together), `min_l
 blocked, n-best with nmt's scores, target-language tokens, and forced-decoding scores;
 alignments and attention are computed as for torch's translations (the torch model forced on
 them). What stays on torch: ensembles, RNN models, terminology, lexical constraints (include,
-avoid, prefix), shortlists, sampling, `no_repeat_ngram_size`, and bf16 / fp16 where CTranslate2
-has no such compute type on the device.
+avoid, prefix), shortlists, sampling, `no_repeat_ngram_size`, bf16 / fp16 where CTranslate2
+has no such compute type on the device, a device CTranslate2 cannot open, and a model setting
+the converter does not map.
 """
 
 from __future__ import annotations
@@ -85,7 +86,12 @@ def load_refusal(
         return "shortlist"
     if terminology:
         return "terminology"
-    supported = import_ctranslate2("--engine ctranslate2").get_supported_compute_types(device.type)
+    try:
+        supported = import_ctranslate2("--engine ctranslate2").get_supported_compute_types(
+            device.type
+        )
+    except RuntimeError as e:  # a CTranslate2 built without CUDA, or a driver it cannot use
+        return f"device {device.type} ({e})"
     if COMPUTE_TYPES[precision] not in supported:
         has = ", ".join(sorted(supported))
         return f"precision {precision} on {device.type} (CTranslate2 has {has})"

@@ -10,10 +10,13 @@ skipped for want of data.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import random
+import shutil
 import signal
+import tempfile
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -35,6 +38,12 @@ from nmt.textio import read_lines  # noqa: E402
 # child inherits and keeps: the test's Ctrl-C would then never arrive. Children see it again.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# `--engine auto`, the default, converts a checkpoint for CTranslate2 into $XDG_CACHE_HOME/nmt:
+# the tests' conversions (in process, and in the children, which inherit it) go to a folder of
+# the test session, never to the user's cache
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="nmt-tests-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 MULTI30K = Path(
     os.environ.get("NMT_MULTI30K") or Path(__file__).resolve().parents[2] / "shared/data/multi30k"

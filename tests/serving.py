@@ -44,16 +44,13 @@ class Engine:
     @property
     def args(self) -> tuple[str, ...]:
         """Its options of `nmt serve` and `nmt translate`."""
-        if self.name == "torch":
-            return ()
         return ("--engine", self.name, "--cache-dir", str(self.cache))
 
     def load(self, checkpoint: Path, **options: Any) -> Any:
         """`Translator.load` of `checkpoint` on the CPU with this engine and `options`."""
         from nmt import Translator
 
-        if self.name != "torch":
-            options.update(engine=self.name, cache_dir=str(self.cache))
+        options.update(engine=self.name, cache_dir=str(self.cache))
         return Translator.load(checkpoint, device="cpu", **options)
 
     def refusal(self, setting: str) -> str | None:

@@ -151,6 +151,59 @@ def test_an_ensemble_and_terminology_stay_on_torch(trained_checkpoint, tmp_path,
     assert load([trained_checkpoint] * 2, cache, "auto").engine is None
 
 
+def test_auto_converts_into_the_users_cache_without_cache_dir(
+    trained_checkpoint, sources, tmp_path, caplog, monkeypatch
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    caplog.set_level(logging.INFO, logger="nmt.api")
+    tr = Translator.load(trained_checkpoint, engine="auto")
+    assert tr.engine is not None
+    assert "engine ctranslate2 (auto, its model in " in caplog.text
+    assert entries(tmp_path / "xdg" / "nmt") != []
+    assert tr.translate(sources[:4]) == load(trained_checkpoint, tmp_path, "torch").translate(
+        sources[:4]
+    )
+
+
+def test_a_device_ctranslate2_cannot_open_stays_on_torch_under_auto(
+    trained_checkpoint, cache, caplog, monkeypatch
+):
+    """A CTranslate2 built without CUDA, or one the driver is too old for, fails its
+    capability check: auto names that and decodes with torch; ctranslate2 refuses it."""
+    import ctranslate2
+
+    def no_device(device: str) -> set[str]:
+        raise RuntimeError("CUDA failed with error CUDA driver version is insufficient")
+
+    monkeypatch.setattr(ctranslate2, "get_supported_compute_types", no_device)
+    with pytest.raises(NmtError, match="cannot honour device cpu \\(CUDA failed") as e:
+        load(trained_checkpoint, cache, "ctranslate2")
+    assert "\n" not in str(e.value)
+    caplog.set_level(logging.INFO, logger="nmt.api")
+    assert load(trained_checkpoint, cache, "auto").engine is None
+    assert "engine torch (auto: CTranslate2 cannot honour device cpu (CUDA failed" in caplog.text
+
+
+def test_a_model_the_converter_does_not_map_stays_on_torch_under_auto(
+    prepared, tmp_path, cache, caplog
+):
+    from helpers import save_random_model
+
+    from nmt.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_file(prepared[0] / "spm.model")
+    no_final_norm = {"norm_first": True, "final_norm": False}
+    ckpt = save_random_model(tmp_path / "m.pt", tokenizer, seed=1, model=no_final_norm)
+    with pytest.raises(NmtError, match="model.final_norm=False cannot be represented"):
+        load(ckpt, cache, "ctranslate2")
+    caplog.set_level(logging.INFO, logger="nmt.api")
+    tr = load(ckpt, cache, "auto")
+    assert tr.engine is None
+    assert "engine torch (auto: " in caplog.text and "final_norm=False" in caplog.text
+    assert len(tr.translate(["A dog runs.", "Two men."])) == 2
+    assert entries(cache) == []  # nothing half-converted is left
+
+
 def test_a_call_asking_what_ctranslate2_lacks_goes_to_torch_under_auto(
     trained_checkpoint, sources, cache
 ):
