@@ -120,16 +120,10 @@ def test_at_the_length_limit_the_scores_are_those_of_the_tokens_returned(
         assert h.score == pytest.approx(sum(logprobs) / lp, abs=1e-4)
 
 
-def test_n_best_lists_rank_by_the_scores_they_report(prepared, tmp_path, cache):
+def test_n_best_lists_rank_by_the_scores_they_report(random_checkpoint, cache):
     """A random model never chooses EOS: every hypothesis reaches the length limit, where its
     scores are recomputed with the EOS torch forces there; the list is then ranked by them."""
-    from helpers import save_random_model
-
-    from nmt.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.from_file(prepared[0] / "spm.model")
-    ckpt = save_random_model(tmp_path / "random.pt", tokenizer, seed=1)
-    tr = load(ckpt, cache, "ctranslate2")
+    tr = load(random_checkpoint, cache, "ctranslate2")
     texts = ["A dog runs.", "Two men sit on a bench.", "A girl.", "The red car is fast."]
     lists = tr.translate_nbest(texts, 4)
     for hyps in lists:
