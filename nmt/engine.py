@@ -273,8 +273,8 @@ class CTranslate2Engine:
             logprob = sum(token_logprobs)
             lp = length_penalty(len(hyp.tokens) + 1, cfg.lenpen, cfg.lenpen_style)
             results[i][k] = Hypothesis(hyp.tokens, logprob / lp, logprob, positional_scores=[])
-        for hyps in results:  # a rescored hypothesis ranks by its new score, as torch ranks it
-            hyps.sort(key=lambda h: h.score, reverse=True)
+        for i in {i for i, _ in cut}:  # a rescored hypothesis ranks by its new score, as torch's
+            results[i].sort(key=lambda h: h.score, reverse=True)
         return results
 
     def score(
