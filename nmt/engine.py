@@ -17,13 +17,13 @@ with a warning.
 
 What the engine honours, exactly as torch decodes: beam size, length penalty (`length` and
 `none`; `gnmt` is not CTranslate2's formula), the per-sentence length limit `max_len_a *
-source + max_len_b` (sentences with the same limit are decoded together), `min_len`, `<unk>`
-blocked, n-best with nmt's scores, target-language tokens, and forced-decoding scores;
-alignments and attention are computed as for torch's translations (the torch model forced on
-them). What stays on torch: ensembles, RNN models, terminology, lexical constraints (include,
-avoid, prefix), shortlists, sampling, `no_repeat_ngram_size`, bf16 / fp16 where CTranslate2
-has no such compute type on the device, a device CTranslate2 cannot open, and a model setting
-the converter does not map.
+source + max_len_b` (sentences with the same limit are decoded together), `min_len`, `<unk>`,
+`<pad>` and `<s>` blocked, n-best with nmt's scores, target-language tokens, and
+forced-decoding scores; alignments and attention are computed as for torch's translations (the
+torch model forced on them). What stays on torch: ensembles, RNN models, terminology, lexical
+constraints (include, avoid, prefix), shortlists, sampling, `no_repeat_ngram_size`, bf16 / fp16
+where CTranslate2 has no such compute type on the device, a device CTranslate2 cannot open, and
+a model setting the converter does not map.
 """
 
 from __future__ import annotations
@@ -208,7 +208,10 @@ class CTranslate2Engine:
         )
         self.source_pieces, self.target_pieces = tokenizer.vocabularies()
         self.target_ids = {piece: i for i, piece in enumerate(self.target_pieces)}
-        self.eos_piece = self.target_pieces[tokenizer.specials.eos]
+        ids = tokenizer.specials
+        self.eos_piece = self.target_pieces[ids.eos]
+        # what torch's search never produces (nmt.decoding.search._block_); <unk>: disable_unk
+        self.blocked = [[self.target_pieces[i]] for i in {ids.pad, ids.bos} - {ids.eos}]
 
     def translate(
         self,
@@ -245,6 +248,7 @@ class CTranslate2Engine:
                 num_hypotheses=nbest,
                 length_penalty=cfg.lenpen if cfg.lenpen_style == "length" else 0.0,
                 disable_unk=not cfg.allow_unk,
+                suppress_sequences=self.blocked,
                 max_input_length=0,
                 max_decoding_length=limit,
                 min_decoding_length=cfg.min_len,

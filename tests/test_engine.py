@@ -423,3 +423,14 @@ def test_texts_split_into_sentences_translate_as_on_torch(trained_checkpoint, so
     texts.append(sources[0] + "\n\n" + sources[1])
     expected = load(trained_checkpoint, cache, "torch").translate(texts, split=True)
     assert load(trained_checkpoint, cache, "ctranslate2").translate(texts, split=True) == expected
+
+
+def test_the_engine_never_produces_pad_or_bos(random_checkpoint, sources, cache):
+    """torch's search never produces <pad> or <s>; nor does CTranslate2's, which only blocks
+    <unk> of itself. A random model gives every token its chance at every step."""
+    tr = load(random_checkpoint, cache, "ctranslate2", beam=4, max_len_a=0.0, max_len_b=40)
+    specials = tr.loaded.tokenizer.specials
+    hyps = tr.engine.translate(tr.encode(sources, None), tr.decode, 4, 256, "the model")
+    produced = {t for hs in hyps for h in hs for t in h.tokens}
+    assert len(produced) > 5
+    assert not produced & {specials.pad, specials.bos, specials.unk}
