@@ -236,9 +236,10 @@ class Translator:
         """Load one checkpoint, or several as an ensemble (mean of log-probabilities).
 
         options: device ("auto", "cpu", "cuda", "cuda:N"), precision ("fp32", "bf16", "fp16",
-        "int8"), threads, workers, shortlist (a file from `nmt shortlist`), alignment_layer (the
-        decoder layer of `translate_nbest(..., alignment=True)`), and any decode setting over the
-        checkpoint's own: beam, lenpen, lenpen_style, max_len_a, max_len_b, min_len,
+        "int8"), engine ("auto", "torch", "ctranslate2"), cache_dir, threads, workers, shortlist
+        (a file from `nmt shortlist`), alignment_layer (the decoder layer of
+        `translate_nbest(..., alignment=True)`), and any decode setting over the checkpoint's
+        own: beam, lenpen, lenpen_style, max_len_a, max_len_b, min_len,
         no_repeat_ngram_size, sampling, topk, topp, temperature, seed, batch_size, max_tokens.
         Defaults are `nmt translate`'s.
         """

@@ -177,8 +177,8 @@ class TranslateOptions:
         choices=(*PRECISIONS, "int8", "auto"),
     )
     engine: str = opt(
-        "torch",
-        "torch, ctranslate2 or auto. ctranslate2 decodes with CTranslate2 (needs "
+        "auto",
+        "auto, torch or ctranslate2. ctranslate2 decodes with CTranslate2 (needs "
         "nmt[ctranslate2]), the checkpoint converted once into --cache-dir, and refuses a "
         "setting it cannot honour in one line; auto takes CTranslate2 where the settings allow "
         "it and torch elsewhere, and says which in the log (the translating guide has the "

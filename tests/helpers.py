@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -80,11 +81,15 @@ def nmt_here(*args: str) -> int:
     return 0
 
 
+# a log record at INFO, e.g. which engine decodes (`--engine auto` says so before any error)
+INFO_RECORD = re.compile(r"\d\d:\d\d:\d\d \| INFO \| ")
+
+
 def one_error_line(err: str | bytes, *needles: str) -> str:
-    """The one line of a failed command's stderr: exactly one non-blank line, starting with
-    `nmt`, no traceback, naming each of `needles`."""
+    """The one line of a failed command's stderr: apart from INFO log records, exactly one
+    non-blank line, starting with `nmt`, no traceback, naming each of `needles`."""
     err = err.decode() if isinstance(err, bytes) else err
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = [line for line in err.splitlines() if line.strip() and not INFO_RECORD.match(line)]
     assert len(lines) == 1 and lines[0].startswith("nmt") and "Traceback" not in err, err
     for needle in needles:
         assert needle in lines[0], lines[0]

@@ -71,7 +71,10 @@ def test_api_nbest_with_scores_equals_the_command_output(ckpt, translator, sente
     assert r.stdout.decode().split("\n")[:-1] == expected
 
 
-def test_translate_is_the_first_of_the_nbest(translator, sentences):
+def test_translate_is_the_first_of_the_nbest(ckpt, sentences):
+    # torch's search: CTranslate2 returns only its n best, so at a length limit (which a random
+    # model reaches) its 1-best can differ from the first of a longer list (the translating guide)
+    translator = Translator.load(ckpt, device="cpu", engine="torch")
     nbest = translator.translate_nbest(sentences, 4)
     assert translator.translate(sentences) == [hyps[0].text for hyps in nbest]
     for hyps in nbest:
@@ -334,8 +337,9 @@ def test_forced_decoding_of_a_hypothesis_gives_the_search_log_probs(translator, 
 
 def test_score_of_its_own_translations_is_their_logprob(trained_checkpoint, raw_corpus):
     """Text in: where a translation's text re-encodes to the tokens the search produced (most,
-    for a trained model), `score` is its logprob and, normalized, its score."""
-    translator = Translator.load(trained_checkpoint, device="cpu")
+    for a trained model), `score` is its logprob and, normalized, its score. torch's search:
+    CTranslate2's reports log-probs within ~1e-3 a token of forced decoding's (test_engine)."""
+    translator = Translator.load(trained_checkpoint, device="cpu", engine="torch")
     tok = translator.loaded.tokenizer
     sources = raw_corpus.lines("test", "en")
     results = translate_token_lists(

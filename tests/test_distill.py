@@ -534,7 +534,7 @@ def translated(trained_checkpoint, corpus, raw_corpus, tmp_path_factory) -> Path
         ({"--shard-lines": "45"}, [], ["--shard-lines 30 (now 45)"]),
         ({}, ["--nbest", "2"], ["--nbest 1 (now 2)"]),
         ({}, ["--beam", "3"], ["--beam the teacher's (now 3)"]),
-        ({}, ["--engine", "ctranslate2"], ["--engine torch (now ctranslate2)"]),
+        ({}, ["--engine", "ctranslate2"], ["--engine auto (now ctranslate2)"]),
         ({"--trainpref": "{edited}"}, [], ["{edited}.en", "its content differs"]),
     ],
 )

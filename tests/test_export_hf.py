@@ -137,7 +137,7 @@ def test_generate_with_the_exported_settings_finds_what_nmt_finds(nmt_model, sen
     search, sentence by sentence (a random model never ends on its own, so every output runs
     to the limit, where nmt forces </s> and generate() stops)."""
     hf = loaded(nmt_model)
-    tr = Translator.load(nmt_model.parent / "model.pt", device="cpu", beam=beam)
+    tr = Translator.load(nmt_model.parent / "model.pt", device="cpu", beam=beam, engine="torch")
     tok = tr.loaded.tokenizer
     src = [s for s in sentences[0] if not s.startswith(">>")]  # no language tokens, as above
     ours = [hyps[0].text for hyps in tr.translate_nbest(src)]

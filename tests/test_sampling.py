@@ -77,10 +77,10 @@ def test_topk_1_equals_greedy(checkpoints, lines, arch):
     with torch.inference_mode():
         greedy = greedy_search(loaded.model, src, loaded.config.decode, max_len=256)
     assert [h[0].tokens for h in sampled] == greedy
-    # and through the API, text for text
+    # and through the API, text for text (sampling decodes with torch: so does the greedy search)
     tr = Translator.load(checkpoints[arch], device="cpu", sampling=True, topk=1)
     assert tr.translate(lines) == Translator.load(
-        checkpoints[arch], device="cpu", beam=1
+        checkpoints[arch], device="cpu", beam=1, engine="torch"
     ).translate(lines)
 
 
@@ -141,9 +141,9 @@ def test_sampling_options_are_checked(checkpoints):
 @pytest.mark.parametrize("temperature", [1e-300, 1e-46, 1e-5])
 def test_a_temperature_near_zero_is_greedy(checkpoints, lines, tmp_path, temperature):
     """Issue 25 (4): float32 log-probs divided by a tiny temperature overflowed to NaN and every
-    sentence came out empty. Towards 0, sampling becomes greedy search."""
+    sentence came out empty. Towards 0, sampling becomes greedy search (torch's, as sampling's)."""
     ckpt = checkpoints["transformer"]
-    greedy = Translator.load(ckpt, device="cpu", beam=1).translate(lines)
+    greedy = Translator.load(ckpt, device="cpu", beam=1, engine="torch").translate(lines)
     assert sum(map(bool, greedy)) == len(lines) - 1
     assert (
         Translator.load(ckpt, device="cpu", sampling=True, temperature=temperature).translate(lines)

@@ -196,9 +196,8 @@ def test_a_batch_ends_the_sentences_nobody_waits_for_at_their_next_step(
     """A request answered 504 (or whose client went away) kept its batch decoding to the end
     with sampling, constraints or --no-continuous; later clients got 504 too, and SIGTERM
     waited for it. Its sentences now end at their search's next step; the others' are whole."""
-    model = Model(
-        "en-de", Translator.load(trained_checkpoint, device="cpu"), "en", "de", continuous=False
-    )
+    translator = Translator.load(trained_checkpoint, device="cpu", engine="torch")
+    model = Model("en-de", translator, "en", "de", continuous=False)
     key = JobKey.translation(overrides, 1, attend=False, lang=None)
     tr = model.variant(key)
     whole = [h[0].text for h in tr.translate_nbest([first, "A dog runs."])]
