@@ -17,8 +17,8 @@ with a warning.
 
 What the engine honours, exactly as torch decodes: beam size, length penalty (`length` and
 `none`; `gnmt` is not CTranslate2's formula), the per-sentence length limit `max_len_a *
-source + max_len_b` (sentences with the same limit are decoded together), `min_len`, `<unk>`,
-`<pad>` and `<s>` blocked, n-best with nmt's scores, target-language tokens, and
+source + max_len_b` (`CTranslate2Engine.translate`), `min_len`, `<unk>`, `<pad>` and `<s>`
+blocked, n-best with nmt's scores, target-language tokens, and
 forced-decoding scores; alignments and attention are computed as for torch's translations (the
 torch model forced on them). What stays on torch: ensembles, RNN models, terminology, lexical
 constraints (include, avoid, prefix), shortlists, sampling, `no_repeat_ngram_size`, bf16 / fp16
@@ -223,42 +223,49 @@ class CTranslate2Engine:
     ) -> list[list[Hypothesis]]:
         """Beam-search every token sequence (without EOS), as `translate_token_lists` does:
         results in input order, [] for an empty sequence, sources truncated to the model's
-        positions, a model that computes NaN an NmtError naming `model_name`. Sentences of one
-        length limit are decoded as one call, all calls at once.
+        positions, a model that computes NaN an NmtError naming `model_name`.
 
-        Where a search reaches a sentence's length limit the engines can differ: torch forces
-        EOS there and ranks the hypothesis with its log-prob, CTranslate2 stops without it. The
-        scores of such a hypothesis are then computed by forced decoding, as torch's are."""
+        The sentences are decoded together, under the longest of their length limits; a search
+        that ends before a sentence's own limit never met it, and is the search under that
+        limit. A sentence with a hypothesis that long is decoded again, under its own limit,
+        with the others of that limit. Where a search reaches a sentence's limit the engines can
+        differ: torch forces EOS there and ranks the hypothesis with its log-prob, CTranslate2
+        stops without it. The scores of such a hypothesis are then computed by forced decoding,
+        as torch's are."""
         results: list[list[Hypothesis]] = [[] for _ in seqs]
-        lengths = torch.tensor([min(len(seq), max_positions - 1) + 1 for seq in seqs])
+        seqs = [seq[: max_positions - 1] for seq in seqs]
+        lengths = torch.tensor([len(seq) + 1 for seq in seqs])
         limits = max_output_lengths(lengths, cfg, max_positions).tolist()
-        groups: dict[int, list[int]] = {}
-        for i, seq in enumerate(seqs):
-            if seq:
-                groups.setdefault(limits[i], []).append(i)
-        pending: list[tuple[int, Any]] = []
-        for limit, ids in groups.items():
-            sources = [self._pieces(seqs[i][: max_positions - 1]) for i in ids]
-            futures = self.translator.translate_batch(
-                sources,
-                max_batch_size=cfg.max_tokens or cfg.batch_size,
-                batch_type="tokens" if cfg.max_tokens else "examples",
-                asynchronous=True,
-                beam_size=cfg.beam,
-                num_hypotheses=nbest,
-                length_penalty=cfg.lenpen if cfg.lenpen_style == "length" else 0.0,
-                disable_unk=not cfg.allow_unk,
-                suppress_sequences=self.blocked,
-                max_input_length=0,
-                max_decoding_length=limit,
-                min_decoding_length=cfg.min_len,
-                return_scores=True,
-                return_end_token=True,
-            )
-            pending += zip(ids, futures)
+        todo = [i for i, seq in enumerate(seqs) if seq]
+        found: dict[int, Any] = {}  # CTranslate2's result of each sentence
+        groups = {max(limits[i] for i in todo): todo} if todo else {}  # limit: sentences
+        while groups:
+            pending = []
+            for limit, ids in groups.items():
+                futures = self.translator.translate_batch(
+                    [self._pieces(seqs[i]) for i in ids],
+                    max_batch_size=cfg.max_tokens or cfg.batch_size,
+                    batch_type="tokens" if cfg.max_tokens else "examples",
+                    asynchronous=True,
+                    beam_size=cfg.beam,
+                    num_hypotheses=nbest,
+                    length_penalty=cfg.lenpen if cfg.lenpen_style == "length" else 0.0,
+                    disable_unk=not cfg.allow_unk,
+                    suppress_sequences=self.blocked,
+                    max_input_length=0,
+                    max_decoding_length=limit,
+                    min_decoding_length=cfg.min_len,
+                    return_scores=True,
+                    return_end_token=True,
+                )
+                pending += [(i, limit, future) for i, future in zip(ids, futures)]
+            groups = {}
+            for i, limit, future in pending:
+                found[i] = future.result()
+                if limit > limits[i] <= max(map(len, found[i].hypotheses)):
+                    groups.setdefault(limits[i], []).append(i)
         cut = []  # (sentence, rank) of the hypotheses that reached their limit without EOS
-        for i, future in pending:
-            result = future.result()
+        for i, result in found.items():
             for k, (pieces, score) in enumerate(zip(result.hypotheses, result.scores)):
                 if math.isnan(score):
                     raise nan_error(model_name, self.precision)
@@ -269,7 +276,7 @@ class CTranslate2Engine:
                 lp = length_penalty(len(tokens) + 1, cfg.lenpen, cfg.lenpen_style)
                 results[i].append(Hypothesis(tokens, score, score * lp, positional_scores=[]))
         # torch ends such an output with a forced EOS and counts its log-prob: so do its scores
-        cut_sources = [seqs[i][: max_positions - 1] for i, _ in cut]
+        cut_sources = [seqs[i] for i, _ in cut]
         cut_targets = [results[i][k].tokens for i, k in cut]
         rescored = self.score(cut_sources, cut_targets, model_name)
         for (i, k), token_logprobs in zip(cut, rescored):

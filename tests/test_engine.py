@@ -434,3 +434,22 @@ def test_the_engine_never_produces_pad_or_bos(random_checkpoint, sources, cache)
     produced = {t for hs in hyps for h in hs for t in h.tokens}
     assert len(produced) > 5
     assert not produced & {specials.pad, specials.bos, specials.unk}
+
+
+def test_sentences_of_other_limits_decoded_together_are_decoded_as_alone(
+    trained_checkpoint, sources, cache
+):
+    """One call decodes its sentences under the longest limit among them, then again under its
+    own limit each sentence whose search got that far: batched equals one by one, and no
+    output is longer than its own limit."""
+    tr = load(trained_checkpoint, cache, "ctranslate2", beam=3, max_len_a=0.5, max_len_b=2)
+    seqs = tr.encode(sources[:24], None)
+    together = tr.engine.translate(seqs, tr.decode, 2, 256, "the model")
+    limits = [int(0.5 * (len(s) + 1) + 2) for s in seqs]
+    assert len(set(limits)) > 3
+    assert all(len(h.tokens) <= limit for hs, limit in zip(together, limits) for h in hs)
+    assert any(len(hs[0].tokens) == limit for hs, limit in zip(together, limits))
+    for seq, hs in zip(seqs, together):
+        [alone] = tr.engine.translate([seq], tr.decode, 2, 256, "the model")
+        assert [h.tokens for h in alone] == [h.tokens for h in hs]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in hs], abs=1e-5)
