@@ -18,12 +18,12 @@ with a warning.
 What the engine honours, exactly as torch decodes: beam size, length penalty (`length` and
 `none`; `gnmt` is not CTranslate2's formula), the per-sentence length limit `max_len_a *
 source + max_len_b` (`CTranslate2Engine.translate`), `min_len`, `<unk>`, `<pad>` and `<s>`
-blocked, n-best with nmt's scores, target-language tokens, and
-forced-decoding scores; alignments and attention are computed as for torch's translations (the
-torch model forced on them). What stays on torch: ensembles, RNN models, terminology, lexical
-constraints (include, avoid, prefix), shortlists, sampling, `no_repeat_ngram_size`, bf16 / fp16
-where CTranslate2 has no such compute type on the device, a device CTranslate2 cannot open, and
-a model setting the converter does not map.
+blocked, n-best with nmt's scores, target-language tokens, and forced-decoding scores;
+alignments and attention are computed as for torch's translations (the torch model forced on
+them). What stays on torch: ensembles, RNN models, terminology, lexical constraints (include,
+avoid, prefix), shortlists, sampling, `no_repeat_ngram_size`, bf16 / fp16 where CTranslate2
+has no such compute type on the device, a device CTranslate2 cannot open, and a model setting
+the converter does not map.
 """
 
 from __future__ import annotations
